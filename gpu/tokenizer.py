@@ -1,0 +1,322 @@
+"""In-process tokenizer, chat template and incremental detokenizer, built from GGUF metadata.
+
+The GGUF file is the single source of truth (promise 6: no tokenizer service, no tokenizer.json
+on the side). The BPE itself runs in HuggingFace `tokenizers` (Rust); the pre-tokenizer is set
+up to reproduce llama.cpp's `smollm` pre-tokenizer so ids match llama.cpp token for token.
+
+Special tokens are never matched inside user text: `encode` only splits on control tokens when
+the caller asks (`parse_special=True`), and `encode_chat` only lets the *template* emit them.
+"""
+from __future__ import annotations
+
+import codecs
+import re
+import secrets
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from typing import Any
+
+import gguf
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Regex
+from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers import models, pre_tokenizers
+
+# llama.cpp (llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_SMOLLM) splits in two passes: every numeric
+# code point on its own, then the classic GPT-2 pattern. Pieces that no pattern matches are kept
+# as their own pieces (Split "isolated" does the same), then each piece is byte-level BPE'd.
+_SMOLLM_DIGITS = r"\p{N}"
+_GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+
+# gguf token_type values (llama.cpp's llama_token_type).
+_TOKEN_CONTROL = 3
+_TOKEN_USER_DEFINED = 4
+
+# Names llama.cpp also treats as end-of-generation when present in the vocab.
+_EXTRA_EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<end_of_turn>")
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte<->printable-unicode table, inverted: token text char -> raw byte."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+def _field_str(reader: gguf.GGUFReader, key: str) -> str | None:
+    f = reader.fields.get(key)
+    return None if f is None else bytes(f.parts[f.data[0]]).decode("utf-8")
+
+
+def _field_int(reader: gguf.GGUFReader, key: str) -> int | None:
+    f = reader.fields.get(key)
+    return None if f is None else int(f.parts[f.data[0]][0])
+
+
+def _field_strs(reader: gguf.GGUFReader, key: str) -> list[str]:
+    f = reader.fields[key]
+    return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+
+
+class IncrementalDetokenizer:
+    """Turns a token stream into text chunks that never end inside a UTF-8 character.
+
+    A multi-byte character (emoji, CJK) is often spread over several byte-level tokens; the
+    codec's incremental decoder holds back the incomplete tail until the next push completes it.
+    """
+
+    def __init__(self, tok: "Tokenizer", skip_special: bool = True) -> None:
+        self._tok = tok
+        self._skip_special = skip_special
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        if self._skip_special and self._tok.is_special(token_id):
+            return ""
+        return self._dec.decode(self._tok.token_bytes(token_id))
+
+    def flush(self) -> str:
+        # A dangling partial sequence can never complete now: it becomes U+FFFD, like decode().
+        out = self._dec.decode(b"", final=True)
+        self._dec.reset()
+        return out
+
+
+class Tokenizer:
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        token_types: Sequence[int],
+        merges: Sequence[str],
+        *,
+        bos_id: int,
+        eos_id: int,
+        chat_template: str | None,
+        pre: str = "smollm",
+    ) -> None:
+        if pre != "smollm":
+            # Other pre-tokenizers need other regexes; refuse rather than silently drift.
+            raise ValueError(f"unsupported tokenizer.ggml.pre={pre!r}")
+        self._tokens = list(tokens)
+        self._types = list(token_types)
+        self._bos_id = bos_id
+        self._eos_id = eos_id
+        self._chat_template = chat_template
+
+        vocab = {t: i for i, t in enumerate(self._tokens)}
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        hf = _HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+        hf.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_SMOLLM_DIGITS), behavior="isolated"),
+                pre_tokenizers.Split(Regex(_GPT2_PATTERN), behavior="isolated"),
+                # Regex already applied above; ByteLevel only maps bytes to its alphabet.
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+        # No added tokens are registered: HF would then match them inside any text.
+        self._hf = hf
+
+        # Control tokens (and user-defined ones) are what parse_special may match.
+        self._special_ids = frozenset(
+            i for i, t in enumerate(self._types) if t in (_TOKEN_CONTROL, _TOKEN_USER_DEFINED)
+        )
+        specials = sorted((self._tokens[i] for i in self._special_ids), key=len, reverse=True)
+        self._special_by_text = {self._tokens[i]: i for i in self._special_ids}
+        # Longest first, so a token that is a prefix of another never wins the match.
+        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
+
+        bd = _byte_decoder()
+        self._bytes: list[bytes] = []
+        for i, t in enumerate(self._tokens):
+            if i in self._special_ids:
+                self._bytes.append(t.encode("utf-8"))
+            else:
+                self._bytes.append(bytes(bd[c] for c in t))
+
+        eog = {eos_id}
+        for text in _EXTRA_EOG_TEXTS:
+            if text in self._special_by_text:
+                eog.add(self._special_by_text[text])
+        self._eos_ids = frozenset(eog)
+
+        self._template = None
+        if chat_template is not None:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise_template_error
+            self._template = env.from_string(chat_template)
+
+    # ---- construction -------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf(cls, reader: gguf.GGUFReader) -> "Tokenizer":
+        model = _field_str(reader, "tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ValueError(f"unsupported tokenizer.ggml.model={model!r} (want gpt2 BPE)")
+        tokens = _field_strs(reader, "tokenizer.ggml.tokens")
+        tf = reader.fields["tokenizer.ggml.token_type"]
+        types = [int(tf.parts[i][0]) for i in tf.data]
+        merges = _field_strs(reader, "tokenizer.ggml.merges")
+        bos = _field_int(reader, "tokenizer.ggml.bos_token_id")
+        eos = _field_int(reader, "tokenizer.ggml.eos_token_id")
+        if bos is None or eos is None:
+            raise ValueError("GGUF lacks bos/eos token ids")
+        return cls(
+            tokens,
+            types,
+            merges,
+            bos_id=bos,
+            eos_id=eos,
+            chat_template=_field_str(reader, "tokenizer.chat_template"),
+            pre=_field_str(reader, "tokenizer.ggml.pre") or "smollm",
+        )
+
+    @classmethod
+    def from_path(cls, path: str) -> "Tokenizer":
+        return cls.from_gguf(gguf.GGUFReader(path))
+
+    # ---- properties ---------------------------------------------------------------------
+
+    @property
+    def bos_id(self) -> int:
+        return self._bos_id
+
+    @property
+    def eos_id(self) -> int:
+        return self._eos_id
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self._eos_ids
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return self._special_ids
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._special_ids
+
+    def token_id(self, text: str) -> int | None:
+        """Id of a special token by its text (e.g. "<|im_end|>"), or None."""
+        return self._special_by_text.get(text)
+
+    # ---- encode / decode ----------------------------------------------------------------
+
+    def _encode_plain(self, text: str) -> list[int]:
+        if not text:
+            return []
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def encode(self, text: str, *, parse_special: bool = False) -> list[int]:
+        """Token ids of `text`, without BOS (the GGUF says add_bos_token=False).
+
+        With parse_special=False (the default, for anything a user wrote) a string like
+        "<|im_end|>" is tokenized as ordinary characters and can never end a turn.
+        """
+        if not parse_special or self._special_re is None:
+            return self._encode_plain(text)
+        ids: list[int] = []
+        pos = 0
+        for m in self._special_re.finditer(text):
+            ids += self._encode_plain(text[pos : m.start()])
+            ids.append(self._special_by_text[m.group()])
+            pos = m.end()
+        ids += self._encode_plain(text[pos:])
+        return ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """Raw bytes of one token (special tokens: their text). May be part of a character."""
+        return self._bytes[token_id]
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
+        data = b"".join(
+            self._bytes[i] for i in ids if not (skip_special and i in self._special_ids)
+        )
+        return data.decode("utf-8", errors="replace")
+
+    def detokenizer(self, skip_special: bool = True) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self, skip_special=skip_special)
+
+    # ---- chat ---------------------------------------------------------------------------
+
+    def _render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> str:
+        if self._template is None:
+            raise ValueError("GGUF has no tokenizer.chat_template")
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self._tokens[self._bos_id],
+            eos_token=self._tokens[self._eos_id],
+        )
+
+    def render_chat(
+        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        """The chat as text, exactly as the GGUF template renders it."""
+        return self._render(list(messages), add_generation_prompt)
+
+    def encode_chat(
+        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Ids of the rendered chat: template markup -> control tokens, content -> plain text.
+
+        The content is swapped for unguessable placeholders, so we know which spans of the
+        rendered text came from the template. Only those spans are searched for control tokens;
+        the text between two control tokens (template glue + content together) is then tokenized
+        as one run, which is what llama.cpp does with special parsing on, so ordinary chats get
+        the same ids while a "<|im_end|>" typed by a user stays plain text.
+        """
+        nonce = secrets.token_hex(8)
+        holders: dict[str, str] = {}
+        masked = []
+        for i, msg in enumerate(messages):
+            content = msg.get("content", "")
+            if not isinstance(content, str):
+                raise ValueError("message content must be a string")
+            role = msg.get("role", "")
+            if self._special_re is not None and self._special_re.search(str(role)):
+                # Roles are template markup; a control token inside one would forge a turn.
+                raise ValueError("message role contains a special token")
+            key = f"\ue000{nonce}:{i}\ue001"
+            holders[key] = content
+            masked.append({**msg, "content": key})
+        rendered = self._render(masked, add_generation_prompt)
+
+        ids: list[int] = []
+        run: list[str] = []  # text waiting to be tokenized as one piece
+        split_re = re.compile("(" + "|".join(map(re.escape, holders)) + ")") if holders else None
+        pieces = split_re.split(rendered) if split_re else [rendered]
+        for k, piece in enumerate(pieces):
+            if k % 2 == 1:  # a placeholder: user content, never special
+                run.append(holders[piece])
+                continue
+            pos = 0
+            for m in self._special_re.finditer(piece) if self._special_re else ():
+                run.append(piece[pos : m.start()])
+                ids += self._encode_plain("".join(run))
+                run = []
+                ids.append(self._special_by_text[m.group()])
+                pos = m.end()
+            run.append(piece[pos:])
+        ids += self._encode_plain("".join(run))
+        return ids
+
+
+def _raise_template_error(message: str) -> None:
+    raise TemplateError(message)

@@ -1,0 +1,33 @@
+"""Typed errors of the model runtime. The daemon maps each to a wire error code."""
+
+
+class RuntimeModelError(Exception):
+    """Base class for model-runtime errors."""
+
+
+class ModelFormatError(RuntimeModelError):
+    """The model file is unreadable, truncated, or not a GGUF we can run."""
+
+
+class UnsupportedModelError(ModelFormatError):
+    """The GGUF is well-formed but uses an architecture or tensor type we don't implement."""
+
+
+class ContextOverflowError(RuntimeModelError):
+    """A sequence would grow past the model's (or the configured) context limit.
+
+    Maps to the wire error CONTEXT_OVERFLOW.
+    """
+
+    code = "CONTEXT_OVERFLOW"
+
+    def __init__(self, needed: int, limit: int):
+        super().__init__(f"context overflow: {needed} tokens needed, limit is {limit}")
+        self.needed = needed
+        self.limit = limit
+
+
+class KVCacheFullError(RuntimeModelError):
+    """The KV arena has no free blocks left (maps to OVERLOADED, not to a crash)."""
+
+    code = "OVERLOADED"

@@ -1,0 +1,149 @@
+"""The Llama forward pass, in one file.
+
+``forward`` is one compiled function for every kind of step: a prefill of one prompt, a
+decode step of N sequences at different positions, or a mix (continuous batching). The
+tokens of all sequences are laid out flat; each token carries its sequence and position,
+and each sequence its KV block table. One call per step keeps Python out of the ~200 kernel
+invocations a step makes; the kernels themselves are parallel (numba prange, OpenMP).
+
+    x = embed(tokens)
+    for each layer:
+        qkv = rmsnorm(x) @ [Wq|Wk|Wv]^T ; rope(q), rope(k) ; write k, v to the KV arena
+        x  += attention(q, K, V) @ Wo^T
+        x  += swiglu(rmsnorm(x) @ [Wgate|Wup]^T) @ Wdown^T
+    logits = rmsnorm(x[last token of each sequence]) @ Wout^T
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from numba import njit
+
+from . import gguf_loader
+from .gguf_loader import ModelConfig, ModelWeights
+from .kv_cache import KVArena, Sequence
+from .ops.attention import BLOCK_TOKENS, attention, kv_write
+from .ops.embedding import embed
+from .ops.matmul import matmul
+from .ops.rmsnorm import rmsnorm
+from .ops.rope import rope, rope_tables
+from .ops.swiglu import swiglu
+
+
+@njit(fastmath=True, cache=True)
+def _add(x, y):
+    for t in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[t, i] += y[t, i]
+
+
+@njit(fastmath=True, cache=True)
+def forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_pool,
+            emb, wqkv, wo, wgu, wdown, attn_norm, ffn_norm, out_norm, outw, cos, sin,
+            n_head, n_kv, hd, n_ff, eps, splits, logits):
+    T = tokens.shape[0]
+    D = attn_norm.shape[1]
+    L = attn_norm.shape[0]
+    x = np.empty((T, D), np.float32)
+    xn = np.empty((T, D), np.float32)
+    qkv = np.empty((T, (n_head + 2 * n_kv) * hd), np.float32)
+    att = np.empty((T, n_head * hd), np.float32)
+    gu = np.empty((T, 2 * n_ff), np.float32)
+    h = np.empty((T, n_ff), np.float32)
+    tmp = np.empty((T, D), np.float32)
+    embed(emb[0], emb[1][0], emb[2][0], emb[3][0], emb[4][0], tokens, x)
+    for layer in range(L):
+        rmsnorm(x, attn_norm[layer], eps, xn)
+        matmul(wqkv[0], wqkv[1][layer], wqkv[2][layer], wqkv[3][layer], wqkv[4][layer], xn, qkv)
+        rope(qkv, 0, tok_pos, cos, sin, n_head + n_kv, hd)  # Q and K heads are adjacent
+        kv_write(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head, n_kv, hd)
+        attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head, n_kv, hd,
+                  splits, att)
+        matmul(wo[0], wo[1][layer], wo[2][layer], wo[3][layer], wo[4][layer], att, tmp)
+        _add(x, tmp)
+        rmsnorm(x, ffn_norm[layer], eps, xn)
+        matmul(wgu[0], wgu[1][layer], wgu[2][layer], wgu[3][layer], wgu[4][layer], xn, gu)
+        swiglu(gu, h)
+        matmul(wdown[0], wdown[1][layer], wdown[2][layer], wdown[3][layer], wdown[4][layer], h, tmp)
+        _add(x, tmp)
+    n_out = logit_rows.shape[0]
+    xl = np.empty((n_out, D), np.float32)
+    for i in range(n_out):
+        xl[i] = x[logit_rows[i]]
+    xln = np.empty((n_out, D), np.float32)
+    rmsnorm(xl, out_norm, eps, xln)
+    matmul(outw[0], outw[1][0], outw[2][0], outw[3][0], outw[4][0], xln, logits)
+
+
+@dataclass
+class StepInput:
+    """One sequence's part of a step: the new tokens to append (a prompt chunk, or 1)."""
+    seq: Sequence
+    tokens: np.ndarray
+
+
+class LlamaModel:
+    """A loaded model plus its KV arena. ``step`` runs the forward pass for several sequences."""
+
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, *, max_seq_len: int | None = None,
+                 kv_blocks: int | None = None, path: str = ""):
+        self.cfg = cfg
+        self.w = weights
+        self.path = path
+        self.max_seq_len = min(max_seq_len or cfg.context_length, cfg.context_length)
+        if kv_blocks is None:  # room for 16 full-length sequences; lazily backed by the OS
+            kv_blocks = 16 * -(-self.max_seq_len // BLOCK_TOKENS)
+        self.arena = KVArena(cfg.n_layer, cfg.n_kv, cfg.head_dim, kv_blocks, self.max_seq_len)
+        self.cos, self.sin = rope_tables(self.max_seq_len, cfg.head_dim, cfg.rope_base)
+        self._wargs = (weights.emb, weights.wqkv, weights.wo, weights.wgu, weights.wdown,
+                       weights.attn_norm, weights.ffn_norm, weights.out_norm, weights.output)
+
+    @classmethod
+    def load(cls, path: str | None = None, **kw) -> "LlamaModel":
+        path = path or gguf_loader.default_model_path()
+        reader = gguf_loader.open_gguf(path)
+        cfg = gguf_loader.read_config(reader)
+        model = cls(cfg, gguf_loader.load_weights(reader, cfg), path=path, **kw)
+        model.reader = reader  # the tokenizer reads its metadata from the same reader
+        return model
+
+    def new_sequence(self) -> Sequence:
+        return self.arena.new_sequence()
+
+    def step(self, inputs: list[StepInput]) -> np.ndarray:
+        """Append each input's tokens to its sequence; return logits [N, vocab] (float32)
+        of the last new token of each sequence. Raises ContextOverflowError/KVCacheFullError
+        before touching any state if a sequence can't grow."""
+        for inp in inputs:
+            inp.seq.reserve(len(inp.tokens))
+        n = len(inputs)
+        tokens = np.concatenate([np.asarray(i.tokens, np.int32) for i in inputs])
+        tok_seq = np.concatenate([np.full(len(i.tokens), s, np.int32) for s, i in enumerate(inputs)])
+        tok_pos = np.concatenate([np.arange(i.seq.length, i.seq.length + len(i.tokens), dtype=np.int32)
+                                  for i in inputs])
+        logit_rows = np.cumsum([len(i.tokens) for i in inputs]).astype(np.int32) - 1
+        tables = np.stack([i.seq.table for i in inputs])
+        cfg = self.cfg
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.vocab):
+            raise ValueError(f"token id out of range [0, {cfg.vocab})")
+        T = len(tokens)
+        # enough attention work items for every thread (flash-decoding splits)
+        splits = max(1, (4 * numba.get_num_threads()) // (T * cfg.n_kv))
+        logits = np.empty((n, cfg.vocab), np.float32)
+        a = self.arena
+        forward(tokens, tok_seq, tok_pos, logit_rows, tables, a.k_pool, a.v_pool, *self._wargs,
+                self.cos, self.sin, cfg.n_head, cfg.n_kv, cfg.head_dim, cfg.n_ff, np.float32(cfg.eps),
+                splits, logits)
+        for i in inputs:
+            i.seq.length += len(i.tokens)
+        return logits
+
+
+def set_threads(n: int | None = None) -> int:
+    """Kernel threads: the CPUs this process may run on, unless told otherwise."""
+    n = n or int(os.environ.get("ZEROLAYER_THREADS", 0)) or len(os.sched_getaffinity(0))
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    return numba.get_num_threads()

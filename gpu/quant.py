@@ -8,7 +8,7 @@ ggml dequantization of the file.
 Three internal formats cover the supported GGUF types:
 
 * ``FMT_Q4`` nibbles + (d, m) per block:  w = d * q + m        (Q4_1; Q4_0 as m = -8 d)
-* ``FMT_Q8`` int8 + d per block:          w = d * q            (Q8_0)
+* ``FMT_Q8`` bytes + (d, m) per block:    w = d * u + m        (Q8_0 as u = q + 128, m = -128 d)
 * ``FMT_F32`` plain float32 rows                                 (F32, F16)
 
 Quantized weights are then *row-interleaved* for the kernels: rows are padded to a multiple
@@ -42,7 +42,7 @@ SUPPORTED_TYPES = (QT.F32, QT.F16, QT.Q8_0, QT.Q4_0, QT.Q4_1)
 
 class Weight(NamedTuple):
     fmt: int
-    qs: np.ndarray  # uint8 [L, G, K/32, 16|32, LANES] (Q8 holds int8 bits)
+    qs: np.ndarray  # uint8 [L, G, K/32, 16|32, LANES]
     d: np.ndarray   # float32 [L, G, K/32, LANES]
     m: np.ndarray   # float32 [L, G, K/32, LANES]
     w: np.ndarray   # float32 [L, R, K]
@@ -89,7 +89,10 @@ def repack(raw: np.ndarray, rows: int, cols: int, qt: QT) -> tuple[int, dict[str
     blk = _blocks(raw, rows, cols, qt)
     d = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     if qt == QT.Q8_0:
-        return FMT_Q8, {"qs": np.ascontiguousarray(blk[:, :, 2:34]).reshape(rows, cols), "d": d}
+        # int8 -> uint8 (q + 128): numba converts uint8 to float in vector registers, while
+        # int8 arithmetic is widened to int64 first, which AVX2 can't convert
+        u = (np.ascontiguousarray(blk[:, :, 2:34]).reshape(rows, cols) ^ np.uint8(0x80))
+        return FMT_Q8, {"qs": u, "d": d, "m": (-128.0 * d).astype(np.float32)}
     if qt == QT.Q4_1:
         m = blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
         qs = blk[:, :, 4:20]
@@ -115,10 +118,8 @@ def interleave(fmt: int, a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         axes = (0, 2, 3, 1) if inner else (0, 2, 1)
         return np.ascontiguousarray(arr.transpose(axes))
 
-    out = {"qs": grouped(a["qs"], 16 if fmt == FMT_Q4 else QK), "d": grouped(a["d"], 0)}
-    if "m" in a:
-        out["m"] = grouped(a["m"], 0)
-    return out
+    return {"qs": grouped(a["qs"], 16 if fmt == FMT_Q4 else QK), "d": grouped(a["d"], 0),
+            "m": grouped(a["m"], 0)}
 
 
 def stack(parts: list[tuple[int, dict[str, np.ndarray]]]) -> Weight:
@@ -165,8 +166,8 @@ def dequantize(fmt: int, a: dict[str, np.ndarray], dtype=np.float32) -> np.ndarr
     d = a["d"].astype(dtype)
     rows, nb = d.shape
     if fmt == FMT_Q8:
-        q = a["qs"].view(np.int8).reshape(rows, nb, QK).astype(dtype)
-        return (q * d[..., None]).reshape(rows, nb * QK)
+        q = a["qs"].reshape(rows, nb, QK).astype(dtype)
+        return (q * d[..., None] + a["m"].astype(dtype)[..., None]).reshape(rows, nb * QK)
     qs = a["qs"].reshape(rows, nb, QK // 2)
     q = np.concatenate([qs & 15, qs >> 4], axis=2).astype(dtype)
     return (q * d[..., None] + a["m"].astype(dtype)[..., None]).reshape(rows, nb * QK)

@@ -19,8 +19,8 @@ def embed(fmt, qs, d, m, w, tokens, x):
         l = r % LANES
         for b in range(d.shape[1]):
             db = d[g, b, l]
+            mb = m[g, b, l]
             if fmt == FMT_Q4:
-                mb = m[g, b, l]
                 for j in range(16):
                     q = np.float32(qs[g, b, j, l])
                     h = np.floor(q * np.float32(0.0625))
@@ -28,7 +28,7 @@ def embed(fmt, qs, d, m, w, tokens, x):
                     x[t, b * QK + 16 + j] = h * db + mb
             else:
                 for j in range(QK):
-                    x[t, b * QK + j] = np.float32(np.int8(qs[g, b, j, l])) * db
+                    x[t, b * QK + j] = np.float32(qs[g, b, j, l]) * db + mb
 
 
 def embed_ref(dense: np.ndarray, tokens: np.ndarray) -> np.ndarray:

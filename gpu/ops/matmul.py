@@ -72,7 +72,47 @@ def _q4_group(qs, d, m, g, x, xs, out, lo, hi, bacc):
 
 
 @njit(fastmath=True, cache=True)
-def _q8_group(qs, d, g, x, out, bacc):
+def _q4_group1(qs, d, m, g, x, xs, out, bacc):
+    """_q4_group for a single token: the decode hot path, kept free of the token loop."""
+    nb = d.shape[1]
+    out[:] = 0
+    for b in range(nb):
+        bacc[:] = 0
+        for j in range(16):
+            xl = x[b * QK + j]
+            xh = x[b * QK + 16 + j]
+            q = qs[g, b, j]
+            for l in range(LANES):
+                v = np.float32(q[l])
+                h = np.floor(v * np.float32(0.0625))
+                bacc[l] += (v - np.float32(16.0) * h) * xl + h * xh
+        db = d[g, b]
+        mb = m[g, b]
+        xsb = xs[b]
+        for l in range(LANES):
+            out[l] += db[l] * bacc[l] + mb[l] * xsb
+
+
+@njit(fastmath=True, cache=True)
+def _q8_group1(qs, d, m, g, x, xs, out, bacc):
+    nb = d.shape[1]
+    out[:] = 0
+    for b in range(nb):
+        bacc[:] = 0
+        for j in range(QK):
+            xv = x[b * QK + j]
+            q = qs[g, b, j]
+            for l in range(LANES):
+                bacc[l] += np.float32(q[l]) * xv
+        db = d[g, b]
+        mb = m[g, b]
+        xsb = xs[b]
+        for l in range(LANES):
+            out[l] += db[l] * bacc[l] + mb[l] * xsb
+
+
+@njit(fastmath=True, cache=True)
+def _q8_group(qs, d, m, g, x, xs, out, bacc):
     T = x.shape[0]
     nb = d.shape[1]
     out[:, :] = 0
@@ -84,13 +124,15 @@ def _q8_group(qs, d, g, x, out, bacc):
                 xv = x[t, b * QK + j]
                 acc = bacc[t]
                 for l in range(LANES):
-                    acc[l] += np.float32(np.int8(q[l])) * xv
+                    acc[l] += np.float32(q[l]) * xv
         db = d[g, b]
+        mb = m[g, b]
         for t in range(T):
+            xsb = xs[t, b]
             o = out[t]
             acc = bacc[t]
             for l in range(LANES):
-                o[l] += db[l] * acc[l]
+                o[l] += db[l] * acc[l] + mb[l] * xsb
 
 
 @njit(fastmath=True, cache=True)
@@ -109,10 +151,11 @@ def dequant_group(fmt, qs, d, m, g, tile):
                     tile[l, b * QK + j] = (v - np.float32(16.0) * h) * db[l] + mb[l]
                     tile[l, b * QK + 16 + j] = h * db[l] + mb[l]
         else:
+            mb = m[g, b]
             for j in range(QK):
                 q = qs[g, b, j]
                 for l in range(LANES):
-                    tile[l, b * QK + j] = np.float32(np.int8(q[l])) * db[l]
+                    tile[l, b * QK + j] = np.float32(q[l]) * db[l] + mb[l]
 
 
 @njit(fastmath=True, cache=True)
@@ -183,6 +226,20 @@ def matmul(fmt, qs, d, m, w, x, y):
             _tile_dots(tile, min(R, r0 + LANES) - r0, r0, x, y)
         return
     xs = _block_sums(x)
+    if T == 1:
+        x0 = x[0]
+        xs0 = xs[0]
+        for g in prange(G):
+            out = np.empty(LANES, np.float32)
+            bacc = np.empty(LANES, np.float32)
+            if fmt == FMT_Q4:
+                _q4_group1(qs, d, m, g, x0, xs0, out, bacc)
+            else:
+                _q8_group1(qs, d, m, g, x0, xs0, out, bacc)
+            r0 = g * LANES
+            for l in range(min(R, r0 + LANES) - r0):
+                y[0, r0 + l] = out[l]
+        return
     for g in prange(G):
         out = np.empty((T, LANES), np.float32)
         bacc = np.empty((T, LANES), np.float32)
@@ -191,7 +248,7 @@ def matmul(fmt, qs, d, m, w, x, y):
             hi = np.empty(LANES, np.float32)
             _q4_group(qs, d, m, g, x, xs, out, lo, hi, bacc)
         else:
-            _q8_group(qs, d, g, x, out, bacc)
+            _q8_group(qs, d, m, g, x, xs, out, bacc)
         r0 = g * LANES
         n = min(R, r0 + LANES) - r0
         for t in range(T):

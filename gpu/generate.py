@@ -1,0 +1,164 @@
+"""The runtime's Python API: load a model, generate text from messages, a prompt or ids.
+
+    gen = Generator.load()                       # bundled SmolLM2-135M-Instruct
+    for chunk in gen.generate(messages=[{"role": "user", "content": "Hi"}]):
+        print(chunk, end="")
+    gen.last                                     # GenerationResult: text, usage, timings
+
+Single-sequence and synchronous; the daemon's engine batches many sequences with the same
+pieces (LlamaModel.step, the sampler, the detokenizer, StopChecker).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from .errors import ContextOverflowError
+from .model import LlamaModel, StepInput, set_threads
+from .ops.sampling import sample
+from .stopping import StopChecker
+from .tokenizer import Tokenizer
+
+PREFILL_CHUNK = 512  # prompt tokens per forward call: bounds the activations' memory
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0            # 0 = off
+    top_p: float = 1.0        # 1 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError("need temperature >= 0, 0 < top_p <= 1, top_k >= 0")
+
+
+@dataclass
+class GenerationResult:
+    text: str = ""
+    finish_reason: str = ""  # "stop" (EOS or a stop string) or "length"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+
+def prefill(model: LlamaModel, seq, ids: np.ndarray) -> np.ndarray:
+    """Run a prompt through the model in chunks; logits of its last token."""
+    logits = None
+    for i in range(0, len(ids), PREFILL_CHUNK):
+        logits = model.step([StepInput(seq, ids[i:i + PREFILL_CHUNK])])
+    return logits[0]
+
+
+class Generator:
+    def __init__(self, model: LlamaModel, tokenizer: Tokenizer):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.last = GenerationResult()
+
+    @classmethod
+    def load(cls, path: str | None = None, *, threads: int | None = None, max_seq_len: int | None = None,
+             warmup: bool = True, log=None) -> "Generator":
+        log = log or (lambda msg: None)
+        t0 = time.perf_counter()
+        n = set_threads(threads)
+        model = LlamaModel.load(path, max_seq_len=max_seq_len)
+        tok = Tokenizer.from_gguf(model.reader)
+        c = model.cfg
+        log(f"loaded {c.name} ({c.n_layer} layers, d={c.d_model}, vocab {c.vocab}, "
+            f"context {model.max_seq_len}) in {time.perf_counter() - t0:.2f} s, {n} threads")
+        gen = cls(model, tok)
+        if warmup:
+            t1 = time.perf_counter()
+            gen.warmup()
+            log(f"kernels warm in {time.perf_counter() - t1:.2f} s")
+        return gen
+
+    def warmup(self) -> None:
+        """Compile (or load from the JIT cache) every kernel path: prefill and decode."""
+        seq = self.model.new_sequence()
+        try:
+            logits = prefill(self.model, seq, np.array([self.tokenizer.eos_id] * 2, np.int32))
+            self.model.step([StepInput(seq, np.array([int(np.argmax(logits))], np.int32))])
+        finally:
+            seq.release()
+
+    def prompt_ids(self, prompt: str | None = None, messages: list[dict] | None = None,
+                   token_ids: list[int] | None = None) -> np.ndarray:
+        if sum(x is not None for x in (prompt, messages, token_ids)) != 1:
+            raise ValueError("give exactly one of prompt, messages, token_ids")
+        if messages is not None:
+            ids = self.tokenizer.encode_chat(messages)
+        elif prompt is not None:
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = list(token_ids)
+        if not ids:
+            raise ValueError("empty prompt")
+        return np.asarray(ids, np.int32)
+
+    def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,
+                 token_ids: list[int] | None = None, params: SamplingParams = SamplingParams(),
+                 ) -> Iterator[str]:
+        """Yield text chunks as they complete (never a partial UTF-8 character)."""
+        params.validate()
+        ids = self.prompt_ids(prompt, messages, token_ids)
+        limit = self.model.max_seq_len
+        if len(ids) + params.max_tokens > limit:
+            raise ContextOverflowError(len(ids) + params.max_tokens, limit)
+        res = self.last = GenerationResult(prompt_tokens=len(ids))
+        rng = np.random.default_rng(params.seed)
+        detok = self.tokenizer.detokenizer()
+        stops = StopChecker(params.stop)
+        eos = self.tokenizer.eos_ids
+        seq = self.model.new_sequence()
+        try:
+            t0 = time.perf_counter()
+            logits = prefill(self.model, seq, ids)
+            res.prefill_s = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            while True:
+                tok = sample(logits, params.temperature, params.top_k, params.top_p, rng.random())
+                if tok in eos:
+                    res.finish_reason = "stop"
+                    break
+                res.token_ids.append(tok)
+                chunk = stops.push(detok.push(tok))
+                if chunk:
+                    res.text += chunk
+                    yield chunk
+                if stops.stopped:
+                    res.finish_reason = "stop"
+                    break
+                if len(res.token_ids) >= params.max_tokens:
+                    res.finish_reason = "length"
+                    break
+                logits = self.model.step([StepInput(seq, np.array([tok], np.int32))])[0]
+            tail = stops.push(detok.flush()) + stops.flush()
+            if tail:
+                res.text += tail
+                yield tail
+            res.decode_s = time.perf_counter() - t1
+            res.completion_tokens = len(res.token_ids)
+        finally:
+            seq.release()
+
+    def complete(self, *args, **kw) -> GenerationResult:
+        for _ in self.generate(*args, **kw):
+            pass
+        return self.last
+
+
+def stderr_log(msg: str) -> None:
+    print(f"[zerolayer] {msg}", file=sys.stderr, flush=True)

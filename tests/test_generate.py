@@ -1,0 +1,62 @@
+"""The Generator API end to end on the bundled model: real text, sampling, stops, limits."""
+from __future__ import annotations
+
+import pytest
+
+from zerolayer.gpu.errors import ContextOverflowError
+from zerolayer.gpu.generate import SamplingParams
+from zerolayer.gpu.stopping import StopChecker
+
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_france_answer_contains_paris_streamed(generator):
+    chunks = list(generator.generate(messages=FRANCE, params=SamplingParams(max_tokens=48)))
+    res = generator.last
+    assert "Paris" in "".join(chunks)
+    assert "".join(chunks) == res.text
+    assert len(chunks) >= 3  # streamed, not one blob
+    assert res.finish_reason == "stop" and res.completion_tokens == len(res.token_ids)
+    assert res.prompt_tokens == 37
+
+
+def test_seed_makes_sampling_reproducible(generator):
+    p = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.95, top_k=50, seed=1234)
+    a = generator.complete("Once upon a time", params=p).text
+    b = generator.complete("Once upon a time", params=p).text
+    assert a == b
+    others = {generator.complete("Once upon a time", params=SamplingParams(
+        max_tokens=24, temperature=1.0, top_p=0.95, top_k=50, seed=s)).text for s in range(4)}
+    assert len(others) > 1  # the seed matters
+
+
+def test_max_tokens_and_stop_strings(generator):
+    r = generator.complete("1, 2, 3, 4, 5,", params=SamplingParams(max_tokens=5))
+    assert r.finish_reason == "length" and r.completion_tokens == 5
+    r = generator.complete("1, 2, 3, 4, 5,", params=SamplingParams(max_tokens=40, stop=(" 9",)))
+    assert r.finish_reason == "stop" and " 9" not in r.text and "8" in r.text
+
+
+def test_over_long_prompt_is_context_overflow(generator):
+    with pytest.raises(ContextOverflowError) as e:
+        list(generator.generate("word " * 3000, params=SamplingParams(max_tokens=8)))
+    assert e.value.limit == 2048 and e.value.code == "CONTEXT_OVERFLOW"
+    # the runtime is still healthy afterwards
+    assert "Paris" in generator.complete(messages=FRANCE).text
+
+
+def test_token_ids_payload(generator):
+    ids = generator.tokenizer.encode_chat(FRANCE)
+    assert "Paris" in generator.complete(token_ids=ids).text
+
+
+@pytest.mark.parametrize("pieces,stops,expected,stopped", [
+    (["Hel", "lo wo", "rld"], ["wor"], "Hello ", True),
+    (["ab", "c", "d"], ["cx"], "abcd", False),       # a held-back prefix is released
+    (["a<", "|e", "nd|>b"], ["<|end|>"], "a", True),
+    (["x"], [], "x", False),
+])
+def test_stop_checker(pieces, stops, expected, stopped):
+    s = StopChecker(stops)
+    out = "".join(s.push(p) for p in pieces) + s.flush()
+    assert out == expected and s.stopped == stopped

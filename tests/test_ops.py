@@ -1,0 +1,155 @@
+"""Each kernel against its float64 reference, on fresh random inputs.
+
+Tolerances are relative to the largest reference value: float32 accumulation over at most a
+few thousand terms stays well under 1e-5; attention and sampling under 1e-5 / 1e-9.
+"""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from zerolayer.gpu import quant
+from zerolayer.gpu.ops.attention import BLOCK_TOKENS, attention, attention_ref, kv_write
+from zerolayer.gpu.ops.embedding import embed, embed_ref
+from zerolayer.gpu.ops.matmul import matmul, matmul_ref
+from zerolayer.gpu.ops.rmsnorm import rmsnorm, rmsnorm_ref
+from zerolayer.gpu.ops.rope import rope, rope_ref, rope_tables
+from zerolayer.gpu.ops.sampling import filtered_distribution, sample, sample_probs_ref
+from zerolayer.gpu.ops.swiglu import swiglu, swiglu_ref
+
+rng = np.random.default_rng()  # fresh inputs every run; failures print the values
+TOL = 1e-5
+
+
+def rel(a, b) -> float:
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def _weight(qt, rows, cols):
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    # as GGUFReader hands them over: bytes for quantized types, float arrays for F16/F32
+    raw = gguf.quants.quantize(w, qt) if qt not in (QT.F32, QT.F16) else w.astype(
+        np.float16 if qt == QT.F16 else np.float32)
+    dense = gguf.quants.dequantize(raw, qt).astype(np.float64).reshape(rows, cols)
+    return quant.stack([quant.repack(raw, rows, cols, qt)]), dense
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_1, QT.Q4_0, QT.Q8_0, QT.F16, QT.F32])
+@pytest.mark.parametrize("rows,cols", [(192, 576), (100, 64)])  # 100: a padded row group
+@pytest.mark.parametrize("T", [1, 3, 8, 21])  # 1: decode; 3, 8: batched; 21: tile prefill path
+def test_matmul(qt, rows, cols, T):
+    wt, dense = _weight(qt, rows, cols)
+    x = rng.standard_normal((T, cols)).astype(np.float32)
+    y = np.full((T, rows), np.nan, np.float32)
+    matmul(*wt.layer(0), x, y)
+    assert rel(y, matmul_ref(dense, x)) < TOL
+
+
+def test_repack_is_exact():
+    """Every weight the kernels see equals gguf's own dequantization of the file bytes."""
+    for qt in (QT.Q4_1, QT.Q4_0, QT.Q8_0, QT.F16):
+        w = rng.standard_normal((70, 96)).astype(np.float32)
+        raw = gguf.quants.quantize(w, qt) if qt != QT.F16 else w.astype(np.float16)
+        fmt, a = quant.repack(raw, 70, 96, qt)
+        np.testing.assert_array_equal(quant.dequantize(fmt, a, np.float64),
+                                      gguf.quants.dequantize(raw, qt).astype(np.float64).reshape(70, 96))
+
+
+@pytest.mark.parametrize("qt", [QT.Q8_0, QT.Q4_1, QT.F32])
+def test_embedding(qt):
+    wt, dense = _weight(qt, 130, 64)
+    tokens = rng.integers(0, 130, 7).astype(np.int32)
+    x = np.empty((7, 64), np.float32)
+    embed(*wt.layer(0), tokens, x)
+    assert rel(x, embed_ref(dense, tokens)) < TOL
+
+
+def test_rmsnorm():
+    x = rng.standard_normal((5, 576)).astype(np.float32) * 3
+    w = rng.standard_normal(576).astype(np.float32)
+    y = np.empty_like(x)
+    rmsnorm(x, w, np.float32(1e-5), y)
+    assert rel(y, rmsnorm_ref(x, w, 1e-5)) < TOL
+
+
+def test_rope_rotates_adjacent_pairs():
+    n_heads, hd, base = 12, 64, 100000.0
+    pos = rng.integers(0, 4000, 6).astype(np.int32)
+    x = rng.standard_normal((6, 8 + n_heads * hd)).astype(np.float32)
+    cos, sin = rope_tables(4096, hd, base)
+    ref = rope_ref(x[:, 8:], pos, n_heads, hd, base)
+    rope(x, 8, pos, cos, sin, n_heads, hd)
+    assert rel(x[:, 8:], ref) < TOL
+
+
+def test_swiglu():
+    gu = rng.standard_normal((4, 2 * 96)).astype(np.float32) * 4
+    h = np.empty((4, 96), np.float32)
+    swiglu(gu, h)
+    assert rel(h, swiglu_ref(gu[:, :96], gu[:, 96:])) < TOL
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_paged_attention_mixed_prefill_and_decode(splits):
+    """Three sequences in one call: a prefill chunk, and two decodes at other positions,
+    with non-contiguous KV blocks."""
+    n_head, n_kv, hd, L, layer = 9, 3, 64, 2, 1
+    lengths = [70, 1, 150]   # tokens written so far, per sequence (prefill starts at 0)
+    new = [70, 1, 1]         # the new tokens of this step: seq 0 prefills 70 positions
+    n_blocks = 12
+    k_pool = np.zeros((n_blocks, L, n_kv, hd, BLOCK_TOKENS), np.float32)
+    v_pool = np.zeros((n_blocks, L, n_kv, BLOCK_TOKENS, hd), np.float32)
+    perm = rng.permutation(n_blocks).astype(np.int32)
+    tables = np.stack([perm[0:3], perm[3:6], perm[6:9]])
+    # history of sequences 1 and 2 (all but their last position) via kv_write too
+    hist = {}
+    for s, n in enumerate(lengths):
+        k = rng.standard_normal((n, n_kv * hd)).astype(np.float32)
+        v = rng.standard_normal((n, n_kv * hd)).astype(np.float32)
+        hist[s] = (k, v)
+        if n - new[s] > 0:
+            prev = np.zeros((n - new[s], (n_head + 2 * n_kv) * hd), np.float32)
+            prev[:, n_head * hd:(n_head + n_kv) * hd] = k[:n - new[s]]
+            prev[:, (n_head + n_kv) * hd:] = v[:n - new[s]]
+            kv_write(prev, k_pool, v_pool, layer, np.full(n - new[s], s, np.int32),
+                     np.arange(n - new[s], dtype=np.int32), tables, n_head, n_kv, hd)
+    rows, tok_seq, tok_pos, qs = [], [], [], []
+    for s, n in enumerate(lengths):
+        for p in range(n - new[s], n):
+            q = rng.standard_normal(n_head * hd).astype(np.float32)
+            rows.append(np.concatenate([q, hist[s][0][p], hist[s][1][p]]))
+            tok_seq.append(s)
+            tok_pos.append(p)
+    qkv = np.stack(rows).astype(np.float32)
+    tok_seq = np.array(tok_seq, np.int32)
+    tok_pos = np.array(tok_pos, np.int32)
+    kv_write(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, tables, n_head, n_kv, hd)
+    out = np.full((len(rows), n_head * hd), np.nan, np.float32)
+    attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, tables, n_head, n_kv, hd, splits, out)
+    i = 0
+    for s, n in enumerate(lengths):
+        q = qkv[i:i + new[s], :n_head * hd]
+        ref = attention_ref(q, hist[s][0], hist[s][1], n_head, n_kv)
+        assert rel(out[i:i + new[s]], ref) < TOL, s
+        i += new[s]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.0, 40, 1.0), (0.8, 0, 0.9),
+                                                     (1.3, 50, 0.5), (0.5, 0, 0.999)])
+def test_sampling_distribution_matches_reference(temperature, top_k, top_p):
+    logits = (rng.standard_normal(5000) * 3).astype(np.float32)
+    ref = sample_probs_ref(logits, temperature, top_k, top_p)
+    ids, p = filtered_distribution(logits, temperature, top_k, top_p)
+    ours = np.zeros_like(ref)
+    ours[ids] = p
+    assert np.abs(ours - ref).max() < 1e-9
+    for u in rng.random(50):  # every draw lands on a token the reference allows
+        assert ref[sample(logits, temperature, top_k, top_p, u)] > 0
+
+
+def test_greedy_is_argmax():
+    logits = rng.standard_normal(1000).astype(np.float32)
+    assert sample(logits, 0.0, 0, 1.0, 0.5) == int(np.argmax(logits))
+    assert sample(logits, 0.9, 1, 1.0, 0.99) == int(np.argmax(logits))

@@ -1,0 +1,123 @@
+"""Reassembly: bounded budget, timeout, counters, any arrival order."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from zerolayer.daemon.errors import MalformedError, OverloadedError
+from zerolayer.daemon.reassembly import Reassembler
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _chunks(body: bytes, chunk: int) -> list[bytes]:
+    return [body[i:i + chunk] for i in range(0, len(body), chunk)]
+
+
+def _feed(r: Reassembler, key: object, body: bytes, chunk: int, order: list[int],
+          meta: object = "m") -> bytes | None:
+    parts = _chunks(body, chunk)
+    out = None
+    for i in order:
+        got = r.add(key, i, len(parts), len(body), chunk, parts[i], meta=meta)
+        if got is not None:
+            assert out is None
+            out = got.body
+    return out
+
+
+@given(body=st.binary(min_size=257, max_size=4000), chunk=st.integers(256, 1252),
+       data=st.data())
+def test_any_order_with_duplicates_reassembles_exactly(body: bytes, chunk: int,
+                                                       data: st.DataObject) -> None:
+    n = len(_chunks(body, chunk))
+    assume(n >= 2)      # single-fragment requests never reach the reassembler
+    order = data.draw(st.permutations(range(n)))
+    # Duplicates of fragments already received, arriving before the last new fragment so
+    # they hit the open buffer.
+    dups = data.draw(st.lists(st.sampled_from(order[:-1]), max_size=4))
+    order = list(order[:-1]) + dups + [order[-1]]
+    r = Reassembler()
+    assert _feed(r, "k", body, chunk, order) == body
+    assert r.reserved_bytes == 0 and len(r) == 0
+    assert r.stats["completed"] == 1 and r.stats["duplicate_fragments"] == len(dups)
+
+
+def test_budget_is_reserved_up_front_and_refuses_new_messages() -> None:
+    r = Reassembler(budget_bytes=5000, clock=Clock())
+    body = bytes(3000)
+    parts = _chunks(body, 1000)
+    assert r.add("a", 0, 3, 3000, 1000, parts[0]) is None
+    assert r.reserved_bytes == 3000           # the whole message, not the 1000 received
+    with pytest.raises(OverloadedError):
+        r.add("b", 0, 3, 3000, 1000, parts[0])
+    assert r.stats["refused_budget"] == 1
+    # The message in progress was not evicted and still completes.
+    r.add("a", 1, 3, 3000, 1000, parts[1])
+    assert r.add("a", 2, 3, 3000, 1000, parts[2]) is not None
+    assert r.reserved_bytes == 0
+    # Now there is room again.
+    assert r.add("b", 0, 3, 3000, 1000, parts[0]) is None
+
+
+def test_message_count_cap() -> None:
+    r = Reassembler(max_messages=2, clock=Clock())
+    r.add("a", 0, 2, 600, 300, bytes(300))
+    r.add("b", 0, 2, 600, 300, bytes(300))
+    with pytest.raises(OverloadedError):
+        r.add("c", 0, 2, 600, 300, bytes(300))
+
+
+def test_incomplete_messages_time_out_and_are_counted() -> None:
+    clk = Clock()
+    r = Reassembler(timeout_s=5.0, clock=clk)
+    r.add("a", 0, 3, 3000, 1000, bytes(1000))
+    clk.t += 2
+    r.add("b", 1, 2, 2000, 1000, bytes(1000))
+    clk.t += 3.5                                 # a is 5.5 s old, b 3.5 s
+    assert r.expire() == 1
+    assert "a" not in r and "b" in r
+    assert r.stats["expired"] == 1 and r.stats["expired_bytes"] == 1000
+    assert r.reserved_bytes == 2000
+    # A late fragment of the dropped message starts over rather than completing it.
+    assert r.add("a", 1, 3, 3000, 1000, bytes(1000)) is None
+    clk.t += 10
+    r.expire()
+    assert len(r) == 0 and r.reserved_bytes == 0 and r.stats["expired"] == 3
+
+
+def test_add_expires_lazily() -> None:
+    clk = Clock()
+    r = Reassembler(budget_bytes=3000, timeout_s=1.0, clock=clk)
+    r.add("a", 0, 3, 3000, 1000, bytes(1000))
+    clk.t += 2
+    # The budget is full, but the stale message is dropped first, so this one fits.
+    assert r.add("b", 0, 3, 3000, 1000, bytes(1000)) is None
+    assert r.stats["expired"] == 1
+
+
+def test_inconsistent_fragments_drop_the_message() -> None:
+    r = Reassembler(clock=Clock())
+    r.add("a", 0, 3, 3000, 1000, bytes(1000), meta=("ts1", "digest"))
+    with pytest.raises(MalformedError):
+        r.add("a", 1, 3, 3000, 1000, bytes(1000), meta=("ts2", "digest"))
+    assert "a" not in r and r.reserved_bytes == 0 and r.stats["inconsistent"] == 1
+    r.add("b", 0, 3, 3000, 1000, bytes(1000))
+    with pytest.raises(MalformedError):
+        r.add("b", 1, 4, 3500, 1000, bytes(1000))
+
+
+def test_assembled_reports_first_fragment_time() -> None:
+    clk = Clock()
+    r = Reassembler(clock=clk)
+    r.add("a", 1, 2, 600, 300, bytes(300))
+    clk.t += 0.25
+    got = r.add("a", 0, 2, 600, 300, bytes(300))
+    assert got is not None and got.started == 100.0

@@ -1,0 +1,720 @@
+"""Wire format v1: the byte layout of every datagram, and its encoders and parsers.
+
+This module is pure: bytes in, typed values or a typed error out, no sockets, no clocks, no
+key store. docs/PROTOCOL.md is the normative description; the constants here are its
+numbers. Everything is little-endian: the hosts we target (x86-64, aarch64) and the GPU are
+little-endian, so the daemon, the XDP program and device kernels read fields without
+swapping bytes.
+
+Every datagram (request or response) starts with the same 32-byte common header, so the
+kernel-side XDP program can validate magic, version, type, declared lengths and fragment
+sanity at fixed offsets before the daemon ever sees a packet:
+
+    off size  field
+      0   4   magic          b"ZLYR"
+      4   1   version        1
+      5   1   type           MsgType
+      6   2   header_len     bytes before the body; fixed per type in v1
+      8   2   datagram_len   whole datagram, tag included; == UDP payload length
+     10   2   flags          requests: 0; responses: bit 0 = UNSIGNED
+     12   4   key_id         u32, 0 = none
+     16  16   request_id     chosen by the client
+     32   …   type-specific header, then body, then a 32-byte HMAC-SHA256 tag
+
+The tag is HMAC-SHA256(secret of key_id, every byte before the tag), per datagram, so each
+fragment of a large request is authenticated on its own and can be verified before anything
+is buffered for it.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Union
+
+import numpy as np
+
+from .errors import ErrorCode, InvalidSignatureError, MalformedError
+
+# --- constants (docs/PROTOCOL.md §2) -------------------------------------------------------
+
+MAGIC = b"ZLYR"
+MAGIC_U32 = int.from_bytes(MAGIC, "little")  # 0x52594C5A, what a u32 load at offset 0 sees
+VERSION = 1
+TAG_LEN = 32                   # HMAC-SHA256
+NONCE_LEN = 32
+REQUEST_ID_LEN = 16
+DIGEST_LEN = 32                # SHA-256 of the whole INVOKE body
+# 1400 bytes of UDP payload fits an MTU-1500 frame with IPv4 (1472) or IPv6 (1452) and
+# leaves room for a VLAN tag or a tunnel header; one datagram = one AF_XDP frame later.
+MAX_DATAGRAM = 1400
+MAX_MESSAGE_BYTES = 1 << 20    # an INVOKE body (params + stops + payload) is at most 1 MiB
+NO_SEQ = 0xFFFFFFFF            # ERROR outside a stream; RESEND from NO_SEQ = keepalive only
+UNSIGNED = 0x0001              # flags bit: response carries a zero tag (see ERROR frames)
+
+COMMON = struct.Struct("<4sBBHHHI16s")
+COMMON_LEN = COMMON.size  # 32
+
+
+class MsgType(IntEnum):
+    # Requests have the high bit clear, responses set: the XDP program and the daemon drop
+    # a response-typed datagram arriving at the server with one test.
+    INVOKE = 0x01
+    CANCEL = 0x02
+    RESEND = 0x03
+    PING = 0x04
+    TOKEN = 0x81
+    DONE = 0x82
+    ERROR = 0x83
+    PONG = 0x84
+    ACK = 0x85
+
+
+REQUEST_TYPES = frozenset({MsgType.INVOKE, MsgType.CANCEL, MsgType.RESEND, MsgType.PING})
+CONTROL_TYPES = frozenset({MsgType.CANCEL, MsgType.RESEND, MsgType.PING})
+
+# Type-specific headers, packed right after COMMON.
+INVOKE_HDR = struct.Struct("<Q32s32sIHHHH")   # ts_us, nonce, body_sha256, total_len,
+                                               # frag_index, frag_count, chunk_len, reserved
+CONTROL_HDR = struct.Struct("<Q32sII")        # ts_us, nonce, arg (RESEND: from_seq), reserved
+TOKEN_HDR = struct.Struct("<IIHH")            # seq, run_id, n_tokens, reserved
+ERROR_HDR = struct.Struct("<IIHH")            # seq, run_id, code, reserved
+ACK_HDR = struct.Struct("<IIBBHI")            # next_seq, run_id, state, reserved, reserved,
+                                               # lease_ms
+DONE_HDR = struct.Struct("<IIB3xIII9Q")       # seq, run_id, finish, pad, usage×3, timings×9
+PONG_HDR = struct.Struct("<QQB7x")            # echo ts_us, server ts_us, server state, pad
+
+HEADER_LEN: dict[MsgType, int] = {
+    MsgType.INVOKE: COMMON_LEN + INVOKE_HDR.size,    # 116
+    MsgType.CANCEL: COMMON_LEN + CONTROL_HDR.size,   # 80
+    MsgType.RESEND: COMMON_LEN + CONTROL_HDR.size,
+    MsgType.PING: COMMON_LEN + CONTROL_HDR.size,
+    MsgType.TOKEN: COMMON_LEN + TOKEN_HDR.size,      # 44
+    MsgType.DONE: COMMON_LEN + DONE_HDR.size,        # 128
+    MsgType.ERROR: COMMON_LEN + ERROR_HDR.size,      # 44
+    MsgType.PONG: COMMON_LEN + PONG_HDR.size,        # 56
+    MsgType.ACK: COMMON_LEN + ACK_HDR.size,          # 48
+}
+
+MAX_CHUNK = MAX_DATAGRAM - HEADER_LEN[MsgType.INVOKE] - TAG_LEN   # 1252 body bytes/fragment
+# A floor on the chunk size caps the fragment count of a 1 MiB request (4096), and so the
+# per-request bookkeeping a key holder can make the daemon do.
+MIN_CHUNK = 256
+MAX_TEXT = MAX_DATAGRAM - HEADER_LEN[MsgType.TOKEN] - TAG_LEN     # 1324 text bytes per TOKEN
+MAX_ERROR_MESSAGE = 512
+
+# INVOKE body: fixed sampling-parameter block, then stop strings, then the payload.
+PARAMS = struct.Struct("<IffIQBBHI")  # max_tokens, temperature, top_p, top_k, seed,
+                                       # payload_kind, n_stop, flags, payload_len
+PARAMS_LEN = PARAMS.size  # 32
+PARAM_SEED_SET = 0x0001
+MAX_STOP = 8
+MAX_TEMPERATURE = 100.0  # beyond this sampling is uniform noise; also keeps f32 finite
+MAX_STOP_BYTES = 128
+CHAT_MSG_HDR = struct.Struct("<BI")    # role, content length
+
+
+class PayloadKind(IntEnum):
+    CHAT = 1        # chat messages; the daemon applies the model's chat template
+    PROMPT = 2      # raw UTF-8 prompt text, tokenized as is
+    TOKEN_IDS = 3   # u32 token ids, used as is
+
+
+class Role(IntEnum):
+    SYSTEM = 1
+    USER = 2
+    ASSISTANT = 3
+
+
+class FinishReason(IntEnum):
+    STOP = 0        # EOS or a stop string
+    LENGTH = 1      # max_tokens reached
+    CANCELLED = 2   # the client sent CANCEL
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class RunState(IntEnum):
+    """ACK's view of a request on the server."""
+    QUEUED = 0
+    RUNNING = 1
+    FINISHED = 2
+
+
+class ServerState(IntEnum):
+    """PONG's view of the daemon."""
+    READY = 0
+    WARMING = 1
+    DRAINING = 2
+
+
+# --- value types -----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str     # "system" | "user" | "assistant"
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0     # 0 = greedy
+    top_k: int = 0               # 0 = off
+    top_p: float = 1.0           # 1 = off
+    seed: int | None = None      # None = the server picks
+    stop: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        """Raise MalformedError for values the daemon would refuse anyway, so the SDK can
+        refuse them before sending and the parser after decoding, with one rule set."""
+        if not 1 <= self.max_tokens <= 0xFFFFFFFF:
+            raise MalformedError(f"max_tokens must be in 1..2^32-1, got {self.max_tokens}")
+        if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= MAX_TEMPERATURE):
+            raise MalformedError(
+                f"temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}")
+        if not 0 <= self.top_k <= 0xFFFFFFFF:
+            raise MalformedError(f"top_k must be in 0..2^32-1, got {self.top_k}")
+        if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
+            raise MalformedError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not 0 <= self.seed < 1 << 64:
+            raise MalformedError(f"seed must be a u64, got {self.seed}")
+        if len(self.stop) > MAX_STOP:
+            raise MalformedError(f"at most {MAX_STOP} stop strings, got {len(self.stop)}")
+        for s in self.stop:
+            if not 1 <= len(s.encode("utf-8")) <= MAX_STOP_BYTES:
+                raise MalformedError(f"stop strings must be 1..{MAX_STOP_BYTES} UTF-8 bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class InvokeBody:
+    """A decoded INVOKE body. Exactly one of prompt / messages / token_ids is set."""
+    params: SamplingParams
+    kind: PayloadKind
+    payload: bytes                                   # the payload bytes as sent
+    prompt: str | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    # Read-only little-endian u32 view over `payload`, no copy: ready for the tokenizer-free
+    # path and, later, for device memory.
+    token_ids: np.ndarray | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class InvokeFragment:
+    """One INVOKE datagram, structurally valid, not yet authenticated."""
+    key_id: int
+    request_id: bytes
+    timestamp_us: int
+    nonce: bytes
+    body_sha256: bytes
+    total_len: int
+    frag_index: int
+    frag_count: int
+    chunk_len: int
+    body: bytes
+    tag: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ControlMessage:
+    """CANCEL, RESEND or PING, structurally valid, not yet authenticated."""
+    msg_type: MsgType
+    key_id: int
+    request_id: bytes
+    timestamp_us: int
+    nonce: bytes
+    arg: int          # RESEND: from_seq (NO_SEQ = keepalive only); others: 0
+    tag: bytes
+
+
+Request = Union[InvokeFragment, ControlMessage]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Per-request latency breakdown in microseconds, as the daemon measured it."""
+    queue_us: int = 0              # admitted → first scheduled
+    prefill_us: int = 0            # prompt forward pass
+    decode_per_token_us: int = 0   # mean decode step per generated token
+    total_us: int = 0              # first datagram received → DONE sent
+    ingress_us: int = 0            # first datagram received → admitted (verify, reassemble)
+    tokenize_us: int = 0           # chat template + tokenizer
+    decode_us: int = 0             # all decode steps
+    decode_step_max_us: int = 0    # slowest decode step (jitter)
+    response_us: int = 0           # detokenize + frame + send, summed
+
+    def as_tuple(self) -> tuple[int, ...]:
+        return (self.queue_us, self.prefill_us, self.decode_per_token_us, self.total_us,
+                self.ingress_us, self.tokenize_us, self.decode_us, self.decode_step_max_us,
+                self.response_us)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenFrame:
+    request_id: bytes
+    seq: int
+    run_id: int
+    n_tokens: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class DoneFrame:
+    request_id: bytes
+    seq: int
+    run_id: int
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorFrame:
+    request_id: bytes
+    seq: int
+    run_id: int
+    code: int
+    message: str
+    signed: bool      # False: an UNSIGNED pre-authentication error, see PROTOCOL.md §6
+    key_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AckFrame:
+    request_id: bytes
+    next_seq: int
+    run_id: int
+    state: RunState
+    lease_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PongFrame:
+    request_id: bytes
+    echo_timestamp_us: int
+    server_time_us: int
+    state: ServerState
+
+
+Response = Union[TokenFrame, DoneFrame, ErrorFrame, AckFrame, PongFrame]
+
+
+# --- signing -----------------------------------------------------------------------------------
+
+def sign(secret: bytes, data: bytes | bytearray | memoryview) -> bytes:
+    return hmac.digest(secret, data, "sha256")
+
+
+def verify_tag(datagram: bytes, secret: bytes, *, request_id: bytes | None = None,
+               key_id: int | None = None) -> None:
+    """Constant-time check of the trailing tag; raises InvalidSignatureError."""
+    mv = memoryview(datagram)
+    if len(mv) < TAG_LEN or not hmac.compare_digest(sign(secret, mv[:-TAG_LEN]),
+                                                    mv[-TAG_LEN:]):
+        raise InvalidSignatureError("tag mismatch", request_id=request_id, key_id=key_id)
+
+
+def _finish(buf: bytearray, secret: bytes | None) -> bytes:
+    """Append the tag (or a zero tag when unsigned) to a datagram whose header already
+    declares its final length."""
+    buf += sign(secret, buf) if secret is not None else bytes(TAG_LEN)
+    if len(buf) > MAX_DATAGRAM:
+        raise ValueError(f"datagram of {len(buf)} bytes exceeds {MAX_DATAGRAM}")
+    return bytes(buf)
+
+
+def _common(msg_type: MsgType, body_len: int, key_id: int, request_id: bytes,
+            flags: int = 0) -> bytearray:
+    if len(request_id) != REQUEST_ID_LEN:
+        raise ValueError("request_id must be 16 bytes")
+    hlen = HEADER_LEN[msg_type]
+    return bytearray(COMMON.pack(MAGIC, VERSION, msg_type, hlen, hlen + body_len + TAG_LEN,
+                                 flags, key_id, request_id))
+
+
+# --- INVOKE body -----------------------------------------------------------------------------
+
+_ROLE_BY_NAME = {r.name.lower(): r for r in Role}
+
+
+def encode_chat(messages: "list[ChatMessage] | tuple[ChatMessage, ...]") -> bytes:
+    out = bytearray()
+    for m in messages:
+        role = _ROLE_BY_NAME.get(m.role)
+        if role is None:
+            raise MalformedError(f"unknown chat role {m.role!r}")
+        content = m.content.encode("utf-8")
+        out += CHAT_MSG_HDR.pack(role, len(content)) + content
+    if not out:
+        raise MalformedError("a chat payload needs at least one message")
+    return bytes(out)
+
+
+def encode_token_ids(ids: "list[int] | tuple[int, ...] | np.ndarray") -> bytes:
+    arr = np.asarray(ids)
+    if arr.ndim != 1 or arr.size == 0:
+        raise MalformedError("token_ids must be a non-empty 1-D sequence")
+    if arr.dtype.kind not in "iu" or (arr.size and (arr.min() < 0 or arr.max() > 0xFFFFFFFF)):
+        raise MalformedError("token ids must be integers in 0..2^32-1")
+    return arr.astype("<u4").tobytes()
+
+
+def encode_invoke_body(params: SamplingParams, kind: PayloadKind, payload: bytes) -> bytes:
+    params.validate()
+    flags = 0
+    seed = 0
+    if params.seed is not None:
+        flags |= PARAM_SEED_SET
+        seed = params.seed
+    out = bytearray(PARAMS.pack(params.max_tokens, params.temperature, params.top_p,
+                                params.top_k, seed, int(kind), len(params.stop), flags,
+                                len(payload)))
+    for s in params.stop:
+        b = s.encode("utf-8")
+        out += struct.pack("<H", len(b)) + b
+    out += payload
+    return bytes(out)
+
+
+def decode_invoke_body(body: bytes) -> InvokeBody:
+    """Parse a reassembled INVOKE body; any defect raises MalformedError."""
+    if len(body) < PARAMS_LEN:
+        raise MalformedError("body shorter than the parameter block")
+    (max_tokens, temperature, top_p, top_k, seed, kind, n_stop, flags,
+     payload_len) = PARAMS.unpack_from(body, 0)
+    if flags & ~PARAM_SEED_SET:
+        raise MalformedError("unknown parameter flags")
+    try:
+        pkind = PayloadKind(kind)
+    except ValueError:
+        raise MalformedError(f"unknown payload kind {kind}") from None
+    off = PARAMS_LEN
+    stops: list[str] = []
+    for _ in range(n_stop):
+        if off + 2 > len(body):
+            raise MalformedError("stop strings run past the body")
+        (n,) = struct.unpack_from("<H", body, off)
+        off += 2
+        if off + n > len(body):
+            raise MalformedError("stop string runs past the body")
+        stops.append(_utf8(body[off:off + n], "stop string"))
+        off += n
+    if off + payload_len != len(body):
+        raise MalformedError("payload_len does not match the body length")
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                            top_p=top_p, seed=seed if flags & PARAM_SEED_SET else None,
+                            stop=tuple(stops))
+    params.validate()
+    payload = bytes(body[off:])
+    if pkind is PayloadKind.PROMPT:
+        return InvokeBody(params, pkind, payload, prompt=_utf8(payload, "prompt"))
+    if pkind is PayloadKind.TOKEN_IDS:
+        if not payload or len(payload) % 4:
+            raise MalformedError("token id payload must be a non-empty multiple of 4 bytes")
+        ids = np.frombuffer(payload, dtype="<u4")
+        return InvokeBody(params, pkind, payload, token_ids=ids)
+    return InvokeBody(params, pkind, payload, messages=_decode_chat(payload))
+
+
+def _decode_chat(payload: bytes) -> tuple[ChatMessage, ...]:
+    msgs: list[ChatMessage] = []
+    off = 0
+    while off < len(payload):
+        if off + CHAT_MSG_HDR.size > len(payload):
+            raise MalformedError("truncated chat message header")
+        role, n = CHAT_MSG_HDR.unpack_from(payload, off)
+        off += CHAT_MSG_HDR.size
+        if off + n > len(payload):
+            raise MalformedError("chat message runs past the payload")
+        try:
+            rname = Role(role).name.lower()
+        except ValueError:
+            raise MalformedError(f"unknown chat role {role}") from None
+        msgs.append(ChatMessage(rname, _utf8(payload[off:off + n], "chat message")))
+        off += n
+    if not msgs:
+        raise MalformedError("a chat payload needs at least one message")
+    return tuple(msgs)
+
+
+def _utf8(b: bytes, what: str) -> str:
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        raise MalformedError(f"{what} is not valid UTF-8") from None
+
+
+# --- requests ---------------------------------------------------------------------------------
+
+def fragment_count(total_len: int, chunk_len: int) -> int:
+    return max(1, -(-total_len // chunk_len))
+
+
+def encode_invoke(key_id: int, secret: bytes, request_id: bytes, timestamp_us: int,
+                  nonce: bytes, body: bytes, chunk_len: int = MAX_CHUNK) -> list[bytes]:
+    """Split an INVOKE body into signed fragments. Fragment i carries body bytes
+    [i*chunk_len, min((i+1)*chunk_len, total)); every fragment repeats the whole-request
+    header (timestamp, nonce, body digest, total length, count) so that any one of them can be
+    checked on its own and arrival order does not matter."""
+    if not MIN_CHUNK <= chunk_len <= MAX_CHUNK:
+        raise ValueError(f"chunk_len must be in {MIN_CHUNK}..{MAX_CHUNK}")
+    if len(nonce) != NONCE_LEN:
+        raise ValueError("nonce must be 32 bytes")
+    digest = hashlib.sha256(body).digest()
+    count = fragment_count(len(body), chunk_len)
+    if count > 0xFFFF:
+        raise ValueError("too many fragments")
+    out = []
+    for i in range(count):
+        chunk = body[i * chunk_len:(i + 1) * chunk_len]
+        buf = _common(MsgType.INVOKE, len(chunk), key_id, request_id)
+        buf += INVOKE_HDR.pack(timestamp_us, nonce, digest, len(body), i, count, chunk_len, 0)
+        buf += chunk
+        out.append(_finish(buf, secret))
+    return out
+
+
+def encode_control(msg_type: MsgType, key_id: int, secret: bytes, request_id: bytes,
+                   timestamp_us: int, nonce: bytes, arg: int = 0) -> bytes:
+    if msg_type not in CONTROL_TYPES:
+        raise ValueError(f"{msg_type!r} is not a control request")
+    if len(nonce) != NONCE_LEN:
+        raise ValueError("nonce must be 32 bytes")
+    buf = _common(msg_type, 0, key_id, request_id)
+    buf += CONTROL_HDR.pack(timestamp_us, nonce, arg, 0)
+    return _finish(buf, secret)
+
+
+def _parse_common(datagram: bytes) -> tuple[MsgType, int, int, bytes]:
+    """The fixed 32-byte header checks, in the order the XDP program does them.
+    Returns (type, flags, key_id, request_id)."""
+    n = len(datagram)
+    if n < COMMON_LEN:
+        raise MalformedError(f"datagram of {n} bytes is shorter than the common header")
+    magic, version, mtype, hlen, dlen, flags, key_id, rid = COMMON.unpack_from(datagram, 0)
+    if magic != MAGIC:
+        raise MalformedError("bad magic")
+    # From here the request id is known, so errors can be addressed to it.
+    ctx = {"request_id": rid, "key_id": key_id}
+    if version != VERSION:
+        raise MalformedError(f"unsupported version {version}", **ctx)
+    try:
+        mt = MsgType(mtype)
+    except ValueError:
+        raise MalformedError(f"unknown message type {mtype:#x}", **ctx) from None
+    if dlen != n:
+        raise MalformedError(f"declared length {dlen} != datagram length {n}", **ctx)
+    if n > MAX_DATAGRAM:
+        raise MalformedError(f"datagram of {n} bytes exceeds {MAX_DATAGRAM}", **ctx)
+    if hlen != HEADER_LEN[mt] or hlen + TAG_LEN > n:
+        raise MalformedError(f"bad header length {hlen} for {mt.name}", **ctx)
+    return mt, flags, key_id, rid
+
+
+def parse_request(datagram: bytes) -> Request:
+    """Structural parse of a request datagram, no key needed (cheap, and the same checks the
+    XDP program makes). Raises MalformedError, with request_id/key_id set once known."""
+    mt, flags, key_id, rid = _parse_common(datagram)
+    ctx = {"request_id": rid, "key_id": key_id}
+    if mt not in REQUEST_TYPES:
+        raise MalformedError(f"{mt.name} is not a request", **ctx)
+    if flags:
+        raise MalformedError("request flags must be zero", **ctx)
+    hlen = HEADER_LEN[mt]
+    body_len = len(datagram) - hlen - TAG_LEN
+    tag = bytes(datagram[-TAG_LEN:])
+    if mt is MsgType.INVOKE:
+        (ts, nonce, digest, total, index, count, chunk,
+         reserved) = INVOKE_HDR.unpack_from(datagram, COMMON_LEN)
+        if reserved:
+            raise MalformedError("reserved field must be zero", **ctx)
+        if not MIN_CHUNK <= chunk <= MAX_CHUNK:
+            raise MalformedError(f"chunk_len {chunk} outside {MIN_CHUNK}..{MAX_CHUNK}", **ctx)
+        if total < PARAMS_LEN:
+            raise MalformedError("total_len shorter than the parameter block", **ctx)
+        # (count-1)*chunk < total <= count*chunk, written without division for BPF.
+        if count == 0 or not (count - 1) * chunk < total <= count * chunk:
+            raise MalformedError("frag_count does not match total_len/chunk_len", **ctx)
+        if index >= count:
+            raise MalformedError("frag_index >= frag_count", **ctx)
+        expect = min(chunk, total - index * chunk)
+        if body_len != expect:
+            raise MalformedError(f"fragment body {body_len} bytes, expected {expect}", **ctx)
+        return InvokeFragment(key_id, rid, ts, nonce, digest, total, index, count, chunk,
+                              bytes(datagram[hlen:hlen + body_len]), tag)
+    ts, nonce, arg, reserved = CONTROL_HDR.unpack_from(datagram, COMMON_LEN)
+    if reserved or body_len:
+        raise MalformedError("control request with reserved bits or a body", **ctx)
+    if mt is not MsgType.RESEND and arg:
+        raise MalformedError(f"{mt.name} arg must be zero", **ctx)
+    return ControlMessage(mt, key_id, rid, ts, nonce, arg, tag)
+
+
+# --- responses --------------------------------------------------------------------------------
+
+def split_utf8(data: bytes, limit: int = MAX_TEXT) -> list[bytes]:
+    """Split UTF-8 text into pieces of at most `limit` bytes without cutting a character,
+    so that each TOKEN frame's text is valid UTF-8 on its own."""
+    out = []
+    while len(data) > limit:
+        cut = limit
+        while cut > 0 and (data[cut] & 0xC0) == 0x80:  # continuation byte: back up
+            cut -= 1
+        if cut == 0:
+            raise ValueError("limit smaller than one character")
+        out.append(data[:cut])
+        data = data[cut:]
+    out.append(data)
+    return out
+
+
+def encode_token(secret: bytes, key_id: int, request_id: bytes, seq: int, run_id: int,
+                 text: str | bytes, n_tokens: int) -> bytes:
+    b = text.encode("utf-8") if isinstance(text, str) else text
+    if len(b) > MAX_TEXT:
+        raise ValueError(f"TOKEN text of {len(b)} bytes > {MAX_TEXT}; use split_utf8")
+    buf = _common(MsgType.TOKEN, len(b), key_id, request_id)
+    buf += TOKEN_HDR.pack(seq, run_id, n_tokens, 0) + b
+    return _finish(buf, secret)
+
+
+def encode_done(secret: bytes, key_id: int, request_id: bytes, seq: int, run_id: int,
+                finish_reason: FinishReason, usage: Usage, timings: Timings) -> bytes:
+    buf = _common(MsgType.DONE, 0, key_id, request_id)
+    buf += DONE_HDR.pack(seq, run_id, int(finish_reason), usage.prompt_tokens,
+                         usage.cached_prompt_tokens, usage.completion_tokens,
+                         *(min(max(int(t), 0), (1 << 64) - 1) for t in timings.as_tuple()))
+    return _finish(buf, secret)
+
+
+def truncate_utf8(s: str, limit: int) -> bytes:
+    b = s.encode("utf-8", "replace")
+    return split_utf8(b, limit)[0] if len(b) > limit else b
+
+
+def encode_error(secret: bytes | None, key_id: int, request_id: bytes, code: ErrorCode,
+                 message: str = "", seq: int = NO_SEQ, run_id: int = 0,
+                 max_len: int = MAX_DATAGRAM) -> bytes:
+    """An ERROR frame; secret=None makes it UNSIGNED (zero tag, flag bit set), which v1
+    allows only before authentication succeeded (UNKNOWN_KEY, INVALID_SIGNATURE, a MALFORMED
+    header). `max_len` truncates the message so the reply can be kept no larger than the
+    datagram it answers (no amplification)."""
+    room = max(0, min(MAX_ERROR_MESSAGE, max_len - HEADER_LEN[MsgType.ERROR] - TAG_LEN))
+    msg = truncate_utf8(message, room) if room else b""
+    buf = _common(MsgType.ERROR, len(msg), key_id, request_id,
+                  flags=UNSIGNED if secret is None else 0)
+    buf += ERROR_HDR.pack(seq, run_id, int(code), 0) + msg
+    return _finish(buf, secret)
+
+
+def encode_ack(secret: bytes, key_id: int, request_id: bytes, next_seq: int, run_id: int,
+               state: RunState, lease_ms: int) -> bytes:
+    buf = _common(MsgType.ACK, 0, key_id, request_id)
+    buf += ACK_HDR.pack(next_seq, run_id, int(state), 0, 0, lease_ms)
+    return _finish(buf, secret)
+
+
+def encode_pong(secret: bytes, key_id: int, request_id: bytes, echo_timestamp_us: int,
+                server_time_us: int, state: ServerState) -> bytes:
+    buf = _common(MsgType.PONG, 0, key_id, request_id)
+    buf += PONG_HDR.pack(echo_timestamp_us, server_time_us, int(state))
+    return _finish(buf, secret)
+
+
+def decode_response(datagram: bytes, secret: bytes) -> Response:
+    """Parse and authenticate a response. A bad tag raises InvalidSignatureError (the
+    client drops the datagram: it may be spoofed); an UNSIGNED frame is returned only when it
+    is an ERROR (ErrorFrame.signed=False) and the caller decides how far to trust it."""
+    mt, flags, key_id, rid = _parse_common(datagram)
+    if mt in REQUEST_TYPES:
+        raise MalformedError(f"{mt.name} is not a response", request_id=rid)
+    if flags & ~UNSIGNED:
+        raise MalformedError("unknown response flags", request_id=rid)
+    unsigned = bool(flags & UNSIGNED)
+    if unsigned:
+        if mt is not MsgType.ERROR:
+            raise InvalidSignatureError("only ERROR frames may be unsigned", request_id=rid)
+    else:
+        verify_tag(datagram, secret, request_id=rid)
+    hlen = HEADER_LEN[mt]
+    body = bytes(datagram[hlen:len(datagram) - TAG_LEN])
+    if mt is MsgType.TOKEN:
+        seq, run_id, n_tok, _ = TOKEN_HDR.unpack_from(datagram, COMMON_LEN)
+        return TokenFrame(rid, seq, run_id, n_tok, _utf8(body, "TOKEN text"))
+    if mt is MsgType.ERROR:
+        seq, run_id, code, _ = ERROR_HDR.unpack_from(datagram, COMMON_LEN)
+        return ErrorFrame(rid, seq, run_id, code, body.decode("utf-8", "replace"),
+                          signed=not unsigned, key_id=key_id)
+    if body:
+        raise MalformedError(f"{mt.name} carries no body", request_id=rid)
+    if mt is MsgType.DONE:
+        seq, run_id, finish, p, c, g, *t = DONE_HDR.unpack_from(datagram, COMMON_LEN)
+        try:
+            fr = FinishReason(finish)
+        except ValueError:
+            raise MalformedError(f"unknown finish reason {finish}", request_id=rid) from None
+        return DoneFrame(rid, seq, run_id, fr, Usage(p, c, g), Timings(*t))
+    if mt is MsgType.ACK:
+        nseq, run_id, state, _, _, lease_ms = ACK_HDR.unpack_from(datagram, COMMON_LEN)
+        try:
+            st = RunState(state)
+        except ValueError:
+            raise MalformedError(f"unknown run state {state}", request_id=rid) from None
+        return AckFrame(rid, nseq, run_id, st, lease_ms)
+    echo, server_ts, state = PONG_HDR.unpack_from(datagram, COMMON_LEN)
+    try:
+        sst = ServerState(state)
+    except ValueError:
+        raise MalformedError(f"unknown server state {state}", request_id=rid) from None
+    return PongFrame(rid, echo, server_ts, sst)
+
+
+class ResponseSigner:
+    """Builds the signed frames of one request: the daemon gets one from each verified
+    request, holding the secret that was current when the request was admitted, so a key
+    rotation mid-stream does not cut a running answer."""
+
+    __slots__ = ("key_id", "_secret", "request_id")
+
+    def __init__(self, key_id: int, secret: bytes, request_id: bytes) -> None:
+        self.key_id = key_id
+        self._secret = secret
+        self.request_id = request_id
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"ResponseSigner(key_id={self.key_id}, request_id={self.request_id.hex()})"
+
+    def token(self, seq: int, run_id: int, text: str | bytes, n_tokens: int) -> bytes:
+        return encode_token(self._secret, self.key_id, self.request_id, seq, run_id, text,
+                            n_tokens)
+
+    def done(self, seq: int, run_id: int, finish_reason: FinishReason, usage: Usage,
+             timings: Timings) -> bytes:
+        return encode_done(self._secret, self.key_id, self.request_id, seq, run_id,
+                           finish_reason, usage, timings)
+
+    def error(self, code: ErrorCode, message: str = "", seq: int = NO_SEQ,
+              run_id: int = 0) -> bytes:
+        return encode_error(self._secret, self.key_id, self.request_id, code, message, seq,
+                            run_id)
+
+    def ack(self, next_seq: int, run_id: int, state: RunState, lease_ms: int) -> bytes:
+        return encode_ack(self._secret, self.key_id, self.request_id, next_seq, run_id, state,
+                          lease_ms)
+
+    def pong(self, echo_timestamp_us: int, server_time_us: int, state: ServerState) -> bytes:
+        return encode_pong(self._secret, self.key_id, self.request_id, echo_timestamp_us,
+                           server_time_us, state)
+

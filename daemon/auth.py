@@ -1,0 +1,235 @@
+"""Request authentication state: the keys file, and the timestamp/nonce replay guard.
+
+The HMAC itself is computed in wire.py; this module owns what the HMAC needs around it:
+which secret belongs to a key id (KeyStore, reloadable on SIGHUP without a restart) and
+whether a correctly signed request is fresh (ReplayGuard).
+
+Keys file format (docs/PROTOCOL.md §5): UTF-8 text, one key per line,
+
+    # comment
+    <key_id> <secret_hex>
+
+key_id is a decimal u32 in 1..4294967295 (0 means "no key" on the wire); secret_hex is 16 to
+64 bytes written as hex (`zerolayer keygen` writes 32). Blank lines and `#` comments are
+ignored. The file must not be readable or writable by group or others (mode & 0o077 == 0):
+a secret that other local users can read is not a secret, so the daemon refuses to start
+rather than run with it.
+"""
+from __future__ import annotations
+
+import heapq
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .errors import ExpiredNonceError, InvalidTimestampError, OverloadedError
+
+MIN_SECRET_BYTES = 16
+MAX_SECRET_BYTES = 64
+MAX_KEYS_FILE_BYTES = 1 << 20
+
+
+class KeyFileError(Exception):
+    """The keys file cannot be used (permissions, syntax, duplicates)."""
+
+
+def parse_keys(text: str, source: str = "<keys>") -> dict[int, bytes]:
+    keys: dict[int, bytes] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        where = f"{source}:{lineno}"
+        if len(parts) != 2:
+            raise KeyFileError(f"{where}: expected '<key_id> <secret_hex>'")
+        kid_s, hex_s = parts
+        if not kid_s.isdigit():
+            raise KeyFileError(f"{where}: key id must be a decimal integer")
+        kid = int(kid_s)
+        if not 1 <= kid <= 0xFFFFFFFF:
+            raise KeyFileError(f"{where}: key id must be in 1..4294967295")
+        try:
+            secret = bytes.fromhex(hex_s)
+        except ValueError:
+            raise KeyFileError(f"{where}: secret is not hex") from None
+        if not MIN_SECRET_BYTES <= len(secret) <= MAX_SECRET_BYTES:
+            raise KeyFileError(
+                f"{where}: secret must be {MIN_SECRET_BYTES}..{MAX_SECRET_BYTES} bytes")
+        if kid in keys:
+            raise KeyFileError(f"{where}: duplicate key id {kid}")
+        keys[kid] = secret
+    return keys
+
+
+def load_keys(path: str | os.PathLike[str]) -> dict[int, bytes]:
+    """Read and check a keys file. The mode is checked on the opened descriptor (fstat), so
+    a file swapped between the check and the read cannot slip through."""
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise KeyFileError(f"{path}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise KeyFileError(f"{path}: not a regular file")
+        if st.st_mode & 0o077:
+            raise KeyFileError(
+                f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets group/others access the "
+                f"secrets; run: chmod 600 {path}")
+        if st.st_size > MAX_KEYS_FILE_BYTES:
+            raise KeyFileError(f"{path}: larger than {MAX_KEYS_FILE_BYTES} bytes")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_KEYS_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise KeyFileError(f"{path}: not UTF-8") from None
+    return parse_keys(text, str(path))
+
+
+class KeyStore:
+    """key id → secret, swapped atomically on reload().
+
+    Readers call get() from the receive loop; reload() (from a SIGHUP handler or a control
+    command) builds a complete new dict and replaces the reference in one assignment, so a
+    reader sees either the old or the new key set, never a mix. A bad file on reload keeps
+    the old keys: rotating a key must never take the service down.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None,
+                 keys: Mapping[int, bytes] | None = None) -> None:
+        if (path is None) == (keys is None):
+            raise ValueError("give exactly one of path or keys")
+        self.path = path
+        # Raises KeyFileError at start: an unusable keys file is fatal only at start.
+        self._keys: dict[int, bytes] = load_keys(path) if path is not None else dict(keys or {})
+        self.reloads = 0
+        self.reload_failures = 0
+        self.last_error: str | None = None
+        self._lock = threading.Lock()  # serialises concurrent reloads, not readers
+
+    def get(self, key_id: int) -> bytes | None:
+        return self._keys.get(key_id)
+
+    def __contains__(self, key_id: int) -> bool:
+        return key_id in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def key_ids(self) -> list[int]:
+        return sorted(self._keys)
+
+    def reload(self) -> bool:
+        """Re-read the keys file. True: swapped in. False: the old keys stay, and
+        last_error says why (the daemon logs it and counts it)."""
+        if self.path is None:
+            return False
+        with self._lock:
+            try:
+                new = load_keys(self.path)
+            except KeyFileError as e:
+                self.reload_failures += 1
+                self.last_error = str(e)
+                return False
+            self._keys = new
+            self.reloads += 1
+            self.last_error = None
+            return True
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    skew_s: float = 300.0       # |server clock - request timestamp| allowed
+    window_s: float = 60.0      # minimum time a nonce is remembered
+    # ~160 bytes per entry in CPython, so the default costs about 80 MB when full; at the
+    # usual 300 s retention it absorbs ~1600 signed requests per second.
+    capacity: int = 500_000
+
+
+class ReplayGuard:
+    """Timestamp window and nonce replay cache.
+
+    A nonce is remembered from first sight until its request's timestamp leaves the accepted
+    skew window, and at least `window_s`: retention = max(window_s, ts + skew_s - now). Any
+    reuse while remembered gives EXPIRED_NONCE; once forgotten, the same datagram fails the
+    timestamp check (INVALID_TIMESTAMP). So a signed datagram is accepted at most once, ever.
+    (A plain 60 s nonce cache with ±300 s skew would accept a replay 61..300 s later.)
+
+    When the cache is full of nonces that are still inside their window, new requests are
+    refused with OVERLOADED: forgetting a live nonce would reopen replay, refusing only costs
+    a retry. Only verified (HMAC-checked) requests reach this cache, so only key holders can
+    fill it.
+    """
+
+    def __init__(self, config: ReplayConfig = ReplayConfig(),
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self._clock = clock
+        self._expiry: dict[bytes, int] = {}            # nonce -> expiry second
+        self._buckets: dict[int, list[bytes]] = {}     # expiry second -> nonces
+        self._heap: list[int] = []                     # expiry seconds with a bucket
+        self.stats = {"remembered": 0, "replays": 0, "stale_timestamps": 0, "full": 0,
+                      "purged": 0}
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+    def check_timestamp(self, timestamp_us: int, now: float | None = None) -> None:
+        now = self._clock() if now is None else now
+        if abs(timestamp_us / 1e6 - now) > self.config.skew_s:
+            self.stats["stale_timestamps"] += 1
+            raise InvalidTimestampError(
+                f"timestamp is {timestamp_us / 1e6 - now:+.1f} s from server time "
+                f"(allowed ±{self.config.skew_s:.0f} s)")
+
+    def seen(self, nonce: bytes, now: float | None = None) -> bool:
+        now = self._clock() if now is None else now
+        exp = self._expiry.get(nonce)
+        return exp is not None and exp > now
+
+    def remember(self, nonce: bytes, timestamp_us: int, now: float | None = None) -> None:
+        """Check the timestamp, then record the nonce. Raises InvalidTimestampError,
+        ExpiredNonceError or OverloadedError; on success the nonce is burnt."""
+        now = self._clock() if now is None else now
+        self.check_timestamp(timestamp_us, now)
+        if self.seen(nonce, now):
+            self.stats["replays"] += 1
+            raise ExpiredNonceError("nonce already used inside its replay window")
+        if len(self._expiry) >= self.config.capacity:
+            self.purge(now)
+            if len(self._expiry) >= self.config.capacity:
+                self.stats["full"] += 1
+                raise OverloadedError("nonce cache full")
+        retention = max(self.config.window_s, timestamp_us / 1e6 + self.config.skew_s - now)
+        # Round up to whole seconds: one bucket per second keeps the heap tiny.
+        exp = int(now + retention) + 1
+        self._expiry[nonce] = exp
+        bucket = self._buckets.get(exp)
+        if bucket is None:
+            self._buckets[exp] = bucket = []
+            heapq.heappush(self._heap, exp)
+        bucket.append(nonce)
+        self.stats["remembered"] += 1
+        if self._heap[0] <= now:
+            self.purge(now)
+
+    def purge(self, now: float | None = None) -> int:
+        """Forget nonces whose retention ended. Amortised O(1) per nonce."""
+        now = self._clock() if now is None else now
+        n = 0
+        while self._heap and self._heap[0] <= now:
+            exp = heapq.heappop(self._heap)
+            for nonce in self._buckets.pop(exp, ()):
+                if self._expiry.get(nonce) == exp:
+                    del self._expiry[nonce]
+                    n += 1
+        self.stats["purged"] += n
+        return n

@@ -1,0 +1,119 @@
+"""Reassembly of multi-fragment INVOKE bodies, within a fixed memory budget and a timeout.
+
+Only fragments whose HMAC already verified arrive here (see ingress.py), so every byte
+held was sent by a key holder; the budget and the timeout bound what even a key holder can
+make the daemon hold. Single-fragment requests never come here.
+
+Policy (docs/PROTOCOL.md §4):
+- A message reserves its whole declared total_len against the budget when its first
+  fragment arrives (not as fragments trickle in), so the budget is a hard bound on memory
+  and a full budget is detected at once.
+- Budget or slot count full → the new message is refused (OVERLOADED); messages already in
+  progress are never evicted to make room, since evicting them would let a flood of new
+  starts starve every large request.
+- A message not complete `timeout_s` after its first fragment is dropped and counted
+  (`expired`); the client's retry (fresh nonce) starts over. v1 has no per-fragment NACK.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .errors import MalformedError, OverloadedError
+
+
+@dataclass(slots=True)
+class _Pending:
+    started: float
+    total_len: int
+    frag_count: int
+    chunk_len: int
+    meta: Hashable                    # fields every fragment must repeat identically
+    parts: dict[int, bytes] = field(default_factory=dict)
+    received: int = 0                 # body bytes held
+
+
+class Assembled(NamedTuple):
+    body: bytes
+    started: float      # when the first fragment arrived (the request's receive time)
+
+
+class Reassembler:
+    def __init__(self, budget_bytes: int = 64 << 20, timeout_s: float = 5.0,
+                 max_messages: int = 4096,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget_bytes = budget_bytes
+        self.timeout_s = timeout_s
+        self.max_messages = max_messages
+        self._clock = clock
+        # Insertion order == start order, and the timeout is the same for all, so the
+        # oldest entries are always at the front: expiry is a scan from the left.
+        self._pending: OrderedDict[Hashable, _Pending] = OrderedDict()
+        self.reserved_bytes = 0
+        self.stats = {"started": 0, "completed": 0, "expired": 0, "expired_bytes": 0,
+                      "refused_budget": 0, "duplicate_fragments": 0, "inconsistent": 0}
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._pending
+
+    def add(self, key: Hashable, frag_index: int, frag_count: int, total_len: int,
+            chunk_len: int, body: bytes, meta: Hashable = None,
+            now: float | None = None) -> Assembled | None:
+        """Add one verified fragment. Returns the whole body when this fragment completes
+        it, else None. Raises OverloadedError (budget/slots full) or MalformedError (the
+        fragment disagrees with earlier fragments of the same message)."""
+        now = self._clock() if now is None else now
+        self.expire(now)
+        p = self._pending.get(key)
+        if p is None:
+            if (self.reserved_bytes + total_len > self.budget_bytes
+                    or len(self._pending) >= self.max_messages):
+                self.stats["refused_budget"] += 1
+                raise OverloadedError("reassembly budget full")
+            p = _Pending(now, total_len, frag_count, chunk_len, meta)
+            self._pending[key] = p
+            self.reserved_bytes += total_len
+            self.stats["started"] += 1
+        elif (p.total_len, p.frag_count, p.chunk_len, p.meta) != (total_len, frag_count,
+                                                                    chunk_len, meta):
+            # The same (key, request id, nonce) with different framing: a client bug. Drop
+            # the whole message; nothing sensible can be assembled from it.
+            self._drop(key, p)
+            self.stats["inconsistent"] += 1
+            raise MalformedError("fragment header disagrees with earlier fragments")
+        if frag_index in p.parts:
+            self.stats["duplicate_fragments"] += 1
+            return None
+        p.parts[frag_index] = body
+        p.received += len(body)
+        if len(p.parts) < p.frag_count:
+            return None
+        del self._pending[key]
+        self.reserved_bytes -= p.total_len
+        self.stats["completed"] += 1
+        return Assembled(b"".join(p.parts[i] for i in range(p.frag_count)), p.started)
+
+    def expire(self, now: float | None = None) -> int:
+        """Drop messages older than the timeout; returns how many were dropped."""
+        now = self._clock() if now is None else now
+        n = 0
+        deadline = now - self.timeout_s
+        while self._pending:
+            key, p = next(iter(self._pending.items()))
+            if p.started > deadline:
+                break
+            self._drop(key, p)
+            self.stats["expired"] += 1
+            self.stats["expired_bytes"] += p.received
+            n += 1
+        return n
+
+    def _drop(self, key: Hashable, p: _Pending) -> None:
+        del self._pending[key]
+        self.reserved_bytes -= p.total_len

@@ -1,0 +1,219 @@
+"""Ingress pipeline: one received datagram → a verified request, a pending fragment, or a
+rejection with the ERROR reply to send (if any).
+
+This is the single entry point the daemon's receive loop calls (Ingress.feed). The order of
+checks is the security argument of the protocol (docs/PROTOCOL.md §6), cheapest and
+least-trusting first:
+
+  1. structure (wire.parse_request): fixed offsets, lengths, fragment sanity. No key, no
+     allocation beyond the parsed fields. The XDP program makes the same checks in the kernel.
+  2. key id known (UNKNOWN_KEY), 3. HMAC tag, constant-time (INVALID_SIGNATURE).
+     Up to here nothing the sender says is trusted, and errors are answered UNSIGNED, only
+     to request-shaped datagrams, and never with more bytes than the datagram had.
+  4. timestamp within ±skew (INVALID_TIMESTAMP); DRAINING; total length (PAYLOAD_TOO_LARGE);
+     nonce not already used (EXPIRED_NONCE).
+  5. only now reassembly buffers anything (bounded: OVERLOADED when full), then the body
+     digest, the nonce is burnt, the body decoded (MALFORMED), token-id context (CONTEXT_OVERFLOW).
+From step 4 on the sender is a key holder, and errors are signed with its key.
+
+The result cache (idempotency), tokenization and the engine come after this, in the daemon.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Union
+
+from .auth import KeyStore, ReplayGuard
+from .errors import (ContextOverflowError, DrainingError, ErrorCode, ExpiredNonceError,
+                     MalformedError, PayloadTooLargeError, UnknownKeyError, ZerolayerError)
+from .reassembly import Reassembler
+from .wire import (COMMON_LEN, MAGIC, MAX_MESSAGE_BYTES, REQUEST_TYPES, VERSION,
+                   ControlMessage, InvokeBody, InvokeFragment, MsgType, ResponseSigner,
+                   decode_invoke_body, encode_error, parse_request, verify_tag)
+
+
+@dataclass(frozen=True, slots=True)
+class InvokeRequest:
+    """A complete, authenticated, fresh INVOKE."""
+    key_id: int
+    request_id: bytes
+    timestamp_us: int          # the client's clock, unix µs
+    nonce: bytes
+    body_sha256: bytes         # what the client's audit_log_hook recorded as the payload hash
+    body: InvokeBody           # params + prompt / messages / token_ids
+    received_at: float         # monotonic time its first datagram arrived (for ingress_us)
+    fragments: int
+    signer: ResponseSigner = field(repr=False)
+
+    @property
+    def cache_key(self) -> tuple[int, bytes]:
+        return (self.key_id, self.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRequest:
+    """An authenticated, fresh CANCEL, RESEND or PING."""
+    msg_type: MsgType
+    key_id: int
+    request_id: bytes
+    timestamp_us: int
+    from_seq: int              # RESEND only; wire.NO_SEQ = keepalive (answer with an ACK)
+    signer: ResponseSigner = field(repr=False)
+
+    @property
+    def cache_key(self) -> tuple[int, bytes]:
+        return (self.key_id, self.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A verified fragment was buffered; the request is not complete yet. Nothing to send."""
+    key_id: int
+    request_id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    code: ErrorCode
+    message: str
+    key_id: int | None
+    request_id: bytes | None
+    authenticated: bool        # the datagram's tag verified (the reply is signed)
+    reply: bytes | None        # the ERROR datagram to send back, or None: stay silent
+
+
+IngressResult = Union[InvokeRequest, ControlRequest, Pending, Rejected]
+
+
+def check_context(prompt_tokens: int, max_tokens: int, max_seq_len: int) -> None:
+    """CONTEXT_OVERFLOW rule, deterministic so the error can be cached: the prompt plus
+    the whole requested completion must fit the context. The daemon calls it after
+    tokenizing; Ingress calls it directly for token-id payloads."""
+    if prompt_tokens + max_tokens > max_seq_len:
+        raise ContextOverflowError(
+            f"prompt {prompt_tokens} + max_tokens {max_tokens} tokens > context {max_seq_len}")
+
+
+class Ingress:
+    def __init__(self, keys: KeyStore, replay: ReplayGuard, reassembler: Reassembler, *,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, max_seq_len: int | None = None,
+                 wall_clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.keys = keys
+        self.replay = replay
+        self.reassembler = reassembler
+        self.max_message_bytes = max_message_bytes
+        self.max_seq_len = max_seq_len
+        self.draining = False       # set on SIGTERM: new INVOKEs get DRAINING
+        self._wall = wall_clock
+        self._mono = monotonic
+        # One counter per error code (the brief's promise 3), plus the outcomes.
+        self.errors: dict[ErrorCode, int] = {c: 0 for c in ErrorCode}
+        self.stats = {"datagrams": 0, "invokes": 0, "controls": 0, "fragments_buffered": 0,
+                      "replies_suppressed": 0, "internal_bugs": 0}
+
+    def feed(self, datagram: bytes) -> IngressResult:
+        """Process one datagram. Never raises: a bug on a hostile input must not take the
+        receive loop down (it becomes INTERNAL, counted, with no reply)."""
+        self.stats["datagrams"] += 1
+        try:
+            return self._feed(datagram)
+        except Exception as e:  # noqa: BLE001 - the loop's last line of defence
+            self.stats["internal_bugs"] += 1
+            self.errors[ErrorCode.INTERNAL] += 1
+            return Rejected(ErrorCode.INTERNAL, f"{type(e).__name__}: {e}", None, None,
+                            False, None)
+
+    def tick(self, now_mono: float | None = None, now_wall: float | None = None) -> int:
+        """Housekeeping for the daemon's idle moments: drop timed-out reassemblies and
+        forget nonces past their window. Returns the number of incomplete requests dropped."""
+        self.replay.purge(self._wall() if now_wall is None else now_wall)
+        return self.reassembler.expire(self._mono() if now_mono is None else now_mono)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _feed(self, dg: bytes) -> IngressResult:
+        now_mono = self._mono()
+        try:
+            req = parse_request(dg)
+            secret = self.keys.get(req.key_id)
+            if secret is None:
+                raise UnknownKeyError(f"unknown key id {req.key_id}",
+                                      request_id=req.request_id, key_id=req.key_id)
+            verify_tag(dg, secret, request_id=req.request_id, key_id=req.key_id)
+        except ZerolayerError as e:
+            return self._reject(e, dg, e.key_id, e.request_id, None)
+        try:
+            return self._authenticated(req, secret, now_mono)
+        except ZerolayerError as e:
+            return self._reject(e, dg, req.key_id, req.request_id, secret)
+
+    def _authenticated(self, req: InvokeFragment | ControlMessage, secret: bytes,
+                       now_mono: float) -> IngressResult:
+        wall = self._wall()
+        signer = ResponseSigner(req.key_id, secret, req.request_id)
+        if isinstance(req, ControlMessage):
+            self.replay.remember(req.nonce, req.timestamp_us, wall)
+            self.stats["controls"] += 1
+            return ControlRequest(req.msg_type, req.key_id, req.request_id, req.timestamp_us,
+                                  req.arg, signer)
+        self.replay.check_timestamp(req.timestamp_us, wall)
+        if self.draining:
+            raise DrainingError("server is draining; no new requests")
+        if req.total_len > self.max_message_bytes:
+            raise PayloadTooLargeError(
+                f"body of {req.total_len} bytes > {self.max_message_bytes}")
+        if req.frag_count == 1:
+            body, started = req.body, now_mono
+        else:
+            # Fragments of a message already accepted (duplicates, replays) must not open a
+            # new reassembly buffer.
+            if self.replay.seen(req.nonce, wall):
+                raise ExpiredNonceError("nonce already used")
+            done = self.reassembler.add((req.key_id, req.request_id, req.nonce),
+                                        req.frag_index, req.frag_count, req.total_len,
+                                        req.chunk_len, req.body,
+                                        meta=(req.timestamp_us, req.body_sha256), now=now_mono)
+            if done is None:
+                self.stats["fragments_buffered"] += 1
+                return Pending(req.key_id, req.request_id)
+            body, started = done
+        if not hmac.compare_digest(hashlib.sha256(body).digest(), req.body_sha256):
+            raise MalformedError("body does not match its SHA-256 in the header")
+        self.replay.remember(req.nonce, req.timestamp_us, wall)
+        ib = decode_invoke_body(body)
+        if ib.token_ids is not None and self.max_seq_len is not None:
+            check_context(len(ib.token_ids), ib.params.max_tokens, self.max_seq_len)
+        self.stats["invokes"] += 1
+        return InvokeRequest(req.key_id, req.request_id, req.timestamp_us, req.nonce,
+                             req.body_sha256, ib, started, req.frag_count, signer)
+
+    def _reject(self, e: ZerolayerError, dg: bytes, key_id: int | None,
+                request_id: bytes | None, secret: bytes | None) -> Rejected:
+        code = e.code if e.code is not None else ErrorCode.INTERNAL
+        self.errors[code] += 1
+        reply: bytes | None = None
+        if request_id is not None and _request_shaped(dg):
+            if secret is not None:
+                reply = encode_error(secret, key_id or 0, request_id, code, e.message)
+            else:
+                # Unauthenticated sender: whatever we send may be aimed at a spoofed victim,
+                # so never more bytes than came in (no amplification).
+                reply = encode_error(None, key_id or 0, request_id, code, e.message,
+                                     max_len=len(dg))
+                if len(reply) > len(dg):
+                    reply = None
+        if reply is None:
+            self.stats["replies_suppressed"] += 1
+        return Rejected(code, e.message, key_id, request_id, secret is not None, reply)
+
+
+def _request_shaped(dg: bytes) -> bool:
+    """Only answer datagrams that claim to be v1 requests: never a response-typed or
+    foreign datagram, or two servers could be made to answer each other forever."""
+    return (len(dg) >= COMMON_LEN and dg[:4] == MAGIC and dg[4] == VERSION
+            and dg[5] in REQUEST_TYPES)

@@ -391,3 +391,13 @@ def test_large_prompt_travels_in_fragments() -> None:
         res = _client(d).invoke(prompt=prompt, request_id="00" * 16)
     assert res.text == "Paris." and d.invokes[0].body.prompt == prompt
     assert d.invokes[0].fragments > 100 and res.request_id == bytes(16)
+
+
+def test_audit_hook_failure_sends_nothing() -> None:
+    def refuse(payload: bytes, signature: bytes, timestamp: int) -> None:
+        raise RuntimeError("audit log unavailable")
+    with FakeDaemon(Script()) as d:
+        with pytest.raises(RuntimeError, match="audit log"):
+            _client(d, audit_log_hook=refuse).invoke(prompt="x")
+        threading.Event().wait(0.05)
+    assert d.ingress.stats["datagrams"] == 0

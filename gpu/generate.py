@@ -74,7 +74,7 @@ class Generator:
         t0 = time.perf_counter()
         n = set_threads(threads)
         model = LlamaModel.load(path, max_seq_len=max_seq_len)
-        tok = Tokenizer.from_gguf(model.reader)
+        tok = model.tokenizer()
         c = model.cfg
         log(f"loaded {c.name} ({c.n_layer} layers, d={c.d_model}, vocab {c.vocab}, "
             f"context {model.max_seq_len}) in {time.perf_counter() - t0:.2f} s, {n} threads")

@@ -22,7 +22,7 @@ import numba
 import numpy as np
 from numba import njit
 
-from . import gguf_loader
+from . import gguf_loader, model_cache
 from .gguf_loader import ModelConfig, ModelWeights
 from .kv_cache import KVArena, Sequence
 from .ops.attention import BLOCK_TOKENS, attention, kv_write
@@ -31,6 +31,7 @@ from .ops.matmul import matmul
 from .ops.rmsnorm import rmsnorm
 from .ops.rope import rope, rope_tables
 from .ops.swiglu import swiglu
+from .tokenizer import Tokenizer
 
 
 @njit(fastmath=True, cache=True)
@@ -102,13 +103,35 @@ class LlamaModel:
                        weights.attn_norm, weights.ffn_norm, weights.out_norm, weights.output)
 
     @classmethod
-    def load(cls, path: str | None = None, **kw) -> "LlamaModel":
+    def load(cls, path: str | None = None, *, use_cache: bool = True, **kw) -> "LlamaModel":
+        """Load a GGUF (default: the bundled model), through the repacked-model cache."""
         path = path or gguf_loader.default_model_path()
-        reader = gguf_loader.open_gguf(path)
-        cfg = gguf_loader.read_config(reader)
-        model = cls(cfg, gguf_loader.load_weights(reader, cfg), path=path, **kw)
-        model.reader = reader  # the tokenizer reads its metadata from the same reader
+        if not os.path.exists(path):
+            raise gguf_loader.ModelFormatError(f"model file not found: {path}")
+        cached = model_cache.load(path) if use_cache else None
+        if cached is None:
+            reader = gguf_loader.open_gguf(path)
+            cfg = gguf_loader.read_config(reader)
+            weights = gguf_loader.load_weights(reader, cfg)
+            # a model may come without a tokenizer (token-id payloads still work)
+            tok_meta = (Tokenizer.metadata_from_gguf(reader)
+                        if "tokenizer.ggml.model" in reader.fields else None)
+            if use_cache:
+                model_cache.save(path, cfg, weights, tok_meta)
+            cached = (cfg, weights, tok_meta)
+        model = cls(cached[0], cached[1], path=path, **kw)
+        model.tokenizer_meta = cached[2]
         return model
+
+    @property
+    def reader(self):
+        """The GGUF itself (slow to open: only tests and tools need it)."""
+        return gguf_loader.open_gguf(self.path)
+
+    def tokenizer(self) -> Tokenizer:
+        if self.tokenizer_meta is None:
+            raise gguf_loader.ModelFormatError(f"{self.path}: the GGUF has no tokenizer")
+        return Tokenizer(**self.tokenizer_meta)
 
     def new_sequence(self) -> Sequence:
         return self.arena.new_sequence()

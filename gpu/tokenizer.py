@@ -23,6 +23,8 @@ from tokenizers import Regex
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import models, pre_tokenizers
 
+from .errors import ModelFormatError, UnsupportedModelError
+
 # llama.cpp (llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_SMOLLM) splits in two passes: every numeric
 # code point on its own, then the classic GPT-2 pattern. Pieces that no pattern matches are kept
 # as their own pieces (Split "isolated" does the same), then each piece is byte-level BPE'd.
@@ -108,7 +110,7 @@ class Tokenizer:
     ) -> None:
         if pre != "smollm":
             # Other pre-tokenizers need other regexes; refuse rather than silently drift.
-            raise ValueError(f"unsupported tokenizer.ggml.pre={pre!r}")
+            raise UnsupportedModelError(f"unsupported tokenizer.ggml.pre={pre!r}")
         self._tokens = list(tokens)
         self._types = list(token_types)
         self._bos_id = bos_id
@@ -162,9 +164,14 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, reader: gguf.GGUFReader) -> "Tokenizer":
+        return cls(**cls.metadata_from_gguf(reader))
+
+    @staticmethod
+    def metadata_from_gguf(reader: gguf.GGUFReader) -> dict[str, Any]:
+        """The constructor's arguments, as plain JSON-able data (cached beside the weights)."""
         model = _field_str(reader, "tokenizer.ggml.model")
         if model != "gpt2":
-            raise ValueError(f"unsupported tokenizer.ggml.model={model!r} (want gpt2 BPE)")
+            raise UnsupportedModelError(f"unsupported tokenizer.ggml.model={model!r} (want gpt2 BPE)")
         tokens = _field_strs(reader, "tokenizer.ggml.tokens")
         tf = reader.fields["tokenizer.ggml.token_type"]
         types = [int(tf.parts[i][0]) for i in tf.data]
@@ -172,11 +179,11 @@ class Tokenizer:
         bos = _field_int(reader, "tokenizer.ggml.bos_token_id")
         eos = _field_int(reader, "tokenizer.ggml.eos_token_id")
         if bos is None or eos is None:
-            raise ValueError("GGUF lacks bos/eos token ids")
-        return cls(
-            tokens,
-            types,
-            merges,
+            raise ModelFormatError("GGUF lacks bos/eos token ids")
+        return dict(
+            tokens=tokens,
+            token_types=types,
+            merges=merges,
             bos_id=bos,
             eos_id=eos,
             chat_template=_field_str(reader, "tokenizer.chat_template"),

@@ -17,7 +17,7 @@ def _rel(a, b) -> float:
 
 
 def _compare(path: str, prompt: list[int], steps: int = 16) -> list[float]:
-    model = LlamaModel.load(path, max_seq_len=256)
+    model = LlamaModel.load(path, max_seq_len=256, use_cache=False)
     ref = ReferenceLlama(model.reader, model.cfg)
     seq = model.new_sequence()
     logits = model.step([StepInput(seq, np.array(prompt, np.int32))])[0]  # batched prefill
@@ -91,3 +91,24 @@ def test_config_from_gguf(model_path):
     cfg = gguf_loader.read_config(gguf_loader.open_gguf(model_path))
     assert (cfg.n_layer, cfg.d_model, cfg.n_ff, cfg.n_head, cfg.n_kv, cfg.head_dim) == (30, 576, 1536, 9, 3, 64)
     assert cfg.rope_base == 100000.0 and cfg.vocab == 49152
+
+
+def test_repacked_model_cache_round_trip(tmp_path, tiny_path):
+    import os
+    import shutil
+    p = str(tmp_path / "m.gguf")
+    shutil.copy(tiny_path, p)
+    fresh = LlamaModel.load(p, use_cache=False)
+    first = LlamaModel.load(p)    # builds the cache
+    cached = LlamaModel.load(p)   # reads it
+    assert cached.tokenizer_meta == fresh.tokenizer_meta == first.tokenizer_meta
+    assert cached.cfg == fresh.cfg
+    logits = []
+    for m in (fresh, cached):
+        s = m.new_sequence()
+        logits.append(m.step([StepInput(s, np.arange(20, dtype=np.int32))]))
+    np.testing.assert_array_equal(logits[0], logits[1])
+    from zerolayer.gpu import model_cache
+    d = model_cache.cache_dir(p)
+    os.utime(p, ns=(0, 0))        # a changed file gets a new key: never stale
+    assert model_cache.cache_dir(p) != d and model_cache.load(p) is None

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .errors import ExpiredNonceError, InvalidTimestampError, OverloadedError
+from .wire import Mac
 
 MIN_SECRET_BYTES = 16
 MAX_SECRET_BYTES = 64
@@ -109,14 +110,22 @@ class KeyStore:
             raise ValueError("give exactly one of path or keys")
         self.path = path
         # Raises KeyFileError at start: an unusable keys file is fatal only at start.
-        self._keys: dict[int, bytes] = load_keys(path) if path is not None else dict(keys or {})
+        # One dict holds both the secret and its precomputed MAC state, so a reload swaps
+        # them together in a single assignment.
+        self._keys = _with_macs(load_keys(path) if path is not None else dict(keys or {}))
         self.reloads = 0
         self.reload_failures = 0
         self.last_error: str | None = None
         self._lock = threading.Lock()  # serialises concurrent reloads, not readers
 
     def get(self, key_id: int) -> bytes | None:
-        return self._keys.get(key_id)
+        k = self._keys.get(key_id)
+        return k[0] if k is not None else None
+
+    def mac(self, key_id: int) -> Mac | None:
+        """The HMAC-SHA256 signer/verifier for a key id (what the hot path uses)."""
+        k = self._keys.get(key_id)
+        return k[1] if k is not None else None
 
     def __contains__(self, key_id: int) -> bool:
         return key_id in self._keys
@@ -139,10 +148,14 @@ class KeyStore:
                 self.reload_failures += 1
                 self.last_error = str(e)
                 return False
-            self._keys = new
+            self._keys = _with_macs(new)
             self.reloads += 1
             self.last_error = None
             return True
+
+
+def _with_macs(keys: Mapping[int, bytes]) -> dict[int, tuple[bytes, Mac]]:
+    return {kid: (secret, Mac(secret)) for kid, secret in keys.items()}
 
 
 @dataclass(frozen=True, slots=True)

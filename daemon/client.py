@@ -51,7 +51,7 @@ import numpy as np
 from .errors import (ERROR_INFO, ErrorCode, PayloadTooLargeError,
                      StreamRestartedError, ZerolayerError, ZerolayerTimeoutError, error_for)
 from .wire import (MAX_CHUNK, MAX_MESSAGE_BYTES, NO_SEQ, NONCE_LEN, REQUEST_ID_LEN,
-                   AckFrame, ChatMessage, DoneFrame, ErrorFrame, MsgType, PayloadKind,
+                   AckFrame, ChatMessage, DoneFrame, ErrorFrame, Mac, MsgType, PayloadKind,
                    PongFrame, Response, RunState, SamplingParams, Timings, TokenFrame, Usage,
                    decode_response, encode_chat, encode_control, encode_invoke,
                    encode_invoke_body, encode_token_ids)
@@ -96,7 +96,8 @@ class Client:
             raise ValueError("key_id must be in 1..2^32-1")
         self.address = address
         self.key_id = key_id
-        self._secret = bytes.fromhex(secret) if isinstance(secret, str) else bytes(secret)
+        raw = bytes.fromhex(secret) if isinstance(secret, str) else bytes(secret)
+        self._secret = Mac(raw)      # the raw secret is not kept
         self.timeout = timeout
         self.audit_log_hook = audit_log_hook
         self.max_attempts = max(1, max_attempts)

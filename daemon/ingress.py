@@ -32,7 +32,7 @@ from .errors import (ContextOverflowError, DrainingError, ErrorCode, ExpiredNonc
                      MalformedError, PayloadTooLargeError, UnknownKeyError, ZerolayerError)
 from .reassembly import Reassembler
 from .wire import (COMMON_LEN, MAGIC, MAX_MESSAGE_BYTES, REQUEST_TYPES, VERSION,
-                   ControlMessage, InvokeBody, InvokeFragment, MsgType, ResponseSigner,
+                   ControlMessage, InvokeBody, InvokeFragment, Mac, MsgType, ResponseSigner,
                    decode_invoke_body, encode_error, parse_request, verify_tag)
 
 
@@ -140,7 +140,7 @@ class Ingress:
         now_mono = self._mono()
         try:
             req = parse_request(dg)
-            secret = self.keys.get(req.key_id)
+            secret = self.keys.mac(req.key_id)
             if secret is None:
                 raise UnknownKeyError(f"unknown key id {req.key_id}",
                                       request_id=req.request_id, key_id=req.key_id)
@@ -152,7 +152,7 @@ class Ingress:
         except ZerolayerError as e:
             return self._reject(e, dg, req.key_id, req.request_id, secret)
 
-    def _authenticated(self, req: InvokeFragment | ControlMessage, secret: bytes,
+    def _authenticated(self, req: InvokeFragment | ControlMessage, secret: Mac,
                        now_mono: float) -> IngressResult:
         wall = self._wall()
         signer = ResponseSigner(req.key_id, secret, req.request_id)
@@ -193,7 +193,7 @@ class Ingress:
                              req.body_sha256, ib, started, req.frag_count, signer)
 
     def _reject(self, e: ZerolayerError, dg: bytes, key_id: int | None,
-                request_id: bytes | None, secret: bytes | None) -> Rejected:
+                request_id: bytes | None, secret: Mac | None) -> Rejected:
         code = e.code if e.code is not None else ErrorCode.INTERNAL
         self.errors[code] += 1
         reply: bytes | None = None

@@ -313,11 +313,49 @@ Response = Union[TokenFrame, DoneFrame, ErrorFrame, AckFrame, PongFrame]
 
 # --- signing -----------------------------------------------------------------------------------
 
-def sign(secret: bytes, data: bytes | bytearray | memoryview) -> bytes:
-    return hmac.digest(secret, data, "sha256")
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
 
 
-def verify_tag(datagram: bytes, secret: bytes, *, request_id: bytes | None = None,
+class Mac:
+    """HMAC-SHA256 under one secret, with the keyed inner/outer SHA-256 states computed once.
+
+    Every datagram is signed or verified, so this is on the per-token path: with OpenSSL 3,
+    hmac.digest() re-derives the key state on each call (~5.7 µs for a 100-byte frame here);
+    copying precomputed states costs ~1.7 µs. Same output as hmac.digest(secret, m, sha256).
+    """
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, secret: bytes) -> None:
+        key = hashlib.sha256(secret).digest() if len(secret) > 64 else secret
+        key = key.ljust(64, b"\0")
+        self._inner = hashlib.sha256(key.translate(_IPAD))
+        self._outer = hashlib.sha256(key.translate(_OPAD))
+
+    def __repr__(self) -> str:  # never print key material
+        return "Mac(<secret>)"
+
+    def tag(self, data: bytes | bytearray | memoryview) -> bytes:
+        inner = self._inner.copy()
+        inner.update(data)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
+
+
+Secret = Union[bytes, Mac]
+
+
+def as_mac(secret: Secret) -> Mac:
+    return secret if isinstance(secret, Mac) else Mac(secret)
+
+
+def sign(secret: Secret, data: bytes | bytearray | memoryview) -> bytes:
+    return as_mac(secret).tag(data)
+
+
+def verify_tag(datagram: bytes, secret: Secret, *, request_id: bytes | None = None,
                key_id: int | None = None) -> None:
     """Constant-time check of the trailing tag; raises InvalidSignatureError."""
     mv = memoryview(datagram)
@@ -326,7 +364,7 @@ def verify_tag(datagram: bytes, secret: bytes, *, request_id: bytes | None = Non
         raise InvalidSignatureError("tag mismatch", request_id=request_id, key_id=key_id)
 
 
-def _finish(buf: bytearray, secret: bytes | None) -> bytes:
+def _finish(buf: bytearray, secret: Secret | None) -> bytes:
     """Append the tag (or a zero tag when unsigned) to a datagram whose header already
     declares its final length."""
     buf += sign(secret, buf) if secret is not None else bytes(TAG_LEN)
@@ -462,7 +500,7 @@ def fragment_count(total_len: int, chunk_len: int) -> int:
     return max(1, -(-total_len // chunk_len))
 
 
-def encode_invoke(key_id: int, secret: bytes, request_id: bytes, timestamp_us: int,
+def encode_invoke(key_id: int, secret: Secret, request_id: bytes, timestamp_us: int,
                   nonce: bytes, body: bytes, chunk_len: int = MAX_CHUNK) -> list[bytes]:
     """Split an INVOKE body into signed fragments. Fragment i carries body bytes
     [i*chunk_len, min((i+1)*chunk_len, total)); every fragment repeats the whole-request
@@ -472,6 +510,7 @@ def encode_invoke(key_id: int, secret: bytes, request_id: bytes, timestamp_us: i
         raise ValueError(f"chunk_len must be in {MIN_CHUNK}..{MAX_CHUNK}")
     if len(nonce) != NONCE_LEN:
         raise ValueError("nonce must be 32 bytes")
+    secret = as_mac(secret)  # once for all fragments
     digest = hashlib.sha256(body).digest()
     count = fragment_count(len(body), chunk_len)
     if count > 0xFFFF:
@@ -486,7 +525,7 @@ def encode_invoke(key_id: int, secret: bytes, request_id: bytes, timestamp_us: i
     return out
 
 
-def encode_control(msg_type: MsgType, key_id: int, secret: bytes, request_id: bytes,
+def encode_control(msg_type: MsgType, key_id: int, secret: Secret, request_id: bytes,
                    timestamp_us: int, nonce: bytes, arg: int = 0) -> bytes:
     if msg_type not in CONTROL_TYPES:
         raise ValueError(f"{msg_type!r} is not a control request")
@@ -580,7 +619,7 @@ def split_utf8(data: bytes, limit: int = MAX_TEXT) -> list[bytes]:
     return out
 
 
-def encode_token(secret: bytes, key_id: int, request_id: bytes, seq: int, run_id: int,
+def encode_token(secret: Secret, key_id: int, request_id: bytes, seq: int, run_id: int,
                  text: str | bytes, n_tokens: int) -> bytes:
     b = text.encode("utf-8") if isinstance(text, str) else text
     if len(b) > MAX_TEXT:
@@ -590,7 +629,7 @@ def encode_token(secret: bytes, key_id: int, request_id: bytes, seq: int, run_id
     return _finish(buf, secret)
 
 
-def encode_done(secret: bytes, key_id: int, request_id: bytes, seq: int, run_id: int,
+def encode_done(secret: Secret, key_id: int, request_id: bytes, seq: int, run_id: int,
                 finish_reason: FinishReason, usage: Usage, timings: Timings) -> bytes:
     buf = _common(MsgType.DONE, 0, key_id, request_id)
     buf += DONE_HDR.pack(seq, run_id, int(finish_reason), usage.prompt_tokens,
@@ -604,7 +643,7 @@ def truncate_utf8(s: str, limit: int) -> bytes:
     return split_utf8(b, limit)[0] if len(b) > limit else b
 
 
-def encode_error(secret: bytes | None, key_id: int, request_id: bytes, code: ErrorCode,
+def encode_error(secret: Secret | None, key_id: int, request_id: bytes, code: ErrorCode,
                  message: str = "", seq: int = NO_SEQ, run_id: int = 0,
                  max_len: int = MAX_DATAGRAM) -> bytes:
     """An ERROR frame; secret=None makes it UNSIGNED (zero tag, flag bit set), which v1
@@ -619,21 +658,21 @@ def encode_error(secret: bytes | None, key_id: int, request_id: bytes, code: Err
     return _finish(buf, secret)
 
 
-def encode_ack(secret: bytes, key_id: int, request_id: bytes, next_seq: int, run_id: int,
+def encode_ack(secret: Secret, key_id: int, request_id: bytes, next_seq: int, run_id: int,
                state: RunState, lease_ms: int) -> bytes:
     buf = _common(MsgType.ACK, 0, key_id, request_id)
     buf += ACK_HDR.pack(next_seq, run_id, int(state), 0, 0, lease_ms)
     return _finish(buf, secret)
 
 
-def encode_pong(secret: bytes, key_id: int, request_id: bytes, echo_timestamp_us: int,
+def encode_pong(secret: Secret, key_id: int, request_id: bytes, echo_timestamp_us: int,
                 server_time_us: int, state: ServerState) -> bytes:
     buf = _common(MsgType.PONG, 0, key_id, request_id)
     buf += PONG_HDR.pack(echo_timestamp_us, server_time_us, int(state))
     return _finish(buf, secret)
 
 
-def decode_response(datagram: bytes, secret: bytes) -> Response:
+def decode_response(datagram: bytes, secret: Secret) -> Response:
     """Parse and authenticate a response. A bad tag raises InvalidSignatureError (the
     client drops the datagram: it may be spoofed); an UNSIGNED frame is returned only when it
     is an ERROR (ErrorFrame.signed=False) and the caller decides how far to trust it."""
@@ -688,9 +727,9 @@ class ResponseSigner:
 
     __slots__ = ("key_id", "_secret", "request_id")
 
-    def __init__(self, key_id: int, secret: bytes, request_id: bytes) -> None:
+    def __init__(self, key_id: int, secret: Secret, request_id: bytes) -> None:
         self.key_id = key_id
-        self._secret = secret
+        self._secret = as_mac(secret)
         self.request_id = request_id
 
     def __repr__(self) -> str:  # never print the secret

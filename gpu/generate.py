@@ -55,9 +55,10 @@ class GenerationResult:
 
 def prefill(model: LlamaModel, seq, ids: np.ndarray) -> np.ndarray:
     """Run a prompt through the model in chunks; logits of its last token."""
-    logits = None
     for i in range(0, len(ids), PREFILL_CHUNK):
-        logits = model.step([StepInput(seq, ids[i:i + PREFILL_CHUNK])])
+        chunk = ids[i:i + PREFILL_CHUNK]
+        last = i + PREFILL_CHUNK >= len(ids)
+        logits = model.step([StepInput(seq, chunk, logits=last)])
     return logits[0]
 
 

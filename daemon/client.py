@@ -15,8 +15,11 @@ Reliability over UDP (docs/PROTOCOL.md §7), all inside the SDK:
   attach to (or replay) the first run instead of running the model again.
 - No ACK or frame within ack_timeout_s → a new attempt, the wait doubling each time (up to
   backoff_max_s). Retryable errors (OVERLOADED, DRAINING, INTERNAL, EXPIRED_NONCE before
-  acceptance) → a new attempt after an exponential, jittered backoff. Both stop after
-  max_attempts attempts or at `timeout`, whichever is first.
+  acceptance) → a new attempt after an exponential, jittered backoff. At most max_attempts
+  attempts.
+- `timeout` is an inactivity limit: the call fails with ZerolayerTimeoutError after `timeout`
+  seconds without any authenticated datagram from the daemon for this request. It does not
+  cap a long generation (a live daemon answers keepalives); `total_timeout` does, if set.
 - TOKEN/DONE frames carry sequence numbers; a hole (a later frame, or an ACK/DONE saying more
   exist) is filled with RESEND(first missing seq).
 - While waiting, a keepalive (RESEND from NO_SEQ, answered by ACK) renews the request's lease
@@ -83,14 +86,21 @@ def _now_us() -> int:
 
 class Client:
     """A client of one daemon address. Thread-safe: each call uses its own UDP socket, so
-    concurrent calls from threads do not see each other's datagrams."""
+    concurrent calls from threads do not see each other's datagrams.
+
+    address: (host, port) of zerolayerd. key_id / secret: an entry of the daemon's keys
+    file (secret as bytes or hex). timeout: seconds without any authenticated answer before
+    a call fails (inactivity, see the module docstring); total_timeout: optional cap on a
+    whole call. The remaining knobs are the retry timers of docs/PROTOCOL.md §8.6.
+    """
 
     def __init__(self, address: tuple[str, int], key_id: int, secret: bytes | str,
                  timeout: float = 30.0, *, audit_log_hook: AuditHook | None = None,
                  max_attempts: int = 5, ack_timeout_s: float = 0.2,
                  backoff_initial_s: float = 0.05, backoff_max_s: float = 2.0,
                  resend_interval_s: float = 0.03, probe_interval_s: float = 0.25,
-                 contact_timeout_s: float = 2.0, chunk_len: int = MAX_CHUNK,
+                 contact_timeout_s: float = 2.0, total_timeout: float | None = None,
+                 chunk_len: int = MAX_CHUNK,
                  pace_burst: int = 64, pace_gap_s: float = 0.0002) -> None:
         if not 1 <= key_id <= 0xFFFFFFFF:
             raise ValueError("key_id must be in 1..2^32-1")
@@ -107,6 +117,7 @@ class Client:
         self.resend_interval_s = resend_interval_s
         self.probe_interval_s = probe_interval_s
         self.contact_timeout_s = contact_timeout_s
+        self.total_timeout = total_timeout
         self.chunk_len = chunk_len
         self.pace_burst = pace_burst
         self.pace_gap_s = pace_gap_s
@@ -225,7 +236,11 @@ class Stream(Iterator[str]):
         self.result: InvokeResult | None = None
         self._sock: socket.socket | None = _open_socket(client.address)
         self._t0 = time.monotonic()
-        self._deadline = self._t0 + client.timeout
+        # Inactivity deadline, pushed forward by every authenticated datagram; the hard one
+        # (total_timeout) never moves.
+        self._hard_deadline = (self._t0 + client.total_timeout
+                               if client.total_timeout is not None else float("inf"))
+        self._deadline = min(self._t0 + client.timeout, self._hard_deadline)
         self.attempts = 0
         self._attempt_sent = 0.0
         self._next_attempt_at: float | None = None   # a backoff-delayed retry
@@ -323,9 +338,11 @@ class Stream(Iterator[str]):
     def _wait_and_handle(self) -> None:
         now = time.monotonic()
         if now >= self._deadline:
+            what = ("total_timeout" if now >= self._hard_deadline
+                    else f"{self._c.timeout} s without an answer")
             self._fail(ZerolayerTimeoutError(
-                f"no complete answer within {self._c.timeout} s after {self.attempts} "
-                f"attempt(s)", request_id=self.request_id))
+                f"gave up: {what}, after {self.attempts} attempt(s)",
+                request_id=self.request_id))
         timer = self._next_timer(now)
         wait = max(0.0, min(timer, self._deadline) - now)
         assert self._sock is not None
@@ -390,8 +407,12 @@ class Stream(Iterator[str]):
             self._attempt_sent = self._deadline
 
     def _on_frame(self, f: Response) -> None:
+        if isinstance(f, ErrorFrame) and not f.signed:
+            self._on_error(f)       # believed or not, it is no sign of a live daemon
+            return
         now = time.monotonic()
         self._last_heard = now
+        self._deadline = min(now + self._c.timeout, self._hard_deadline)
         if isinstance(f, ErrorFrame):
             self._on_error(f)
             return

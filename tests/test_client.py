@@ -363,6 +363,17 @@ def test_keepalives_renew_the_lease_while_waiting() -> None:
     assert res.finish_reason == "length" and d.runs == 1
 
 
+def test_timeout_is_inactivity_not_total_time() -> None:
+    # The run lasts many times `timeout`, but the daemon answers every keepalive.
+    script = Script(chunks=["a"], hold_done=True, lease_ms=100, finish_after_keepalives=12)
+    with FakeDaemon(script) as d:
+        res = _client(d, timeout=0.15, probe_interval_s=10.0).invoke(prompt="x")
+    assert res.text == "a" and res.finish_reason == "length"
+    with FakeDaemon(Script(chunks=["a"], hold_done=True, lease_ms=100)) as d:
+        with pytest.raises(errors.ZerolayerTimeoutError, match="total_timeout"):
+            _client(d, timeout=5.0, total_timeout=0.3).invoke(prompt="x")
+
+
 def test_ping_measures_a_round_trip() -> None:
     with FakeDaemon(Script()) as d:
         rtt = _client(d).ping()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import os
+import secrets
 import stat
 import threading
 import time
@@ -93,6 +94,20 @@ def load_keys(path: str | os.PathLike[str]) -> dict[int, bytes]:
     except UnicodeDecodeError:
         raise KeyFileError(f"{path}: not UTF-8") from None
     return parse_keys(text, str(path))
+
+
+def generate_secret(nbytes: int = 32) -> bytes:
+    """A new random secret for `zerolayer keygen`."""
+    if not MIN_SECRET_BYTES <= nbytes <= MAX_SECRET_BYTES:
+        raise ValueError(f"secret size must be {MIN_SECRET_BYTES}..{MAX_SECRET_BYTES} bytes")
+    return secrets.token_bytes(nbytes)
+
+
+def format_key_line(key_id: int, secret: bytes) -> str:
+    """One keys-file line; parse_keys() reads it back."""
+    if not 1 <= key_id <= 0xFFFFFFFF:
+        raise ValueError("key id must be in 1..4294967295")
+    return f"{key_id} {secret.hex()}\n"
 
 
 class KeyStore:

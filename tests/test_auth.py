@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zerolayer.daemon.auth import (KeyFileError, KeyStore, ReplayConfig, ReplayGuard,
-                                   load_keys, parse_keys)
+                                   format_key_line, generate_secret, load_keys, parse_keys)
 from zerolayer.daemon.errors import ExpiredNonceError, InvalidTimestampError, OverloadedError
 
 S1 = "11" * 32
@@ -26,6 +26,17 @@ def _write(path: Path, text: str, mode: int = 0o600) -> Path:
 def test_load_keys_format(tmp_path: Path) -> None:
     p = _write(tmp_path / "keys", f"# team A\n\n1 {S1}\n  4294967295   {S2}  # trailing\n")
     assert load_keys(p) == {1: bytes.fromhex(S1), 4294967295: bytes.fromhex(S2)}
+
+
+def test_keygen_lines_round_trip() -> None:
+    a, b = generate_secret(), generate_secret()
+    assert len(a) == 32 and a != b
+    text = format_key_line(1, a) + format_key_line(2, b)
+    assert parse_keys(text) == {1: a, 2: b}
+    with pytest.raises(ValueError):
+        generate_secret(8)
+    with pytest.raises(ValueError):
+        format_key_line(0, a)
 
 
 @pytest.mark.parametrize("text,match", [

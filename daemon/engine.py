@@ -28,24 +28,8 @@ from zerolayer.gpu.ops.sampling import sample
 from zerolayer.gpu.stopping import StopChecker
 from zerolayer.gpu.tokenizer import IncrementalDetokenizer, Tokenizer
 
-
-class Overloaded(Exception):
-    code = "OVERLOADED"
-
-
-@dataclass
-class Timings:
-    queue_us: int = 0
-    prefill_us: int = 0
-    decode_per_token_us: int = 0
-    total_us: int = 0
-
-
-@dataclass
-class Usage:
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    completion_tokens: int = 0
+from .errors import OverloadedError
+from .wire import Timings, Usage
 
 
 @dataclass(eq=False)
@@ -64,6 +48,8 @@ class EngineRequest:
     cancelled: bool = False
     t_admit: float = 0.0
     t_first: float = 0.0
+    t_last: float = 0.0
+    step_max: float = 0.0           # slowest gap between two tokens (jitter)
     done: bool = False
 
 
@@ -91,12 +77,12 @@ class Engine:
 
     # ---- called by the network loop ------------------------------------------------------
     def submit(self, req: EngineRequest) -> None:
-        """Queue a request. Raises ContextOverflowError or Overloaded (nothing queued)."""
+        """Queue a request. Raises ContextOverflowError or OverloadedError (nothing queued)."""
         need = len(req.prompt_ids) + req.params.max_tokens
         if need > self.model.max_seq_len:
             raise ContextOverflowError(need, self.model.max_seq_len)
         if len(self.waiting) >= self.max_waiting:
-            raise Overloaded(f"{len(self.waiting)} requests already waiting")
+            raise OverloadedError(f"{len(self.waiting)} requests already waiting")
         req.detok = self.tok.detokenizer()
         req.stops = StopChecker(req.params.stop)
         req.rng = np.random.default_rng(req.params.seed)
@@ -179,6 +165,9 @@ class Engine:
         tok = sample(logits, p.temperature, p.top_k, p.top_p, r.rng.random())
         if not r.tokens:
             r.t_first = now
+        elif r.t_last:
+            r.step_max = max(r.step_max, now - r.t_last)
+        r.t_last = now
         if tok in self.tok.eos_ids:
             return self._finish(r, "stop")
         r.tokens.append(tok)
@@ -205,11 +194,15 @@ class Engine:
         end = time.monotonic()
         first = r.t_first or end
         n = len(r.tokens)
+        us = lambda s: max(0, int(s * 1e6))  # noqa: E731
+        decode = (r.t_last or first) - first
         t = Timings(
-            queue_us=int(((r.t_admit or end) - r.arrival) * 1e6),
-            prefill_us=int((first - (r.t_admit or end)) * 1e6),
-            decode_per_token_us=int((end - first) / (n - 1) * 1e6) if n > 1 else 0,
-            total_us=int((end - r.arrival) * 1e6),
+            queue_us=us((r.t_admit or end) - r.arrival),
+            prefill_us=us(first - (r.t_admit or end)),
+            decode_per_token_us=us(decode / (n - 1)) if n > 1 else 0,
+            total_us=us(end - r.arrival),
+            decode_us=us(decode),
+            decode_step_max_us=us(r.step_max),
         )
         self.on_done(r, reason, Usage(len(r.prompt_ids), 0, n), t)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zerolayer.daemon.engine import Engine, EngineRequest, Overloaded
+from zerolayer.daemon.engine import Engine, EngineRequest
+from zerolayer.daemon.errors import OverloadedError
 from zerolayer.gpu.errors import ContextOverflowError
 from zerolayer.gpu.generate import SamplingParams
 
@@ -80,7 +81,7 @@ def test_admission_errors(engine, generator):
     engine.max_waiting = 2
     for k in range(2):
         engine.submit(EngineRequest(k, np.array([1, 2, 3], np.int32), SamplingParams(max_tokens=2)))
-    with pytest.raises(Overloaded):
+    with pytest.raises(OverloadedError):
         engine.submit(EngineRequest("x", np.array([1], np.int32), SamplingParams(max_tokens=2)))
     run(engine)
     assert set(engine.rec.done) == {0, 1}

@@ -109,6 +109,10 @@ class Ingress:
         self.max_message_bytes = max_message_bytes
         self.max_seq_len = max_seq_len
         self.draining = False       # set on SIGTERM: new INVOKEs get DRAINING
+        # The daemon's answer to "is this (key id, request id) in the result cache?": a retry
+        # of a request already running or finished is not new work, so draining lets it
+        # through to attach or replay instead of failing a request that is being served.
+        self.is_known: Callable[[tuple[int, bytes]], bool] = lambda key: False
         self._wall = wall_clock
         self._mono = monotonic
         # One counter per error code (the brief's promise 3), plus the outcomes.
@@ -162,7 +166,7 @@ class Ingress:
             return ControlRequest(req.msg_type, req.key_id, req.request_id, req.timestamp_us,
                                   req.arg, signer)
         self.replay.check_timestamp(req.timestamp_us, wall)
-        if self.draining:
+        if self.draining and not self.is_known((req.key_id, req.request_id)):
             raise DrainingError("server is draining; no new requests")
         if req.total_len > self.max_message_bytes:
             raise PayloadTooLargeError(

@@ -38,6 +38,10 @@ from .wire import (MAX_TEXT, NO_SEQ, FinishReason, MsgType, ResponseSigner, RunS
                    Timings, Usage, split_utf8)
 
 HOUSEKEEPING_S = 0.25
+# Receive batches drained before each engine step: enough that a flood of garbage can't fill
+# the socket buffer between two steps and push out a client's keepalives, bounded so that a
+# flood can't starve the running requests either.
+MAX_RX_BATCHES = 32
 RESEND_LIMIT = 64  # frames per RESEND answer (docs/PROTOCOL.md)
 
 
@@ -79,6 +83,7 @@ class Daemon:
         self.ingress = Ingress(self.keys, self.replay, Reassembler(), max_seq_len=c.model.max_seq_len)
         self.cache = ResultCache(ttl_s=c.cache.ttl_s, max_entries=c.cache.max_entries,
                                  max_bytes=c.cache.max_bytes)
+        self.ingress.is_known = lambda key: self.cache.get(key) is not None
         self._load_model()
         self.sock = self._open_socket()
         self.udp = BatchedUDP(self.sock, batch=c.network.batch)
@@ -139,8 +144,12 @@ class Daemon:
     def run(self) -> int:
         next_house = 0.0
         while True:
-            for data, addr in self.udp.recv_batch():
-                self._on_datagram(data, addr)
+            for _ in range(MAX_RX_BATCHES):
+                batch = self.udp.recv_batch()
+                for data, addr in batch:
+                    self._on_datagram(data, addr)
+                if len(batch) < self.udp.batch:
+                    break
             if self.engine.has_work:
                 self.engine.step()
             self._flush()

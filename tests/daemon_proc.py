@@ -1,0 +1,81 @@
+"""Start a real zerolayerd subprocess on 127.0.0.1 for end-to-end tests, and stop it."""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+
+def free_port(kind=socket.SOCK_DGRAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DaemonProc:
+    def __init__(self, tmp_path, *extra: str, env: dict | None = None):
+        self.keys_file = tmp_path / "keys"
+        self.secret = secrets.token_bytes(32)
+        self.key_id = 7
+        self.keys_file.write_text(f"# test key\n{self.key_id} {self.secret.hex()}\n")
+        os.chmod(self.keys_file, 0o600)
+        self.port = free_port()
+        self.metrics_port = free_port(socket.SOCK_STREAM)
+        self.addr = ("127.0.0.1", self.port)
+        cmd = [sys.executable, "-m", "zerolayer.daemon.server",
+               "--security-keys-file", str(self.keys_file), "--network-port", str(self.port),
+               "--metrics-port", str(self.metrics_port), "--model-max-seq-len", "2048", *extra]
+        self.log: list[str] = []
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     text=True, env={**os.environ, **(env or {})})
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        # generous: the first start in a fresh environment compiles the kernels
+        if not self._ready.wait(300):
+            self.stop()
+            raise RuntimeError("zerolayerd did not become ready:\n" + "".join(self.log))
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.log.append(line)
+            if "ready on" in line:
+                self._ready.set()
+
+    def metric(self, name: str, labels: str = "") -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        pat = re.escape(name + (("{" + labels + "}") if labels else "")) + r" ([0-9.e+-]+)"
+        m = re.search("^" + pat + "$", text, re.M)
+        if m is None:
+            raise KeyError(name + labels)
+        return float(m.group(1))
+
+    def signal(self, sig=signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 60) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                return self.proc.wait()
+        return self.proc.returncode
+
+    def wait_for(self, cond, timeout: float = 30, what: str = "condition") -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if cond():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")

@@ -59,7 +59,8 @@ class Running:
     received_at: float
     tokenize_us: int = 0
     engine_req: EngineRequest | None = None
-    lease_expired: bool = False
+    cancel_reason: str = ""   # set when the daemon (not the client) stops it: lease, drain
+    ingress_us: int = 0
     seq: int = 0
 
 
@@ -150,9 +151,10 @@ class Daemon:
                     self._on_datagram(data, addr)
                 if len(batch) < self.udp.batch:
                     break
+            self._flush()  # ACKs and replies first: a step can take longer than a client waits
             if self.engine.has_work:
                 self.engine.step()
-            self._flush()
+                self._flush()
             now = time.monotonic()
             if now >= next_house:
                 self._housekeeping(now)
@@ -176,10 +178,7 @@ class Daemon:
             log("keys reloaded" if ok else f"keys reload failed, old keys kept: {self.keys.last_error}")
         self.ingress.tick()
         for e in self.cache.expired_leases(self.cfg.cache.lease_s):
-            h: Running = e.handle
-            if h is not None and h.engine_req is not None and not h.lease_expired:
-                h.lease_expired = True
-                self.engine.cancel(h.engine_req)
+            self._cancel(e.handle, "lease expired: no keepalive from the client")
         self.metrics.running.set(len(self.engine.running))
         self.metrics.waiting.set(len(self.engine.waiting))
         a = self.model.arena
@@ -193,9 +192,15 @@ class Daemon:
             self._stop_at = time.monotonic() + self.cfg.lifecycle.drain_timeout_s
             log(f"draining: {len(self.engine.running) + len(self.engine.waiting)} requests in flight")
 
+    def _cancel(self, h: "Running | None", reason: str) -> None:
+        """Stop a request on the daemon's initiative: its client gets ERROR CANCELLED."""
+        if h is not None and h.engine_req is not None and not h.cancel_reason:
+            h.cancel_reason = reason
+            self.engine.cancel(h.engine_req)
+
     def _shutdown(self) -> None:
         for r in list(self.engine.running) + list(self.engine.waiting):
-            self.engine.cancel(r)  # drain timeout passed: tell the clients, don't vanish
+            self._cancel(r.key, "drain timeout: the daemon is stopping")  # tell, never vanish
         self.engine.step()
         self._flush()
         self.sock.close()
@@ -255,6 +260,7 @@ class Daemon:
         except Exception as ex:  # noqa: BLE001 - a bug must not kill the loop
             return self._fail(h, ErrorCode.INTERNAL, f"{type(ex).__name__}: {ex}")
         h.engine_req = er
+        h.ingress_us = int((time.monotonic() - req.received_at) * 1e6)
         self.metrics.model_runs.inc()
         self._send(h.signer.ack(0, h.run_id, RunState.QUEUED, int(self.cfg.cache.lease_s * 1000)), addr)
 
@@ -316,11 +322,11 @@ class Daemon:
     def _on_done(self, er: EngineRequest, reason: str, usage: Usage, t: Timings) -> None:
         h: Running = er.key
         now = time.monotonic()
-        if h.lease_expired:  # the client went quiet: not a result worth caching
-            return self._fail(h, ErrorCode.CANCELLED, "lease expired: no keepalive from the client")
+        if h.cancel_reason:  # lease expired or drain timeout: an error, not a cached result
+            return self._fail(h, ErrorCode.CANCELLED, h.cancel_reason)
         t = Timings(queue_us=t.queue_us, prefill_us=t.prefill_us,
                     decode_per_token_us=t.decode_per_token_us,
-                    total_us=int((now - h.received_at) * 1e6), ingress_us=0,
+                    total_us=int((now - h.received_at) * 1e6), ingress_us=h.ingress_us,
                     tokenize_us=h.tokenize_us, decode_us=t.decode_us,
                     decode_step_max_us=t.decode_step_max_us)
         fr = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}.get(reason, FinishReason.CANCELLED)

@@ -9,6 +9,7 @@ PY=/usr/bin/python3
 
 need_apt=()
 $PY -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+command -v shellcheck >/dev/null || need_apt+=(shellcheck)  # tests lint the ops scripts
 if ((${#need_apt[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq

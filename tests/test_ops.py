@@ -37,8 +37,8 @@ def _weight(qt, rows, cols):
 
 
 @pytest.mark.parametrize("qt", [QT.Q4_1, QT.Q4_0, QT.Q8_0, QT.F16, QT.F32])
-@pytest.mark.parametrize("rows,cols", [(192, 576), (100, 64)])  # 100: a padded row group
-@pytest.mark.parametrize("T", [1, 3, 8, 21])  # 1: decode; 3, 8: batched; 21: tile prefill path
+@pytest.mark.parametrize("rows,cols", [(192, 576), (100, 64), (37, 96)])  # 100: a padded row group
+@pytest.mark.parametrize("T", [1, 3, 8, 21, 37])  # 1: decode; 3, 8, 21: batched; 37: tile prefill path
 def test_matmul(qt, rows, cols, T):
     wt, dense = _weight(qt, rows, cols)
     x = rng.standard_normal((T, cols)).astype(np.float32)

@@ -41,6 +41,13 @@ def _block_sums(x):
 
 
 @njit(fastmath=True, cache=True)
+def _scale_block(db, mb, xsb, bacc, out):
+    """out += d * (sum of q x over the block) + m * (sum of x over the block), per row."""
+    for l in range(LANES):
+        out[l] += db[l] * bacc[l] + mb[l] * xsb
+
+
+@njit(fastmath=True, cache=True)
 def _q4_group(qs, d, m, g, x, xs, out, lo, hi, bacc):
     """out[t, l] = row (g*LANES + l) of a Q4 weight dotted with x[t]."""
     T = x.shape[0]
@@ -61,14 +68,8 @@ def _q4_group(qs, d, m, g, x, xs, out, lo, hi, bacc):
                 acc = bacc[t]
                 for l in range(LANES):
                     acc[l] += lo[l] * xl + hi[l] * xh
-        db = d[g, b]
-        mb = m[g, b]
         for t in range(T):
-            xsb = xs[t, b]
-            o = out[t]
-            acc = bacc[t]
-            for l in range(LANES):
-                o[l] += db[l] * acc[l] + mb[l] * xsb
+            _scale_block(d[g, b], m[g, b], xs[t, b], bacc[t], out[t])
 
 
 @njit(fastmath=True, cache=True)
@@ -86,11 +87,7 @@ def _q4_group1(qs, d, m, g, x, xs, out, bacc):
                 v = np.float32(q[l])
                 h = np.floor(v * np.float32(0.0625))
                 bacc[l] += (v - np.float32(16.0) * h) * xl + h * xh
-        db = d[g, b]
-        mb = m[g, b]
-        xsb = xs[b]
-        for l in range(LANES):
-            out[l] += db[l] * bacc[l] + mb[l] * xsb
+        _scale_block(d[g, b], m[g, b], xs[b], bacc, out)
 
 
 @njit(fastmath=True, cache=True)
@@ -111,11 +108,7 @@ def _q8_group1(qs, d, m, g, x, xs, out, bacc):
             for l in range(LANES):
                 bacc[l] += (np.float32(q0[l]) * x0 + np.float32(q1[l]) * x1) + \
                     (np.float32(q2[l]) * x2 + np.float32(q3[l]) * x3)
-        db = d[g, b]
-        mb = m[g, b]
-        xsb = xs[b]
-        for l in range(LANES):
-            out[l] += db[l] * bacc[l] + mb[l] * xsb
+        _scale_block(d[g, b], m[g, b], xs[b], bacc, out)
 
 
 @njit(fastmath=True, cache=True)
@@ -132,35 +125,33 @@ def _q8_group(qs, d, m, g, x, xs, out, bacc):
                 acc = bacc[t]
                 for l in range(LANES):
                     acc[l] += np.float32(q[l]) * xv
-        db = d[g, b]
-        mb = m[g, b]
         for t in range(T):
-            xsb = xs[t, b]
-            o = out[t]
-            acc = bacc[t]
-            for l in range(LANES):
-                o[l] += db[l] * acc[l] + mb[l] * xsb
+            _scale_block(d[g, b], m[g, b], xs[t, b], bacc[t], out[t])
+
+
+@njit(fastmath=True, cache=True)
+def dequant_lane(fmt, qs, d, m, g, l, row):
+    """Row g*LANES + l of a quantized weight as float32 into row[:K]."""
+    for b in range(d.shape[1]):
+        db = d[g, b, l]
+        mb = m[g, b, l]
+        if fmt == FMT_Q4:
+            for j in range(16):
+                v = np.float32(qs[g, b, j, l])
+                h = np.floor(v * np.float32(0.0625))
+                row[b * QK + j] = (v - np.float32(16.0) * h) * db + mb
+                row[b * QK + 16 + j] = h * db + mb
+        else:
+            for j in range(QK):
+                row[b * QK + j] = np.float32(qs[g, b, j, l]) * db + mb
 
 
 @njit(fastmath=True, cache=True)
 def dequant_group(fmt, qs, d, m, g, tile):
     """The LANES rows of group g as float32 rows: tile[l, k]. Row by row, so the stores are
     contiguous (the strided reads of qs stay within a few cache lines per block)."""
-    nb = d.shape[1]
     for l in range(LANES):
-        row = tile[l]
-        for b in range(nb):
-            db = d[g, b, l]
-            mb = m[g, b, l]
-            if fmt == FMT_Q4:
-                for j in range(16):
-                    v = np.float32(qs[g, b, j, l])
-                    h = np.floor(v * np.float32(0.0625))
-                    row[b * QK + j] = (v - np.float32(16.0) * h) * db + mb
-                    row[b * QK + 16 + j] = h * db + mb
-            else:
-                for j in range(QK):
-                    row[b * QK + j] = np.float32(qs[g, b, j, l]) * db + mb
+        dequant_lane(fmt, qs, d, m, g, l, tile[l])
 
 
 @njit(fastmath=True, cache=True)

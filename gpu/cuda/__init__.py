@@ -1,0 +1,25 @@
+"""zerolayer.gpu.cuda: a Numba CUDA twin of every op in gpu/ops/, one file per op.
+
+Same data layouts as the CPU kernels (row-interleaved quantized weights from gpu/quant.py,
+the paged KV arena from gpu/kv_cache.py), same call signatures, float32 only. Launch
+wrappers take device arrays (Numba device arrays, or CuPy arrays through
+``__cuda_array_interface__``); under the simulator, plain numpy arrays.
+
+    _cuda_shim.py   ``cuda`` for every kernel, simulator gaps (warp shuffles), kernel registry
+    rmsnorm.py      one block per row, block_sum reduction
+    rope.py         adjacent pairs, in place
+    swiglu.py       silu(gate) * up; the residual add
+    embedding.py    row lookup, dequantized (Q4, Q8, F32)
+    matmul.py       y = x W^T over Q4 / Q8 / F32 weights; TT=1 (decode) and TT=8 token tiles
+    attention.py    kv_write; causal GQA attention over the paged arena, flash-decoding splits
+
+Importing this package imports ``numba.cuda``; ``ZEROLAYER_GPU_BACKEND=sim`` must be set
+before that to get the simulator (see _cuda_shim). Tests: tests/test_cuda_sim.py (every
+kernel against its CPU twin under the simulator), tests/test_cuda_ptx.py (sm_90 PTX, no
+float64).
+"""
+from __future__ import annotations
+
+from . import _cuda_shim
+from . import attention, embedding, matmul, rmsnorm, rope, swiglu  # noqa: F401  (registers kernels)
+from ._cuda_shim import KERNELS, SIM, device_available  # noqa: F401

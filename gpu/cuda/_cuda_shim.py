@@ -1,0 +1,143 @@
+"""The one place CUDA kernels get ``cuda`` from, and what hides the simulator's gaps.
+
+Backend: ``ZEROLAYER_GPU_BACKEND=sim`` turns on Numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``) before ``numba.cuda`` is first imported; the simulator can only
+be chosen then, once per process. Anything else leaves the real CUDA target (which needs a
+driver only to *launch*; compiling to PTX works without a GPU, see tests/test_cuda_ptx.py).
+
+Every kernel module does ``from ._cuda_shim import cuda`` and uses ``cuda.*`` through that
+module-level global: the simulator runs a kernel as plain Python, one thread per CUDA thread,
+after swapping every module global that *is* ``numba.cuda`` for its fake module.
+
+What the simulator lacks and the shim supplies:
+
+* warp shuffles: ``shfl_xor`` is ``cuda.shfl_xor_sync`` on the device; in the simulator it
+  is emulated with a scratch dict and the simulator's block barrier, which is exact as long
+  as every thread of the block makes the call (true of ``warp_sum``/``block_sum`` as used
+  here). Each emulated shuffle costs a block barrier, which in the simulator is slow: kernels
+  keep shuffles to their final reductions.
+* ``kernel(sigs)`` registers each kernel with the signatures it is launched with, so the PTX
+  test compiles exactly those (``KERNELS``).
+
+Kernels are float32 only: every float literal in a kernel is wrapped in ``float32(...)``,
+since a bare Python float is float64 and would promote the arithmetic around it. The PTX
+test fails on any ``.f64`` in the output.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+if os.environ.get("ZEROLAYER_GPU_BACKEND", "").lower() == "sim":
+    if "numba.cuda" in sys.modules and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        raise RuntimeError("ZEROLAYER_GPU_BACKEND=sim must be set before numba.cuda is imported")
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+from numba import cuda, float32  # noqa: E402
+from numba.cuda.core import config as _cuda_config  # noqa: E402
+
+SIM = bool(_cuda_config.ENABLE_CUDASIM)
+FULL_MASK = 0xFFFFFFFF
+WARP = 32
+
+# (name, kernel, [signature, ...]) of every kernel; see kernel()
+KERNELS: list[tuple[str, object, list[str]]] = []
+
+
+def kernel(sigs: list[str], name: str | None = None):
+    """``cuda.jit(fastmath=True)``, lazily compiled, registered with its launch signatures."""
+    def deco(fn):
+        k = cuda.jit(fastmath=True)(fn)
+        KERNELS.append((name or f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}", k, list(sigs)))
+        return k
+    return deco
+
+
+def device(fn):
+    """A device helper, inlined into its callers at the Numba IR level. (Inlining also keeps
+    PTX compilation driver-free: a separately compiled device function asks the driver for
+    the current device's compute capability.)"""
+    return cuda.jit(device=True, inline="always", fastmath=True)(fn)
+
+
+def device_available() -> bool:
+    """A real GPU and driver are usable (always False under the simulator)."""
+    if SIM:
+        return False
+    try:
+        return bool(cuda.is_available())
+    except Exception:  # no driver library at all
+        return False
+
+
+if SIM:
+    _scratch_lock = threading.Lock()
+
+    def shfl_xor(v, lanemask):
+        # Each lane posts its value, the block meets at the simulator's barrier, each lane
+        # reads its partner's. Two scratch dicts alternate between successive calls, so one
+        # barrier per call suffices: a lane can only come back to a dict after every lane
+        # has passed the next call's barrier, i.e. has finished reading it.
+        th = threading.current_thread()
+        with _scratch_lock:
+            bufs = th._manager.__dict__.setdefault("_zl_shfl", ({}, {}))
+        parity = th.__dict__.get("_zl_parity", 0)
+        th._zl_parity = parity ^ 1
+        scratch = bufs[parity]
+        tid = th.thread_id
+        scratch[tid] = v
+        th.syncthreads()
+        return scratch.get(tid ^ lanemask, v)
+else:
+    @device
+    def shfl_xor(v, lanemask):
+        return cuda.shfl_xor_sync(FULL_MASK, v, lanemask)
+
+
+@device
+def warp_sum(v):
+    """Sum over the 32 lanes of a warp, returned to every lane (butterfly)."""
+    v += shfl_xor(v, 16)
+    v += shfl_xor(v, 8)
+    v += shfl_xor(v, 4)
+    v += shfl_xor(v, 2)
+    v += shfl_xor(v, 1)
+    return v
+
+
+@device
+def warp_max(v):
+    v = max(v, shfl_xor(v, 16))
+    v = max(v, shfl_xor(v, 8))
+    v = max(v, shfl_xor(v, 4))
+    v = max(v, shfl_xor(v, 2))
+    v = max(v, shfl_xor(v, 1))
+    return v
+
+
+@device
+def block_sum(v, buf, tid, nthreads):
+    """Sum of v over the block, returned to every thread. buf: shared float32[>= nthreads/32].
+    Every thread of the block must call it; nthreads must be a multiple of 32."""
+    v = warp_sum(v)
+    lane = tid % WARP
+    if lane == 0:
+        buf[tid // WARP] = v
+    cuda.syncthreads()
+    v = buf[lane] if lane < nthreads // WARP else float32(0.0)
+    v = warp_sum(v)
+    cuda.syncthreads()  # buf may be reused right after
+    return v
+
+
+@kernel(["void(float32[::1], float32[::1], float32[::1], float32[::1])"], name="_cuda_shim.selftest")
+def selftest(x, wsum, wmax, bsum):
+    """The shim's reductions on one block (tests: simulator, PTX, device): per thread, the
+    sum and max of its warp's x, and the sum of the block's x."""
+    tid = cuda.threadIdx.x
+    buf = cuda.shared.array(32, float32)
+    v = x[tid]
+    wsum[tid] = warp_sum(v)
+    wmax[tid] = warp_max(v)
+    bsum[tid] = block_sum(v, buf, tid, cuda.blockDim.x)

@@ -1,0 +1,47 @@
+"""SwiGLU on the GPU: h = silu(gate) * up over the fused [gate | up] rows; twin of
+gpu/ops/swiglu.py. One thread per output element."""
+from __future__ import annotations
+
+import math
+
+from numba import float32
+
+from ._cuda_shim import cuda, kernel
+
+THREADS = 256
+
+
+@kernel(["void(float32[:, ::1], float32[:, ::1])"])
+def _swiglu(gu, h):
+    F = h.shape[1]
+    n = h.shape[0] * F
+    for k in range(cuda.grid(1), n, cuda.gridsize(1)):
+        t = k // F
+        i = k % F
+        g = gu[t, i]
+        h[t, i] = g / (float32(1.0) + math.exp(-g)) * gu[t, F + i]
+
+
+@kernel(["void(float32[:, ::1], float32[:, ::1])"])
+def _add(x, y):
+    """x += y (the residual adds of the forward pass)."""
+    D = x.shape[1]
+    n = x.shape[0] * D
+    for k in range(cuda.grid(1), n, cuda.gridsize(1)):
+        x[k // D, k % D] += y[k // D, k % D]
+
+
+def _blocks(n, threads):
+    return (n + threads - 1) // threads
+
+
+def swiglu(gu, h, threads: int = THREADS, stream=0):
+    n = h.shape[0] * h.shape[1]
+    if n:
+        _swiglu[_blocks(n, threads), threads, stream](gu, h)
+
+
+def add(x, y, threads: int = THREADS, stream=0):
+    n = x.shape[0] * x.shape[1]
+    if n:
+        _add[_blocks(n, threads), threads, stream](x, y)

@@ -1,0 +1,107 @@
+"""Every CUDA kernel in gpu/cuda/ compiles to PTX for sm_90 (H100/H200), with no float64.
+
+No GPU is needed: Numba's CUDA target compiles through NVVM (the nvidia-cuda-nvcc wheel that
+scripts/bootstrap.sh installs); only a launch needs a driver. This catches what the simulator
+accepts and real compilation rejects (untyped constructs, unsupported calls), and float64 that
+slipped in: a bare Python float literal is float64 in Numba and promotes the arithmetic around
+it, which on a GPU runs at a fraction of float32 speed. A kernel that really wants float64
+must be listed in ALLOW_F64 with the reason.
+
+Each kernel is compiled for exactly the signatures it is registered with (gpu/cuda/_cuda_shim
+``kernel``), and with its own options (fastmath). The compile runs in a child process, so
+this test process never imports numba.cuda.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+
+CC = (9, 0)
+ALLOW_F64: dict[str, str] = {}  # kernel name -> why it needs float64
+CUDA_DIR = Path(__file__).resolve().parent.parent / "gpu" / "cuda"
+OP_MODULES = sorted(p.stem for p in CUDA_DIR.glob("*.py") if not p.stem.startswith("_")) + ["_cuda_shim"]
+CHILD_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def ptx_results() -> dict:
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONUNBUFFERED="1")
+    env.pop("ZEROLAYER_GPU_BACKEND", None)
+    proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
+                          text=True, timeout=CHILD_TIMEOUT_S)
+    assert proc.returncode == 0, f"PTX child failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_op_modules_found():
+    assert {"attention", "embedding", "matmul", "rmsnorm", "rope", "swiglu"} <= set(OP_MODULES)
+
+
+@pytest.mark.parametrize("module", OP_MODULES)
+def test_module_kernels_compile_for_sm90_without_float64(ptx_results, module):
+    kernels = {k: v for k, v in ptx_results["kernels"].items() if k.split(".")[0] == module}
+    assert kernels, f"gpu/cuda/{module}.py registers no kernel (use _cuda_shim.kernel)"
+    bad = []
+    for name, r in sorted(kernels.items()):
+        if "error" in r:
+            bad.append(f"{name} [{r['sig']}]: compile error\n{r['error']}")
+        elif r["target"] != f".target sm_{CC[0]}{CC[1]}":
+            bad.append(f"{name}: {r['target']}")
+        elif r["f64"] and name not in ALLOW_F64:
+            bad.append(f"{name} [{r['sig']}]: float64 in PTX, e.g.\n  " + "\n  ".join(r["f64"]))
+    assert not bad, "\n".join(bad)
+
+
+def test_float64_check_catches_a_float_literal(ptx_results):
+    """Negative control: the usual slip (a bare 1.0 in a float32 kernel) does show as .f64."""
+    assert ptx_results["control_f64"], "the .f64 check did not see a known float64 kernel"
+
+
+# ---------------------------------------------------------------- the child (compiler) side
+
+def _child() -> None:
+    import math
+
+    from numba import cuda
+
+    from zerolayer.gpu.cuda import _cuda_shim as shim
+    import zerolayer.gpu.cuda  # noqa: F401  (registers every kernel)
+
+    assert not shim.SIM
+    out = {"kernels": {}}
+    for name, k, sigs in shim.KERNELS:
+        fastmath = bool(k.targetoptions.get("fastmath", False))
+        for i, sig in enumerate(sigs):
+            key = name if len(sigs) == 1 else f"{name}#{i}"
+            t = time.monotonic()
+            try:
+                ptx, _ = cuda.compile_ptx(k.py_func, sig, fastmath=fastmath, cc=CC)
+            except Exception:
+                out["kernels"][key] = {"sig": sig, "error": traceback.format_exc()[-3000:]}
+                continue
+            lines = ptx.splitlines()
+            out["kernels"][key] = {
+                "sig": sig,
+                "target": next((ln.strip() for ln in lines if ln.startswith(".target")), "?"),
+                "f64": [ln.strip() for ln in lines if ".f64" in ln][:5],
+                "s": round(time.monotonic() - t, 2),
+            }
+            print(f"{key}: {out['kernels'][key]}", file=sys.stderr)
+
+    def silu_with_a_float64_literal(x):
+        x[0] = x[0] / (1.0 + math.exp(-x[0]))
+
+    ptx, _ = cuda.compile_ptx(silu_with_a_float64_literal, "void(float32[::1])", fastmath=True, cc=CC)
+    out["control_f64"] = ".f64" in ptx
+    print(json.dumps(out))
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--child"]:
+    _child()

@@ -1,0 +1,230 @@
+"""Every CUDA kernel (gpu/cuda/) under Numba's CUDA simulator, against its CPU twin.
+
+The simulator has to be switched on before ``numba.cuda`` is first imported, and it runs a
+kernel as plain Python threads; so the cases run in one child process (this file run as a
+script with ZEROLAYER_GPU_BACKEND=sim) and this pytest process only compares the numbers it
+reports. Nothing here imports numba.cuda into the test process.
+
+Tiny shapes, but each chosen to reach the kernels' edges: rows not a multiple of the 64-row
+groups, K blocks not a multiple of the K split, token counts across the 8-token tiles,
+sequences across KV blocks, empty flash-decoding splits, GQA groups > 1.
+
+Tolerance: max |gpu - cpu| / max |cpu| (both float32 kernels, different summation orders).
+TOL = 1e-5 for reductions (matmul, rmsnorm, attention), 1e-6 for elementwise ops, and exact
+equality for pure copies (kv_write). The CPU twins themselves are checked against float64
+references in tests/test_ops.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import pytest
+
+CASES = [
+    "shim_reductions", "rmsnorm", "rope", "swiglu", "add",
+    "embed_q4_1", "embed_q4_0", "embed_q8_0", "embed_f32",
+    *[f"matmul_{qt}_T{T}" for qt in ("q4_1", "q4_0", "q8_0", "f16") for T in (1, 3, 11)],
+    "kv_write", "attention_splits1", "attention_splits3", "attention_gqa1",
+]
+TOL = {"kv_write": 0.0}
+ELEMENTWISE = ("rope", "swiglu", "add", "embed_")
+CHILD_TIMEOUT_S = 300
+
+
+def tol(case: str) -> float:
+    if case in TOL:
+        return TOL[case]
+    return 1e-6 if case.startswith(ELEMENTWISE) else 1e-5
+
+
+@pytest.fixture(scope="module")
+def sim_results() -> dict:
+    env = dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
+               PYTHONUNBUFFERED="1")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
+                          text=True, timeout=CHILD_TIMEOUT_S)
+    assert proc.returncode == 0, f"simulator child failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results["_wall_s"] = time.monotonic() - t0
+    return results
+
+
+def test_child_ran_under_the_simulator(sim_results):
+    assert sim_results["_sim"] is True
+    assert sorted(k for k in sim_results if not k.startswith("_")) == sorted(CASES)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kernel_matches_cpu_twin(sim_results, case):
+    r = sim_results[case]
+    assert "error" not in r, r.get("error")
+    assert r["err"] <= tol(case), f"{case}: rel err {r['err']:.3g} > {tol(case):g} ({r})"
+
+
+# ---------------------------------------------------------------- the child (simulator) side
+
+def _child() -> None:
+    sys.setswitchinterval(1e-4)  # the simulator's threads hand over much faster
+    import numpy as np
+
+    from zerolayer.gpu.cuda import _cuda_shim as shim
+    from zerolayer.gpu.cuda import attention as cu_att
+    from zerolayer.gpu.cuda import embedding as cu_emb
+    from zerolayer.gpu.cuda import matmul as cu_mm
+    from zerolayer.gpu.cuda import rmsnorm as cu_rms
+    from zerolayer.gpu.cuda import rope as cu_rope
+    from zerolayer.gpu.cuda import swiglu as cu_sw
+
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+
+    from zerolayer.gpu import quant
+    from zerolayer.gpu.ops import attention as cpu_att
+    from zerolayer.gpu.ops.embedding import embed
+    from zerolayer.gpu.ops.matmul import matmul
+    from zerolayer.gpu.ops.rmsnorm import rmsnorm
+    from zerolayer.gpu.ops.rope import rope, rope_tables
+    from zerolayer.gpu.ops.swiglu import swiglu
+
+    rng = np.random.default_rng(int(os.environ.get("ZEROLAYER_SIM_SEED", "0")))
+    f32 = np.float32
+    QTS = {"q4_1": QT.Q4_1, "q4_0": QT.Q4_0, "q8_0": QT.Q8_0, "f16": QT.F16, "f32": QT.F32}
+
+    def rel(gpu, cpu) -> float:
+        gpu, cpu = np.asarray(gpu, np.float64), np.asarray(cpu, np.float64)
+        assert gpu.shape == cpu.shape and np.isfinite(gpu).all()
+        return float(np.abs(gpu - cpu).max() / max(np.abs(cpu).max(), 1e-30))
+
+    def weight(qt, rows, cols):
+        w = rng.standard_normal((rows, cols)).astype(f32)
+        raw = gguf.quants.quantize(w, qt) if qt not in (QT.F32, QT.F16) else w.astype(
+            np.float16 if qt == QT.F16 else f32)
+        return quant.stack([quant.repack(raw, rows, cols, qt)]).layer(0)
+
+    def case_rmsnorm():
+        x = rng.standard_normal((3, 96)).astype(f32) * 3
+        w = rng.standard_normal(96).astype(f32)
+        y0, y1 = np.empty_like(x), np.full_like(x, np.nan)
+        rmsnorm(x, w, f32(1e-5), y0)
+        cu_rms.rmsnorm(x, w, f32(1e-5), y1, threads=64)
+        return rel(y1, y0)
+
+    def case_rope():
+        n_heads, hd = 3, 16
+        cos, sin = rope_tables(128, hd, 10000.0)
+        pos = rng.integers(0, 128, 4).astype(np.int32)
+        x = rng.standard_normal((4, 8 + n_heads * hd + 5)).astype(f32)
+        x0, x1 = x.copy(), x.copy()
+        rope(x0, 8, pos, cos, sin, n_heads, hd)
+        cu_rope.rope(x1, 8, pos, cos, sin, n_heads, hd, threads=64)
+        return rel(x1, x0)
+
+    def case_swiglu():
+        gu = rng.standard_normal((3, 80)).astype(f32) * 4
+        h0, h1 = np.empty((3, 40), f32), np.full((3, 40), np.nan, f32)
+        swiglu(gu, h0)
+        cu_sw.swiglu(gu, h1, threads=64)
+        return rel(h1, h0)
+
+    def case_add():
+        x = rng.standard_normal((3, 50)).astype(f32)
+        y = rng.standard_normal((3, 50)).astype(f32)
+        x1 = x.copy()
+        cu_sw.add(x1, y, threads=64)
+        return rel(x1, x + y)
+
+    def case_embed(qt):
+        wt = weight(QTS[qt], 130, 64)  # 130 rows: 3 row groups, the last one padded
+        tokens = np.array([0, 129, 64, 63, 7], np.int32)
+        x0, x1 = np.empty((5, 64), f32), np.full((5, 64), np.nan, f32)
+        embed(*wt, tokens, x0)
+        cu_emb.embed(*wt, tokens, x1, threads=64)
+        return rel(x1, x0)
+
+    def case_matmul(qt, T):
+        # 100 rows: a padded row group; 192 cols: 6 K blocks over a K split of 4
+        wt = weight(QTS[qt], 100, 192)
+        x = rng.standard_normal((T, 192)).astype(f32)
+        y0, y1 = np.empty((T, 100), f32), np.full((T, 100), np.nan, f32)
+        matmul(*wt, x, y0)
+        cu_mm.matmul(*wt, x, y1)
+        return rel(y1, y0)
+
+    # attention: two sequences in one step, as the engine lays them out: the last 3 prompt
+    # positions of a 70-token sequence (2 KV blocks) and one decode token of a 6-token one
+    def attn_setup(n_head, n_kv, hd):
+        BT = cpu_att.BLOCK_TOKENS
+        lens = (70, 6)
+        n_blocks, max_blk = 6, 2
+        tables = np.array([[4, 1], [2, 0]], np.int32)  # non-contiguous, out-of-order blocks
+        tok_seq = np.array([0, 0, 0, 1], np.int32)
+        tok_pos = np.array([67, 68, 69, 5], np.int32)
+        k_pool = rng.standard_normal((n_blocks, 2, n_kv, hd, BT)).astype(f32)  # history
+        v_pool = rng.standard_normal((n_blocks, 2, n_kv, BT, hd)).astype(f32)
+        qkv = rng.standard_normal((4, (n_head + 2 * n_kv) * hd)).astype(f32)
+        assert max(lens) <= max_blk * BT
+        return qkv, k_pool, v_pool, tok_seq, tok_pos, tables
+
+    def case_kv_write():
+        n_head, n_kv, hd = 4, 2, 16
+        qkv, k_pool, v_pool, tok_seq, tok_pos, tables = attn_setup(n_head, n_kv, hd)
+        k0, v0, k1, v1 = k_pool.copy(), v_pool.copy(), k_pool.copy(), v_pool.copy()
+        cpu_att.kv_write(qkv, k0, v0, 1, tok_seq, tok_pos, tables, n_head, n_kv, hd)
+        cu_att.kv_write(qkv, k1, v1, 1, tok_seq, tok_pos, tables, n_head, n_kv, hd, threads=64)
+        assert not np.array_equal(k0, k_pool)  # the write did something
+        return max(rel(k1, k0), rel(v1, v0))
+
+    def case_attention(splits, n_head=4, n_kv=2, hd=16):
+        qkv, k_pool, v_pool, tok_seq, tok_pos, tables = attn_setup(n_head, n_kv, hd)
+        cpu_att.kv_write(qkv, k_pool, v_pool, 1, tok_seq, tok_pos, tables, n_head, n_kv, hd)
+        T = qkv.shape[0]
+        out0, out1 = np.empty((T, n_head * hd), f32), np.full((T, n_head * hd), np.nan, f32)
+        cpu_att.attention(qkv, k_pool, v_pool, 1, tok_seq, tok_pos, tables, n_head, n_kv, hd,
+                          splits, out0)
+        part = (np.full((T, n_head, splits, hd), np.nan, f32),
+                np.full((T, n_head, splits), np.nan, f32), np.full((T, n_head, splits), np.nan, f32))
+        cu_att.attention(qkv, k_pool, v_pool, 1, tok_seq, tok_pos, tables, n_head, n_kv, hd,
+                         splits, out1, part=part)
+        return rel(out1, out0)
+
+    def case_shim_reductions():
+        n = 96  # 3 warps
+        x = rng.standard_normal(n).astype(f32)
+        ws, wm, bs = (np.full(n, np.nan, f32) for _ in range(3))
+        shim.selftest[1, n](x, ws, wm, bs)
+        w = x.reshape(3, 32)
+        return max(rel(ws, np.repeat(w.sum(1), 32)), rel(wm, np.repeat(w.max(1), 32)),
+                   rel(bs, np.full(n, x.sum())))
+
+    runs = {"shim_reductions": case_shim_reductions, "rmsnorm": case_rmsnorm, "rope": case_rope,
+            "swiglu": case_swiglu, "add": case_add,
+            "kv_write": case_kv_write,
+            "attention_splits1": lambda: case_attention(1),
+            "attention_splits3": lambda: case_attention(3),  # seq 1 has 1 block: 2 empty splits
+            "attention_gqa1": lambda: case_attention(2, n_head=2, n_kv=2, hd=32)}
+    for qt in ("q4_1", "q4_0", "q8_0", "f32"):
+        runs[f"embed_{qt}"] = (lambda q: lambda: case_embed(q))(qt)
+    for qt in ("q4_1", "q4_0", "q8_0", "f16"):
+        for T in (1, 3, 11):
+            runs[f"matmul_{qt}_T{T}"] = (lambda q, t: lambda: case_matmul(q, t))(qt, T)
+    assert sorted(runs) == sorted(CASES)
+
+    out = {"_sim": shim.SIM}
+    for name in CASES:
+        t = time.monotonic()
+        try:
+            out[name] = {"err": runs[name](), "s": round(time.monotonic() - t, 2)}
+        except Exception:
+            out[name] = {"error": traceback.format_exc()}
+        print(f"{name}: {out[name]}", file=sys.stderr)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--child"]:
+    _child()

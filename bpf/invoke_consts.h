@@ -1,0 +1,64 @@
+/* invoke_steer: compile-time settings and the stats index.
+ *
+ * Every setting is a default that `-DNAME=value` overrides (bpf/loader.py passes them as
+ * cflags). The stats reasons are the per-CPU array's indices; bpf/loader.py's REASONS lists
+ * the same names in the same order (a test checks it).
+ */
+#ifndef __INVOKE_CONSTS_H
+#define __INVOKE_CONSTS_H
+
+#ifndef ZL_MAX_PORTS
+#define ZL_MAX_PORTS        16           /* entries of the invoke port set */
+#endif
+#ifndef ZL_MAX_QUEUES
+#define ZL_MAX_QUEUES       64           /* XSKMAP size: RX queues that can have a socket */
+#endif
+#ifndef ZL_RATE_SOURCES
+#define ZL_RATE_SOURCES     65536        /* LRU entries of the per-source token buckets */
+#endif
+#ifndef ZL_RATE_LIMIT
+#define ZL_RATE_LIMIT       1            /* 0 compiles the rate limiter out */
+#endif
+#ifndef ZL_VALIDATE_FRAGMENT
+#define ZL_VALIDATE_FRAGMENT 1           /* 0 skips the INVOKE fragment arithmetic */
+#endif
+
+/* Stats: one u64 packet counter per reason, per CPU. Order is ABI (loader.REASONS). */
+enum zl_stat {
+	ZL_STAT_PASS_OTHER = 0,      /* not UDP to an invoke port: left to the kernel */
+	ZL_STAT_REDIRECT,            /* valid request, redirected to the queue's AF_XDP socket */
+	ZL_STAT_PASS_NO_XSK,         /* valid request, no socket on this queue: UDP path */
+	ZL_STAT_DROP_TRUNCATED,      /* headers or payload shorter than declared / than 32 B */
+	ZL_STAT_DROP_IP_OPTIONS,     /* IPv4 with options to an invoke port */
+	ZL_STAT_DROP_IP_FRAGMENT,    /* first IP fragment to an invoke port (invokes never fragment) */
+	ZL_STAT_DROP_BAD_MAGIC,
+	ZL_STAT_DROP_BAD_VERSION,
+	ZL_STAT_DROP_BAD_TYPE,       /* not a request type (0x01..0x04) */
+	ZL_STAT_DROP_BAD_LENGTH,     /* datagram_len != UDP payload, > 1400, or control != 112 */
+	ZL_STAT_DROP_BAD_HEADER_LEN, /* header_len wrong for the type, or no room for the tag */
+	ZL_STAT_DROP_BAD_FLAGS,      /* request flags != 0 */
+	ZL_STAT_DROP_BAD_FRAGMENT,   /* INVOKE chunk/total/count/index/body inconsistent */
+	ZL_STAT_DROP_RATE_LIMITED,   /* per-source token bucket empty */
+	ZL_STAT_MAX,
+};
+
+/* Network byte order helpers (BPF targets here are little-endian, like the wire format). */
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "invoke_steer assumes a little-endian target"
+#endif
+#define zl_ntohs(x) __builtin_bswap16(x)
+#define zl_htons(x) __builtin_bswap16(x)
+
+#define ZL_ETH_P_IP     0x0800
+#define ZL_ETH_P_IPV6   0x86DD
+#define ZL_ETH_P_8021Q  0x8100
+#define ZL_ETH_P_8021AD 0x88A8
+#define ZL_IPPROTO_UDP  17
+#define ZL_IPV6_FRAG    44          /* IPv6 fragment extension header */
+#define ZL_IP_MF        0x2000      /* IPv4 "more fragments", host order */
+#define ZL_IP_OFFMASK   0x1FFF
+#define ZL_IP6_OFFMASK  0xFFF8      /* IPv6 fragment offset bits, host order */
+
+#define ZL_NSEC_PER_SEC 1000000000ULL
+
+#endif /* __INVOKE_CONSTS_H */

@@ -1,0 +1,21 @@
+/* invoke_steer: maps (BCC declarations). Names are ABI for bpf/loader.py and pinned paths. */
+#ifndef __INVOKE_MAPS_H
+#define __INVOKE_MAPS_H
+
+#include "invoke_consts.h"
+#include "invoke_structs.h"
+
+/* Invoke UDP ports, host byte order -> 1. Empty = nothing is steered, everything passes. */
+BPF_HASH(zl_ports, __u16, __u8, ZL_MAX_PORTS);
+
+/* One AF_XDP socket per RX queue, indexed by rx_queue_index. */
+BPF_XSKMAP(zl_xsks, ZL_MAX_QUEUES);
+
+/* All counters, one per reason (enum zl_stat), per CPU: no atomics on the fast path. */
+BPF_PERCPU_ARRAY(zl_stats, __u64, ZL_STAT_MAX);
+
+/* Rate limiter: configuration (entry 0) and per-source state. */
+BPF_ARRAY(zl_rate_cfg, struct zl_rate_cfg, 1);
+BPF_TABLE("lru_hash", struct zl_src_key, struct zl_rate_state, zl_rate_state, ZL_RATE_SOURCES);
+
+#endif /* __INVOKE_MAPS_H */

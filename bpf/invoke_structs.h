@@ -1,0 +1,66 @@
+/* invoke_steer: on-wire layouts and map value types. */
+#ifndef __INVOKE_STRUCTS_H
+#define __INVOKE_STRUCTS_H
+
+/* 802.1Q / 802.1ad tag, after the MAC addresses. */
+struct zl_vlan_hdr {
+	__be16 tci;
+	__be16 encap_proto;
+};
+
+/* IPv6 fragment extension header (RFC 8200 §4.5). */
+struct zl_ip6_frag {
+	__u8 nexthdr;
+	__u8 reserved;
+	__be16 frag_off;
+	__be32 ident;
+};
+
+/* docs/PROTOCOL.md §2: the common header, little-endian, at the start of the UDP payload. */
+struct zl_common_hdr {
+	__u32 magic;
+	__u8  version;
+	__u8  type;
+	__u16 header_len;
+	__u16 datagram_len;
+	__u16 flags;
+	__u32 key_id;
+	__u8  request_id[16];
+};
+
+/* §4.1: the INVOKE fragment header, right after the common header. */
+struct zl_invoke_hdr {
+	struct zl_common_hdr c;
+	__u64 timestamp_us;
+	__u8  nonce[32];
+	__u8  body_sha256[32];
+	__u32 total_len;
+	__u16 frag_index;
+	__u16 frag_count;
+	__u16 chunk_len;
+	__u16 reserved;
+};
+
+/* What the parser hands to the checks: where the datagram is and where it came from. */
+struct zl_pkt {
+	void *payload;          /* first byte of the UDP payload */
+	__u32 payload_len;      /* from the UDP length field (checked against the packet) */
+	__u32 src[4];           /* source address; IPv4 as ::ffff:a.b.c.d */
+};
+
+/* Rate limiter configuration: array entry 0. rate_pps = 0 turns the limiter off. */
+struct zl_rate_cfg {
+	__u32 rate_pps;         /* sustained datagrams per second per source address */
+	__u32 burst;            /* bucket depth in datagrams (0 counts as 1) */
+};
+
+/* Per-source state: GCRA's theoretical arrival time, equivalent to a token bucket. */
+struct zl_rate_state {
+	__u64 tat_ns;
+};
+
+struct zl_src_key {
+	__u32 addr[4];
+};
+
+#endif /* __INVOKE_STRUCTS_H */

@@ -1,0 +1,410 @@
+"""Build, load and drive the invoke_steer XDP program through BCC.
+
+    prog = InvokeSteer.compile(ports=[7433])          # ~2-5 s and ~200 MB of clang, once
+    prog.set_rate(rate_pps=1000, burst=64)            # 0 = off
+    link = prog.attach("eth0", mode="native")         # a bpf_link: gone when its fd closes
+    prog.register_xsk(queue=0, fd=xsk.fileno())       # the daemon's AF_XDP socket
+    prog.stats()                                      # {"redirect": 12, "drop_bad_magic": 3, ...}
+    prog.close()
+
+What lives where: the C program and its headers are next to this file (invoke_steer.c;
+zl_wire_consts.h mirrors the protocol, invoke_consts.h holds the -D overridable settings and
+the stats reasons). BCC's rewriter only turns `map.lookup()` calls into map-fd loads in the
+*main* file, so the loader pastes the local `#include "..."` headers into one source text
+(with #line markers, so compiler errors still name the right header and line) before
+compiling. System headers (`<linux/ip.h>`) come from /lib/modules/$(uname -r)/build, which
+scripts/install-bcc.sh provides.
+
+This module never imports zerolayer.daemon: the handful of protocol numbers the program
+checks are mirrored in WIRE, and tests/test_xdp_prog.py checks them against daemon/wire.py
+and against zl_wire_consts.h.
+
+Only bcc (Debian's python3-bpfcc) and the kernel's bpf(2) are needed; the syscalls BCC's
+Python API lacks (BPF_PROG_TEST_RUN, BPF_LINK_CREATE, BPF_OBJ_PIN) are made through ctypes.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import re
+import resource
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+BPF_DIR = Path(__file__).resolve().parent
+SOURCE = BPF_DIR / "invoke_steer.c"
+FUNC_NAME = "invoke_steer"
+
+# Per-CPU stats array indices: enum zl_stat in invoke_consts.h, same order (a test checks).
+REASONS: tuple[str, ...] = (
+    "pass_other",
+    "redirect",
+    "pass_no_xsk",
+    "drop_truncated",
+    "drop_ip_options",
+    "drop_ip_fragment",
+    "drop_bad_magic",
+    "drop_bad_version",
+    "drop_bad_type",
+    "drop_bad_length",
+    "drop_bad_header_len",
+    "drop_bad_flags",
+    "drop_bad_fragment",
+    "drop_rate_limited",
+)
+
+# Protocol constants the program checks: zl_wire_consts.h, and daemon/wire.py's values.
+WIRE: dict[str, int] = {
+    "ZL_MAGIC": 0x52594C5A,
+    "ZL_VERSION": 1,
+    "ZL_COMMON_LEN": 32,
+    "ZL_TAG_LEN": 32,
+    "ZL_MAX_DATAGRAM": 1400,
+    "ZL_TYPE_INVOKE": 0x01,
+    "ZL_TYPE_CANCEL": 0x02,
+    "ZL_TYPE_RESEND": 0x03,
+    "ZL_TYPE_PING": 0x04,
+    "ZL_TYPE_MAX_REQUEST": 0x04,
+    "ZL_HLEN_INVOKE": 116,
+    "ZL_HLEN_CONTROL": 80,
+    "ZL_CONTROL_DGRAM": 112,
+    "ZL_MIN_CHUNK": 256,
+    "ZL_MAX_CHUNK": 1252,
+    "ZL_PARAMS_LEN": 32,
+    "ZL_MAX_MESSAGE": 1 << 20,
+}
+
+# Compile-time settings (invoke_consts.h defaults); compile(defines=...) overrides them.
+DEFAULTS: dict[str, int] = {
+    "ZL_MAX_PORTS": 16,
+    "ZL_MAX_QUEUES": 64,
+    "ZL_RATE_SOURCES": 65536,
+    "ZL_RATE_LIMIT": 1,
+    "ZL_VALIDATE_FRAGMENT": 1,
+}
+
+# XDP actions (uapi/linux/bpf.h enum xdp_action).
+XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
+ACTION_NAMES = {XDP_ABORTED: "aborted", XDP_DROP: "drop", XDP_PASS: "pass", XDP_TX: "tx",
+                XDP_REDIRECT: "redirect"}
+
+# bpf(2) commands and constants used here (uapi/linux/bpf.h, uapi/linux/if_link.h).
+_BPF_OBJ_PIN = 6
+_BPF_PROG_TEST_RUN = 10
+_BPF_LINK_CREATE = 28
+_BPF_XDP_ATTACH_TYPE = 37               # enum bpf_attach_type BPF_XDP
+XDP_FLAGS_SKB_MODE = 1 << 1             # "generic": after the skb is built, any driver
+XDP_FLAGS_DRV_MODE = 1 << 2             # "native": in the driver, before the skb
+_MODES = {"auto": 0, "generic": XDP_FLAGS_SKB_MODE, "skb": XDP_FLAGS_SKB_MODE,
+          "native": XDP_FLAGS_DRV_MODE, "drv": XDP_FLAGS_DRV_MODE}
+_SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(platform.machine())
+_BPF_FS_MAGIC = 0xCAFE4A11
+
+_DEFINE_NAME = re.compile(r"ZL_[A-Z0-9_]+\Z")
+_LOCAL_INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class BpfUnavailable(RuntimeError):
+    """BCC or kernel support is missing: the caller falls back to the UDP path."""
+
+
+def _bpf(cmd: int, attr: ctypes.Array) -> int:
+    if _SYS_BPF is None:
+        raise BpfUnavailable(f"bpf(2) syscall number unknown on {platform.machine()}")
+    r = _libc.syscall(_SYS_BPF, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
+    if r < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"bpf(cmd={cmd}): {os.strerror(e)}")
+    return r
+
+
+def source_text(main: Path = SOURCE) -> str:
+    """The program as one translation unit: local "..." includes pasted in once each (they
+    all have include guards anyway), <...> includes left for the compiler."""
+    seen: set[Path] = set()
+
+    def inline(path: Path) -> str:
+        path = path.resolve()
+        if path in seen:
+            return ""
+        seen.add(path)
+        out = [f'#line 1 "{path.name}"\n']
+        for lineno, line in enumerate(path.read_text().splitlines(keepends=True), 1):
+            m = _LOCAL_INCLUDE.match(line)
+            if m:
+                out.append(inline(path.parent / m.group(1)))
+                out.append(f'#line {lineno + 1} "{path.name}"\n')
+            else:
+                out.append(line)
+        return "".join(out)
+
+    return inline(main)
+
+
+def header_defines(path: Path) -> dict[str, int]:
+    """`#define NAME <integer>` lines of a header (used by tests to compare the mirrors)."""
+    out = {}
+    for m in re.finditer(r"^#define\s+(ZL_[A-Z0-9_]+)\s+(\S+)", path.read_text(), re.M):
+        value = m.group(2).rstrip("uUlL")
+        try:
+            out[m.group(1)] = int(value, 0)
+        except ValueError:
+            if value in out:            # #define A B, B defined above
+                out[m.group(1)] = out[value]
+    return out
+
+
+@dataclass(frozen=True)
+class CompileStats:
+    seconds: float          # wall time of BCC's compile + verifier load
+    maxrss_delta_bytes: int  # growth of this process's peak RSS during it (0 if not a new peak)
+    instructions: int       # size of the loaded program
+
+
+@dataclass
+class RunResult:
+    """One BPF_PROG_TEST_RUN: the action, and the frame as the program left it."""
+    action: int
+    data: bytes
+    duration_ns: int
+
+    @property
+    def action_name(self) -> str:
+        return ACTION_NAMES.get(self.action, str(self.action))
+
+
+@dataclass
+class XdpLink:
+    """An XDP attachment held by a bpf_link fd: closing it (or the process dying) detaches."""
+    fd: int
+    ifname: str
+    ifindex: int
+    mode: str
+    closed: bool = field(default=False)
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self.fd)
+            self.closed = True
+
+    def __enter__(self) -> "XdpLink":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class InvokeSteer:
+    """The compiled and loaded program, with its maps. Use InvokeSteer.compile()."""
+
+    def __init__(self, bpf, fn, stats: CompileStats, defines: Mapping[str, int]) -> None:
+        self._bpf = bpf
+        self._fn = fn
+        self.compile_stats = stats
+        self.defines = dict(defines)
+        self._links: list[XdpLink] = []
+        self._tables: dict = {}
+
+    # --- building ---------------------------------------------------------------------------
+
+    @classmethod
+    def compile(cls, *, ports: Iterable[int] = (), rate_pps: int = 0, burst: int = 0,
+                defines: Mapping[str, int] | None = None, debug: int = 0) -> "InvokeSteer":
+        """Compile with BCC and load into the kernel (not attached anywhere yet)."""
+        try:
+            import bcc
+        except ImportError as e:  # pragma: no cover - depends on the host
+            raise BpfUnavailable(
+                "BCC is not importable (install python3-bpfcc: scripts/install-bcc.sh)") from e
+        merged = dict(DEFAULTS)
+        for name, value in (defines or {}).items():
+            if not _DEFINE_NAME.match(name):
+                raise ValueError(f"bad define name {name!r}")
+            merged[name] = int(value)
+        cflags = [f"-D{k}={v}" for k, v in sorted(merged.items())]
+        text = source_text()
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t0 = time.perf_counter()
+        try:
+            b = bcc.BPF(text=text.encode(), cflags=cflags, debug=debug)
+            fn = b.load_func(FUNC_NAME.encode(), bcc.BPF.XDP)
+        except Exception as e:
+            raise BpfUnavailable(f"compiling/loading {SOURCE.name} failed: {e}") from e
+        seconds = time.perf_counter() - t0
+        rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        ninsn = len(b.dump_func(FUNC_NAME.encode())) // 8  # 8-byte BPF instructions
+        prog = cls(b, fn, CompileStats(seconds, (rss1 - rss0) * 1024, ninsn), merged)
+        try:
+            prog.set_ports(ports)
+            prog.set_rate(rate_pps, burst)
+        except BaseException:
+            prog.close()
+            raise
+        return prog
+
+    @property
+    def fd(self) -> int:
+        return self._fn.fd
+
+    def table(self, name: str):
+        t = self._tables.get(name)
+        if t is None:
+            t = self._tables[name] = self._bpf.get_table(name.encode())
+        return t
+
+    # --- configuration ------------------------------------------------------------------------
+
+    def set_ports(self, ports: Iterable[int]) -> None:
+        """Replace the invoke port set (host byte order)."""
+        want = {int(p) for p in ports}
+        for p in want:
+            if not 0 < p < 65536:
+                raise ValueError(f"port {p} out of range")
+        if len(want) > self.defines["ZL_MAX_PORTS"]:
+            raise ValueError(f"at most {self.defines['ZL_MAX_PORTS']} invoke ports")
+        t = self.table("zl_ports")
+        for k in list(t.keys()):
+            if k.value not in want:
+                del t[k]
+        for p in want:
+            t[t.Key(p)] = t.Leaf(1)
+
+    def ports(self) -> set[int]:
+        return {k.value for k in self.table("zl_ports").keys()}
+
+    def set_rate(self, rate_pps: int, burst: int = 0) -> None:
+        """Per-source limit: `rate_pps` datagrams/s sustained, `burst` back to back
+        (0 counts as 1). rate_pps = 0 turns the limiter off. Existing per-source state is
+        kept; call reset_rate_state() to start every source with a full bucket."""
+        if not (0 <= rate_pps < 1 << 32 and 0 <= burst < 1 << 32):
+            raise ValueError("rate_pps and burst are u32")
+        t = self.table("zl_rate_cfg")
+        leaf = t.Leaf()
+        leaf.rate_pps, leaf.burst = rate_pps, burst
+        t[t.Key(0)] = leaf
+
+    def rate(self) -> tuple[int, int]:
+        leaf = self.table("zl_rate_cfg")[0]
+        return leaf.rate_pps, leaf.burst
+
+    def reset_rate_state(self) -> None:
+        self.table("zl_rate_state").clear()
+
+    def register_xsk(self, queue: int, fd: int) -> None:
+        """Steer RX queue `queue` to the AF_XDP socket `fd`."""
+        t = self.table("zl_xsks")
+        t[t.Key(queue)] = t.Leaf(fd)
+
+    def unregister_xsk(self, queue: int) -> None:
+        t = self.table("zl_xsks")
+        try:
+            del t[t.Key(queue)]
+        except KeyError:
+            pass
+
+    # --- counters -----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Packets per reason, summed over CPUs."""
+        t = self.table("zl_stats")
+        return {name: int(t.sum(t.Key(i)).value) for i, name in enumerate(REASONS)}
+
+    def reset_stats(self) -> None:
+        self.table("zl_stats").clear()  # zeroes every CPU's slot of every reason
+
+    # --- running and attaching ----------------------------------------------------------------
+
+    def test_run(self, frame: bytes, *, ifindex: int = 0, rx_queue: int = 0,
+                 repeat: int = 1) -> RunResult:
+        """Run the program on one frame with BPF_PROG_TEST_RUN (no NIC, nothing attached).
+        `ifindex`/`rx_queue` fill xdp_md's ingress_ifindex/rx_queue_index (a non-zero queue
+        needs an ifindex with that many RX queues)."""
+        data_in = ctypes.create_string_buffer(bytes(frame), len(frame))
+        out_size = len(frame) + 512
+        data_out = ctypes.create_string_buffer(out_size)
+        ctx = ctypes.create_string_buffer(
+            struct.pack("<6I", 0, len(frame), 0, ifindex, rx_queue, 0), 24)
+        attr = ctypes.create_string_buffer(80)
+        struct.pack_into("<IIIIQQIIIIQQIII", attr, 0,
+                         self.fd, 0, len(frame), out_size,
+                         ctypes.addressof(data_in), ctypes.addressof(data_out),
+                         repeat, 0, 24, 0, ctypes.addressof(ctx), 0, 0, 0, 0)
+        _bpf(_BPF_PROG_TEST_RUN, attr)
+        _, retval, _, size_out = struct.unpack_from("<IIII", attr, 0)
+        duration = struct.unpack_from("<I", attr, 36)[0]
+        return RunResult(retval, data_out.raw[:size_out], duration)
+
+    def attach(self, ifname: str, mode: str = "auto") -> XdpLink:
+        """Attach to `ifname` through a bpf_link (kernel >= 5.9): the program stays only as
+        long as the returned link's fd is open, so a dead daemon leaves no program behind
+        and traffic returns to the kernel stack. mode: auto | native | generic."""
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {sorted(_MODES)}")
+        ifindex = socket.if_nametoindex(ifname)
+        attr = ctypes.create_string_buffer(struct.pack("<IIII", self.fd, ifindex,
+                                                       _BPF_XDP_ATTACH_TYPE, _MODES[mode]), 64)
+        fd = _bpf(_BPF_LINK_CREATE, attr)
+        os.set_inheritable(fd, False)
+        link = XdpLink(fd, ifname, ifindex, mode)
+        self._links.append(link)
+        return link
+
+    def pin_maps(self, directory: str | os.PathLike = "/sys/fs/bpf/zerolayer") -> dict[str, Path]:
+        """Pin every map under `directory` (which must be on a bpffs) so ops scripts and a
+        restarted daemon can open them (e.g. `bpftool map dump pinned DIR/zl_stats`).
+        Existing pins of the same name are replaced."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        if not is_bpffs(d):
+            raise BpfUnavailable(f"{d} is not on a bpf filesystem (mount -t bpf bpf /sys/fs/bpf)")
+        out = {}
+        for name in ("zl_ports", "zl_xsks", "zl_stats", "zl_rate_cfg", "zl_rate_state"):
+            path = d / name
+            if path.exists():
+                path.unlink()
+            cpath = ctypes.create_string_buffer(os.fsencode(path))
+            attr = ctypes.create_string_buffer(struct.pack(
+                "<QII", ctypes.addressof(cpath), self.table(name).map_fd, 0), 16)
+            _bpf(_BPF_OBJ_PIN, attr)
+            out[name] = path
+        return out
+
+    def close(self) -> None:
+        """Detach every link made here and unload the program and its maps."""
+        for link in self._links:
+            link.close()
+        self._links.clear()
+        if self._bpf is not None:
+            self._tables.clear()
+            self._bpf.cleanup()
+            self._bpf = None
+
+    def __enter__(self) -> "InvokeSteer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def is_bpffs(path: str | os.PathLike) -> bool:
+    class _Statfs(ctypes.Structure):
+        _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 120)]
+    buf = _Statfs()
+    if _libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
+        return False
+    return (buf.f_type & 0xFFFFFFFF) == _BPF_FS_MAGIC
+
+
+__all__ = [
+    "ACTION_NAMES", "BpfUnavailable", "CompileStats", "DEFAULTS", "InvokeSteer", "REASONS",
+    "RunResult", "WIRE", "XDP_ABORTED", "XDP_DROP", "XDP_PASS", "XDP_REDIRECT", "XDP_TX",
+    "XdpLink", "header_defines", "is_bpffs", "source_text",
+]

@@ -1,0 +1,512 @@
+"""The XDP program (bpf/invoke_steer.c) on packet fixtures, through BPF_PROG_TEST_RUN.
+
+As Katran and Cilium test theirs: the real program, compiled by BCC and loaded into this
+kernel, runs on hand-built Ethernet frames with no NIC; each test checks the XDP action and the
+per-CPU reason counter. The program is compiled once per module (BCC costs seconds and
+~200 MB per compile). Nothing is attached to a real interface: the attach and multi-queue
+tests use a veth pair inside a network namespace made (and deleted) here.
+
+These tests need root, BCC (python3-bpfcc) and kernel headers, which scripts/bootstrap.sh
+installs through scripts/install-bcc.sh. They do not skip when those are missing on a root
+machine (CI): a broken install must fail loudly. Only a non-root run skips.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import os
+import random
+import re
+import socket
+import struct
+import subprocess
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from fixtures.packets import (ETH_P_ARP, IPPROTO_TCP, IPPROTO_UDP, IPV6_FRAG, eth, ipv4,
+                              ipv6, ipv6_frag_hdr, udp, udp4, udp6)
+from zerolayer.daemon import wire
+from zerolayer.daemon.errors import MalformedError
+
+if os.geteuid() != 0:  # pragma: no cover - CI runs as root
+    pytest.skip("loading BPF programs needs root", allow_module_level=True)
+
+from zerolayer.bpf import loader  # noqa: E402
+from zerolayer.bpf.loader import XDP_DROP, XDP_PASS, XDP_REDIRECT, InvokeSteer  # noqa: E402
+
+BPF_DIR = Path(loader.__file__).resolve().parent
+PORT = 7433
+OTHER_PORT = 7434
+KEY = b"k" * 32
+RID = bytes(range(16))
+NONCE = b"n" * 32
+TS = 1_700_000_000_000_000
+
+
+def invoke_fragments(body_len: int = 100, chunk_len: int = wire.MAX_CHUNK) -> list[bytes]:
+    body = bytes(random.Random(body_len).randbytes(body_len))
+    return wire.encode_invoke(7, KEY, RID, TS, NONCE, body, chunk_len=chunk_len)
+
+
+VALID = invoke_fragments()[0]
+PING = wire.encode_control(wire.MsgType.PING, 7, KEY, RID, TS, NONCE)
+
+
+def raw_invoke(total: int, index: int, count: int, chunk: int, body_len: int) -> bytes:
+    """An INVOKE fragment with arbitrary fragment fields (unsigned: a zero tag)."""
+    n = wire.HEADER_LEN[wire.MsgType.INVOKE] + body_len + wire.TAG_LEN
+    return (wire.COMMON.pack(wire.MAGIC, wire.VERSION, wire.MsgType.INVOKE,
+                             wire.HEADER_LEN[wire.MsgType.INVOKE], n, 0, 7, RID)
+            + wire.INVOKE_HDR.pack(TS, NONCE, bytes(32), total, index, count, chunk, 0)
+            + bytes(body_len) + bytes(wire.TAG_LEN))
+
+
+def patch(datagram: bytes, offset: int, fmt: str, value: int) -> bytes:
+    b = bytearray(datagram)
+    struct.pack_into(fmt, b, offset, value)
+    return bytes(b)
+
+
+@pytest.fixture(scope="module")
+def prog():
+    p = InvokeSteer.compile(ports=[PORT])
+    yield p
+    p.close()
+
+
+@pytest.fixture()
+def xdp(prog):
+    """The module's program with clean counters, no rate limit, no sockets."""
+    prog.set_ports([PORT])
+    prog.set_rate(0)
+    prog.reset_rate_state()
+    prog.reset_stats()
+    yield prog
+    for q in range(4):
+        prog.unregister_xsk(q)
+    prog.set_rate(0)
+
+
+def run(p: InvokeSteer, frame: bytes, **kw) -> tuple[int, dict[str, int]]:
+    """Action and the counters that moved, for one frame; the frame must come back as is."""
+    before = p.stats()
+    r = p.test_run(frame, **kw)
+    assert r.data == frame  # the program never rewrites a packet
+    after = p.stats()
+    return r.action, {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+# --- the C headers and the Python mirrors agree with daemon/wire.py ---------------------------
+
+def test_wire_constants_mirror_the_daemon() -> None:
+    from_header = loader.header_defines(BPF_DIR / "zl_wire_consts.h")
+    assert from_header == loader.WIRE
+    control = {wire.HEADER_LEN[t] for t in wire.CONTROL_TYPES}
+    assert loader.WIRE == {
+        "ZL_MAGIC": wire.MAGIC_U32,
+        "ZL_VERSION": wire.VERSION,
+        "ZL_COMMON_LEN": wire.COMMON_LEN,
+        "ZL_TAG_LEN": wire.TAG_LEN,
+        "ZL_MAX_DATAGRAM": wire.MAX_DATAGRAM,
+        "ZL_TYPE_INVOKE": wire.MsgType.INVOKE,
+        "ZL_TYPE_CANCEL": wire.MsgType.CANCEL,
+        "ZL_TYPE_RESEND": wire.MsgType.RESEND,
+        "ZL_TYPE_PING": wire.MsgType.PING,
+        "ZL_TYPE_MAX_REQUEST": max(wire.REQUEST_TYPES),
+        "ZL_HLEN_INVOKE": wire.HEADER_LEN[wire.MsgType.INVOKE],
+        "ZL_HLEN_CONTROL": control.pop(),
+        "ZL_CONTROL_DGRAM": wire.HEADER_LEN[wire.MsgType.PING] + wire.TAG_LEN,
+        "ZL_MIN_CHUNK": wire.MIN_CHUNK,
+        "ZL_MAX_CHUNK": wire.MAX_CHUNK,
+        "ZL_PARAMS_LEN": wire.PARAMS_LEN,
+        "ZL_MAX_MESSAGE": wire.MAX_MESSAGE_BYTES,
+    }
+    assert not control, "all control types share one header length"
+    # The program tests "1 <= type <= ZL_TYPE_MAX_REQUEST": requests must stay contiguous.
+    assert set(wire.REQUEST_TYPES) == set(range(1, max(wire.REQUEST_TYPES) + 1))
+
+
+def test_reasons_and_defaults_mirror_the_headers() -> None:
+    consts = (BPF_DIR / "invoke_consts.h").read_text()
+    enum = re.search(r"enum zl_stat \{(.*?)\};", consts, re.S).group(1)
+    names = re.findall(r"^\s*ZL_STAT_([A-Z_]+)", enum, re.M)
+    assert names[-1] == "MAX"
+    assert tuple(n.lower() for n in names[:-1]) == loader.REASONS
+    defaults = loader.header_defines(BPF_DIR / "invoke_consts.h")
+    assert {k: defaults[k] for k in loader.DEFAULTS} == loader.DEFAULTS
+
+
+def test_bpf_room_never_imports_the_daemon() -> None:
+    for path in BPF_DIR.glob("*.py"):
+        assert not re.search(r"^\s*(from|import)\s+\S*daemon", path.read_text(), re.M), path
+
+
+def test_compiled_once_with_stats(prog) -> None:
+    s = prog.compile_stats
+    assert 0 < s.seconds < 60 and s.instructions > 100
+    assert prog.ports() == {PORT} and prog.rate() == (0, 0)
+
+
+# --- valid requests ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,datagram", [
+    ("invoke", VALID),
+    ("ping", PING),
+    ("cancel", wire.encode_control(wire.MsgType.CANCEL, 7, KEY, RID, TS, NONCE)),
+    ("resend", wire.encode_control(wire.MsgType.RESEND, 7, KEY, RID, TS, NONCE, arg=5)),
+])
+def test_valid_request_without_socket_falls_back_to_udp_path(xdp, name, datagram) -> None:
+    wire.parse_request(datagram)  # the daemon accepts it too
+    assert run(xdp, udp4(datagram, PORT)) == (XDP_PASS, {"pass_no_xsk": 1})
+
+
+def test_every_fragment_of_a_large_invoke_is_valid(xdp) -> None:
+    frags = invoke_fragments(body_len=3000) + invoke_fragments(body_len=1000, chunk_len=256)
+    assert len(frags) == 3 + 4
+    for f in frags:
+        assert run(xdp, udp4(f, PORT)) == (XDP_PASS, {"pass_no_xsk": 1})
+
+
+def test_ipv6_and_vlan(xdp) -> None:
+    assert run(xdp, udp6(VALID, PORT)) == (XDP_PASS, {"pass_no_xsk": 1})
+    assert run(xdp, udp4(VALID, PORT, vlan=42)) == (XDP_PASS, {"pass_no_xsk": 1})
+    assert run(xdp, udp6(VALID, PORT, vlan=42)) == (XDP_PASS, {"pass_no_xsk": 1})
+    bad = patch(VALID, 0, "<I", 0xDEADBEEF)
+    assert run(xdp, udp6(bad, PORT)) == (XDP_DROP, {"drop_bad_magic": 1})
+    assert run(xdp, udp4(bad, PORT, vlan=42)) == (XDP_DROP, {"drop_bad_magic": 1})
+    assert run(xdp, udp6(VALID, OTHER_PORT, vlan=7)) == (XDP_PASS, {"pass_other": 1})
+
+
+# --- redirect into an AF_XDP socket -------------------------------------------------------------
+
+SOL_XDP, XDP_RX_RING, XDP_UMEM_REG = 283, 2, 4
+
+
+@contextlib.contextmanager
+def xsk_socket():
+    """An AF_XDP socket with a UMEM and an RX ring: enough to enter an XSKMAP. It is not
+    bound to any device, so nothing is ever received on it (test runs don't deliver)."""
+    umem = mmap.mmap(-1, 16 * 4096)
+    buf = ctypes.c_char.from_buffer(umem)
+    s = socket.socket(44, socket.SOCK_RAW, 0)  # AF_XDP
+    try:
+        s.setsockopt(SOL_XDP, XDP_UMEM_REG,
+                     struct.pack("<QQIII4x", ctypes.addressof(buf), len(umem), 4096, 0, 0))
+        s.setsockopt(SOL_XDP, XDP_RX_RING, struct.pack("<I", 16))
+        yield s
+    finally:
+        s.close()
+        del buf
+        umem.close()
+
+
+def test_valid_invoke_is_redirected_to_the_queue_socket(xdp) -> None:
+    with xsk_socket() as s:
+        xdp.register_xsk(0, s.fileno())
+        assert run(xdp, udp4(VALID, PORT)) == (XDP_REDIRECT, {"redirect": 1})
+        assert run(xdp, udp6(PING, PORT)) == (XDP_REDIRECT, {"redirect": 1})
+        # Garbage and other traffic are not steered, socket or not.
+        assert run(xdp, udp4(VALID, OTHER_PORT)) == (XDP_PASS, {"pass_other": 1})
+        bad = patch(VALID, 4, "<B", 2)
+        assert run(xdp, udp4(bad, PORT)) == (XDP_DROP, {"drop_bad_version": 1})
+        xdp.unregister_xsk(0)
+        assert run(xdp, udp4(VALID, PORT)) == (XDP_PASS, {"pass_no_xsk": 1})
+
+
+# --- not ours: passes untouched -------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,frame", [
+    ("other_udp_port", udp4(VALID, OTHER_PORT)),
+    ("garbage_other_port", udp4(b"\xff" * 10, 53)),
+    ("tcp_to_invoke_port", eth(ipv4(struct.pack("!HHIIHHHH", 4000, PORT, 0, 0, 0x5002, 0, 0, 0),
+                                    proto=IPPROTO_TCP), 0x0800)),
+    ("arp", eth(b"\x00\x01\x08\x00\x06\x04\x00\x01" + bytes(20), ETH_P_ARP)),
+    ("ethernet_header_only", eth(b"", 0x0800)),  # test runs refuse frames under 14 bytes
+    ("cut_ipv4_header", udp4(VALID, PORT)[:14 + 12]),
+    ("ipv4_non_first_fragment", udp4(VALID, PORT, frag_off=100)),
+    ("ipv6_other_ext_header", eth(ipv6(udp(VALID, 1, PORT), nexthdr=0), 0x86DD)),
+    ("ipv6_non_first_fragment", eth(ipv6(ipv6_frag_hdr(IPPROTO_UDP, 10) + udp(VALID, 1, PORT),
+                                         nexthdr=IPV6_FRAG), 0x86DD)),
+])
+def test_other_traffic_passes(xdp, name, frame) -> None:
+    assert run(xdp, frame) == (XDP_PASS, {"pass_other": 1})
+
+
+def test_port_map_decides(xdp) -> None:
+    xdp.set_ports([OTHER_PORT, 9000])
+    assert xdp.ports() == {OTHER_PORT, 9000}
+    assert run(xdp, udp4(VALID, PORT)) == (XDP_PASS, {"pass_other": 1})
+    assert run(xdp, udp4(VALID, 9000)) == (XDP_PASS, {"pass_no_xsk": 1})
+    assert run(xdp, udp4(b"x" * 40, OTHER_PORT)) == (XDP_DROP, {"drop_bad_magic": 1})
+    xdp.set_ports([])
+    assert run(xdp, udp4(b"x" * 40, OTHER_PORT)) == (XDP_PASS, {"pass_other": 1})
+    with pytest.raises(ValueError):
+        xdp.set_ports([0])
+
+
+# --- drops, each with its reason ---------------------------------------------------------------
+
+def _v4_udp_len_lies(datagram: bytes) -> bytes:
+    frame = bytearray(udp4(datagram, PORT))
+    struct.pack_into("!H", frame, 14 + 20 + 4, 8 + len(datagram) + 50)   # UDP length
+    return bytes(frame)
+
+
+PAYLOAD_DROPS = [
+    # (name, datagram, reason): datagram-level faults; the daemon must reject each too.
+    ("short_payload", VALID[:20], "drop_truncated"),
+    ("bad_magic", patch(VALID, 0, "<I", 0x52594C5B), "drop_bad_magic"),
+    ("bad_version", patch(VALID, 4, "<B", 2), "drop_bad_version"),
+    ("response_type", patch(VALID, 5, "<B", wire.MsgType.TOKEN), "drop_bad_type"),
+    ("type_zero", patch(VALID, 5, "<B", 0), "drop_bad_type"),
+    ("type_past_requests", patch(VALID, 5, "<B", 5), "drop_bad_type"),
+    ("lying_length_short", patch(VALID, 8, "<H", len(VALID) - 1), "drop_bad_length"),
+    ("lying_length_long", patch(VALID, 8, "<H", len(VALID) + 1), "drop_bad_length"),
+    ("cut_datagram", VALID[:-1], "drop_bad_length"),
+    ("too_long", patch(VALID + bytes(1401 - len(VALID)), 8, "<H", 1401), "drop_bad_length"),
+    ("invoke_header_len", patch(VALID, 6, "<H", 80), "drop_bad_header_len"),
+    ("ping_header_len", patch(PING, 6, "<H", 116), "drop_bad_header_len"),
+    ("header_longer_than_datagram",
+     patch(patch(VALID[:140], 8, "<H", 140), 6, "<H", 116), "drop_bad_header_len"),
+    ("request_flags", patch(VALID, 10, "<H", 1), "drop_bad_flags"),
+    ("control_with_body", patch(PING + bytes(8), 8, "<H", len(PING) + 8), "drop_bad_length"),
+    ("chunk_too_small", patch(VALID, 112, "<H", 255), "drop_bad_fragment"),
+    ("chunk_too_big", patch(VALID, 112, "<H", 1253), "drop_bad_fragment"),
+    ("total_too_small", patch(VALID, 104, "<I", 31), "drop_bad_fragment"),
+    ("total_too_big_count_mismatch", patch(VALID, 104, "<I", (1 << 20) + 1),
+     "drop_bad_fragment"),
+    ("frag_count_zero", patch(VALID, 110, "<H", 0), "drop_bad_fragment"),
+    ("frag_count_too_many", patch(VALID, 110, "<H", 2), "drop_bad_fragment"),
+    ("frag_index_past_count", patch(VALID, 108, "<H", 1), "drop_bad_fragment"),
+    ("body_len_vs_total", patch(VALID, 104, "<I", 101), "drop_bad_fragment"),
+]
+
+
+@pytest.mark.parametrize("name,datagram,reason", PAYLOAD_DROPS, ids=[d[0] for d in PAYLOAD_DROPS])
+def test_bad_datagram_is_dropped_with_its_reason(xdp, name, datagram, reason) -> None:
+    with pytest.raises(MalformedError):
+        wire.parse_request(datagram)
+    assert run(xdp, udp4(datagram, PORT)) == (XDP_DROP, {reason: 1})
+    assert run(xdp, udp6(datagram, PORT)) == (XDP_DROP, {reason: 1})
+
+
+def test_fragment_field_edges(xdp) -> None:
+    # The last of 838 fragments of a body one byte over 1 MiB: structurally consistent, so
+    # parse_request accepts it (the daemon answers PAYLOAD_TOO_LARGE after verifying the
+    # tag), but PROTOCOL.md §10 has the program drop total_len > 1 MiB in the kernel.
+    total = (1 << 20) + 1
+    over = raw_invoke(total, 837, 838, 1252, total - 837 * 1252)
+    wire.parse_request(over)
+    assert run(xdp, udp4(over, PORT)) == (XDP_DROP, {"drop_bad_fragment": 1})
+    # Exactly 1 MiB, and the smallest and largest chunk sizes, pass.
+    for total, chunk in (((1 << 20), 1252), (32, 256), (257, 256), (1252, 1252)):
+        count = -(-total // chunk)
+        for index in {0, count - 1}:
+            d = raw_invoke(total, index, count, chunk, min(chunk, total - index * chunk))
+            wire.parse_request(d)
+            assert run(xdp, udp4(d, PORT)) == (XDP_PASS, {"pass_no_xsk": 1}), (total, index)
+
+
+FRAME_DROPS = [
+    ("udp_length_beyond_frame", _v4_udp_len_lies(VALID), "drop_truncated"),
+    ("frame_cut_short", udp4(VALID, PORT)[:-10], "drop_truncated"),
+    ("ipv4_tot_len_short", udp4(VALID, PORT, tot_len=20 + 8 + len(VALID) - 4), "drop_truncated"),
+    ("ipv4_tot_len_beyond_frame", udp4(VALID, PORT, tot_len=20 + 8 + len(VALID) + 4),
+     "drop_truncated"),
+    ("udp_length_under_header", eth(ipv4(udp(b"", 1, PORT) + VALID), 0x0800), "drop_truncated"),
+    ("ipv4_options", udp4(VALID, PORT, options=b"\x01\x01\x01\x00"), "drop_ip_options"),
+    ("ipv4_first_fragment", udp4(VALID, PORT, more_fragments=True), "drop_ip_fragment"),
+    ("ipv4_options_and_fragment", udp4(VALID, PORT, options=bytes(4), more_fragments=True),
+     "drop_ip_options"),
+    ("ipv6_first_fragment", eth(ipv6(ipv6_frag_hdr(IPPROTO_UDP, 0) + udp(VALID, 1, PORT),
+                                     nexthdr=IPV6_FRAG), 0x86DD), "drop_ip_fragment"),
+    ("ipv6_payload_len_beyond_frame",
+     eth(ipv6(udp(VALID, 1, PORT), payload_len=8 + len(VALID) + 4), 0x86DD), "drop_truncated"),
+]
+
+
+@pytest.mark.parametrize("name,frame,reason", FRAME_DROPS, ids=[d[0] for d in FRAME_DROPS])
+def test_bad_frame_is_dropped_with_its_reason(xdp, name, frame, reason) -> None:
+    assert run(xdp, frame) == (XDP_DROP, {reason: 1})
+
+
+def test_never_drops_what_the_daemon_accepts(xdp) -> None:
+    """Random header mutations of valid datagrams: whenever the daemon's structural parser
+    accepts one, the program must let it through; whenever the program drops one, the
+    daemon must reject it (the XDP checks are a subset of parse_request's, but for
+    total_len > 1 MiB, see test_fragment_field_edges)."""
+    rng = random.Random(4)
+    seeds = [VALID, PING, *invoke_fragments(body_len=2000), *invoke_fragments(300, 256)]
+    dropped = accepted = 0
+    for _ in range(400):
+        d = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 3)):
+            off = rng.choice([0, 4, 5, 6, 7, 8, 9, 10, 11, 104, 105, 106, 108, 109, 110, 112, 113])
+            d[min(off, len(d) - 1)] = rng.choice([0, 1, 2, 4, 0x20, 0x50, 0x74, 0x81, 0xFF,
+                                                  rng.randrange(256)])
+        d = bytes(d)
+        try:
+            wire.parse_request(d)
+            ok = True
+        except MalformedError:
+            ok = False
+        action = xdp.test_run(udp4(d, PORT)).action
+        if ok and struct.unpack_from("<I", d, 104)[0] > wire.MAX_MESSAGE_BYTES:
+            continue
+        if ok:
+            accepted += 1
+            assert action == XDP_PASS, d.hex()
+        if action == XDP_DROP:
+            dropped += 1
+            assert not ok, d.hex()
+    assert dropped > 100 and accepted > 10  # the mutations exercised both sides
+
+
+# --- rate limit ---------------------------------------------------------------------------------
+
+def test_rate_limit_drops_past_the_burst(xdp) -> None:
+    xdp.set_rate(rate_pps=1, burst=3)
+    assert xdp.rate() == (1, 3)
+    frame = udp4(VALID, PORT, src="10.77.0.9")
+    for _ in range(3):
+        assert run(xdp, frame) == (XDP_PASS, {"pass_no_xsk": 1})
+    for _ in range(2):
+        assert run(xdp, frame) == (XDP_DROP, {"drop_rate_limited": 1})
+    # Per source: another IPv4 source and an IPv6 source have their own buckets.
+    assert run(xdp, udp4(VALID, PORT, src="10.77.0.10")) == (XDP_PASS, {"pass_no_xsk": 1})
+    assert run(xdp, udp6(VALID, PORT)) == (XDP_PASS, {"pass_no_xsk": 1})
+    # Garbage is dropped for what it is before it costs a token.
+    garbage = udp4(patch(VALID, 0, "<I", 0), PORT, src="10.77.0.11")
+    for _ in range(5):
+        assert run(xdp, garbage) == (XDP_DROP, {"drop_bad_magic": 1})
+    assert run(xdp, udp4(VALID, PORT, src="10.77.0.11")) == (XDP_PASS, {"pass_no_xsk": 1})
+    # 0 = off.
+    xdp.set_rate(0)
+    assert run(xdp, frame) == (XDP_PASS, {"pass_no_xsk": 1})
+
+
+def test_rate_limit_refills(xdp) -> None:
+    # 1e6/s: one token per microsecond, so the bucket is full again almost at once.
+    xdp.set_rate(rate_pps=1_000_000, burst=1)
+    frame = udp4(VALID, PORT, src="10.77.0.12")
+    results = [xdp.test_run(frame).action for _ in range(50)]
+    assert results == [XDP_PASS] * 50  # test runs are microseconds apart
+
+
+# --- queues, attach, pins, -D overrides: in a private network namespace ---------------------------
+
+_CLONE_NEWNET = 0x40000000
+
+
+def in_netns(name: str, fn):
+    """Run fn() on a thread that has joined network namespace `name` (setns is per thread)."""
+    out: dict = {}
+
+    def body() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, _CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns")
+        finally:
+            os.close(fd)
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # re-raised on the test's thread
+            out["error"] = e
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+@pytest.fixture(scope="module")
+def netns():
+    name = f"zl-xdp-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        # veth (no dummy driver in every kernel): 4 RX queues on each end.
+        for cmd in (["link", "add", "zlv0", "numrxqueues", "4", "type", "veth",
+                     "peer", "name", "zlv1", "numrxqueues", "4"],
+                    ["link", "set", "zlv0", "up"], ["link", "set", "zlv1", "up"]):
+            subprocess.run(["ip", "-n", name, *cmd], check=True)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def xdp_prog_id(ns: str, ifname: str) -> int | None:
+    out = subprocess.run(["ip", "-n", ns, "-d", "link", "show", ifname], check=True,
+                         capture_output=True, text=True).stdout
+    m = re.search(r"prog/xdp id (\d+)", out)
+    return int(m.group(1)) if m else None
+
+
+def test_socket_is_chosen_by_rx_queue(xdp, netns) -> None:
+    with xsk_socket() as s:
+        xdp.register_xsk(2, s.fileno())
+
+        def runs():
+            ifindex = socket.if_nametoindex("zlv0")
+            return [xdp.test_run(udp4(VALID, PORT), ifindex=ifindex, rx_queue=q).action
+                    for q in range(4)]
+        assert in_netns(netns, runs) == [XDP_PASS, XDP_PASS, XDP_REDIRECT, XDP_PASS]
+        assert xdp.stats()["redirect"] == 1 and xdp.stats()["pass_no_xsk"] == 3
+
+
+@pytest.mark.parametrize("ifname,mode", [("zlv0", "native"), ("zlv1", "generic")])
+def test_attach_through_bpf_link_goes_away_with_its_fd(prog, netns, ifname, mode) -> None:
+    link = in_netns(netns, lambda: prog.attach(ifname, mode=mode))
+    try:
+        assert xdp_prog_id(netns, ifname) is not None
+        # A second attach while the link holds the device is refused, not stacked.
+        with pytest.raises(OSError):
+            in_netns(netns, lambda: prog.attach(ifname, mode=mode))
+    finally:
+        link.close()
+    assert xdp_prog_id(netns, ifname) is None
+
+
+def test_attach_refuses_bad_mode(prog) -> None:
+    with pytest.raises(ValueError):
+        prog.attach("lo", mode="offload")
+
+
+def test_pin_maps_on_a_private_bpffs(prog, tmp_path) -> None:
+    d = tmp_path / "bpffs"
+    d.mkdir()
+    with pytest.raises(loader.BpfUnavailable):
+        prog.pin_maps(d)  # not a bpffs yet
+    subprocess.run(["mount", "-t", "bpf", "bpf", str(d)], check=True)
+    try:
+        assert loader.is_bpffs(d)
+        pins = prog.pin_maps(d / "zerolayer")
+        assert sorted(p.name for p in pins.values()) == sorted(
+            ["zl_ports", "zl_xsks", "zl_stats", "zl_rate_cfg", "zl_rate_state"])
+        assert all(p.exists() for p in pins.values())
+        prog.pin_maps(d / "zerolayer")  # again: replaces its own pins
+    finally:
+        subprocess.run(["umount", str(d)], check=True)
+
+
+def test_compile_time_overrides() -> None:
+    with pytest.raises(ValueError):
+        InvokeSteer.compile(defines={"NOT_OURS": 1})
+    p = InvokeSteer.compile(ports=[PORT], rate_pps=1, burst=1,
+                            defines={"ZL_RATE_LIMIT": 0, "ZL_MAX_PORTS": 2})
+    try:
+        assert p.defines["ZL_RATE_LIMIT"] == 0 and p.table("zl_ports").max_entries == 2
+        with pytest.raises(ValueError):
+            p.set_ports([1, 2, 3])
+        for _ in range(3):  # limiter compiled out: the configured 1/s is ignored
+            assert p.test_run(udp4(VALID, PORT)).action == XDP_PASS
+        assert p.stats()["pass_no_xsk"] == 3 and p.stats()["drop_rate_limited"] == 0
+    finally:
+        p.close()

@@ -23,7 +23,7 @@ FRANCE = [ChatMessage("user", "What is the capital of France?")]
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    d = DaemonProc(tmp_path_factory.mktemp("zld"), "--cache-lease-s", "2")
+    d = DaemonProc(tmp_path_factory.mktemp("zld"), "--cache-lease-s", "5")
     yield d
     assert d.stop() == 0
 
@@ -181,7 +181,7 @@ def test_errors_reach_the_client_as_typed_exceptions(daemon):
 
 
 def test_silent_client_loses_its_lease(daemon):
-    """A request whose client vanishes is cancelled (lease 2 s here), freeing the batch."""
+    """A request whose client vanishes is cancelled (lease 5 s here), freeing the batch."""
     rid = secrets.token_bytes(16)
     body = wire.encode_invoke_body(SamplingParams(max_tokens=1500), PayloadKind.PROMPT, b"Count: 1, 2, 3,")
     before = daemon.metric("zerolayer_request_errors_total", 'code="CANCELLED"')

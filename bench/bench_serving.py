@@ -242,6 +242,10 @@ class Bench:
         r["preflight"] = self.watch.wait_quiet(a.quiet_limit, a.max_wait, poll=a.poll, window=3.0)
         r["preflight"]["top"] = top_processes(4)
         if not r["preflight"]["quiet"]:
+            if not a.measure_if_busy:
+                raise SystemExit(f"machine still busy after {a.max_wait:.0f} s "
+                                 f"({r['preflight']['top']}); not measuring "
+                                 "(--measure-if-busy to measure anyway)")
             log(f"WARNING: machine still busy after {a.max_wait:.0f} s; results will be noisy")
 
         model = a.model or sh(f"{sys.executable} -c 'from zerolayer.gpu.gguf_loader import "
@@ -550,6 +554,8 @@ def main() -> int:
     ap.add_argument("--quiet-limit", type=float, default=0.10,
                     help="share of the machine other processes may use (0.10 = 20%% of a core)")
     ap.add_argument("--max-wait", type=float, default=900, help="preflight: wait this long for quiet")
+    ap.add_argument("--measure-if-busy", action="store_true",
+                    help="measure even if the machine is still busy after --max-wait")
     ap.add_argument("--poll", type=float, default=30, help="preflight: poll interval, s")
     ap.add_argument("--block-wait", type=float, default=60, help="before a block: wait for quiet")
     ap.add_argument("--out", default="")

@@ -30,8 +30,9 @@ CASES = [
     "embed_q4_1", "embed_q4_0", "embed_q8_0", "embed_f32",
     *[f"matmul_{qt}_T{T}" for qt in ("q4_1", "q4_0", "q8_0", "f16") for T in (1, 3, 11)],
     "kv_write", "attention_splits1", "attention_splits3", "attention_gqa1",
+    "forward_tiny_model",
 ]
-TOL = {"kv_write": 0.0}
+TOL = {"kv_write": 0.0, "forward_tiny_model": 1e-4}
 ELEMENTWISE = ("rope", "swiglu", "add", "embed_")
 CHILD_TIMEOUT_S = 300
 
@@ -202,12 +203,39 @@ def _child() -> None:
         return max(rel(ws, np.repeat(w.sum(1), 32)), rel(wm, np.repeat(w.max(1), 32)),
                    rel(bs, np.full(n, x.sum())))
 
+    def case_forward_tiny_model():
+        """The whole forward pass (gpu/cuda/forward.py) against the CPU model's logits, on the
+        tiny GGUF: a step of two prompts, then a step of two decode tokens. (Its Q|K|V is
+        kept in one format, so the simulator runs the Q4 matmul there instead of 16 blocks
+        of the widened F32 one: the F32 path has its own cases above.)"""
+        import tempfile
+
+        from gguf import GGMLQuantizationType as QT
+        from tiny_gguf import write_tiny_llama
+
+        from zerolayer.gpu.cuda.forward import CudaModel
+        from zerolayer.gpu.model import LlamaModel, StepInput
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "tiny.gguf")
+            write_tiny_llama(path, override={"attn_v": QT.Q4_1})
+            kw = dict(use_cache=False, max_seq_len=128, kv_blocks=4)
+            cpu, gpu = LlamaModel.load(path, **kw), CudaModel(LlamaModel.load(path, **kw))
+        seqs = {m: [m.new_sequence(), m.new_sequence()] for m in (cpu, gpu)}
+        errs = []
+        for toks in ([rng.integers(0, 200, 5), rng.integers(0, 200, 3)],
+                     [rng.integers(0, 200, 1), rng.integers(0, 200, 1)]):
+            out = [m.step([StepInput(s, t) for s, t in zip(seqs[m], toks)]) for m in (cpu, gpu)]
+            errs.append(rel(out[1], out[0]))
+        return max(errs)
+
     runs = {"shim_reductions": case_shim_reductions, "rmsnorm": case_rmsnorm, "rope": case_rope,
             "swiglu": case_swiglu, "add": case_add,
             "kv_write": case_kv_write,
             "attention_splits1": lambda: case_attention(1),
             "attention_splits3": lambda: case_attention(3),  # seq 1 has 1 block: 2 empty splits
-            "attention_gqa1": lambda: case_attention(2, n_head=2, n_kv=2, hd=32)}
+            "attention_gqa1": lambda: case_attention(2, n_head=2, n_kv=2, hd=32),
+            "forward_tiny_model": case_forward_tiny_model}
     for qt in ("q4_1", "q4_0", "q8_0", "f32"):
         runs[f"embed_{qt}"] = (lambda q: lambda: case_embed(q))(qt)
     for qt in ("q4_1", "q4_0", "q8_0", "f16"):

@@ -16,6 +16,10 @@ What the simulator lacks and the shim supplies:
   as every thread of the block makes the call (true of ``warp_sum``/``block_sum`` as used
   here). Each emulated shuffle costs a block barrier, which in the simulator is slow: kernels
   keep shuffles to their final reductions.
+* a thread-safe ``cuda.shared.array`` (the simulator's own can give two threads of a block
+  two different arrays).
+* launch sizes: ``grid_1d`` caps grid-stride launches in the simulator, where each thread
+  is a Python thread; kernels whose block shape is part of their design keep it.
 * ``kernel(sigs)`` registers each kernel with the signatures it is launched with, so the PTX
   test compiles exactly those (``KERNELS``).
 
@@ -34,6 +38,7 @@ if os.environ.get("ZEROLAYER_GPU_BACKEND", "").lower() == "sim":
         raise RuntimeError("ZEROLAYER_GPU_BACKEND=sim must be set before numba.cuda is imported")
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
+import numpy as np  # noqa: E402
 from numba import cuda, float32  # noqa: E402
 from numba.cuda.core import config as _cuda_config  # noqa: E402
 
@@ -61,6 +66,16 @@ def device(fn):
     return cuda.jit(device=True, inline="always", fastmath=True)(fn)
 
 
+def grid_1d(n: int, threads: int = 256) -> tuple[int, int]:
+    """(blocks, threads) for a grid-stride kernel over n items. The simulator pays for every
+    thread it starts, so there the grid is capped at 2 blocks of 64 threads: the same
+    grid-stride loop, just more trips per thread."""
+    if SIM:
+        threads = min(threads, 64)
+        return min(2, (n + threads - 1) // threads), threads
+    return (n + threads - 1) // threads, threads
+
+
 def device_available() -> bool:
     """A real GPU and driver are usable (always False under the simulator)."""
     if SIM:
@@ -72,6 +87,30 @@ def device_available() -> bool:
 
 
 if SIM:
+    from numba.cuda.simulator import kernelapi as _sim_api
+
+    _shared_lock = threading.Lock()
+
+    def _shared_array(self, shape, dtype, alignment=None):
+        """The simulator's cuda.shared.array, made thread-safe: it finds a block's array by the
+        calling source line, but creates it unlocked, so two threads arriving together could
+        each make their own and never see each other's writes (seen here: a matmul result of
+        1e30 in one run of a few)."""
+        if shape == 0 or alignment is not None:  # dynamic shared memory: no lookup involved
+            return _sim_shared_array(self, shape, dtype, alignment)
+        if isinstance(dtype, _sim_api.types.Type):  # the simulator's own types and converter
+            dtype = _sim_api.numpy_support.as_dtype(dtype)
+        f = sys._getframe(1)
+        caller = (f.f_code.co_filename, f.f_lineno)
+        with _shared_lock:
+            res = self._allocations.get(caller)
+            if res is None:
+                res = self._allocations[caller] = np.empty(shape, dtype)
+        return res
+
+    _sim_shared_array = _sim_api.FakeCUDAShared.array
+    _sim_api.FakeCUDAShared.array = _shared_array
+
     _scratch_lock = threading.Lock()
 
     def shfl_xor(v, lanemask):

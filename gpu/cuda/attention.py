@@ -20,7 +20,7 @@ from numba import float32
 
 from ..ops.attention import BLOCK_TOKENS
 
-from ._cuda_shim import cuda, kernel
+from ._cuda_shim import cuda, grid_1d, kernel
 
 MAX_G = 8        # query heads per KV head (GQA group) a thread block holds
 MAX_HD = 256     # head_dim
@@ -83,15 +83,19 @@ def _attn_split(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_he
     for bi in range(b0, b1):
         blk = block_tables[seq, bi]
         ns = min(BT, n - bi * BT)
-        # scores: thread tid = position tid of this block, all G heads
+        # scores: thread tid = position tid of this block, all G heads (positions not yet
+        # written, past the end of the last block, are never read)
         for g in range(G):
-            sc[g] = float32(0.0)
-        for i in range(hd):
-            kv = k_pool[blk, layer, kvh, i, tid]
+            sc[g] = NEG
+        if tid < ns:
             for g in range(G):
-                sc[g] += q_s[g, i] * kv
+                sc[g] = float32(0.0)
+            for i in range(hd):
+                kv = k_pool[blk, layer, kvh, i, tid]
+                for g in range(G):
+                    sc[g] += q_s[g, i] * kv
         for g in range(G):
-            p_s[g, tid] = sc[g] if tid < ns else NEG
+            p_s[g, tid] = sc[g]
         cuda.syncthreads()
         # new running max per head, and the factor that rescales what was accumulated
         if tid < G:
@@ -154,7 +158,8 @@ def kv_write(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head,
              threads: int = 256, stream=0):
     n = qkv.shape[0] * n_kv * hd
     if n:
-        _kv_write[(n + threads - 1) // threads, threads, stream](
+        blocks, threads = grid_1d(n, threads)
+        _kv_write[blocks, threads, stream](
             qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head, n_kv, hd)
 
 

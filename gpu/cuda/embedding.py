@@ -10,7 +10,7 @@ from numba import float32
 
 from ..quant import FMT_F32, FMT_Q4, LANES, QK
 
-from ._cuda_shim import cuda, kernel
+from ._cuda_shim import cuda, grid_1d, kernel
 
 THREADS = 256
 
@@ -61,7 +61,7 @@ def embed(fmt, qs, d, m, w, tokens, x, threads: int = THREADS, stream=0):
     n = x.shape[0] * x.shape[1]
     if not n:
         return
-    cfg = ((n + threads - 1) // threads, threads, stream)
+    cfg = grid_1d(n, threads) + (stream,)
     if fmt == FMT_F32:
         _embed_f32[cfg](w, tokens, x)
     elif fmt == FMT_Q4:

@@ -2,7 +2,7 @@
 gpu/ops/rope.py. One thread per (token, head, pair), in place."""
 from __future__ import annotations
 
-from ._cuda_shim import cuda, kernel
+from ._cuda_shim import cuda, grid_1d, kernel
 
 THREADS = 256
 
@@ -31,4 +31,5 @@ def rope(x, col0, pos, cos, sin, n_heads, head_dim, threads: int = THREADS, stre
     """In place on heads [col0, col0 + n_heads*head_dim) of x[T, :]; token t at pos[t]."""
     n = x.shape[0] * n_heads * (head_dim // 2)
     if n:
-        _rope[(n + threads - 1) // threads, threads, stream](x, col0, pos, cos, sin, n_heads, head_dim)
+        blocks, threads = grid_1d(n, threads)
+        _rope[blocks, threads, stream](x, col0, pos, cos, sin, n_heads, head_dim)

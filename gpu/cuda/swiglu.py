@@ -6,7 +6,7 @@ import math
 
 from numba import float32
 
-from ._cuda_shim import cuda, kernel
+from ._cuda_shim import cuda, grid_1d, kernel
 
 THREADS = 256
 
@@ -31,17 +31,15 @@ def _add(x, y):
         x[k // D, k % D] += y[k // D, k % D]
 
 
-def _blocks(n, threads):
-    return (n + threads - 1) // threads
-
-
 def swiglu(gu, h, threads: int = THREADS, stream=0):
     n = h.shape[0] * h.shape[1]
     if n:
-        _swiglu[_blocks(n, threads), threads, stream](gu, h)
+        blocks, threads = grid_1d(n, threads)
+        _swiglu[blocks, threads, stream](gu, h)
 
 
 def add(x, y, threads: int = THREADS, stream=0):
     n = x.shape[0] * x.shape[1]
     if n:
-        _add[_blocks(n, threads), threads, stream](x, y)
+        blocks, threads = grid_1d(n, threads)
+        _add[blocks, threads, stream](x, y)

@@ -1,0 +1,183 @@
+"""The Llama forward pass on the GPU: gpu/model.py's ``forward`` as a sequence of kernel
+launches over device-resident weights, and ``CudaModel``, a drop-in for ``LlamaModel.step``.
+
+    x = embed(tokens)
+    for each layer:
+        qkv = rmsnorm(x) @ [Wq|Wk|Wv]^T ; rope(q), rope(k) ; write k, v to the KV arena
+        x  += attention(q, K, V) @ Wo^T
+        x  += swiglu(rmsnorm(x) @ [Wgate|Wup]^T) @ Wdown^T
+    logits = rmsnorm(x[last token of each sequence]) @ Wout^T
+
+Weights are uploaded once, in the CPU kernels' layout (row-interleaved Q4/Q8, or float32),
+with per-layer views prepared up front so a step only launches. Activations live in buffers
+sized for the largest step seen so far. The KV pools are device arrays with the host arena's
+shape; block bookkeeping (which sequence owns which block) stays with the host KVArena, so
+the engine's admission and release logic is unchanged.
+
+This is the launch-per-op version: 4 + 13 per layer kernels per step (~395 for SmolLM2's 30
+layers). Bounding the step by launches rather than bandwidth is the next part of issue 5
+(CUDA graph replay or a persistent kernel).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import attention as _att
+from . import embedding as _emb
+from . import matmul as _mm
+from . import rmsnorm as _rms
+from . import rope as _rope
+from . import swiglu as _sw
+from ._cuda_shim import SIM, cuda, grid_1d, kernel
+
+SIM_SMS = 4  # multiprocessors assumed under the simulator (sizes the attention splits)
+
+
+@kernel(["void(float32[:, ::1], int32[::1], float32[:, ::1])"])
+def _gather_rows(x, rows, out):
+    """out[i] = x[rows[i]] (the logit rows of a step)."""
+    D = x.shape[1]
+    n = out.shape[0] * D
+    for e in range(cuda.grid(1), n, cuda.gridsize(1)):
+        out[e // D, e % D] = x[rows[e // D], e % D]
+
+
+def _upload_weight(wt, stream):
+    """A quant.Weight -> (fmt, per-layer tuples of device arrays (qs, d, m, w))."""
+    arrs = [cuda.to_device(np.ascontiguousarray(a), stream=stream) for a in (wt.qs, wt.d, wt.m, wt.w)]
+    L = max(a.shape[0] for a in (wt.qs, wt.d, wt.m, wt.w))
+    return wt.fmt, [tuple(a[i] if a.shape[0] else a for a in arrs) for i in range(L)]
+
+
+class CudaForward:
+    """Device weights, KV pools and activation buffers for one model; ``forward`` runs a step."""
+
+    def __init__(self, cfg, weights, n_blocks: int, cos: np.ndarray, sin: np.ndarray, stream=0):
+        self.cfg = cfg
+        self.stream = stream
+        s = stream
+        self.emb = _upload_weight(weights.emb, s)
+        self.wqkv = _upload_weight(weights.wqkv, s)
+        self.wo = _upload_weight(weights.wo, s)
+        self.wgu = _upload_weight(weights.wgu, s)
+        self.wdown = _upload_weight(weights.wdown, s)
+        self.output = _upload_weight(weights.output, s)
+        attn_norm = cuda.to_device(np.ascontiguousarray(weights.attn_norm), stream=s)
+        ffn_norm = cuda.to_device(np.ascontiguousarray(weights.ffn_norm), stream=s)
+        self.attn_norm = [attn_norm[i] for i in range(cfg.n_layer)]
+        self.ffn_norm = [ffn_norm[i] for i in range(cfg.n_layer)]
+        self.out_norm = cuda.to_device(np.ascontiguousarray(weights.out_norm), stream=s)
+        self.cos = cuda.to_device(cos, stream=s)
+        self.sin = cuda.to_device(sin, stream=s)
+        BT = _att.BLOCK_TOKENS
+        self.k_pool = cuda.device_array((n_blocks, cfg.n_layer, cfg.n_kv, cfg.head_dim, BT), np.float32, stream=s)
+        self.v_pool = cuda.device_array((n_blocks, cfg.n_layer, cfg.n_kv, BT, cfg.head_dim), np.float32, stream=s)
+        self.sms = SIM_SMS if SIM else cuda.get_current_device().MULTIPROCESSOR_COUNT
+        self._cap = 0
+        self._part: dict[tuple[int, int], tuple] = {}
+
+    def _buffers(self, T: int, n_out: int) -> None:
+        if T <= self._cap and n_out <= self._cap:
+            return
+        cap = max(16, 1 << (max(T, n_out) - 1).bit_length())
+        c, s = self.cfg, self.stream
+        f32 = np.float32
+        D, qkv_w = c.d_model, (c.n_head + 2 * c.n_kv) * c.head_dim
+        self._x = cuda.device_array((cap, D), f32, stream=s)
+        self._xn = cuda.device_array((cap, D), f32, stream=s)
+        self._tmp = cuda.device_array((cap, D), f32, stream=s)
+        self._qkv = cuda.device_array((cap, qkv_w), f32, stream=s)
+        self._att = cuda.device_array((cap, c.n_head * c.head_dim), f32, stream=s)
+        self._gu = cuda.device_array((cap, 2 * c.n_ff), f32, stream=s)
+        self._h = cuda.device_array((cap, c.n_ff), f32, stream=s)
+        self._logits = cuda.device_array((cap, c.vocab), f32, stream=s)
+        self._cap = cap
+
+    def splits_for(self, T: int, tok_pos: np.ndarray) -> int:
+        """Flash-decoding splits: about two thread blocks per multiprocessor, no more splits
+        than the longest sequence of the step has KV blocks."""
+        max_blocks = -(-(int(tok_pos.max()) + 1) // _att.BLOCK_TOKENS)
+        want = -(-2 * self.sms // (T * self.cfg.n_kv))
+        return max(1, min(max_blocks, want))
+
+    def forward(self, tokens, tok_seq, tok_pos, logit_rows, block_tables) -> np.ndarray:
+        """One step (same arguments as gpu.model.forward's step inputs); returns host logits
+        [len(logit_rows), vocab]."""
+        c, s = self.cfg, self.stream
+        T, n_out = len(tokens), len(logit_rows)
+        self._buffers(T, n_out)
+        splits = self.splits_for(T, tok_pos)
+        key = (T, splits)
+        part = self._part.get(key)
+        if part is None:
+            part = self._part[key] = (
+                cuda.device_array((T, c.n_head, splits, c.head_dim), np.float32, stream=s),
+                cuda.device_array((T, c.n_head, splits), np.float32, stream=s),
+                cuda.device_array((T, c.n_head, splits), np.float32, stream=s))
+        d_tok = cuda.to_device(np.ascontiguousarray(tokens, np.int32), stream=s)
+        d_seq = cuda.to_device(np.ascontiguousarray(tok_seq, np.int32), stream=s)
+        d_pos = cuda.to_device(np.ascontiguousarray(tok_pos, np.int32), stream=s)
+        d_rows = cuda.to_device(np.ascontiguousarray(logit_rows, np.int32), stream=s)
+        d_tab = cuda.to_device(np.ascontiguousarray(block_tables, np.int32), stream=s)
+        x, xn, tmp = self._x[:T], self._xn[:T], self._tmp[:T]
+        qkv, att, gu, h = self._qkv[:T], self._att[:T], self._gu[:T], self._h[:T]
+        eps = np.float32(c.eps)
+        nh, nkv, hd = c.n_head, c.n_kv, c.head_dim
+
+        fmt, lw = self.emb
+        _emb.embed(fmt, *lw[0], d_tok, x, stream=s)
+        for layer in range(c.n_layer):
+            _rms.rmsnorm(x, self.attn_norm[layer], eps, xn, stream=s)
+            _mm.matmul(self.wqkv[0], *self.wqkv[1][layer], xn, qkv, stream=s)
+            _rope.rope(qkv, 0, d_pos, self.cos, self.sin, nh + nkv, hd, stream=s)  # Q, K adjacent
+            _att.kv_write(qkv, self.k_pool, self.v_pool, layer, d_seq, d_pos, d_tab, nh, nkv, hd, stream=s)
+            _att.attention(qkv, self.k_pool, self.v_pool, layer, d_seq, d_pos, d_tab, nh, nkv, hd,
+                           splits, att, part=part, stream=s)
+            _mm.matmul(self.wo[0], *self.wo[1][layer], att, tmp, stream=s)
+            _sw.add(x, tmp, stream=s)
+            _rms.rmsnorm(x, self.ffn_norm[layer], eps, xn, stream=s)
+            _mm.matmul(self.wgu[0], *self.wgu[1][layer], xn, gu, stream=s)
+            _sw.swiglu(gu, h, stream=s)
+            _mm.matmul(self.wdown[0], *self.wdown[1][layer], h, tmp, stream=s)
+            _sw.add(x, tmp, stream=s)
+        xl, xln = self._tmp[:n_out], self._xn[:n_out]
+        blocks, threads = grid_1d(n_out * c.d_model)
+        _gather_rows[blocks, threads, s](x, d_rows, xl)
+        _rms.rmsnorm(xl, self.out_norm, eps, xln, stream=s)
+        logits = self._logits[:n_out]
+        _mm.matmul(self.output[0], *self.output[1][0], xln, logits, stream=s)
+        return logits.copy_to_host(stream=s)
+
+
+class CudaModel:
+    """``LlamaModel.step`` on the GPU, for a model loaded on the host (gpu/model.py).
+
+    Sequences come from the host model's KV arena (``new_sequence``), which keeps the block
+    bookkeeping; their keys and values live in this object's device pools.
+    """
+
+    def __init__(self, model, stream=0):
+        self.model = model
+        self.cfg = model.cfg
+        self.max_seq_len = model.max_seq_len
+        self.fwd = CudaForward(model.cfg, model.w, model.arena.n_blocks, model.cos, model.sin, stream)
+
+    def new_sequence(self):
+        return self.model.new_sequence()
+
+    def step(self, inputs) -> np.ndarray:
+        for inp in inputs:
+            inp.seq.reserve(len(inp.tokens))
+        tokens = np.concatenate([np.asarray(i.tokens, np.int32) for i in inputs])
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.cfg.vocab):
+            raise ValueError(f"token id out of range [0, {self.cfg.vocab})")
+        tok_seq = np.concatenate([np.full(len(i.tokens), s, np.int32) for s, i in enumerate(inputs)])
+        tok_pos = np.concatenate([np.arange(i.seq.length, i.seq.length + len(i.tokens), dtype=np.int32)
+                                  for i in inputs])
+        last = np.cumsum([len(i.tokens) for i in inputs]).astype(np.int32) - 1
+        logit_rows = last[[i.logits for i in inputs]]
+        tables = np.stack([i.seq.table for i in inputs])
+        logits = self.fwd.forward(tokens, tok_seq, tok_pos, logit_rows, tables)
+        for i in inputs:
+            i.seq.length += len(i.tokens)
+        return logits

@@ -95,7 +95,7 @@ class CpuWatch:
             waited = time.perf_counter() - t0
             if share <= limit or waited >= max_wait:
                 if announced:
-                    log(f"  {'quiet again' if share <= limit else 'STILL BUSY, measuring anyway'}"
+                    log(f"  {'quiet again' if share <= limit else 'still busy'}"
                         f" after {waited:.0f} s (others: {share:.0%} of the machine)")
                 return {"waited_s": round(waited, 1), "foreign_share": round(share, 4),
                         "quiet": share <= limit}

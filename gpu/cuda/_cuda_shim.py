@@ -40,7 +40,10 @@ if os.environ.get("ZEROLAYER_GPU_BACKEND", "").lower() == "sim":
 
 import numpy as np  # noqa: E402
 from numba import cuda, float32  # noqa: E402
-from numba.cuda.core import config as _cuda_config  # noqa: E402
+try:  # numba-cuda >= 0.2x keeps its own config; older ones read numba's
+    from numba.cuda.core import config as _cuda_config  # noqa: E402
+except ImportError:  # pragma: no cover
+    from numba.core import config as _cuda_config  # noqa: E402
 
 SIM = bool(_cuda_config.ENABLE_CUDASIM)
 FULL_MASK = 0xFFFFFFFF

@@ -43,10 +43,12 @@ def _gather_rows(x, rows, out):
 
 
 def _upload_weight(wt, stream):
-    """A quant.Weight -> (fmt, per-layer tuples of device arrays (qs, d, m, w))."""
-    arrs = [cuda.to_device(np.ascontiguousarray(a), stream=stream) for a in (wt.qs, wt.d, wt.m, wt.w)]
-    L = max(a.shape[0] for a in (wt.qs, wt.d, wt.m, wt.w))
-    return wt.fmt, [tuple(a[i] if a.shape[0] else a for a in arrs) for i in range(L)]
+    """A quant.Weight -> (fmt, per-layer tuples of device arrays (qs, d, m, w)). The arrays
+    a format doesn't use (zero-size) stay behind as None: the launch wrappers never touch them."""
+    arrs = [cuda.to_device(np.ascontiguousarray(a), stream=stream) if a.size else None
+            for a in (wt.qs, wt.d, wt.m, wt.w)]
+    L = wt.d.shape[0]
+    return wt.fmt, [tuple(None if a is None else a[i] for a in arrs) for i in range(L)]
 
 
 class CudaForward:

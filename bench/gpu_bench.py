@@ -1,0 +1,459 @@
+"""The one-shot GPU check: every CUDA kernel at SmolLM2-135M's real shapes against its CPU twin,
+the whole forward pass against the CPU model, and decode/prefill timings. One results file,
+a short table printed last. Run it through scripts/gpu-check.sh on a GPU machine.
+
+    python bench/gpu_bench.py [--out DIR] [--budget-s 420]
+    ZEROLAYER_GPU_BACKEND=sim python bench/gpu_bench.py --sim   # logic check, tiny shapes
+
+The model is *synthetic*: random weights in SmolLM2-135M's shapes and formats (Q4_1 layers,
+a tied Q8_0 embedding / LM head), built directly in the kernels' layout. Speed depends on the
+shapes and formats, not the values, and the GPU-vs-CPU comparison needs no real weights; the
+real GGUF (98 MB) is larger than what can be carried to the GPU machine. The golden test
+against llama.cpp stays with the CPU suite (tests/test_golden_llamacpp.py).
+
+What is timed, each after a warm-up (kernel compilation happens there):
+  * decode: ``CudaModel.step`` per token at batch 1 and at batch 16 (16 sequences), with
+    their host->device inputs and device->host logits, median over the steps;
+  * prefill: one step of a 512-token prompt, tokens/s;
+  * launches: an empty kernel's launch cost, and the launches per decode step;
+  * per op at decode shapes: wall time per call (launch included, which is the point).
+Under the simulator the numbers mean nothing; --sim only proves that the script runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+SMOL = dict(n_layer=30, d=576, ff=1536, n_head=9, n_kv=3, hd=64, vocab=49152, ctx=2048)
+TINY = dict(n_layer=2, d=64, ff=96, n_head=4, n_kv=2, hd=16, vocab=200, ctx=256)
+
+
+class Run:
+    def __init__(self, budget_s: float):
+        self.t0 = time.monotonic()
+        self.budget_s = budget_s
+        self.results: dict = {"sections": {}}
+
+    def section(self, name: str, fn, *args):
+        """Run one section; an error or an exhausted time budget is recorded, never fatal."""
+        left = self.budget_s - (time.monotonic() - self.t0)
+        if left <= 0:
+            self.results["sections"][name] = {"skipped": "time budget spent"}
+            print(f"[{name}] skipped: time budget spent", flush=True)
+            return None
+        t = time.monotonic()
+        print(f"[{name}] ...", flush=True)
+        try:
+            out = fn(*args)
+            extra = out if isinstance(out, dict) else {}
+            self.results["sections"][name] = {"ok": True, "s": round(time.monotonic() - t, 1), **extra}
+        except Exception:
+            out = None
+            self.results["sections"][name] = {"ok": False, "error": traceback.format_exc()[-4000:]}
+            print(traceback.format_exc(), flush=True)
+        print(f"[{name}] done in {time.monotonic() - t:.1f} s", flush=True)
+        return out
+
+
+def rel(gpu, cpu) -> float:
+    gpu, cpu = np.asarray(gpu, np.float64), np.asarray(cpu, np.float64)
+    if gpu.shape != cpu.shape or not np.isfinite(gpu).all():
+        return float("inf")
+    return float(np.abs(gpu - cpu).max() / max(np.abs(cpu).max(), 1e-30))
+
+
+def rand_weight(rng, fmt: int, L: int, rows: int, cols: int):
+    """A random quant.Weight in the kernels' layout, scaled so x @ W.T keeps unit variance."""
+    from zerolayer.gpu import quant
+    G, nb = -(-rows // quant.LANES), cols // quant.QK
+    if fmt == quant.FMT_F32:
+        w = (rng.standard_normal((L, rows, cols)) / math.sqrt(cols)).astype(np.float32)
+        return quant.Weight(fmt, np.zeros((L, 0, 0, 0, 0), np.uint8), np.zeros((L, 0, 0, 0), np.float32),
+                            np.zeros((L, 0, 0, 0), np.float32), w)
+    inner, half, std = (16, 7.5, 4.6) if fmt == quant.FMT_Q4 else (32, 127.5, 74.0)
+    qs = rng.integers(0, 256, (L, G, nb, inner, quant.LANES), dtype=np.uint8)
+    d = (rng.uniform(0.5, 1.5, (L, G, nb, quant.LANES)) / (std * math.sqrt(cols))).astype(np.float32)
+    m = (-half * d).astype(np.float32)
+    return quant.Weight(fmt, qs, d, m, np.zeros((L, 0, 0), np.float32))
+
+
+def synthetic_model(c: dict, seed: int = 0):
+    """ModelConfig + ModelWeights in SmolLM2's formats (Q4_1 layers, tied Q8_0 embedding)."""
+    from zerolayer.gpu import quant
+    from zerolayer.gpu.gguf_loader import ModelConfig, ModelWeights
+    rng = np.random.default_rng(seed)
+    L, D, F = c["n_layer"], c["d"], c["ff"]
+    qkv = (c["n_head"] + 2 * c["n_kv"]) * c["hd"]
+    cfg = ModelConfig(name="synthetic", n_layer=L, d_model=D, n_ff=F, n_head=c["n_head"],
+                      n_kv=c["n_kv"], head_dim=c["hd"], rope_base=100000.0, eps=1e-5,
+                      vocab=c["vocab"], context_length=c["ctx"])
+    emb = rand_weight(rng, quant.FMT_Q8, 1, c["vocab"], D)
+    norm = lambda *s: (1 + 0.1 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+    w = ModelWeights(emb=emb, wqkv=rand_weight(rng, quant.FMT_Q4, L, qkv, D),
+                     wo=rand_weight(rng, quant.FMT_Q4, L, D, c["n_head"] * c["hd"]),
+                     wgu=rand_weight(rng, quant.FMT_Q4, L, 2 * F, D),
+                     wdown=rand_weight(rng, quant.FMT_Q4, L, D, F),
+                     attn_norm=norm(L, D), ffn_norm=norm(L, D), out_norm=norm(D), output=emb)
+    return cfg, w
+
+
+# ------------------------------------------------------------------------------ sections
+
+def env_info(sim: bool) -> dict:
+    import numba
+    from numba import cuda
+    out = {"python": platform.python_version(), "numba": numba.__version__, "numpy": np.__version__,
+           "sim": sim, "host": platform.node()}
+    try:
+        import importlib.metadata as md
+        out["numba_cuda"] = md.version("numba-cuda")
+    except Exception:
+        pass
+    if not sim:
+        dev = cuda.get_current_device()
+        out.update(gpu=dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name),
+                   cc=list(dev.compute_capability), sms=dev.MULTIPROCESSOR_COUNT)
+        try:
+            out["driver"] = ".".join(map(str, cuda.cudadrv.driver.driver.get_version()))
+            out["runtime"] = ".".join(map(str, cuda.runtime.get_version()))
+        except Exception:
+            pass
+    return out
+
+
+def kernel_checks(c: dict, sim: bool) -> dict:
+    """Each kernel at the model's shapes against its CPU twin, on device arrays."""
+    from numba import cuda
+
+    from zerolayer.gpu import quant
+    from zerolayer.gpu.cuda import attention as cu_att, embedding as cu_emb, matmul as cu_mm
+    from zerolayer.gpu.cuda import rmsnorm as cu_rms, rope as cu_rope, swiglu as cu_sw
+    from zerolayer.gpu.ops import attention as att
+    from zerolayer.gpu.ops.embedding import embed
+    from zerolayer.gpu.ops.matmul import matmul
+    from zerolayer.gpu.ops.rmsnorm import rmsnorm
+    from zerolayer.gpu.ops.rope import rope, rope_tables
+    from zerolayer.gpu.ops.swiglu import swiglu
+
+    rng = np.random.default_rng(1)
+    f32 = np.float32
+    D, F, nh, nkv, hd, V = c["d"], c["ff"], c["n_head"], c["n_kv"], c["hd"], c["vocab"]
+    Ts = (1, 16) if sim else (1, 16, 128)
+    checks = {}
+
+    def record(name, err, tol):
+        checks[name] = {"err": err, "tol": tol, "ok": bool(err <= tol)}
+        print(f"  {name:34s} err {err:.2e}  {'OK' if err <= tol else 'NOT OK'}", flush=True)
+
+    def dev(a):  # unused arrays of a weight's format (zero-size) stay on the host as None
+        return cuda.to_device(np.ascontiguousarray(a)) if a.size else None
+
+    emb = rand_weight(rng, quant.FMT_Q8, 1, V, D).layer(0)
+    demb = (emb[0],) + tuple(dev(a) for a in emb[1:])
+    for T in Ts:
+        x = (rng.standard_normal((T, D)) * 3).astype(f32)
+        w = rng.standard_normal(D).astype(f32)
+        y0, y1 = np.empty_like(x), dev(np.zeros_like(x))
+        rmsnorm(x, w, f32(1e-5), y0)
+        cu_rms.rmsnorm(dev(x), dev(w), f32(1e-5), y1)
+        record(f"rmsnorm T={T}", rel(y1.copy_to_host(), y0), 1e-5)
+
+        gu = (rng.standard_normal((T, 2 * F)) * 4).astype(f32)
+        h0, h1 = np.empty((T, F), f32), dev(np.zeros((T, F), f32))
+        swiglu(gu, h0)
+        cu_sw.swiglu(dev(gu), h1)
+        record(f"swiglu T={T}", rel(h1.copy_to_host(), h0), 1e-5)
+
+        cos, sin = rope_tables(c["ctx"], hd, 100000.0)
+        pos = rng.integers(0, c["ctx"], T).astype(np.int32)
+        q = rng.standard_normal((T, (nh + 2 * nkv) * hd)).astype(f32)
+        q0, q1 = q.copy(), dev(q)
+        rope(q0, 0, pos, cos, sin, nh + nkv, hd)
+        cu_rope.rope(q1, 0, dev(pos), dev(cos), dev(sin), nh + nkv, hd)
+        record(f"rope T={T}", rel(q1.copy_to_host(), q0), 1e-5)
+
+        toks = rng.integers(0, V, T).astype(np.int32)
+        e0, e1 = np.empty((T, D), f32), dev(np.zeros((T, D), f32))
+        embed(*emb, toks, e0)
+        cu_emb.embed(*demb, dev(toks), e1)
+        record(f"embed q8 T={T}", rel(e1.copy_to_host(), e0), 1e-6)
+
+    shapes = {"qkv": (quant.FMT_Q4, (nh + 2 * nkv) * hd, D), "gate_up": (quant.FMT_Q4, 2 * F, D),
+              "down": (quant.FMT_Q4, D, F), "lm_head": (quant.FMT_Q8, V, D),
+              "f32": (quant.FMT_F32, D, nh * hd)}
+    for name, (fmt, R, K) in shapes.items():
+        wt = rand_weight(rng, fmt, 1, R, K).layer(0)
+        dwt = (wt[0],) + tuple(dev(a) for a in wt[1:])
+        for T in Ts:
+            x = rng.standard_normal((T, K)).astype(f32)
+            y0, y1 = np.empty((T, R), f32), dev(np.zeros((T, R), f32))
+            matmul(*wt, x, y0)
+            cu_mm.matmul(*dwt, dev(x), y1)
+            record(f"matmul {name} {R}x{K} T={T}", rel(y1.copy_to_host(), y0), 1e-5)
+
+    # attention: three sequences (long, medium, fresh) decoding together, then a prefill chunk
+    BT = att.BLOCK_TOKENS
+    lens = (130, 40, 1) if sim else (1000, 300, 1)
+    nblk = sum(-(-n // BT) for n in lens) + 4
+    k_pool = rng.standard_normal((nblk, 1, nkv, hd, BT)).astype(f32)
+    v_pool = rng.standard_normal((nblk, 1, nkv, BT, hd)).astype(f32)
+    perm = rng.permutation(nblk).astype(np.int32)
+    width = max(-(-n // BT) for n in lens)
+    tables = np.zeros((len(lens), width), np.int32)
+    i = 0
+    for s, n in enumerate(lens):
+        for b in range(-(-n // BT)):
+            tables[s, b] = perm[i]
+            i += 1
+    steps = {"decode x3": (np.arange(3, dtype=np.int32), np.array([n - 1 for n in lens], np.int32)),
+             "prefill 64": (np.zeros(64, np.int32), np.arange(lens[0] - 64, lens[0], dtype=np.int32))}
+    for name, (tok_seq, tok_pos) in steps.items():
+        T = len(tok_seq)
+        qkv = rng.standard_normal((T, (nh + 2 * nkv) * hd)).astype(f32)
+        kp0, vp0 = k_pool.copy(), v_pool.copy()
+        att.kv_write(qkv, kp0, vp0, 0, tok_seq, tok_pos, tables, nh, nkv, hd)
+        kp1, vp1 = dev(k_pool), dev(v_pool)
+        dseq, dpos, dtab, dqkv = dev(tok_seq), dev(tok_pos), dev(tables), dev(qkv)
+        cu_att.kv_write(dqkv, kp1, vp1, 0, dseq, dpos, dtab, nh, nkv, hd)
+        record(f"kv_write {name}", max(rel(kp1.copy_to_host(), kp0), rel(vp1.copy_to_host(), vp0)), 0.0)
+        for splits in (1, 8):
+            o0, o1 = np.empty((T, nh * hd), f32), dev(np.zeros((T, nh * hd), f32))
+            att.attention(qkv, kp0, vp0, 0, tok_seq, tok_pos, tables, nh, nkv, hd, splits, o0)
+            cu_att.attention(dqkv, kp1, vp1, 0, dseq, dpos, dtab, nh, nkv, hd, splits, o1)
+            record(f"attention {name} splits={splits}", rel(o1.copy_to_host(), o0), 1e-5)
+    n_bad = sum(not v["ok"] for v in checks.values())
+    return {"checks": checks, "passed": len(checks) - n_bad, "failed": n_bad}
+
+
+def build_models(c: dict):
+    from zerolayer.gpu.cuda.forward import CudaModel
+    from zerolayer.gpu.model import LlamaModel
+    cfg, w = synthetic_model(c)
+    kw = dict(max_seq_len=c["ctx"], kv_blocks=16 * 4 + 8)
+    return LlamaModel(cfg, w, **kw), CudaModel(LlamaModel(cfg, w, **kw))
+
+
+def forward_check(models, c: dict, sim: bool) -> dict:
+    """The whole forward pass, GPU against the CPU model: a prefill of two prompts, then
+    decode steps of both sequences (their KV written on the GPU by the earlier steps)."""
+    from zerolayer.gpu.model import StepInput
+    cpu, gpu = models
+    rng = np.random.default_rng(2)
+    seqs = {m: [m.new_sequence(), m.new_sequence()] for m in (cpu, gpu)}
+    steps = [[rng.integers(0, c["vocab"], 24 if sim else 100), rng.integers(0, c["vocab"], 7)]]
+    steps += [[rng.integers(0, c["vocab"], 1), rng.integers(0, c["vocab"], 1)] for _ in range(3)]
+    errs, same_argmax = [], True
+    for toks in steps:
+        out = [m.step([StepInput(s, t) for s, t in zip(seqs[m], toks)]) for m in (cpu, gpu)]
+        errs.append(rel(out[1], out[0]))
+        same_argmax &= bool((out[1].argmax(1) == out[0].argmax(1)).all())
+    for m in (cpu, gpu):
+        for s in seqs[m]:
+            s.release()
+    tol = 1e-3  # float32 over 30 layers, two summation orders
+    err = max(errs)
+    print(f"  forward: max rel err {err:.2e} (tol {tol:g}), same argmax: {same_argmax}", flush=True)
+    return {"err": err, "tol": tol, "ok": bool(err <= tol), "same_argmax": same_argmax,
+            "per_step_err": errs}
+
+
+def timings(models, c: dict, sim: bool) -> dict:
+    from numba import cuda
+
+    from zerolayer.gpu.cuda import forward as fwd_mod
+    from zerolayer.gpu.model import StepInput
+    _, gpu = models
+    rng = np.random.default_rng(3)
+    n_dec = 2 if sim else 64
+    prompt = 16 if sim else 128
+    out = {}
+
+    def decode(batch: int) -> dict:
+        seqs = [gpu.new_sequence() for _ in range(batch)]
+        gpu.step([StepInput(s, rng.integers(0, c["vocab"], prompt)) for s in seqs])
+        gpu.step([StepInput(s, rng.integers(0, c["vocab"], 1)) for s in seqs])  # warm-up
+        cuda.synchronize()
+        ts = []
+        for _ in range(n_dec):
+            t = time.perf_counter()
+            gpu.step([StepInput(s, rng.integers(0, c["vocab"], 1)) for s in seqs])
+            ts.append(time.perf_counter() - t)  # step() returns host logits: synchronous
+        for s in seqs:
+            s.release()
+        med = float(np.median(ts))
+        return {"batch": batch, "steps": n_dec, "step_us_median": med * 1e6,
+                "step_us_p90": float(np.percentile(ts, 90)) * 1e6,
+                "us_per_token": med * 1e6 / batch, "tok_s": batch / med}
+
+    out["decode_b1"] = decode(1)
+    out["decode_b16"] = decode(2 if sim else 16)
+    out["b16_over_b1"] = out["decode_b16"]["tok_s"] / out["decode_b1"]["tok_s"]
+
+    n_pre = 32 if sim else 512
+    s = gpu.new_sequence()
+    gpu.step([StepInput(s, rng.integers(0, c["vocab"], n_pre))])  # warm-up at this size
+    s.release()
+    s = gpu.new_sequence()
+    t = time.perf_counter()
+    gpu.step([StepInput(s, rng.integers(0, c["vocab"], n_pre))])
+    dt = time.perf_counter() - t
+    s.release()
+    out["prefill"] = {"tokens": n_pre, "s": dt, "tok_s": n_pre / dt}
+
+    @cuda.jit
+    def _empty(x):
+        pass
+
+    x = cuda.device_array(1, np.float32)
+    _empty[1, 32](x)
+    cuda.synchronize()
+    n = 10 if sim else 2000
+    t = time.perf_counter()
+    for _ in range(n):
+        _empty[1, 32](x)
+    cuda.synchronize()
+    out["empty_launch_us"] = (time.perf_counter() - t) / n * 1e6
+    out["launches_per_step"] = 4 + 13 * c["n_layer"]
+    out["launch_floor_us_per_step"] = out["empty_launch_us"] * out["launches_per_step"]
+    out["kernels_per_step_note"] = (f"{out['launches_per_step']} launches per step "
+                                    f"({fwd_mod.__name__}), plus 5 small host->device copies "
+                                    "and the logits copy back")
+    print(f"  decode b1 {out['decode_b1']['us_per_token']:.0f} us/token, "
+          f"b16 {out['decode_b16']['tok_s']:.0f} tok/s, prefill {out['prefill']['tok_s']:.0f} tok/s, "
+          f"empty launch {out['empty_launch_us']:.1f} us", flush=True)
+    return out
+
+
+def op_timings(c: dict, sim: bool) -> dict:
+    """Wall time per call of each op at batch-1 decode shapes (launch included)."""
+    from numba import cuda
+
+    from zerolayer.gpu import quant
+    from zerolayer.gpu.cuda import matmul as cu_mm, rmsnorm as cu_rms
+    rng = np.random.default_rng(4)
+    D, F, nh, nkv, hd, V = c["d"], c["ff"], c["n_head"], c["n_kv"], c["hd"], c["vocab"]
+    n = 3 if sim else 300
+    out = {}
+
+    def timeit(fn) -> float:
+        fn()
+        cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        cuda.synchronize()
+        return (time.perf_counter() - t) / n * 1e6
+
+    for name, (fmt, R, K) in {"qkv": (quant.FMT_Q4, (nh + 2 * nkv) * hd, D),
+                              "gate_up": (quant.FMT_Q4, 2 * F, D), "down": (quant.FMT_Q4, D, F),
+                              "lm_head": (quant.FMT_Q8, V, D)}.items():
+        wt = rand_weight(rng, fmt, 1, R, K).layer(0)
+        dwt = (wt[0],) + tuple(cuda.to_device(np.ascontiguousarray(a)) if a.size else None
+                               for a in wt[1:])
+        x = cuda.to_device(rng.standard_normal((1, K)).astype(np.float32))
+        y = cuda.device_array((1, R), np.float32)
+        us = timeit(lambda: cu_mm.matmul(*dwt, x, y))
+        nbytes = sum(a.nbytes for a in wt[1:4])
+        out[f"matmul_{name}"] = {"us": us, "weight_bytes": nbytes, "GB_s": nbytes / us / 1e3}
+    x = cuda.to_device(rng.standard_normal((1, D)).astype(np.float32))
+    w = cuda.to_device(np.ones(D, np.float32))
+    y = cuda.device_array((1, D), np.float32)
+    out["rmsnorm"] = {"us": timeit(lambda: cu_rms.rmsnorm(x, w, np.float32(1e-5), y))}
+    return out
+
+
+# ------------------------------------------------------------------------------ report
+
+def table(res: dict) -> str:
+    s = res["sections"]
+    rows = []
+    env = s.get("env", {})
+    rows.append(("device", f"{env.get('gpu', 'simulator' if env.get('sim') else '?')} "
+                           f"cc={env.get('cc')} sms={env.get('sms')} driver={env.get('driver')}"))
+    k = s.get("kernels", {})
+    rows.append(("kernel checks", f"{k.get('passed', '-')} passed, {k.get('failed', '-')} failed"
+                 if "passed" in k else _state(k)))
+    f = s.get("forward", {})
+    rows.append(("forward vs CPU", f"rel err {f['err']:.1e} (tol {f['tol']:g}) "
+                 f"{'OK' if f['ok'] else 'NOT OK'}, same argmax {f['same_argmax']}"
+                 if "err" in f else _state(f)))
+    t = s.get("timings", {})
+    if "decode_b1" in t:
+        rows.append(("decode b1", f"{t['decode_b1']['us_per_token']:.0f} us/token "
+                                  f"(p90 step {t['decode_b1']['step_us_p90']:.0f} us)"))
+        b = t["decode_b16"]
+        rows.append((f"decode b{b['batch']}", f"{b['tok_s']:.0f} tok/s, "
+                                              f"{b['us_per_token']:.0f} us/token "
+                                              f"({t['b16_over_b1']:.1f}x b1)"))
+        rows.append(("prefill", f"{t['prefill']['tok_s']:.0f} tok/s ({t['prefill']['tokens']} tokens)"))
+        rows.append(("launch", f"{t['empty_launch_us']:.1f} us empty kernel x "
+                               f"{t['launches_per_step']} per step = {t['launch_floor_us_per_step']:.0f} us"))
+    else:
+        rows.append(("timings", _state(t)))
+    o = s.get("ops", {})
+    for name, v in o.items():
+        if isinstance(v, dict) and "us" in v:
+            extra = f", {v['GB_s']:.0f} GB/s" if "GB_s" in v else ""
+            rows.append((f"op {name}", f"{v['us']:.1f} us/call{extra}"))
+    rows.append(("TTFT packet->frame", "not measured: the daemon has no GPU backend yet"))
+    w = max(len(r[0]) for r in rows)
+    return "\n".join(f"{a:<{w}}  {b}" for a, b in rows)
+
+
+def _state(sec: dict) -> str:
+    if sec.get("skipped"):
+        return f"skipped ({sec['skipped']})"
+    if sec.get("ok") is False:
+        return "ERROR (see results file)"
+    return "-"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
+    ap.add_argument("--budget-s", type=float, default=420.0,
+                    help="stop starting new sections after this many seconds")
+    ap.add_argument("--sim", action="store_true", help="tiny shapes under the CUDA simulator")
+    a = ap.parse_args(argv)
+    if a.sim:
+        os.environ["ZEROLAYER_GPU_BACKEND"] = "sim"
+        sys.setswitchinterval(1e-4)
+    c = TINY if a.sim else SMOL
+    run = Run(a.budget_s)
+    run.results["started"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    run.results["config"] = c
+    import zerolayer.gpu.cuda as zc  # after the backend choice
+    if not a.sim and not zc.device_available():
+        print("gpu_bench: no usable CUDA device (use --sim for a logic check)", file=sys.stderr)
+        return 2
+    run.section("env", env_info, a.sim)
+    run.section("kernels", kernel_checks, c, a.sim)
+    models = run.section("build", build_models, c)
+    if models:
+        run.section("forward", forward_check, models, c, a.sim)
+        run.section("timings", timings, models, c, a.sim)
+    run.section("ops", op_timings, c, a.sim)
+    run.results["wall_s"] = round(time.monotonic() - run.t0, 1)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / ("gpu_check_sim.json" if a.sim else "gpu_check.json")
+    path.write_text(json.dumps(run.results, indent=1, default=str))
+    print(f"\nresults: {path} ({run.results['wall_s']} s)\n")
+    print(table(run.results))
+    secs = run.results["sections"]
+    bad = [k for k, v in secs.items() if v.get("ok") is False or v.get("failed")]
+    bad += ["forward"] if secs.get("forward", {}).get("ok") is False else []
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -410,6 +410,8 @@ def main() -> int:
 
     model_path = os.path.abspath(args.model or default_model_path())
     src_hash0 = gpu_source_hash()
+    git_head = sh(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    git_dirty_gpu = sh(["git", "-C", str(REPO), "status", "--porcelain", "gpu"]).splitlines()
 
     log(f"loading zerolayer ({model_path})")
     zl = ZeroLayer(model_path, THREADS)
@@ -637,8 +639,7 @@ def main() -> int:
         "versions": {"python": platform.python_version(), "numpy": np.__version__,
                      "zerolayer": zl_version, **numba_info,
                      "llama_cpp": ll_info,
-                     "git_head": sh(["git", "-C", str(REPO), "rev-parse", "HEAD"]),
-                     "git_dirty_gpu": sh(["git", "-C", str(REPO), "status", "--porcelain", "gpu"]).splitlines(),
+                     "git_head_at_start": git_head, "git_dirty_gpu_at_start": git_dirty_gpu,
                      "gpu_source_hash_start": src_hash0, "gpu_source_hash_end": src_hash1},
         "zerolayer_jit_first_steps_s": jit_s,
         "zerolayer_load_s": zl.load_s,

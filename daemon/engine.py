@@ -25,6 +25,7 @@ from zerolayer.gpu.generate import SamplingParams
 from zerolayer.gpu.kv_cache import Sequence
 from zerolayer.gpu.model import LlamaModel, StepInput
 from zerolayer.gpu.ops.sampling import sample
+from zerolayer.gpu.prefix_cache import PrefixCache
 from zerolayer.gpu.stopping import StopChecker
 from zerolayer.gpu.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -41,6 +42,7 @@ class EngineRequest:
     # state, owned by the engine
     seq: Sequence | None = None
     prefilled: int = 0
+    cached: int = 0                 # prompt positions reused from the prefix cache
     tokens: list[int] = field(default_factory=list)
     detok: IncrementalDetokenizer | None = None
     stops: StopChecker | None = None
@@ -63,13 +65,14 @@ ErrorSink = Callable[[EngineRequest, str, str], None]
 class Engine:
     def __init__(self, model: LlamaModel, tokenizer: Tokenizer, *, on_text: TextSink,
                  on_done: DoneSink, on_error: ErrorSink, max_running: int = 16,
-                 max_waiting: int = 256, step_tokens: int = 256):
+                 max_waiting: int = 256, step_tokens: int = 256, prefix_entries: int = 4):
         self.model = model
         self.tok = tokenizer
         self.on_text, self.on_done, self.on_error = on_text, on_done, on_error
         self.max_running = max_running
         self.max_waiting = max_waiting
         self.step_tokens = step_tokens
+        self.prefix = PrefixCache(model.arena, max_entries=prefix_entries)
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
         self.steps = 0
@@ -150,12 +153,16 @@ class Engine:
         while self.waiting and len(self.running) < self.max_running:
             r = self.waiting[0]
             seq = self.model.new_sequence()
-            try:
-                seq.reserve(len(r.prompt_ids) + r.params.max_tokens)
-            except KVCacheFullError:
-                seq.release()
-                return  # wait for a running request to free its blocks
+            while True:
+                try:
+                    seq.reserve(len(r.prompt_ids) + r.params.max_tokens)
+                    break
+                except KVCacheFullError:
+                    if not self.prefix.evict_one():  # cached prefixes go first
+                        seq.release()
+                        return  # wait for a running request to free its blocks
             self.waiting.popleft()
+            r.cached = r.prefilled = self.prefix.reuse(r.prompt_ids, seq)
             r.seq = seq
             r.t_admit = time.monotonic()
             self.running.append(r)
@@ -179,10 +186,13 @@ class Engine:
         if len(r.tokens) >= p.max_tokens:
             return self._finish(r, "length")
 
-    def _release(self, r: EngineRequest) -> None:
+    def _release(self, r: EngineRequest, keep_prefix: bool = False) -> None:
         r.done = True
         if r.seq is not None:
-            r.seq.release()
+            if keep_prefix:  # its KV may serve the next prompt that starts the same way
+                self.prefix.store(r.seq, np.concatenate([r.prompt_ids, np.asarray(r.tokens, np.int32)]))
+            else:
+                r.seq.release()
             r.seq = None
 
     def _finish(self, r: EngineRequest, reason: str) -> None:
@@ -190,7 +200,7 @@ class Engine:
             tail = r.stops.push(r.detok.flush()) + r.stops.flush()
             if tail:
                 self.on_text(r, tail, 0)
-        self._release(r)
+        self._release(r, keep_prefix=reason != "cancelled")
         end = time.monotonic()
         first = r.t_first or end
         n = len(r.tokens)
@@ -204,7 +214,7 @@ class Engine:
             decode_us=us(decode),
             decode_step_max_us=us(r.step_max),
         )
-        self.on_done(r, reason, Usage(len(r.prompt_ids), 0, n), t)
+        self.on_done(r, reason, Usage(len(r.prompt_ids), r.cached, n), t)
 
     def _finish_error(self, r: EngineRequest, code: str, msg: str) -> None:
         if r.done:

@@ -185,7 +185,8 @@ class Daemon:
         self.metrics.running.set(len(self.engine.running))
         self.metrics.waiting.set(len(self.engine.waiting))
         a = self.model.arena
-        self.metrics.kv_usage.set(1 - a.free_blocks / a.n_blocks)
+        # blocks held by running requests (cached prefixes are reclaimable, not in use)
+        self.metrics.kv_usage.set((a.n_blocks - a.free_blocks - self.engine.prefix.blocks) / a.n_blocks)
 
     def _on_term(self, *_):
         if not self._draining:

@@ -60,6 +60,14 @@ class Sequence:
             self.table[len(self.blocks):n_blocks] = new
             self.blocks.extend(new)
 
+    def trim(self) -> None:
+        """Give back the blocks past the positions written (a finished sequence kept for
+        prefix reuse doesn't need the room it reserved for generation)."""
+        keep = -(-self.length // BLOCK_TOKENS)
+        if keep < len(self.blocks):
+            self.arena._give(self.blocks[keep:])
+            self.blocks = self.blocks[:keep]
+
     def release(self) -> None:
         self.arena._give(self.blocks)
         self.blocks = []

@@ -43,6 +43,8 @@ def test_chat_question_streams_paris_in_order(daemon):
     assert r.timings.total_us > 0 and r.timings.prefill_us > 0 and r.timings.ingress_us > 0
     assert r.attempts == 1  # the ACK is sent before the prefill, so the client never re-sends
     assert audit and len(audit[0][1]) == 32  # hook saw the payload hash and the signature
+    again = client(daemon).invoke(messages=FRANCE)  # the same prompt: its prefix is reused
+    assert again.text == r.text and again.usage.cached_prompt_tokens == 36
 
 
 def test_duplicate_request_id_runs_the_model_once(daemon):

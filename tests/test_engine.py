@@ -35,6 +35,7 @@ def engine(generator):
                  on_error=rec.on_error, max_running=8, step_tokens=64)
     eng.rec = rec
     yield eng
+    eng.prefix.clear()
     assert generator.model.arena.free_blocks == generator.model.arena.n_blocks  # nothing leaked
 
 
@@ -85,3 +86,46 @@ def test_admission_errors(engine, generator):
         engine.submit(EngineRequest("x", np.array([1], np.int32), SamplingParams(max_tokens=2)))
     run(engine)
     assert set(engine.rec.done) == {0, 1}
+
+
+def test_prefix_reuse_skips_the_shared_prompt(engine, generator):
+    tok = generator.tokenizer
+    ids = np.array(tok.encode_chat(FRANCE), np.int32)
+    engine.submit(EngineRequest("a", ids, SamplingParams(max_tokens=20)))
+    run(engine)
+    before = engine.forward_passes_tokens
+    engine.submit(EngineRequest("b", ids, SamplingParams(max_tokens=20)))  # the same question
+    run(engine)
+    other = np.array(tok.encode_chat([{"role": "user", "content": "What is the capital of Italy?"}]), np.int32)
+    engine.submit(EngineRequest("c", other, SamplingParams(max_tokens=20)))  # same system prompt
+    run(engine)
+    rec = engine.rec
+    assert rec.text["b"] == rec.text["a"] and "Paris" in rec.text["b"]
+    assert rec.done["a"][1].cached_prompt_tokens == 0
+    assert rec.done["b"][1].cached_prompt_tokens == len(ids) - 1  # all but the last token
+    shared = int(np.flatnonzero(other[:len(ids)] != ids[:len(other)])[0])
+    assert rec.done["c"][1].cached_prompt_tokens == shared and shared >= 16
+    solo = generator.complete(messages=[{"role": "user", "content": "What is the capital of Italy?"}],
+                              params=SamplingParams(max_tokens=20)).text
+    assert rec.text["c"] == solo  # reused KV gives exactly the answer of a full prefill
+    # b prefilled one token instead of 37
+    assert engine.forward_passes_tokens - before < 2 * 20 + len(other)
+
+
+def test_prefix_cache_gives_way_under_memory_pressure(generator):
+    from zerolayer.gpu.kv_cache import KVArena
+    m = generator.model
+    saved = m.arena
+    m.arena = KVArena(m.cfg.n_layer, m.cfg.n_kv, m.cfg.head_dim, 3, m.max_seq_len)  # 3 blocks
+    try:
+        rec = Recorder()
+        eng = Engine(m, generator.tokenizer, on_text=rec.on_text, on_done=rec.on_done,
+                     on_error=rec.on_error, max_running=4)
+        for k in range(4):  # each needs 2 blocks; cached prefixes must be evicted to admit
+            eng.submit(EngineRequest(k, np.arange(100, 160 + k, dtype=np.int32), SamplingParams(max_tokens=20)))
+            run(eng)
+        assert sorted(rec.done) == [0, 1, 2, 3] and not rec.errors
+        eng.prefix.clear()
+        assert m.arena.free_blocks == 3
+    finally:
+        m.arena = saved

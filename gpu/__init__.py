@@ -21,9 +21,11 @@ __version__ = "0.1.0"
 
 
 def _source_hash() -> str:
+    """Hash of the CPU runtime's sources. gpu/cuda/ is left out: the CPU kernels and the
+    repacked weights don't depend on it, and a CUDA edit shouldn't recompile them."""
     h = hashlib.sha256(__version__.encode())
     root = Path(__file__).resolve().parent
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(p for p in root.rglob("*.py") if "cuda" not in p.relative_to(root).parts):
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zerolayer.gpu.errors import RuntimeModelError
+from zerolayer.gpu.generate import encode_prompt
 
 from . import config as config_mod
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
@@ -280,17 +281,9 @@ class Daemon:
 
     def _prompt_ids(self, req: InvokeRequest) -> np.ndarray:
         b = req.body
-        if b.token_ids is not None:
-            ids = np.asarray(b.token_ids, np.int64)
-            if ids.size and (ids.min() < 0 or ids.max() >= self.model.cfg.vocab):
-                raise ValueError(f"token id outside the vocabulary (0..{self.model.cfg.vocab - 1})")
-        elif b.messages is not None:
-            ids = self.tokenizer.encode_chat([{"role": m.role, "content": m.content} for m in b.messages])
-        else:
-            ids = self.tokenizer.encode(b.prompt)
-        if len(ids) == 0:
-            raise ValueError("empty prompt")
-        return np.asarray(ids, np.int32)
+        messages = None if b.messages is None else [{"role": m.role, "content": m.content}
+                                                    for m in b.messages]
+        return encode_prompt(self.tokenizer, self.model.cfg.vocab, b.prompt, messages, b.token_ids)
 
     def _refuse(self, req: InvokeRequest, addr: tuple, code: ErrorCode, msg: str) -> None:
         self.metrics.errors.labels(code.name).inc()

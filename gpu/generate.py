@@ -53,6 +53,25 @@ class GenerationResult:
     decode_s: float = 0.0
 
 
+def encode_prompt(tokenizer: Tokenizer, vocab: int, prompt: str | None = None,
+                  messages: list[dict] | None = None, token_ids=None) -> np.ndarray:
+    """Prompt ids from exactly one of: raw text, chat messages (the GGUF's template), or ids.
+    Raises ValueError for an empty prompt or an id outside the vocabulary."""
+    if sum(x is not None for x in (prompt, messages, token_ids)) != 1:
+        raise ValueError("give exactly one of prompt, messages, token_ids")
+    if messages is not None:
+        ids = np.asarray(tokenizer.encode_chat(messages), np.int64)
+    elif prompt is not None:
+        ids = np.asarray(tokenizer.encode(prompt), np.int64)
+    else:
+        ids = np.asarray(token_ids, np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            raise ValueError(f"token id outside the vocabulary (0..{vocab - 1})")
+    if ids.size == 0:
+        raise ValueError("empty prompt")
+    return ids.astype(np.int32)
+
+
 def prefill(model: LlamaModel, seq, ids: np.ndarray) -> np.ndarray:
     """Run a prompt through the model in chunks; logits of its last token."""
     for i in range(0, len(ids), PREFILL_CHUNK):
@@ -97,17 +116,7 @@ class Generator:
 
     def prompt_ids(self, prompt: str | None = None, messages: list[dict] | None = None,
                    token_ids: list[int] | None = None) -> np.ndarray:
-        if sum(x is not None for x in (prompt, messages, token_ids)) != 1:
-            raise ValueError("give exactly one of prompt, messages, token_ids")
-        if messages is not None:
-            ids = self.tokenizer.encode_chat(messages)
-        elif prompt is not None:
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = list(token_ids)
-        if not ids:
-            raise ValueError("empty prompt")
-        return np.asarray(ids, np.int32)
+        return encode_prompt(self.tokenizer, self.model.cfg.vocab, prompt, messages, token_ids)
 
     def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,
                  token_ids: list[int] | None = None, params: SamplingParams = SamplingParams(),

@@ -28,7 +28,13 @@ class ModelSection:
 class NetworkSection:
     host: str = "127.0.0.1"
     port: int = 7433
-    ingress: str = "udp"           # udp (portable path); xdp comes with the XDP fast path
+    ingress: str = "udp"           # udp | xdp | auto (xdp when it can be set up, else udp)
+    interface: str = ""            # device the XDP program attaches to (xdp/auto)
+    xdp_attach: str = "auto"       # XDP attach mode: native | generic | auto
+    xsk_mode: str = "auto"         # AF_XDP bind: copy | zerocopy | auto
+    xsk_ring_size: int = 2048      # entries per AF_XDP ring (a power of two)
+    xdp_rate_pps: int = 0          # per-source datagrams/s enforced in the kernel; 0 = off
+    xdp_rate_burst: int = 0        # per-source burst allowed above xdp_rate_pps
     rcvbuf_bytes: int = 8 << 20    # a 1 MiB invoke is ~840 datagrams
     busy_poll: bool = False        # spin on the socket instead of sleeping when idle
     batch: int = 64                # datagrams per recvmmsg/sendmmsg call

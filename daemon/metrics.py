@@ -45,12 +45,50 @@ class Metrics:
         self.model_runs = Counter("zerolayer_model_runs", "Requests handed to the engine", registry=r)
         self.kv_usage = Gauge("zerolayer_kv_cache_usage_ratio", "Fraction of KV arena blocks in use",
                               registry=r)
+        # The XDP fast path (zero, and absent from nothing, when ingress is udp)
+        self.xdp_attached = Gauge("zerolayer_xdp_attached",
+                                  "1 while the XDP program is attached and AF_XDP sockets serve",
+                                  registry=r)
+        self.xdp_packets = Counter("zerolayer_xdp_packets",
+                                   "Packets the XDP program saw, by action and reason",
+                                   ["action", "reason"], registry=r)
+        self.xsk_rx_dropped = Counter("zerolayer_xsk_rx_dropped",
+                                      "Redirected packets the AF_XDP sockets could not take "
+                                      "(no fill frame, RX ring full, too big)", registry=r)
+        self.xsk_tx_dropped = Counter("zerolayer_xsk_tx_dropped",
+                                      "Reply frames not sent: every TX frame in flight "
+                                      "(the client recovers them with RESEND)", registry=r)
+        self.xsk_ring_entries = Gauge("zerolayer_xsk_ring_entries",
+                                      "Entries in the AF_XDP rings, summed over queues",
+                                      ["ring"], registry=r)
+        self._xdp_last: dict = {}
         for code in ErrorCode:  # every code is visible at 0 before its first occurrence
             self.errors.labels(code.name)
         for outcome in ("stop", "length", "cancelled", "error"):
             self.requests.labels(outcome)
         for kind in ("attached", "replayed"):
             self.idempotent.labels(kind)
+
+    def update_xdp(self, io) -> None:
+        """Copy the kernel's counters (the program's per-CPU array, XDP_STATISTICS) into
+        Prometheus as increments. Called from the daemon's loop, so scrapes never touch the
+        rings or the maps."""
+        from .xdp_io import REASON_ACTION
+        last = self._xdp_last
+        for reason, n in io.packet_counts().items():
+            d = n - last.get(reason, 0)
+            c = self.xdp_packets.labels(REASON_ACTION[reason], reason)  # visible at 0 too
+            if d > 0:
+                c.inc(d)
+            last[reason] = n
+        st = io.xsk_stats()
+        for name, n in (("rx", st.rx_dropped + st.rx_ring_full), ("tx", io.tx_no_frame)):
+            d = n - last.get(name, 0)
+            if d > 0:
+                (self.xsk_rx_dropped if name == "rx" else self.xsk_tx_dropped).inc(d)
+            last[name] = n
+        for ring, n in io.ring_occupancy().items():
+            self.xsk_ring_entries.labels(ring).set(n)
 
     def serve(self, host: str, port: int) -> None:
         if port:

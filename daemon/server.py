@@ -1,9 +1,10 @@
-"""zerolayerd: the daemon. One pinned thread owns the socket, the protocol and the engine.
+"""zerolayerd: the daemon. One pinned thread owns the rings/socket, the protocol and the engine.
 
-    loop:  recvmmsg → Ingress (verify, reassemble) → result cache (idempotency)
-           → tokenize → Engine.submit
+    loop:  AF_XDP RX ring (xdp_io) and recvmmsg (udp_io) → Ingress (verify, reassemble)
+           → result cache (idempotency) → tokenize → Engine.submit
            Engine.step (one forward pass for every running request)
-           → TOKEN / DONE / ERROR frames → result cache → sendmmsg
+           → TOKEN / DONE / ERROR frames → result cache → back the way the request came:
+             written into UMEM TX frames for an AF_XDP peer, sendmmsg for a UDP address
 
 There is no second thread and no lock: while a step runs, datagrams wait in the socket
 buffer (sized for a 1 MiB request), and they are read as soon as it ends. Frames are
@@ -35,6 +36,7 @@ from .metrics import Metrics
 from .reassembly import Reassembler
 from .result_cache import EntryStatus, ResultCache
 from .udp_io import BatchedUDP
+from .xdp_frames import Peer
 from .wire import (MAX_TEXT, NO_SEQ, FinishReason, MsgType, ResponseSigner, RunState, ServerState,
                    Timings, Usage, split_utf8)
 
@@ -89,13 +91,16 @@ class Daemon:
         self._load_model()
         self.sock = self._open_socket()
         self.udp = BatchedUDP(self.sock, batch=c.network.batch)
+        self.xdp = self._open_xdp()
         self.metrics.serve(c.metrics.host, c.metrics.port)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, lambda *_: setattr(self, "_reload", True))
         self.state = ServerState.READY
         host, port = self.sock.getsockname()[:2]
-        log(f"ready on {host}:{port} (metrics {c.metrics.host}:{c.metrics.port or 'off'})")
+        path = "udp" if self.xdp is None else f"xdp on {c.network.interface} + udp fallback"
+        log(f"ready on {host}:{port}, ingress {path} "
+            f"(metrics {c.metrics.host}:{c.metrics.port or 'off'})")
         _sd_notify(b"READY=1")
 
     def _pin_cpus(self) -> None:
@@ -142,15 +147,52 @@ class Daemon:
         s.setblocking(False)
         return s
 
+    def _open_xdp(self):
+        """The AF_XDP fast path (network.ingress xdp|auto). The UDP socket stays open either
+        way: it serves whatever the XDP program passes on (no socket registered yet, another
+        device, a host without XDP), so both paths always answer."""
+        n = self.cfg.network
+        if n.ingress not in ("udp", "xdp", "auto"):
+            raise ValueError(f"network.ingress must be udp, xdp or auto, not {n.ingress!r}")
+        if n.ingress == "udp":
+            return None
+        if not n.interface:
+            if n.ingress == "xdp":
+                raise ValueError("network.ingress = xdp needs network.interface")
+            log("ingress auto: no network.interface set, using udp")
+            return None
+        from .xdp_io import XdpIO, XdpSettings
+        port = self.sock.getsockname()[1]
+        try:
+            io = XdpIO.open(XdpSettings(n.interface, (port,), attach_mode=n.xdp_attach,
+                                        xsk_mode=n.xsk_mode, ring_size=n.xsk_ring_size,
+                                        rate_pps=n.xdp_rate_pps, rate_burst=n.xdp_rate_burst))
+        except (OSError, RuntimeError, ValueError) as e:
+            if n.ingress == "xdp":
+                raise OSError(f"XDP ingress on {n.interface}: {e}") from e
+            log(f"ingress auto: XDP unavailable on {n.interface} ({e}); using udp")
+            return None
+        log(f"XDP attached to {n.interface} ({n.xdp_attach}), {len(io.socks)} AF_XDP socket(s), "
+            f"{'zero-copy' if io.zerocopy else 'copy mode'}; BCC compile "
+            f"{io.compile_seconds:.2f} s")
+        self.metrics.xdp_attached.set(1)
+        return io
+
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> int:
         next_house = 0.0
+        wait_fds = [self.sock] + (self.xdp.fileno_list() if self.xdp else [])
         while True:
             for _ in range(MAX_RX_BATCHES):
                 batch = self.udp.recv_batch()
+                more = len(batch) == self.udp.batch
+                if self.xdp is not None:
+                    xb = self.xdp.recv_batch()
+                    more = more or len(xb) >= self.xdp.batch
+                    batch += xb
                 for data, addr in batch:
                     self._on_datagram(data, addr)
-                if len(batch) < self.udp.batch:
+                if not more:
                     break
             self._flush()  # ACKs and replies first: a step can take longer than a client waits
             if self.engine.has_work:
@@ -166,14 +208,24 @@ class Daemon:
             if self._draining and (not self.engine.has_work or now >= self._stop_at):
                 break
             if not self.engine.has_work and not self.cfg.network.busy_poll:
-                select.select([self.sock], [], [], HOUSEKEEPING_S)
+                select.select(wait_fds, [], [], HOUSEKEEPING_S)
         self._shutdown()
         return 0
 
     def _flush(self) -> None:
-        if self.out:
+        if self.xdp is not None:
+            self.xdp.poll_tx()  # frames a busy kernel left on a TX ring last time
+        if not self.out:
+            return
+        if self.xdp is None:
             self.udp.send_batch(self.out)
-            self.out = []
+        else:  # each frame goes back the way its request came
+            xo = [item for item in self.out if type(item[1]) is Peer]
+            if xo:
+                self.xdp.send_batch(xo)
+            if len(xo) < len(self.out):
+                self.udp.send_batch([item for item in self.out if type(item[1]) is not Peer])
+        self.out = []
 
     def _housekeeping(self, now: float) -> None:
         if self._reload:
@@ -188,6 +240,8 @@ class Daemon:
         a = self.model.arena
         # blocks held by running requests (cached prefixes are reclaimable, not in use)
         self.metrics.kv_usage.set((a.n_blocks - a.free_blocks - self.engine.prefix.blocks) / a.n_blocks)
+        if self.xdp is not None:
+            self.metrics.update_xdp(self.xdp)
 
     def _on_term(self, *_):
         if not self._draining:
@@ -208,6 +262,10 @@ class Daemon:
             self._cancel(r.key, "drain timeout: the daemon is stopping")  # tell, never vanish
         self.engine.step()
         self._flush()
+        if self.xdp is not None:
+            from .xdp_io import wait_tx_drained
+            wait_tx_drained(self.xdp)
+            self.xdp.close()  # detach: invoke traffic goes to the kernel stack from here on
         self.sock.close()
         log("stopped")
 

@@ -20,18 +20,28 @@ def free_port(kind=socket.SOCK_DGRAM) -> int:
 
 
 class DaemonProc:
-    def __init__(self, tmp_path, *extra: str, env: dict | None = None):
+    """netns: run the daemon inside that network namespace (`ip netns exec`), listening on
+    `host`; its metrics are then fetched from inside the namespace too."""
+
+    def __init__(self, tmp_path, *extra: str, env: dict | None = None, netns: str | None = None,
+                 host: str = "127.0.0.1", port: int | None = None):
         self.keys_file = tmp_path / "keys"
         self.secret = secrets.token_bytes(32)
         self.key_id = 7
         self.keys_file.write_text(f"# test key\n{self.key_id} {self.secret.hex()}\n")
         os.chmod(self.keys_file, 0o600)
-        self.port = free_port()
-        self.metrics_port = free_port(socket.SOCK_STREAM)
-        self.addr = ("127.0.0.1", self.port)
+        # a fresh namespace has every port free
+        self.port = port or (7433 if netns else free_port())
+        self.metrics_port = 9433 if netns else free_port(socket.SOCK_STREAM)
+        self.netns = netns
+        self.addr = (host, self.port)
         cmd = [sys.executable, "-m", "zerolayer.daemon.server",
                "--security-keys-file", str(self.keys_file), "--network-port", str(self.port),
+               "--network-host", host,
                "--metrics-port", str(self.metrics_port), "--model-max-seq-len", "2048", *extra]
+        if netns:
+            cmd = ["ip", "netns", "exec", netns, *cmd]
+        self.cmd = cmd
         self.log: list[str] = []
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      text=True, env={**os.environ, **(env or {})})
@@ -49,7 +59,14 @@ class DaemonProc:
                 self._ready.set()
 
     def metric(self, name: str, labels: str = "") -> float:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        def fetch() -> str:
+            url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+            return urllib.request.urlopen(url, timeout=5).read().decode()
+        if self.netns:
+            from netns import in_netns
+            text = in_netns(self.netns, fetch)
+        else:
+            text = fetch()
         pat = re.escape(name + (("{" + labels + "}") if labels else "")) + r" ([0-9.e+-]+)"
         m = re.search("^" + pat + "$", text, re.M)
         if m is None:

@@ -21,12 +21,12 @@ import re
 import socket
 import struct
 import subprocess
-import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
+from netns import in_netns
 from fixtures.packets import (ETH_P_ARP, IPPROTO_TCP, IPPROTO_UDP, IPV6_FRAG, eth, ipv4,
                               ipv6, ipv6_frag_hdr, udp, udp4, udp6)
 from zerolayer.daemon import wire
@@ -398,34 +398,6 @@ def test_rate_limit_refills(xdp) -> None:
 
 
 # --- queues, attach, pins, -D overrides: in a private network namespace ---------------------------
-
-_CLONE_NEWNET = 0x40000000
-
-
-def in_netns(name: str, fn):
-    """Run fn() on a thread that has joined network namespace `name` (setns is per thread)."""
-    out: dict = {}
-
-    def body() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
-        try:
-            if libc.setns(fd, _CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns")
-        finally:
-            os.close(fd)
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # re-raised on the test's thread
-            out["error"] = e
-
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
-
 
 @pytest.fixture(scope="module")
 def netns():

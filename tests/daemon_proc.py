@@ -24,9 +24,9 @@ class DaemonProc:
     `host`; its metrics are then fetched from inside the namespace too."""
 
     def __init__(self, tmp_path, *extra: str, env: dict | None = None, netns: str | None = None,
-                 host: str = "127.0.0.1", port: int | None = None):
+                 host: str = "127.0.0.1", port: int | None = None, secret: bytes | None = None):
         self.keys_file = tmp_path / "keys"
-        self.secret = secrets.token_bytes(32)
+        self.secret = secret or secrets.token_bytes(32)
         self.key_id = 7
         self.keys_file.write_text(f"# test key\n{self.key_id} {self.secret.hex()}\n")
         os.chmod(self.keys_file, 0o600)

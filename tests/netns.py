@@ -50,7 +50,7 @@ def in_netns(name: str, fn):
 
 
 @contextlib.contextmanager
-def testbed(queues: int = 1):
+def xdp_testbed(queues: int = 1):
     """(server namespace, client namespace) joined by a veth pair (scripts/xdp-testbed.sh)."""
     name = f"zlt{uuid.uuid4().hex[:8]}"
     subprocess.run(["bash", str(TESTBED), "up", name, str(queues)], check=True,

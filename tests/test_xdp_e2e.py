@@ -1,0 +1,164 @@
+"""The daemon with --network-ingress xdp on the veth testbed: a client in its own namespace
+invokes through the XDP program and the AF_XDP rings, and gets the streamed answer back over
+the same rings. Garbage is dropped in the kernel before the daemon sees it. SIGKILL leaves no
+program behind: traffic goes back to the kernel stack, the client fails in bounded time, and
+after a restart its retry with the same request id completes. Root only (CI runs as root)."""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from daemon_proc import DaemonProc
+from netns import CLI_V4, SRV_IF, SRV_V4, SRV_V6, in_netns, xdp_testbed
+from zerolayer.daemon import wire
+from zerolayer.daemon.client import Client
+from zerolayer.daemon.errors import ZerolayerTimeoutError
+from zerolayer.daemon.wire import ChatMessage, MsgType
+
+if os.geteuid() != 0:  # pragma: no cover - CI runs as root
+    pytest.skip("XDP and network namespaces need root", allow_module_level=True)
+
+FRANCE = [ChatMessage("user", "What is the capital of France?")]
+XDP_ARGS = ("--network-ingress", "xdp", "--network-interface", SRV_IF, "--cache-lease-s", "5")
+REDIRECT = 'action="redirect",reason="redirect"'
+
+
+@pytest.fixture(scope="module")
+def bed():
+    with xdp_testbed() as names:
+        yield names
+
+
+@pytest.fixture(scope="module")
+def daemon(bed, tmp_path_factory):
+    srv, _ = bed
+    d = DaemonProc(tmp_path_factory.mktemp("zlx"), *XDP_ARGS, netns=srv, host="::")
+    yield d
+    assert d.stop() == 0
+    assert xdp_prog_on(srv) is None  # a clean stop detaches too
+
+
+def xdp_prog_on(ns: str) -> str | None:
+    out = subprocess.run(["ip", "-n", ns, "-d", "link", "show", SRV_IF], capture_output=True,
+                         text=True, check=True).stdout
+    return "xdp" if "prog/xdp" in out else None
+
+
+def client(d: DaemonProc, host: str = SRV_V4, **kw) -> Client:
+    return Client((host, d.port), d.key_id, d.secret, timeout=kw.pop("timeout", 60), **kw)
+
+
+def redirected(d: DaemonProc) -> float:
+    return d.metric("zerolayer_xdp_packets_total", REDIRECT)
+
+
+def test_daemon_says_it_serves_xdp(daemon, bed):
+    assert any("ingress xdp on zl-s" in line for line in daemon.log)
+    assert xdp_prog_on(bed[0]) == "xdp"
+    daemon.wait_for(lambda: daemon.metric("zerolayer_xdp_attached") == 1, what="xdp gauge")
+
+
+@pytest.mark.parametrize("host", [SRV_V4, SRV_V6], ids=["ipv4", "ipv6"])
+def test_chat_question_streams_paris_through_the_rings(daemon, bed, host):
+    _, cli = bed
+    before = redirected(daemon)
+    dgrams = daemon.metric("zerolayer_ingress_datagrams_total")
+    s = in_netns(cli, lambda: client(daemon, host).stream(messages=FRANCE))
+    chunks = list(s)
+    assert "Paris" in "".join(chunks) and len(chunks) >= 3
+    assert s.result.finish_reason == "stop" and s.result.attempts == 1
+    # every datagram the daemon took in came through the XDP program's redirect
+    daemon.wait_for(lambda: redirected(daemon) - before
+                    >= daemon.metric("zerolayer_ingress_datagrams_total") - dgrams > 0,
+                    what="redirect counter")
+    assert daemon.metric("zerolayer_xdp_packets_total", 'action="pass",reason="pass_no_xsk"') == 0
+
+
+def test_ping_over_both_families(daemon, bed):
+    _, cli = bed
+    for host in (SRV_V4, SRV_V6):
+        rtt = in_netns(cli, lambda h=host: client(daemon, h).ping())
+        assert 0 < rtt < 5
+
+
+def test_garbage_is_dropped_in_the_kernel(daemon, bed):
+    srv, cli = bed
+    valid = wire.encode_control(MsgType.PING, daemon.key_id, daemon.secret,
+                                secrets.token_bytes(16), time.time_ns() // 1000,
+                                secrets.token_bytes(32))
+    bad_magic = b"XXXX" + valid[4:]
+    lying = valid[:-20]  # shorter than its header says
+    drops = {r: daemon.metric("zerolayer_xdp_packets_total", f'action="drop",reason="{r}"')
+             for r in ("drop_bad_magic", "drop_bad_length")}
+    seen = daemon.metric("zerolayer_ingress_datagrams_total")
+
+    def flood():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((CLI_V4, 0))
+            for _ in range(500):
+                s.sendto(bad_magic, (SRV_V4, daemon.port))
+                s.sendto(lying, (SRV_V4, daemon.port))
+    in_netns(cli, flood)
+    for r, n in drops.items():
+        daemon.wait_for(lambda r=r, n=n: daemon.metric(
+            "zerolayer_xdp_packets_total", f'action="drop",reason="{r}"') - n >= 500, what=r)
+    assert daemon.metric("zerolayer_ingress_datagrams_total") == seen  # none reached the daemon
+    r = in_netns(cli, lambda: client(daemon).invoke(messages=FRANCE, max_tokens=8))
+    assert r.text
+
+
+def test_sigkill_falls_back_to_the_kernel_and_the_retry_completes(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with xdp_testbed() as (srv, cli):
+        d = DaemonProc(tmp_path / "a", *XDP_ARGS, netns=srv, host="::")
+        secret = d.secret
+        rid = secrets.token_bytes(16)
+        c = client(d, timeout=3, contact_timeout_s=0.5)
+        long_ask = [ChatMessage("user", "Write a long story about a lighthouse keeper.")]
+        try:
+            s = in_netns(cli, lambda: c.stream(messages=long_ask, max_tokens=300, request_id=rid))
+            first = next(s)
+            assert first
+            d.signal(signal.SIGKILL)
+            assert d.wait(30) == -signal.SIGKILL
+        finally:
+            d.stop()
+        # The bpf_link died with its owner: no program left on the device.
+        assert xdp_prog_on(srv) is None
+        # The client doesn't hang: it re-sends for a while, then fails with a timeout.
+        t0 = time.monotonic()
+        with pytest.raises(ZerolayerTimeoutError):
+            for _ in s:
+                pass
+        assert time.monotonic() - t0 < 15
+        # Invokes now reach the kernel's UDP stack (a plain socket on the port gets them);
+        # with nothing listening the kernel refuses them (ICMP port unreachable).
+        def fallback_socket():
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            u.bind((SRV_V4, d.port))
+            u.settimeout(5)
+            return u
+        u = in_netns(srv, fallback_socket)
+        try:
+            with pytest.raises(ZerolayerTimeoutError):
+                in_netns(cli, lambda: client(d, timeout=1, max_attempts=2).ping())
+            dg = u.recv(4096)
+            assert dg[:4] == wire.MAGIC and dg[5] == MsgType.PING
+        finally:
+            u.close()
+        # Restart: the retry with the same request id runs to completion.
+        d2 = DaemonProc(tmp_path / "b", *XDP_ARGS, netns=srv, host="::", secret=secret)
+        try:
+            r = in_netns(cli, lambda: client(d2).invoke(messages=long_ask, max_tokens=300,
+                                                        request_id=rid))
+            assert r.text.startswith(first) and r.finish_reason in ("stop", "length")
+            assert r.usage.completion_tokens > 1
+        finally:
+            assert d2.stop() == 0

@@ -182,19 +182,27 @@ class Daemon:
     def run(self) -> int:
         next_house = 0.0
         wait_fds = [self.sock] + (self.xdp.fileno_list() if self.xdp else [])
+        busy = self.cfg.network.busy_poll
+        xdp = self.xdp
+        spin = 0
         while True:
+            spin += 1
+            # With XDP serving, the UDP socket only gets what the program passes on: a
+            # busy-polling loop checks it every 8th turn, not paying a syscall per turn.
+            poll_udp = xdp is None or not busy or not spin & 7
             for _ in range(MAX_RX_BATCHES):
-                batch = self.udp.recv_batch()
+                batch = self.udp.recv_batch() if poll_udp else []
                 more = len(batch) == self.udp.batch
-                if self.xdp is not None:
-                    xb = self.xdp.recv_batch()
-                    more = more or len(xb) >= self.xdp.batch
+                if xdp is not None:
+                    xb = xdp.recv_batch()
+                    more = more or len(xb) >= xdp.batch
                     batch += xb
                 for data, addr in batch:
                     self._on_datagram(data, addr)
                 if not more:
                     break
-            self._flush()  # ACKs and replies first: a step can take longer than a client waits
+            if self.out or (xdp is not None and xdp.tx_backlog):
+                self._flush()  # ACKs and replies first: a step can take longer than a client waits
             if self.engine.has_work:
                 try:
                     self.engine.step()
@@ -213,7 +221,7 @@ class Daemon:
         return 0
 
     def _flush(self) -> None:
-        if self.xdp is not None:
+        if self.xdp is not None and self.xdp.tx_backlog:
             self.xdp.poll_tx()  # frames a busy kernel left on a TX ring last time
         if not self.out:
             return

@@ -51,6 +51,7 @@ class XdpIO:
         self.batch = 256              # frames per socket per recv_batch call
         self.rx_unparsed = 0          # frames the program redirected that didn't parse here
         self.tx_no_frame = 0          # replies dropped: every TX frame in flight (RESEND recovers)
+        self.tx_backlog = False       # frames left on a TX ring by a busy kernel: poll_tx()
         self.compile_seconds = prog.compile_stats.seconds
 
     @classmethod
@@ -93,7 +94,7 @@ class XdpIO:
             addrs, lens = x.rx(self.batch)
             if len(addrs) == 0:
                 continue
-            for a, n in zip(addrs.tolist(), lens.tolist()):
+            for a, n in zip(addrs, lens):
                 r = parse_frame(view[a:a + n], x.queue, self._peers)
                 if r is None:
                     self.rx_unparsed += 1
@@ -121,14 +122,18 @@ class XdpIO:
             lens.append(n)
             sent += 1
         for q, (addrs, lens) in per_q.items():
-            self.socks[q].tx_submit(addrs, lens)
+            if self.socks[q].tx_submit(addrs, lens):
+                self.tx_backlog = True
         return sent
 
     def poll_tx(self) -> None:
-        """Retry frames a busy kernel left on a TX ring (called once per loop iteration)."""
+        """Retry frames a busy kernel left on a TX ring (the loop calls this while
+        tx_backlog is set)."""
+        backlog = False
         for x in self.socks:
             if x.tx_pending():
-                x.kick()
+                backlog = x.kick() > 0 or backlog
+        self.tx_backlog = backlog
 
     # ---- observability ------------------------------------------------------------------------
     def packet_counts(self) -> dict[str, int]:

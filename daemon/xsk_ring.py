@@ -74,6 +74,11 @@ MSG_DONTWAIT = 0x40
 TX_BUDGET_PER_CALL = 32
 
 DESC = np.dtype([("addr", "<u8"), ("len", "<u4"), ("options", "<u4")])  # struct xdp_desc
+_DESC_S = struct.Struct("<QI4x")    # the same, for per-packet access
+_ADDR_S = struct.Struct("<Q")       # fill/completion ring entries
+# Up to this many descriptors, struct on the mmap (~0.2 us each) beats numpy's fixed cost
+# (~8 us per call here); beyond it, whole-batch numpy views.
+SMALL_BATCH = 16
 _U32 = 0xFFFFFFFF
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -155,6 +160,8 @@ class _Ring:
         length = desc + size * dtype.itemsize
         self.mm = mmap.mmap(fd, length, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
                             prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=pgoff)
+        self.desc_off = desc
+        self.item = dtype.itemsize
         self._producer = np.frombuffer(self.mm, np.uint32, 1, prod)
         self._consumer = np.frombuffer(self.mm, np.uint32, 1, cons)
         self._flags = np.frombuffer(self.mm, np.uint32, 1, flags)
@@ -276,30 +283,45 @@ class XskSocket:
         return self.fd
 
     # ---- RX ------------------------------------------------------------------------------------
-    def rx(self, limit: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    def rx(self, limit: int = 256) -> tuple[list[int], list[int]]:
         """Frames received since the last call: (UMEM offsets, lengths), at most `limit`.
         The caller must recycle() every offset once it has copied the datagram out."""
         r = self.rx_ring
         n = min((r.producer - self._rx_ctr) & _U32, limit)
         if n == 0:
-            return _EMPTY_U64, _EMPTY_U32
-        d = r.desc[r.slots(self._rx_ctr, n)]
-        addrs, lens = d["addr"] + np.uint64(self.base), d["len"].copy()
+            return [], []
+        if n <= SMALL_BATCH:  # per-packet struct reads: ~0.2 us each against ~8 us of numpy
+            addrs, lens = [], []
+            for i in range(self._rx_ctr, self._rx_ctr + n):
+                a, ln = _DESC_S.unpack_from(r.mm, r.desc_off + 16 * (i & r.mask))
+                addrs.append(a + self.base)
+                lens.append(ln)
+        else:
+            d = r.desc[r.slots(self._rx_ctr, n)]
+            addrs = (d["addr"] + np.uint64(self.base)).tolist()
+            lens = d["len"].tolist()
         self._rx_ctr = (self._rx_ctr + n) & _U32
         r.publish_consumer(self._rx_ctr)
         return addrs, lens
 
-    def recycle(self, addrs: np.ndarray) -> None:
-        """Give RX frames back to the kernel through the fill ring (one batched write). The
-        ring has room for every RX frame, so this never has to wait."""
+    def recycle(self, addrs) -> None:
+        """Give RX frames (a list or array of UMEM offsets) back to the kernel through the
+        fill ring, in one write. The ring has room for every RX frame: this never waits."""
         n = len(addrs)
         if n == 0:
             return
         f = self.fill
         # Ring addresses are relative to this socket's part; aligned chunk mode wants the
         # frame's start, whatever offset RX gave.
-        rel = addrs - np.uint64(self.base)
-        f.desc[f.slots(self._fill_ctr, n)] = rel - rel % np.uint64(self.umem.frame_size)
+        fs = self.umem.frame_size
+        if n <= SMALL_BATCH:
+            for i, a in enumerate(addrs):
+                rel = int(a) - self.base
+                _ADDR_S.pack_into(f.mm, f.desc_off + 8 * ((self._fill_ctr + i) & f.mask),
+                                  rel - rel % fs)
+        else:
+            rel = np.asarray(addrs, np.uint64) - np.uint64(self.base)
+            f.desc[f.slots(self._fill_ctr, n)] = rel - rel % np.uint64(fs)
         self._fill_ctr = (self._fill_ctr + n) & _U32
         f.publish_producer(self._fill_ctr)
         if f.needs_wakeup:
@@ -318,20 +340,26 @@ class XskSocket:
                 return None
         return self._tx_free.pop()
 
-    def tx_submit(self, addrs: list[int], lens: list[int]) -> None:
+    def tx_submit(self, addrs: list[int], lens: list[int]) -> int:
         """Put written frames on the TX ring (in order), then kick. The TX ring is as large
-        as the TX pool, so there is always room for a frame taken from tx_frame()."""
+        as the TX pool, so there is always room for a frame taken from tx_frame(). Returns
+        the frames still waiting on the ring (see kick)."""
         n = len(addrs)
         if n == 0:
-            return
+            return 0
         t = self.tx_ring
-        idx = t.slots(self._tx_ctr, n)
-        t.desc["addr"][idx] = np.asarray(addrs, np.uint64) - np.uint64(self.base)
-        t.desc["len"][idx] = lens
-        t.desc["options"][idx] = 0
+        if n <= SMALL_BATCH:
+            for i in range(n):
+                _DESC_S.pack_into(t.mm, t.desc_off + 16 * ((self._tx_ctr + i) & t.mask),
+                                  addrs[i] - self.base, lens[i])
+        else:
+            idx = t.slots(self._tx_ctr, n)
+            t.desc["addr"][idx] = np.asarray(addrs, np.uint64) - np.uint64(self.base)
+            t.desc["len"][idx] = lens
+            t.desc["options"][idx] = 0
         self._tx_ctr = (self._tx_ctr + n) & _U32
         t.publish_producer(self._tx_ctr)
-        self.kick()
+        return self.kick()
 
     def tx_pending(self) -> int:
         """Frames on the TX ring the kernel has not taken yet."""
@@ -366,8 +394,13 @@ class XskSocket:
         """Take transmitted frames off the completion ring, back into the TX free list."""
         c = self.comp
         n = (c.producer - self._comp_ctr) & _U32
-        if n:
+        if n and n <= SMALL_BATCH:
+            for i in range(self._comp_ctr, self._comp_ctr + n):
+                self._tx_free.append(_ADDR_S.unpack_from(c.mm, c.desc_off + 8 * (i & c.mask))[0]
+                                     + self.base)
+        elif n:
             self._tx_free.extend((c.desc[c.slots(self._comp_ctr, n)] + np.uint64(self.base)).tolist())
+        if n:
             self._comp_ctr = (self._comp_ctr + n) & _U32
             c.publish_consumer(self._comp_ctr)
         return n
@@ -391,5 +424,3 @@ class XskSocket:
         self.sock.close()
 
 
-_EMPTY_U64 = np.zeros(0, np.uint64)
-_EMPTY_U32 = np.zeros(0, np.uint32)

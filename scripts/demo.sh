@@ -3,6 +3,12 @@
 # loopback, send one signed invoke, print the streamed answer and its TTFT, stop the daemon.
 #
 #   bash scripts/demo.sh ["your question"]
+#   bash scripts/demo.sh --ingress xdp ["your question"]     # as root: the XDP fast path
+#
+# With --ingress xdp the demo makes a private veth testbed (scripts/xdp-testbed.sh: two network
+# namespaces, removed on exit), runs the daemon in one with the XDP program attached to its
+# veth end and AF_XDP sockets on its queues, sends the invoke from the other, and prints the
+# XDP program's counters.
 #
 # Everything it creates (a fresh key, the daemon's log) lives in a temporary directory that
 # is removed on any exit; the daemon is stopped on any exit too.
@@ -11,6 +17,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+ingress=udp
+if [[ ${1:-} == --ingress ]]; then
+  ingress=${2:?--ingress needs udp or xdp}
+  shift 2
+fi
+case $ingress in
+  udp) ;;
+  xdp)
+    if ((EUID != 0)); then
+      echo "demo: --ingress xdp needs root (XDP, AF_XDP, network namespaces)" >&2
+      exit 2
+    fi
+    ;;
+  *) echo "demo: --ingress must be udp or xdp" >&2; exit 2 ;;
+esac
 question=${1:-"What is the capital of France?"}
 ready_timeout=${ZL_DEMO_READY_TIMEOUT:-300}
 
@@ -20,6 +41,7 @@ bin=.venv/bin
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/zerolayer-demo.XXXXXX")
 log=$tmp/zerolayerd.log
 daemon_pid=
+bed=
 
 cleanup() {
   local rc=$?
@@ -36,6 +58,9 @@ cleanup() {
     sed 's/^/  | /' "$log" >&2
   fi
   rm -rf "$tmp"
+  if [[ -n $bed ]]; then
+    bash scripts/xdp-testbed.sh down "$bed"
+  fi
   exit "$rc"
 }
 trap cleanup EXIT
@@ -48,10 +73,22 @@ trap 'exit 143' TERM
 metrics_port=$("$bin/python" -c \
   'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
+host=127.0.0.1
+srv_exec=() cli_exec=()
+extra=()
+if [[ $ingress == xdp ]]; then
+  bed="zldemo$$"
+  bash scripts/xdp-testbed.sh up "$bed" >/dev/null
+  srv_exec=(ip netns exec "$bed-srv") cli_exec=(ip netns exec "$bed-cli")
+  host=10.201.0.1
+  extra=(--network-ingress xdp --network-interface zl-s)
+  echo "demo: testbed $bed-srv (daemon, veth zl-s $host) <-> $bed-cli (client)"
+fi
+
 echo "demo: starting zerolayerd (the first start compiles the kernels, about a minute)"
 # --network-port 0: the kernel picks a free UDP port; the ready line says which.
-"$bin/zerolayerd" --network-host 127.0.0.1 --network-port 0 \
-  --metrics-port "$metrics_port" --security-keys-file "$tmp/keys" 2>"$log" &
+"${srv_exec[@]}" "$bin/zerolayerd" --network-host "$host" --network-port 0 \
+  --metrics-port "$metrics_port" --security-keys-file "$tmp/keys" "${extra[@]}" 2>"$log" &
 daemon_pid=$!
 
 port=
@@ -68,12 +105,23 @@ while [[ -z $port ]]; do
     exit 1
   fi
   sleep 0.2
-  port=$(sed -n 's/^zerolayerd: ready on 127\.0\.0\.1:\([0-9][0-9]*\).*/\1/p' "$log")
+  port=$(sed -n "s/^zerolayerd: ready on ${host//./\\.}:\([0-9][0-9]*\).*/\1/p" "$log")
 done
 sed 's/^/  | /' "$log"
 
 echo "demo: zerolayer invoke -v \"$question\""
-"$bin/zerolayer" invoke -v --addr "127.0.0.1:$port" --keys-file "$tmp/keys" "$question"
+"${cli_exec[@]}" "$bin/zerolayer" invoke -v --addr "$host:$port" --keys-file "$tmp/keys" "$question"
+if [[ $ingress == xdp ]]; then
+  sleep 0.5  # the daemon copies the kernel's counters every 0.25 s
+  echo "demo: the XDP program's counters (zerolayer_xdp_packets_total, non-zero):"
+  "${srv_exec[@]}" "$bin/python" -c '
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+for line in text.splitlines():
+    if line.startswith("zerolayer_xdp_packets_total{") and not line.endswith(" 0.0"):
+        print("  |", line)
+' "$metrics_port"
+fi
 
 echo "demo: stopping zerolayerd (SIGTERM drains, then it exits)"
 kill -TERM "$daemon_pid"

@@ -1,0 +1,480 @@
+#!/usr/bin/env python
+"""The XDP fast path against the UDP path and an HTTP /health, side by side in one run (issue 4).
+
+    sudo .venv/bin/python bench/bench_xdp.py [--quick] [--out PATH]
+
+Everything runs on the veth testbed (scripts/xdp-testbed.sh): the servers in namespace
+<name>-srv behind veth zl-s (10.201.0.1), the clients in <name>-cli (10.201.0.2). Traffic never
+leaves the two namespaces, which are deleted at the end.
+
+1. PING round trip, p50/p99 over --pings pings after 300 warm-ups, each side in two blocks
+   (A B C D D C B A order, so drift hits every side alike):
+   - zerolayerd --network-ingress xdp (busy-polling): authenticated PING/PONG through the XDP
+     program and the AF_XDP rings;
+   - zerolayerd --network-ingress udp (busy-polling): the same through recvmmsg/sendto;
+   - the AF_XDP rings alone: an echo loop on daemon/xdp_io.XdpIO with no protocol (the
+     transport's floor in Python);
+   - HTTP GET /health on uvicorn + FastAPI (what vLLM serves), one keep-alive connection,
+     over the same veth, and over loopback inside the server namespace.
+   The client is a minimal loop: pre-signed PINGs (fresh nonces), send, blocking recv. Servers
+   are pinned to CPU 0 (one model thread), the client thread to CPU 1.
+2. TTFT of the chat question ("What is the capital of France?", greedy, max_tokens 16) over
+   AF_XDP and over UDP, the project's SDK as client, --ttft requests per side in two blocks.
+3. Flood (daemon not busy-polling, so its CPU time is work): TTFT of --flood-requests
+   sequential chat questions and the daemon's CPU seconds over that window, without and with
+   a garbage flood (valid-looking headers, bad magic) sent from the client namespace by a
+   sendmmsg loop at its maximum rate. The questions are sent at a fixed rate (one every
+   0.5 s), so the daemon's CPU share over the window is its work, not a busy loop, for the XDP daemon and the UDP daemon. The daemon is
+   pinned to CPU 0 with one model thread; the flood generator to CPU 1. Target (XDP): TTFT and
+   daemon CPU rise by at most 10%. The XDP drop counters and the generator's rate are reported.
+
+Results: JSON under bench/results/ (gitignored) and a markdown table on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime as _dt
+import http.client
+import json
+import os
+import platform
+import secrets
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PY = REPO / ".venv" / "bin" / "python"
+BENCH_PY = REPO / ".venv-bench" / "bin" / "python"
+RESULTS = REPO / "bench" / "results"
+TESTBED = REPO / "scripts" / "xdp-testbed.sh"
+SRV_IF, SRV_V4, CLI_V4 = "zl-s", "10.201.0.1", "10.201.0.2"
+PORT, METRICS_PORT, HTTP_PORT = 7433, 9433, 8080
+QUESTION = "What is the capital of France?"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# PING phase: every server pinned to CPU 0, the client thread to CPU 1. Unpinned, the
+# scheduler often wakes the client on the CPU where the busy-polling server spins (the reply's
+# softirq runs there), and a round trip then costs 2x, in runs that differ only by chance.
+SERVER_CPU, CLIENT_CPU = 0, 1
+PIN = ["--cpu-cpus", str(SERVER_CPU), "--model-threads", "1"]
+
+sys.path.insert(0, str(REPO / "bench"))
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def in_netns(name: str, fn):
+    """fn() on a thread inside network namespace `name`; sockets made there stay there."""
+    out: dict = {}
+
+    def body():
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, 0x40000000) != 0:
+                raise OSError(ctypes.get_errno(), "setns")
+        finally:
+            os.close(fd)
+        try:
+            out["v"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            out["e"] = e
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if "e" in out:
+        raise out["e"]
+    return out.get("v")
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        rest = f.read().rsplit(")", 1)[1].split()
+    return (int(rest[11]) + int(rest[12])) / CLK_TCK
+
+
+# ---------------------------------------------------------------------------- servers
+
+class Daemon:
+    def __init__(self, ns: str, tmp: Path, ingress: str, busy: bool, extra: list[str] = (),
+                 taskset: str | None = None):
+        self.key_id, self.secret = 1, secrets.token_bytes(32)
+        keys = tmp / f"keys-{uuid.uuid4().hex[:6]}"
+        keys.write_text(f"{self.key_id} {self.secret.hex()}\n")
+        os.chmod(keys, 0o600)
+        self.log_path = tmp / f"zerolayerd-{ingress}-{uuid.uuid4().hex[:6]}.log"
+        cmd = [str(PY), "-m", "zerolayer.daemon.server", "--security-keys-file", str(keys),
+               "--network-host", "0.0.0.0", "--network-port", str(PORT),
+               "--metrics-port", str(METRICS_PORT), "--network-ingress", ingress,
+               "--network-interface", SRV_IF, "--network-busy-poll", str(busy).lower(), *extra]
+        if taskset:
+            cmd = ["taskset", "-c", taskset, *cmd]
+        self.ns = ns
+        self.cmd = ["ip", "netns", "exec", ns, *cmd]
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL,
+                                     stderr=open(self.log_path, "w"))
+        end = time.monotonic() + 300
+        while "ready on" not in self.log_path.read_text():
+            if self.proc.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"zerolayerd failed:\n{self.log_path.read_text()}")
+            time.sleep(0.05)
+
+    def metrics(self) -> str:
+        return in_netns(self.ns, lambda: urllib.request.urlopen(
+            f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def xdp_counts(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("zerolayer_xdp_packets_total{"):
+            reason = line.split('reason="')[1].split('"')[0]
+            out[reason] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(("zerolayer_xsk_rx_dropped_total ", "zerolayer_ingress_datagrams_total ")):
+            out[line.split(" ")[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+ECHO_SERVER = r"""
+import sys, time
+from zerolayer.daemon.xdp_io import XdpIO, XdpSettings
+io = XdpIO.open(XdpSettings(sys.argv[1], (int(sys.argv[2]),)))
+print("ready", flush=True)
+end = time.monotonic() + float(sys.argv[3])
+while time.monotonic() < end:
+    b = io.recv_batch()
+    if b:
+        io.send_batch(b)
+io.close()
+"""
+
+HEALTH_APP = r"""
+from fastapi import FastAPI
+app = FastAPI()
+
+@app.get("/health")
+def health():
+    return {"status": "ok"}
+"""
+
+
+def start_proc(ns: str, cmd: list[str], ready: str | None, tmp: Path, name: str):
+    path = tmp / f"{name}.log"
+    p = subprocess.Popen(["ip", "netns", "exec", ns, *cmd], stdout=open(path, "w"),
+                         stderr=subprocess.STDOUT, cwd=tmp)
+    end = time.monotonic() + 60
+    while ready is not None and ready not in path.read_text():
+        if p.poll() is not None or time.monotonic() > end:
+            raise RuntimeError(f"{name} failed:\n{path.read_text()}")
+        time.sleep(0.05)
+    return p
+
+
+def stop_proc(p) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+# ---------------------------------------------------------------------------- clients
+
+def signed_pings(key_id: int, secret: bytes, n: int) -> list[bytes]:
+    from zerolayer.daemon import wire
+    from zerolayer.daemon.wire import MsgType
+    now = time.time_ns() // 1000
+    return [wire.encode_control(MsgType.PING, key_id, secret, secrets.token_bytes(16), now,
+                                secrets.token_bytes(32)) for _ in range(n)]
+
+
+def udp_rtts(ns: str, host: str, datagrams: list[bytes], warm: int) -> list[float]:
+    def run():
+        os.sched_setaffinity(0, {CLIENT_CPU})  # this thread only
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.connect((host, PORT))
+        s.settimeout(2.0)
+        out = []
+        for d in datagrams:
+            t = time.perf_counter_ns()
+            s.send(d)
+            s.recv(4096)
+            out.append((time.perf_counter_ns() - t) / 1e3)
+        s.close()
+        return out[warm:]
+    return in_netns(ns, run)
+
+
+def http_rtts(ns: str, host: str, n: int, warm: int) -> list[float]:
+    def run():
+        os.sched_setaffinity(0, {CLIENT_CPU})
+        c = http.client.HTTPConnection(host, HTTP_PORT, timeout=5)
+        out = []
+        for _ in range(n + warm):
+            t = time.perf_counter_ns()
+            c.request("GET", "/health")
+            r = c.getresponse()
+            r.read()
+            assert r.status == 200
+            out.append((time.perf_counter_ns() - t) / 1e3)
+        c.close()
+        return out[warm:]
+    return in_netns(ns, run)
+
+
+def ttfts(ns: str, d: Daemon, n: int, interval: float = 0.0) -> list[float]:
+    """TTFT of n chat questions, one after another; with `interval`, each starts `interval`
+    seconds after the previous one started (a fixed request rate)."""
+    from zerolayer.daemon.client import Client
+    from zerolayer.daemon.wire import ChatMessage
+
+    def run():
+        c = Client((SRV_V4, PORT), d.key_id, d.secret, timeout=30)
+        out = []
+        start = time.perf_counter()
+        for i in range(n):
+            if interval:
+                time.sleep(max(0.0, start + i * interval - time.perf_counter()))
+            t = time.perf_counter()
+            with c.stream(messages=[ChatMessage("user", QUESTION)], max_tokens=16) as s:
+                for chunk in s:
+                    if chunk:
+                        out.append((time.perf_counter() - t) * 1e3)
+                        break
+                for _ in s:
+                    pass
+        return out
+    return in_netns(ns, run)
+
+
+FLOOD = r"""
+import signal, socket, sys, time
+from zerolayer.daemon.udp_io import BatchedUDP
+stop = []
+signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+s.connect((sys.argv[1], int(sys.argv[2])))
+u = BatchedUDP(s, batch=64)
+# a valid-looking header (magic corrupted): what a scanner or a broken client sends
+dg = b"XXXX" + bytes([1, 4]) + (80).to_bytes(2, "little") + (112).to_bytes(2, "little") + bytes(102)
+items = [(dg, (sys.argv[1], int(sys.argv[2])))] * 64
+t0 = time.monotonic()
+end = t0 + float(sys.argv[3])
+n = 0
+while not stop and time.monotonic() < end:
+    n += u.send_batch(items)
+print(f"sent {n} {time.monotonic() - t0:.3f}", flush=True)
+"""
+
+
+FLOOD_INTERVAL_S = 0.5  # one request every 0.5 s: the daemon is mostly idle between them
+
+
+def flood_phase(bed: tuple[str, str], tmp: Path, ingress: str, n_req: int) -> dict:
+    srv, cli = bed
+    d = Daemon(srv, tmp, ingress, busy=False, taskset="0",
+               extra=["--model-threads", "1", "--cpu-cpus", "0"])
+    try:
+        ttfts(cli, d, 3)  # warm: prefix cache, first-request paths
+        out = {}
+        for label in ("quiet", "flood"):
+            gen = None
+            if label == "flood":
+                dur = 600
+                gen = subprocess.Popen(["ip", "netns", "exec", cli, "taskset", "-c", "1", str(PY),
+                                        "-c", FLOOD, SRV_V4, str(PORT), str(dur)],
+                                       stdout=subprocess.PIPE, text=True)
+                time.sleep(1.0)
+            before = xdp_counts(d.metrics())
+            c0, t0 = proc_cpu_s(d.proc.pid), time.monotonic()
+            tt = ttfts(cli, d, n_req, interval=FLOOD_INTERVAL_S)
+            c1, t1 = proc_cpu_s(d.proc.pid), time.monotonic()
+            time.sleep(0.5)  # the daemon copies kernel counters every 0.25 s
+            after = xdp_counts(d.metrics())
+            sent = outp = None
+            if gen is not None:
+                gen.send_signal(signal.SIGINT)
+                try:
+                    outp, _ = gen.communicate(timeout=10)
+                except subprocess.TimeoutExpired:
+                    gen.kill()
+                    outp, _ = gen.communicate()
+            if outp:
+                n_sent, secs = outp.split()[1:3]
+                sent = int(n_sent) / float(secs)
+            delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+            out[label] = {"ttft_ms": tt, "ttft_p50_ms": statistics.median(tt),
+                          "daemon_cpu_s": c1 - c0, "wall_s": t1 - t0,
+                          "daemon_cpu_share": (c1 - c0) / (t1 - t0),
+                          "counters": {k: v for k, v in delta.items() if v},
+                          "flood_pps": sent}
+            log(f"  {ingress} {label}: TTFT p50 {out[label]['ttft_p50_ms']:.1f} ms, daemon CPU "
+                f"{out[label]['daemon_cpu_share']:.1%} over {t1 - t0:.1f} s, counters "
+                f"{out[label]['counters']}, flood {sent or 0:.0f} datagrams/s")
+        return out
+    finally:
+        d.stop()
+
+
+# ---------------------------------------------------------------------------- main
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pings", type=int, default=3000)
+    ap.add_argument("--ttft", type=int, default=30)
+    ap.add_argument("--flood-requests", type=int, default=20)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=["ping", "ttft", "flood"], help="run one part")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    if a.quick:
+        a.pings, a.ttft, a.flood_requests = 500, 6, 6
+    if os.geteuid() != 0:
+        print("needs root (namespaces, XDP)", file=sys.stderr)
+        return 2
+    warm = 300
+    name = f"zlb{uuid.uuid4().hex[:6]}"
+    subprocess.run(["bash", str(TESTBED), "up", name], check=True, stdout=subprocess.DEVNULL)
+    bed = (f"{name}-srv", f"{name}-cli")
+    srv, cli = bed
+    tmp = Path(tempfile.mkdtemp(prefix="zl-bench-xdp-"))
+    res: dict = {"ping_us": {}, "ttft_ms": {}, "flood": {}}
+    try:
+        (tmp / "health_app.py").write_text(HEALTH_APP)
+        # --- 1. ping ----------------------------------------------------------------------
+        sides = ["xdp", "udp", "ring", "http_veth", "http_lo"]
+        samples: dict[str, list[float]] = {s: [] for s in sides}
+        for block in (sides, sides[::-1]) if a.only in (None, "ping") else ():
+            for side in block:
+                log(f"ping: {side}")
+                if side in ("xdp", "udp"):
+                    d = Daemon(srv, tmp, side, busy=True, extra=PIN, taskset=str(SERVER_CPU))
+                    try:
+                        samples[side] += udp_rtts(cli, SRV_V4, signed_pings(
+                            d.key_id, d.secret, a.pings + warm), warm)
+                    finally:
+                        d.stop()
+                elif side == "ring":
+                    p = start_proc(srv, ["taskset", "-c", str(SERVER_CPU), str(PY), "-c", ECHO_SERVER, SRV_IF, str(PORT), "120"],
+                                   "ready", tmp, "ring-echo")
+                    try:
+                        samples[side] += udp_rtts(cli, SRV_V4, signed_pings(
+                            1, b"k" * 32, a.pings + warm), warm)
+                    finally:
+                        stop_proc(p)
+                else:
+                    p = start_proc(srv, ["taskset", "-c", str(SERVER_CPU), str(BENCH_PY), "-m", "uvicorn", "health_app:app",
+                                         "--host", "0.0.0.0", "--port", str(HTTP_PORT),
+                                         "--log-level", "warning", "--no-access-log"],
+                                   None, tmp, "uvicorn")
+                    try:
+                        end = time.monotonic() + 30
+                        while True:
+                            try:
+                                http_rtts(srv, "127.0.0.1", 1, 0)
+                                break
+                            except OSError:
+                                if time.monotonic() > end:
+                                    raise
+                                time.sleep(0.1)
+                        if side == "http_veth":
+                            samples[side] += http_rtts(cli, SRV_V4, a.pings, warm)
+                        else:
+                            samples[side] += http_rtts(srv, "127.0.0.1", a.pings, warm)
+                    finally:
+                        stop_proc(p)
+        for s in sides if a.only in (None, "ping") else ():
+            res["ping_us"][s] = {"p50": pct(samples[s], 0.5), "p99": pct(samples[s], 0.99),
+                                 "n": len(samples[s])}
+        # --- 2. TTFT ----------------------------------------------------------------------
+        tt: dict[str, list[float]] = {"xdp": [], "udp": []}
+        for side in ("xdp", "udp", "udp", "xdp") if a.only in (None, "ttft") else ():
+            log(f"ttft: {side}")
+            d = Daemon(srv, tmp, side, busy=True)
+            try:
+                ttfts(cli, d, 3)  # warm: the prefix cache holds the question after one run
+                tt[side] += ttfts(cli, d, a.ttft // 2)
+            finally:
+                d.stop()
+        for s, v in tt.items() if a.only in (None, "ttft") else ():
+            res["ttft_ms"][s] = {"p50": statistics.median(v), "p99": pct(v, 0.99), "n": len(v)}
+        # --- 3. flood ---------------------------------------------------------------------
+        for side in ("xdp", "udp") if a.only in (None, "flood") else ():
+            log(f"flood: {side}")
+            res["flood"][side] = flood_phase(bed, tmp, side, a.flood_requests)
+    finally:
+        subprocess.run(["bash", str(TESTBED), "down", name], check=False)
+
+    p, f, t = res["ping_us"], res["flood"], res["ttft_ms"]
+    r = res["ratios"] = {}
+    if p:
+        r["ping_p50_xdp_over_udp"] = p["xdp"]["p50"] / p["udp"]["p50"]
+        r["ping_p50_xdp_over_http_veth"] = p["xdp"]["p50"] / p["http_veth"]["p50"]
+    if t:
+        r["ttft_p50_xdp_over_udp"] = t["xdp"]["p50"] / t["udp"]["p50"]
+    for s in f:
+        r[f"flood_{s}_ttft_rise"] = f[s]["flood"]["ttft_p50_ms"] / f[s]["quiet"]["ttft_p50_ms"]
+        r[f"flood_{s}_cpu_rise"] = (f[s]["flood"]["daemon_cpu_share"]
+                                    / max(f[s]["quiet"]["daemon_cpu_share"], 1e-9))
+    res["meta"] = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                   "command": " ".join(shlex.quote(x) for x in sys.argv),
+                   "machine": platform.platform(), "cpus": os.cpu_count(),
+                   "cpu_model": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
+                                      if ln.startswith("model name")), "?"),
+                   "kernel": platform.release(), "quick": a.quick, "only": a.only,
+                   "loadavg": os.getloadavg()}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = Path(a.out) if a.out else RESULTS / f"xdp-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(res, indent=1))
+    print(f"\nresults: {out}\n")
+    print("| PING round trip | p50 µs | p99 µs |\n|---|---|---|")
+    labels = {"xdp": "zerolayerd over AF_XDP", "udp": "zerolayerd over UDP",
+              "ring": "AF_XDP rings alone (echo, no protocol)",
+              "http_veth": "uvicorn+FastAPI GET /health over veth",
+              "http_lo": "uvicorn+FastAPI GET /health over loopback"}
+    for s, lab in labels.items() if p else ():
+        print(f"| {lab} | {p[s]['p50']:.1f} | {p[s]['p99']:.1f} |")
+    if t:
+        print(f"\nTTFT p50: AF_XDP {t['xdp']['p50']:.1f} ms, UDP {t['udp']['p50']:.1f} ms")
+    for s in f:
+        print(f"flood {s}: TTFT p50 {f[s]['quiet']['ttft_p50_ms']:.1f} -> "
+              f"{f[s]['flood']['ttft_p50_ms']:.1f} ms, daemon CPU "
+              f"{f[s]['quiet']['daemon_cpu_share']:.1%} -> {f[s]['flood']['daemon_cpu_share']:.1%}"
+              f", counters under flood {f[s]['flood']['counters']}, generator "
+              f"{f[s]['flood']['flood_pps'] or 0:.0f} datagrams/s")
+    print("\nratios:", json.dumps({k: round(v, 3) for k, v in res["ratios"].items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -166,7 +166,8 @@ class Daemon:
         try:
             io = XdpIO.open(XdpSettings(n.interface, (port,), attach_mode=n.xdp_attach,
                                         xsk_mode=n.xsk_mode, ring_size=n.xsk_ring_size,
-                                        rate_pps=n.xdp_rate_pps, rate_burst=n.xdp_rate_burst))
+                                        rate_pps=n.xdp_rate_pps, rate_burst=n.xdp_rate_burst,
+                                        pin_dir=n.xdp_pin_dir))
         except (OSError, RuntimeError, ValueError) as e:
             if n.ingress == "xdp":
                 raise OSError(f"XDP ingress on {n.interface}: {e}") from e
@@ -174,7 +175,7 @@ class Daemon:
             return None
         log(f"XDP attached to {n.interface} ({n.xdp_attach}), {len(io.socks)} AF_XDP socket(s), "
             f"{'zero-copy' if io.zerocopy else 'copy mode'}; BCC compile "
-            f"{io.compile_seconds:.2f} s")
+            f"{io.compile_seconds:.2f} s" + (f"; maps pinned in {n.xdp_pin_dir}" if io.pins else ""))
         self.metrics.xdp_attached.set(1)
         return io
 

@@ -38,6 +38,7 @@ class XdpSettings:
     frame_size: int = 4096
     rate_pps: int = 0             # per-source token bucket in the kernel; 0 = off
     rate_burst: int = 0
+    pin_dir: str = ""             # bpffs directory for the maps; "" = no pins
 
 
 class XdpIO:
@@ -53,6 +54,7 @@ class XdpIO:
         self.tx_no_frame = 0          # replies dropped: every TX frame in flight (RESEND recovers)
         self.tx_backlog = False       # frames left on a TX ring by a busy kernel: poll_tx()
         self.compile_seconds = prog.compile_stats.seconds
+        self.pins: dict = {}           # map name -> pinned path (settings.pin_dir)
 
     @classmethod
     def open(cls, s: XdpSettings) -> "XdpIO":
@@ -69,6 +71,8 @@ class XdpIO:
                                        ring_size=s.ring_size, mode=s.xsk_mode))
                 prog.register_xsk(q, socks[-1].fileno())
             io = cls(s, prog, umem, socks)
+            if s.pin_dir:
+                io.pins = prog.pin_maps(s.pin_dir)
             io.link = prog.attach(s.ifname, mode=s.attach_mode)
             return io
         except BaseException:
@@ -160,6 +164,8 @@ class XdpIO:
             self.prog.unregister_xsk(x.queue)
             x.close()
         self.socks = []
+        for path in self.pins.values():  # a pin would keep the maps alive after we are gone
+            path.unlink(missing_ok=True)
         self.prog.close()
         self.umem.close()
 

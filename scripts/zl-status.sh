@@ -54,7 +54,7 @@ awk '
     if (i = index(line, "{")) {
       name = substr(line, 1, i - 1)
       label = substr(line, i + 1); sub(/}$/, "", label)
-      sub(/^[a-z_]+="/, "", label); sub(/"$/, "", label)
+      nl = split(label, lp, "=\""); label = lp[nl]; sub(/"$/, "", label)   # last label value
     }
     v[name, label] = value + 0
     labels[name] = labels[name] (labels[name] == "" ? "" : SUBSEP) label
@@ -109,6 +109,10 @@ awk '
     one("model runs", "zerolayer_model_runs_total", "%d")
     printf "  %-16s %s\n", "idempotent hits", by_label("zerolayer_idempotent_hits_total", 0)
     one("datagrams in", "zerolayer_ingress_datagrams_total", "%d")
+    if (v["zerolayer_xdp_attached", ""] == 1) {
+      printf "  %-16s %s\n", "xdp packets", by_label("zerolayer_xdp_packets_total", 1)
+      one("xsk rx dropped", "zerolayer_xsk_rx_dropped_total", "%d")
+    }
     if (("zerolayer_kv_cache_usage_ratio", "") in v)
       printf "  %-16s %.1f%%\n", "kv cache used", 100 * v["zerolayer_kv_cache_usage_ratio", ""]
     hist("ttft", "zerolayer_time_to_first_token_seconds")

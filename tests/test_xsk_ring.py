@@ -5,6 +5,7 @@ Root only (CI runs as root); nothing here touches the host's own interfaces."""
 from __future__ import annotations
 
 import os
+import subprocess
 import secrets
 import socket
 import time
@@ -135,3 +136,22 @@ def test_ring_occupancy_and_kernel_counters(bed):
     assert occ["fill"] > 0  # RX frames are waiting in the fill ring for the kernel
     counts = io.packet_counts()
     assert counts["drop_bad_magic"] == 0 and counts["redirect"] > 0
+
+
+def test_pinned_maps_for_ops_tools_go_away_on_close(tmp_path):
+    d = tmp_path / "bpffs"
+    d.mkdir()
+    subprocess.run(["mount", "-t", "bpf", "bpf", str(d)], check=True)
+    try:
+        with xdp_testbed() as (srv, cli):
+            io = in_netns(srv, lambda: XdpIO.open(XdpSettings(
+                SRV_IF, (PORT,), ring_size=512, pin_dir=str(d / "zerolayer"))))
+            try:
+                assert sorted(p.name for p in io.pins.values()) == [
+                    "zl_ports", "zl_rate_cfg", "zl_rate_state", "zl_stats", "zl_xsks"]
+                assert all(p.exists() for p in io.pins.values())
+            finally:
+                io.close()
+            assert not any((d / "zerolayer").iterdir())
+    finally:
+        subprocess.run(["umount", str(d)], check=True)

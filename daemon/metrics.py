@@ -38,6 +38,9 @@ class Metrics:
                              registry=r)
         self.build = Gauge("zerolayer_build_info", "Build information", ["version"], registry=r)
         self.build.labels(__version__).set(1)
+        self.backend = Gauge("zerolayer_model_backend_info",
+                             "Where the model runs (set once at start; gpu/backend.py)",
+                             ["backend", "device"], registry=r)
         self.datagrams = Counter("zerolayer_ingress_datagrams", "Datagrams received", registry=r)
         self.idempotent = Counter("zerolayer_idempotent_hits",
                                   "Duplicate request ids served without running the model",

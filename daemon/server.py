@@ -128,6 +128,8 @@ class Daemon:
             gen.model.arena = KVArena(cfgm.n_layer, cfgm.n_kv, cfgm.head_dim, e.kv_blocks,
                                       gen.model.max_seq_len)
         self.model, self.tokenizer = gen.model, gen.tokenizer
+        from zerolayer.gpu import backend
+        self.metrics.backend.labels(backend.NAME, getattr(self.model, "device", "cpu")).set(1)
         self.engine = Engine(self.model, self.tokenizer, on_text=self._on_text, on_done=self._on_done,
                              on_error=self._on_engine_error, max_running=e.max_running,
                              max_waiting=e.max_waiting, step_tokens=e.step_tokens)

@@ -46,3 +46,6 @@ def _configure_numba() -> None:
 
 
 _configure_numba()
+
+# The device is chosen here, before anything imports numba (see backend.py).
+from . import backend  # noqa: E402,F401

@@ -17,6 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
+from . import backend
 from .errors import ContextOverflowError
 from .model import LlamaModel, StepInput, set_threads
 from .ops.sampling import sample
@@ -72,6 +73,17 @@ def encode_prompt(tokenizer: Tokenizer, vocab: int, prompt: str | None = None,
     return ids.astype(np.int32)
 
 
+def on_backend(model: LlamaModel):
+    """The model as the chosen backend runs it (gpu/backend.py): the CPU model itself, or a
+    CudaModel over the same weights. Both have the same step/new_sequence/arena interface."""
+    if not backend.ON_DEVICE:
+        return model
+    if not backend.USABLE:
+        raise backend.BackendUnavailable(backend.REASON)
+    from .cuda.forward import CudaModel
+    return CudaModel(model)
+
+
 def prefill(model: LlamaModel, seq, ids: np.ndarray) -> np.ndarray:
     """Run a prompt through the model in chunks; logits of its last token."""
     for i in range(0, len(ids), PREFILL_CHUNK):
@@ -93,11 +105,13 @@ class Generator:
         log = log or (lambda msg: None)
         t0 = time.perf_counter()
         n = set_threads(threads)
-        model = LlamaModel.load(path, max_seq_len=max_seq_len)
+        model = on_backend(LlamaModel.load(path, max_seq_len=max_seq_len))
         tok = model.tokenizer()
         c = model.cfg
+        where = (f"{n} CPU threads" if not backend.ON_DEVICE
+                 else f"{backend.NAME} ({model.device})")
         log(f"loaded {c.name} ({c.n_layer} layers, d={c.d_model}, vocab {c.vocab}, "
-            f"context {model.max_seq_len}) in {time.perf_counter() - t0:.2f} s, {n} threads")
+            f"context {model.max_seq_len}) in {time.perf_counter() - t0:.2f} s, on {where}")
         gen = cls(model, tok)
         if warmup:
             t1 = time.perf_counter()

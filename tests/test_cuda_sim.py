@@ -30,9 +30,9 @@ CASES = [
     "embed_q4_1", "embed_q4_0", "embed_q8_0", "embed_f32",
     *[f"matmul_{qt}_T{T}" for qt in ("q4_1", "q4_0", "q8_0", "f16") for T in (1, 3, 11)],
     "kv_write", "attention_splits1", "attention_splits3", "attention_gqa1",
-    "forward_tiny_model",
+    "forward_tiny_model", "backend_greedy_prefix",
 ]
-TOL = {"kv_write": 0.0, "forward_tiny_model": 1e-4}
+TOL = {"kv_write": 0.0, "forward_tiny_model": 1e-4, "backend_greedy_prefix": 0.0}
 ELEMENTWISE = ("rope", "swiglu", "add", "embed_")
 CHILD_TIMEOUT_S = 300
 
@@ -229,13 +229,57 @@ def _child() -> None:
             errs.append(rel(out[1], out[0]))
         return max(errs)
 
+    def case_backend_greedy_prefix():
+        """What the daemon runs with ZEROLAYER_GPU_BACKEND=sim: gpu.backend chose the
+        simulator, generate.on_backend wrapped the model in a CudaModel, and greedy decoding
+        after a prefix-cache reuse (KV blocks copied within the *device* pools) gives the same
+        tokens as the CPU model. Returns the fraction of tokens that differ."""
+        import tempfile
+
+        from gguf import GGMLQuantizationType as QT
+        from tiny_gguf import write_tiny_llama
+
+        from zerolayer.gpu import backend
+        from zerolayer.gpu.generate import on_backend
+        from zerolayer.gpu.model import LlamaModel, StepInput
+        from zerolayer.gpu.prefix_cache import PrefixCache
+
+        assert backend.NAME == "sim" and backend.ON_DEVICE, (backend.NAME, backend.REASON)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "tiny.gguf")
+            write_tiny_llama(path, override={"attn_v": QT.Q4_1})  # see forward_tiny_model
+            kw = dict(use_cache=False, max_seq_len=64, kv_blocks=2)
+            cpu, dev = LlamaModel.load(path, **kw), on_backend(LlamaModel.load(path, **kw))
+        assert type(dev).__name__ == "CudaModel" and dev.arena.k_pool is dev.fwd.k_pool
+        prompt = rng.integers(0, 200, 9).astype(np.int32)
+
+        def greedy(m, n=2):
+            pc = PrefixCache(m.arena, min_tokens=4)
+            first = m.new_sequence()
+            m.step([StepInput(first, prompt)])
+            pc.store(first, prompt)
+            seq = m.new_sequence()
+            seq.reserve(len(prompt) + n)
+            got = pc.reuse(prompt, seq)
+            assert got == len(prompt) - 1, got
+            logits = m.step([StepInput(seq, prompt[got:])])
+            out = []
+            for _ in range(n):
+                out.append(int(np.argmax(logits[0])))
+                logits = m.step([StepInput(seq, np.array(out[-1:], np.int32))])
+            return out
+
+        a, b = greedy(cpu), greedy(dev)
+        return float(np.mean(np.array(a) != np.array(b)))
+
     runs = {"shim_reductions": case_shim_reductions, "rmsnorm": case_rmsnorm, "rope": case_rope,
             "swiglu": case_swiglu, "add": case_add,
             "kv_write": case_kv_write,
             "attention_splits1": lambda: case_attention(1),
             "attention_splits3": lambda: case_attention(3),  # seq 1 has 1 block: 2 empty splits
             "attention_gqa1": lambda: case_attention(2, n_head=2, n_kv=2, hd=32),
-            "forward_tiny_model": case_forward_tiny_model}
+            "forward_tiny_model": case_forward_tiny_model,
+            "backend_greedy_prefix": case_backend_greedy_prefix}
     for qt in ("q4_1", "q4_0", "q8_0", "f32"):
         runs[f"embed_{qt}"] = (lambda q: lambda: case_embed(q))(qt)
     for qt in ("q4_1", "q4_0", "q8_0", "f16"):

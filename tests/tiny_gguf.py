@@ -22,8 +22,25 @@ def _tensor(w: gguf.GGUFWriter, name: str, arr: np.ndarray, qt: QT) -> None:
         w.add_tensor(name, gguf.quants.quantize(arr.astype(np.float32), qt), raw_dtype=qt)
 
 
+def _byte_char(b: int) -> str:
+    """GPT-2 byte-level BPE's printable stand-in for a byte (only 32..126 needed here)."""
+    return "\u0120" if b == 32 else chr(b)
+
+
+def tiny_vocab(n: int) -> list[str]:
+    """Three specials (<|endoftext|>, <|im_start|>, <|im_end|>), the printable ASCII bytes,
+    "hi" (the one merge), then distinct multi-character tokens up to n (decodable; never
+    produced by merges)."""
+    toks = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [_byte_char(b) for b in range(32, 127)]
+    toks += ["hi"] + [f"w{i}" for i in range(n - len(toks) - 1)]
+    return toks[:n]
+
+
 def write_tiny_llama(path: str, seed: int = 0, arch: str = "llama",
-                     override: dict[str, QT] | None = None) -> None:
+                     override: dict[str, QT] | None = None, tokenizer: bool = False) -> None:
+    """tokenizer=True adds a small byte-level BPE vocabulary (eos = <|im_end|>, id 2), enough
+    for the daemon to load the model and detokenize what it generates; prompts are then sent
+    as token ids."""
     c = TINY
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, arch)
@@ -37,6 +54,15 @@ def write_tiny_llama(path: str, seed: int = 0, arch: str = "llama",
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(c["vocab"])
+    if tokenizer:
+        toks = tiny_vocab(c["vocab"])
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("smollm")
+        w.add_token_list(toks)
+        w.add_token_types([3 if t.startswith("<|") else 1 for t in toks])
+        w.add_token_merges(["h i"])
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
     d, ff, dq, dkv = c["d"], c["ff"], c["n_head"] * c["hd"], c["n_kv"] * c["hd"]
     types = {"attn_q": QT.Q4_0, "attn_k": QT.Q4_1, "attn_v": QT.F16, "attn_output": QT.Q4_1,
              "ffn_gate": QT.Q4_0, "ffn_up": QT.Q4_0, "ffn_down": QT.Q8_0}

@@ -1,8 +1,8 @@
 """The one place CUDA kernels get ``cuda`` from, and what hides the simulator's gaps.
 
 Backend: ``ZEROLAYER_GPU_BACKEND=sim`` turns on Numba's CUDA simulator
-(``NUMBA_ENABLE_CUDASIM=1``) before ``numba.cuda`` is first imported; the simulator can only
-be chosen then, once per process. Anything else leaves the real CUDA target (which needs a
+(``NUMBA_ENABLE_CUDASIM=1``, set by gpu/backend.py when zerolayer.gpu is imported, before
+``numba.cuda``); the simulator can only be chosen then, once per process. Anything else leaves the real CUDA target (which needs a
 driver only to *launch*; compiling to PTX works without a GPU, see tests/test_cuda_ptx.py).
 
 Every kernel module does ``from ._cuda_shim import cuda`` and uses ``cuda.*`` through that
@@ -33,10 +33,7 @@ import os
 import sys
 import threading
 
-if os.environ.get("ZEROLAYER_GPU_BACKEND", "").lower() == "sim":
-    if "numba.cuda" in sys.modules and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-        raise RuntimeError("ZEROLAYER_GPU_BACKEND=sim must be set before numba.cuda is imported")
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+from .. import backend  # noqa: E402,F401  (ZEROLAYER_GPU_BACKEND=sim turns the simulator on)
 
 import numpy as np  # noqa: E402
 from numba import cuda, float32  # noqa: E402

@@ -161,8 +161,18 @@ class CudaModel:
     def __init__(self, model, stream=0):
         self.model = model
         self.cfg = model.cfg
+        self.path = model.path
         self.max_seq_len = model.max_seq_len
         self.fwd = CudaForward(model.cfg, model.w, model.arena.n_blocks, model.cos, model.sin, stream)
+        # The arena keeps its block bookkeeping; its pools become the device ones, so code that
+        # copies blocks (the prefix cache: pool[dst] = pool[src]) copies on the device. The host
+        # pools were never touched (np.zeros is backed lazily) and are dropped here.
+        self.arena = model.arena
+        self.arena.k_pool, self.arena.v_pool = self.fwd.k_pool, self.fwd.v_pool
+        self.device = "CUDA simulator" if SIM else cuda.get_current_device().name.decode()
+
+    def tokenizer(self):
+        return self.model.tokenizer()
 
     def new_sequence(self):
         return self.model.new_sequence()

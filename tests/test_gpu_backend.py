@@ -1,0 +1,91 @@
+"""The backend choice (gpu/backend.py) and the daemon on the device backend.
+
+The choice happens once, when zerolayer.gpu is imported, so every case runs in a fresh
+process. The device path is exercised end to end under Numba's CUDA simulator
+(ZEROLAYER_GPU_BACKEND=sim): a real zerolayerd subprocess loads a tiny GGUF (with a small
+tokenizer), wraps it in the CUDA model, and serves a signed invoke whose greedy answer must
+equal the CPU runtime's. On a machine with a GPU, auto picks cuda (checked against the
+driver probe, so this file is right on both kinds of machine).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from daemon_proc import DaemonProc
+from tiny_gguf import write_tiny_llama
+from zerolayer.daemon.client import Client
+
+
+def choose(env_value: str | None) -> list[str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ZEROLAYER_GPU_BACKEND", "NUMBA_ENABLE_CUDASIM")}
+    if env_value is not None:
+        env["ZEROLAYER_GPU_BACKEND"] = env_value
+    out = subprocess.run(
+        [sys.executable, "-c", "from zerolayer.gpu import backend as b; "
+         "print(b.NAME, b.USABLE, b.ON_DEVICE, sep='|'); print(b.REASON); "
+         "print(b.probe_cuda()[0])"],
+        env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+    return out[0].split("|") + [out[1], out[2]]
+
+
+def test_auto_follows_the_driver_probe():
+    name, usable, on_device, reason, has_gpu = choose(None)
+    assert name == ("cuda" if has_gpu == "True" else "cpu") and usable == "True"
+    assert reason  # says why: the device found, or what was missing
+    assert choose("auto")[0] == name
+
+
+def test_explicit_choices():
+    assert choose("cpu")[:3] == ["cpu", "True", "False"]
+    assert choose("sim")[:3] == ["sim", "True", "True"]
+    bogus = choose("tpu")
+    assert bogus[0] == "cpu" and "tpu" in bogus[3]
+
+
+def test_cuda_without_a_gpu_refuses_to_start_the_daemon(tmp_path):
+    name, usable, _, reason, has_gpu = choose("cuda")
+    if has_gpu == "True":
+        pytest.skip("this machine has a GPU: cuda is usable here")
+    assert (name, usable) == ("cuda", "False") and "no CUDA" in reason
+    model = tmp_path / "tiny.gguf"
+    write_tiny_llama(str(model), tokenizer=True)
+    keys = tmp_path / "keys"
+    keys.write_text("1 " + "ab" * 32 + "\n")
+    keys.chmod(0o600)
+    env = dict(os.environ, ZEROLAYER_GPU_BACKEND="cuda")
+    p = subprocess.run([sys.executable, "-m", "zerolayer.daemon.server", "--model-path", str(model),
+                        "--security-keys-file", str(keys), "--network-port", "0",
+                        "--metrics-port", "0"], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "cannot start" in p.stderr and "ZEROLAYER_GPU_BACKEND=cuda but no CUDA" in p.stderr
+
+
+def test_daemon_serves_on_the_device_backend_under_the_simulator(tmp_path):
+    """Slow by nature (every simulated GPU thread is a Python thread): 3 prompt tokens and 3
+    generated ones, on a 2-layer model."""
+    model = tmp_path / "tiny.gguf"
+    write_tiny_llama(str(model), tokenizer=True)
+    from zerolayer.gpu.generate import Generator, SamplingParams
+    cpu = Generator.load(str(model), max_seq_len=64, warmup=False)
+    want = "".join(cpu.generate(token_ids=[5, 6, 7], params=SamplingParams(max_tokens=3)))
+    want_ids = cpu.last.token_ids
+
+    d = DaemonProc(tmp_path, "--model-path", str(model), "--model-max-seq-len", "64",
+                   "--engine-kv-blocks", "4", "--engine-max-running", "2",
+                   "--cache-lease-s", "120", "--lifecycle-warmup", "false",
+                   env={"ZEROLAYER_GPU_BACKEND": "sim", "NUMBA_ENABLE_CUDASIM": "1"})
+    try:
+        assert any("on sim (CUDA simulator)" in line for line in d.log), d.log
+        assert d.metric("zerolayer_model_backend_info",
+                        'backend="sim",device="CUDA simulator"') == 1
+        c = Client(d.addr, d.key_id, d.secret, timeout=120)
+        r = c.invoke(token_ids=[5, 6, 7], max_tokens=3)
+        assert r.text == want and r.usage.completion_tokens == len(want_ids) == 3
+        assert r.finish_reason == "length"
+    finally:
+        assert d.stop() == 0

@@ -18,7 +18,7 @@ from daemon_proc import DaemonProc
 from netns import CLI_V4, SRV_IF, SRV_V4, SRV_V6, in_netns, xdp_testbed
 from zerolayer.daemon import wire
 from zerolayer.daemon.client import Client
-from zerolayer.daemon.errors import ZerolayerTimeoutError
+from zerolayer.daemon.errors import ContextOverflowError, ZerolayerTimeoutError
 from zerolayer.daemon.wire import ChatMessage, MsgType
 
 if os.geteuid() != 0:  # pragma: no cover - CI runs as root
@@ -162,3 +162,17 @@ def test_sigkill_falls_back_to_the_kernel_and_the_retry_completes(tmp_path):
             assert r.usage.completion_tokens > 1
         finally:
             assert d2.stop() == 0
+
+
+def test_large_invokes_arrive_in_many_fragments_through_the_rings(daemon, bed):
+    """Multi-fragment requests through the program and the rings: ~2.5 KB is answered; ~60 KB
+    (about 50 fragments) is reassembled and tokenized, and refused as CONTEXT_OVERFLOW."""
+    _, cli = bed
+    before = redirected(daemon)
+    words = "Here is a list of words. " + " ".join(f"w{i}" for i in range(20000))
+    c = client(daemon)
+    r = in_netns(cli, lambda: c.invoke(prompt=words[:2500], max_tokens=2))
+    assert r.usage.prompt_tokens > 1000 and r.usage.completion_tokens == 2  # 2 fragments+
+    with pytest.raises(ContextOverflowError):
+        in_netns(cli, lambda: c.invoke(prompt=words[:60_000], max_tokens=2))
+    daemon.wait_for(lambda: redirected(daemon) - before >= 65_000 // 1252, what="fragments")

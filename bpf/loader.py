@@ -1,6 +1,7 @@
 """Build, load and drive the invoke_steer XDP program through BCC.
 
-    prog = InvokeSteer.compile(ports=[7433])          # ~2-5 s and ~200 MB of clang, once
+    prog = InvokeSteer.compile(ports=[7433])          # BCC here: ~0.7 s, ~125 MB that stay
+    prog = compile_helper.compile_isolated(ports=[7433])  # BCC in a helper; fds come back
     prog.set_rate(rate_pps=1000, burst=64)            # 0 = off
     link = prog.attach("eth0", mode="native")         # a bpf_link: gone when its fd closes
     prog.register_xsk(queue=0, fd=xsk.fileno())       # the daemon's AF_XDP socket
@@ -19,8 +20,10 @@ This module never imports zerolayer.daemon: the handful of protocol numbers the 
 checks are mirrored in WIRE, and tests/test_xdp_prog.py checks them against daemon/wire.py
 and against zl_wire_consts.h.
 
-Only bcc (Debian's python3-bpfcc) and the kernel's bpf(2) are needed; the syscalls BCC's
-Python API lacks (BPF_PROG_TEST_RUN, BPF_LINK_CREATE, BPF_OBJ_PIN) are made through ctypes.
+Only bcc (Debian's python3-bpfcc) and the kernel's bpf(2) are needed. BCC is used to compile
+and load, nothing else: maps are driven through bpf(2) (bpf_maps.RawMap), and the syscalls
+BCC's Python API lacks (BPF_PROG_TEST_RUN, BPF_LINK_CREATE, BPF_OBJ_PIN) are made through
+ctypes, so a program adopted by fd (InvokeSteer.from_fds) works without BCC loaded.
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
+
+from .bpf_maps import RawMap, bpf
 
 BPF_DIR = Path(__file__).resolve().parent
 SOURCE = BPF_DIR / "invoke_steer.c"
@@ -109,7 +114,7 @@ _DEFINE_NAME = re.compile(r"ZL_[A-Z0-9_]+\Z")
 _LOCAL_INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
+MAP_NAMES = ("zl_ports", "zl_xsks", "zl_stats", "zl_rate_cfg", "zl_rate_state")
 
 
 class BpfUnavailable(RuntimeError):
@@ -119,11 +124,7 @@ class BpfUnavailable(RuntimeError):
 def _bpf(cmd: int, attr: ctypes.Array) -> int:
     if _SYS_BPF is None:
         raise BpfUnavailable(f"bpf(2) syscall number unknown on {platform.machine()}")
-    r = _libc.syscall(_SYS_BPF, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
-    if r < 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"bpf(cmd={cmd}): {os.strerror(e)}")
-    return r
+    return bpf(cmd, attr)
 
 
 def source_text(main: Path = SOURCE) -> str:
@@ -203,15 +204,28 @@ class XdpLink:
 
 
 class InvokeSteer:
-    """The compiled and loaded program, with its maps. Use InvokeSteer.compile()."""
+    """The compiled and loaded program, with its maps. Use InvokeSteer.compile() (BCC in this
+    process) or bpf.compile_helper.compile_isolated() (BCC in a helper process; this process
+    then only holds file descriptors)."""
 
-    def __init__(self, bpf, fn, stats: CompileStats, defines: Mapping[str, int]) -> None:
-        self._bpf = bpf
-        self._fn = fn
+    def __init__(self, prog_fd: int, maps: Mapping[str, RawMap], stats: CompileStats,
+                 defines: Mapping[str, int], *, bcc_object=None, owned_fds: Iterable[int] = ()):
+        self._fd = prog_fd
+        self._maps = dict(maps)
+        self._bpf = bcc_object          # BCC mode: it owns the fds
+        self._owned = list(owned_fds)   # fd mode: ours to close
         self.compile_stats = stats
         self.defines = dict(defines)
         self._links: list[XdpLink] = []
-        self._tables: dict = {}
+
+    @classmethod
+    def from_fds(cls, prog_fd: int, map_fds: Mapping[str, int], stats: CompileStats,
+                 defines: Mapping[str, int]) -> "InvokeSteer":
+        """Adopt a loaded program and its maps by fd (they are closed by close())."""
+        maps = {name: RawMap(fd) for name, fd in map_fds.items()}
+        if set(maps) != set(MAP_NAMES):
+            raise BpfUnavailable(f"maps {sorted(maps)} do not match {sorted(MAP_NAMES)}")
+        return cls(prog_fd, maps, stats, defines, owned_fds=[prog_fd, *map_fds.values()])
 
     # --- building ---------------------------------------------------------------------------
 
@@ -241,7 +255,9 @@ class InvokeSteer:
         seconds = time.perf_counter() - t0
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         ninsn = len(b.dump_func(FUNC_NAME.encode())) // 8  # 8-byte BPF instructions
-        prog = cls(b, fn, CompileStats(seconds, (rss1 - rss0) * 1024, ninsn), merged)
+        maps = {name: RawMap(b.get_table(name.encode()).map_fd) for name in MAP_NAMES}
+        prog = cls(fn.fd, maps, CompileStats(seconds, (rss1 - rss0) * 1024, ninsn), merged,
+                   bcc_object=b)
         try:
             prog.set_ports(ports)
             prog.set_rate(rate_pps, burst)
@@ -252,15 +268,13 @@ class InvokeSteer:
 
     @property
     def fd(self) -> int:
-        return self._fn.fd
+        return self._fd
 
-    def table(self, name: str):
-        t = self._tables.get(name)
-        if t is None:
-            t = self._tables[name] = self._bpf.get_table(name.encode())
-        return t
+    def table(self, name: str) -> RawMap:
+        return self._maps[name]
 
     # --- configuration ------------------------------------------------------------------------
+    # Keys and values are the C types of invoke_maps.h in native byte order ("=").
 
     def set_ports(self, ports: Iterable[int]) -> None:
         """Replace the invoke port set (host byte order)."""
@@ -272,13 +286,13 @@ class InvokeSteer:
             raise ValueError(f"at most {self.defines['ZL_MAX_PORTS']} invoke ports")
         t = self.table("zl_ports")
         for k in list(t.keys()):
-            if k.value not in want:
-                del t[k]
+            if struct.unpack("=H", k)[0] not in want:
+                t.delete(k)
         for p in want:
-            t[t.Key(p)] = t.Leaf(1)
+            t.update(struct.pack("=H", p), b"\x01")
 
     def ports(self) -> set[int]:
-        return {k.value for k in self.table("zl_ports").keys()}
+        return {struct.unpack("=H", k)[0] for k in self.table("zl_ports").keys()}
 
     def set_rate(self, rate_pps: int, burst: int = 0) -> None:
         """Per-source limit: `rate_pps` datagrams/s sustained, `burst` back to back
@@ -286,39 +300,35 @@ class InvokeSteer:
         kept; call reset_rate_state() to start every source with a full bucket."""
         if not (0 <= rate_pps < 1 << 32 and 0 <= burst < 1 << 32):
             raise ValueError("rate_pps and burst are u32")
-        t = self.table("zl_rate_cfg")
-        leaf = t.Leaf()
-        leaf.rate_pps, leaf.burst = rate_pps, burst
-        t[t.Key(0)] = leaf
+        self.table("zl_rate_cfg").update(struct.pack("=I", 0), struct.pack("=II", rate_pps, burst))
 
     def rate(self) -> tuple[int, int]:
-        leaf = self.table("zl_rate_cfg")[0]
-        return leaf.rate_pps, leaf.burst
+        return struct.unpack("=II", self.table("zl_rate_cfg").lookup(struct.pack("=I", 0)))
 
     def reset_rate_state(self) -> None:
-        self.table("zl_rate_state").clear()
+        t = self.table("zl_rate_state")
+        for k in list(t.keys()):
+            t.delete(k)
 
     def register_xsk(self, queue: int, fd: int) -> None:
         """Steer RX queue `queue` to the AF_XDP socket `fd`."""
-        t = self.table("zl_xsks")
-        t[t.Key(queue)] = t.Leaf(fd)
+        self.table("zl_xsks").update(struct.pack("=I", queue), struct.pack("=I", fd))
 
     def unregister_xsk(self, queue: int) -> None:
-        t = self.table("zl_xsks")
-        try:
-            del t[t.Key(queue)]
-        except KeyError:
-            pass
+        self.table("zl_xsks").delete(struct.pack("=I", queue))
 
     # --- counters -----------------------------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
         """Packets per reason, summed over CPUs."""
         t = self.table("zl_stats")
-        return {name: int(t.sum(t.Key(i)).value) for i, name in enumerate(REASONS)}
+        return {name: sum(struct.unpack("=Q", v)[0] for v in t.percpu_values(struct.pack("=I", i)))
+                for i, name in enumerate(REASONS)}
 
     def reset_stats(self) -> None:
-        self.table("zl_stats").clear()  # zeroes every CPU's slot of every reason
+        t = self.table("zl_stats")
+        for i in range(len(REASONS)):  # zeroes every CPU's slot of every reason
+            t.update(struct.pack("=I", i), bytes(t.value_size))
 
     # --- running and attaching ----------------------------------------------------------------
 
@@ -366,7 +376,7 @@ class InvokeSteer:
         if not is_bpffs(d):
             raise BpfUnavailable(f"{d} is not on a bpf filesystem (mount -t bpf bpf /sys/fs/bpf)")
         out = {}
-        for name in ("zl_ports", "zl_xsks", "zl_stats", "zl_rate_cfg", "zl_rate_state"):
+        for name in MAP_NAMES:
             path = d / name
             if path.exists():
                 path.unlink()
@@ -382,10 +392,13 @@ class InvokeSteer:
         for link in self._links:
             link.close()
         self._links.clear()
+        self._maps.clear()
         if self._bpf is not None:
-            self._tables.clear()
             self._bpf.cleanup()
             self._bpf = None
+        for fd in self._owned:
+            os.close(fd)
+        self._owned = []
 
     def __enter__(self) -> "InvokeSteer":
         return self

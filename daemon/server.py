@@ -176,7 +176,7 @@ class Daemon:
             log(f"ingress auto: XDP unavailable on {n.interface} ({e}); using udp")
             return None
         log(f"XDP attached to {n.interface} ({n.xdp_attach}), {len(io.socks)} AF_XDP socket(s), "
-            f"{'zero-copy' if io.zerocopy else 'copy mode'}; BCC compile "
+            f"{'zero-copy' if io.zerocopy else 'copy mode'}; BCC compile (helper process) "
             f"{io.compile_seconds:.2f} s" + (f"; maps pinned in {n.xdp_pin_dir}" if io.pins else ""))
         self.metrics.xdp_attached.set(1)
         return io

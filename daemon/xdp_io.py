@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from zerolayer.bpf.compile_helper import compile_isolated
 from zerolayer.bpf.loader import REASONS, InvokeSteer
 
 from .xdp_frames import Peer, parse_frame, write_reply
@@ -61,7 +62,8 @@ class XdpIO:
         """Compile and load the program, open a socket on every RX queue, register them in
         the XSKMAP, then attach. Anything that fails undoes what was done and raises."""
         n_q = rx_queue_count(s.ifname)
-        prog = InvokeSteer.compile(ports=s.ports, rate_pps=s.rate_pps, burst=s.rate_burst)
+        # BCC runs in a helper process: this one gets fds and never loads LLVM (~125 MB).
+        prog = compile_isolated(ports=s.ports, rate_pps=s.rate_pps, burst=s.rate_burst)
         umem = socks = None
         try:
             umem = Umem(n_q * 2 * s.ring_size, s.frame_size)

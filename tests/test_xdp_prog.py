@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import mmap
 import os
 import random
@@ -21,6 +22,7 @@ import re
 import socket
 import struct
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -482,3 +484,40 @@ def test_compile_time_overrides() -> None:
         assert p.stats()["pass_no_xsk"] == 3 and p.stats()["drop_rate_limited"] == 0
     finally:
         p.close()
+
+
+# --- BCC in a helper process (what the daemon uses) ---------------------------------------------
+
+def test_compile_isolated_hands_over_a_working_program_without_bcc_here() -> None:
+    """In a fresh interpreter: the program compiled by the helper is redirecting/dropping as
+    usual, its maps answer through bpf(2), and neither bcc nor LLVM was loaded there."""
+    code = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from fixtures.packets import udp4
+from zerolayer.bpf.compile_helper import compile_isolated
+from zerolayer.daemon import wire
+p = compile_isolated(ports=[7433], rate_pps=7, burst=3)
+ping = wire.encode_control(wire.MsgType.PING, 1, b"k" * 32, bytes(16), 1, bytes(32))
+out = {"pass": p.test_run(udp4(ping, 7433)).action_name,
+       "drop": p.test_run(udp4(b"XXXX" + ping[4:], 7433)).action_name,
+       "stats": p.stats(), "ports": sorted(p.ports()), "rate": list(p.rate()),
+       "bcc": "bcc" in sys.modules,
+       "llvm": any("LLVM" in line or "libbcc" in line for line in open("/proc/self/maps"))}
+p.close()
+print(json.dumps(out))
+"""
+    r = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["pass"] == "pass" and out["drop"] == "drop"  # no socket registered: pass
+    assert out["stats"]["pass_no_xsk"] == 1 and out["stats"]["drop_bad_magic"] == 1
+    assert out["ports"] == [7433] and out["rate"] == [7, 3]
+    assert out["bcc"] is False and out["llvm"] is False
+
+
+def test_compile_isolated_reports_the_helpers_failure() -> None:
+    from zerolayer.bpf.compile_helper import compile_isolated
+    with pytest.raises(loader.BpfUnavailable, match="bad define name"):
+        compile_isolated(defines={"not-a-name": 1})

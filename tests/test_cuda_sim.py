@@ -30,9 +30,10 @@ CASES = [
     "embed_q4_1", "embed_q4_0", "embed_q8_0", "embed_f32",
     *[f"matmul_{qt}_T{T}" for qt in ("q4_1", "q4_0", "q8_0", "f16") for T in (1, 3, 11)],
     "kv_write", "attention_splits1", "attention_splits3", "attention_gqa1",
-    "forward_tiny_model", "backend_greedy_prefix",
+    "forward_tiny_model", "backend_greedy_prefix", "mapped_ring_token_ids", "argmax_rows",
 ]
-TOL = {"kv_write": 0.0, "forward_tiny_model": 1e-4, "backend_greedy_prefix": 0.0}
+TOL = {"kv_write": 0.0, "forward_tiny_model": 1e-4, "backend_greedy_prefix": 0.0,
+       "mapped_ring_token_ids": 0.0, "argmax_rows": 0.0}
 ELEMENTWISE = ("rope", "swiglu", "add", "embed_")
 CHILD_TIMEOUT_S = 300
 
@@ -272,6 +273,45 @@ def _child() -> None:
         a, b = greedy(cpu), greedy(dev)
         return float(np.mean(np.array(a) != np.array(b)))
 
+    def case_mapped_ring_token_ids():
+        """The flow of issue 5's mapped ring, with cuda.mapped_array as the UMEM: an INVOKE
+        carrying token ids arrives in a frame (Ethernet/IPv4/UDP, so the payload is not
+        4-byte aligned); a kernel reads the ids out of the frame; another writes ids into a
+        TX frame, which the host reads in place. Returns the fraction of wrong ids."""
+        from fixtures.packets import udp4
+
+        from zerolayer.daemon import wire
+        from zerolayer.gpu.cuda import mapped_ring as mr
+
+        umem = shim.cuda.mapped_array(4 * 4096, dtype=np.uint8)
+        umem[:] = 0
+        ring = mr.MappedHostBuffer(umem)
+        ids = rng.integers(0, 49152, 37).astype(np.int64)
+        body = wire.encode_invoke_body(wire.SamplingParams(max_tokens=4), wire.PayloadKind.TOKEN_IDS,
+                                       wire.encode_token_ids(ids))
+        (dg,) = wire.encode_invoke(1, b"k" * 32, bytes(16), 1, bytes(32), body)
+        frame = udp4(dg, 7433)
+        base = 2 * 4096
+        umem[base:base + len(frame)] = np.frombuffer(frame, np.uint8)
+        first = base + 42 + wire.HEADER_LEN[wire.MsgType.INVOKE] + wire.PARAMS_LEN
+        offsets = (first + 4 * np.arange(len(ids))).astype(np.int64)
+        got = np.zeros(len(ids), np.int32)
+        mr.gather_token_ids(ring.device, offsets, got)
+        bad = int((got != ids).sum())
+        tx = (3 * 4096 + 43 + 4 * np.arange(len(ids))).astype(np.int64)  # odd offset on purpose
+        mr.write_token_ids(got, ring.device, tx)
+        back = np.frombuffer(bytes(umem[3 * 4096 + 43:3 * 4096 + 43 + 4 * len(ids)]), "<u4")
+        bad += int((back != ids).sum())
+        return bad / (2 * len(ids))
+
+    def case_argmax_rows():
+        from zerolayer.gpu.cuda import mapped_ring as mr
+        logits = rng.standard_normal((3, 1000)).astype(np.float32)
+        logits[1, 17] = logits[1, 900] = 50.0  # a tie: the first index wins, as in numpy
+        out = np.zeros(3, np.int32)
+        mr.argmax_rows(logits, out)
+        return float(np.mean(out != logits.argmax(axis=1)))
+
     runs = {"shim_reductions": case_shim_reductions, "rmsnorm": case_rmsnorm, "rope": case_rope,
             "swiglu": case_swiglu, "add": case_add,
             "kv_write": case_kv_write,
@@ -279,7 +319,8 @@ def _child() -> None:
             "attention_splits3": lambda: case_attention(3),  # seq 1 has 1 block: 2 empty splits
             "attention_gqa1": lambda: case_attention(2, n_head=2, n_kv=2, hd=32),
             "forward_tiny_model": case_forward_tiny_model,
-            "backend_greedy_prefix": case_backend_greedy_prefix}
+            "backend_greedy_prefix": case_backend_greedy_prefix,
+            "mapped_ring_token_ids": case_mapped_ring_token_ids, "argmax_rows": case_argmax_rows}
     for qt in ("q4_1", "q4_0", "q8_0", "f32"):
         runs[f"embed_{qt}"] = (lambda q: lambda: case_embed(q))(qt)
     for qt in ("q4_1", "q4_0", "q8_0", "f16"):

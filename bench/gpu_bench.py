@@ -17,6 +17,7 @@ What is timed, each after a warm-up (kernel compilation happens there):
   * prefill: one step of a 512-token prompt, tokens/s;
   * launches: an empty kernel's launch cost, and the launches per decode step;
   * per op at decode shapes: wall time per call (launch included, which is the point);
+  * decode steps replayed as CUDA graphs vs the launch-per-op path (same logits required);
   * the mapped UMEM (an anonymous mmap registered with the driver): token ids read and written
     by kernels in place, and a logits row copied to the host vs argmax on the device.
 Under the simulator the numbers mean nothing; --sim only proves that the script runs.
@@ -335,6 +336,55 @@ def timings(models, c: dict, sim: bool) -> dict:
     return out
 
 
+def graph_timings(models, c: dict, sim: bool) -> dict:
+    """Decode steps as CUDA graph replays (gpu/cuda/graph.py) against the launch-per-op path,
+    on two sets of sequences with the same prompts and tokens: the logits must agree, and the
+    per-step times say whether graphs pay (issue 5: "choose by measuring")."""
+    if sim:
+        return {"note": "CUDA graphs need a real device; nothing to do under the simulator"}
+    from numba import cuda
+
+    from zerolayer.gpu.model import StepInput
+    _, gpu = models
+    rng = np.random.default_rng(6)
+    n_dec = 64
+    out = {}
+    for batch in (1, 16):
+        prompts = [rng.integers(0, c["vocab"], 64) for _ in range(batch)]
+        sets = {}
+        for mode in (False, True):
+            gpu.use_graphs = False
+            seqs = [gpu.new_sequence() for _ in range(batch)]
+            gpu.step([StepInput(s, p) for s, p in zip(seqs, prompts)])
+            sets[mode] = seqs
+        toks = [rng.integers(0, c["vocab"], batch) for _ in range(n_dec + 1)]
+        times, first = {False: [], True: []}, {}
+        for i, tk in enumerate(toks):
+            for mode in (False, True):
+                gpu.use_graphs = mode
+                t = time.perf_counter()
+                lg = gpu.step([StepInput(s, tk[j:j + 1]) for j, s in enumerate(sets[mode])])
+                dt = time.perf_counter() - t
+                if i == 1:
+                    first[mode] = lg  # the first replay (step 0 captured the graph)
+                if i > 1:
+                    times[mode].append(dt)
+        for seqs in sets.values():
+            for s in seqs:
+                s.release()
+        err = rel(first[True], first[False])
+        launch, graph = float(np.median(times[False])), float(np.median(times[True]))
+        out[f"b{batch}"] = {"launch_step_us": launch * 1e6, "graph_step_us": graph * 1e6,
+                            "speedup": launch / graph, "rel_err": err}
+        print(f"  b{batch}: launch path {launch * 1e6:.0f} us/step, graph {graph * 1e6:.0f} us/step "
+              f"({launch / graph:.2f}x), rel err {err:.1e}", flush=True)
+    gpu.use_graphs = False
+    cuda.synchronize()
+    if max(v["rel_err"] for v in out.values()) > 1e-4:
+        raise AssertionError(f"graph replay disagrees with the launch path: {out}")
+    return out
+
+
 def op_timings(c: dict, sim: bool) -> dict:
     """Wall time per call of each op at batch-1 decode shapes (launch included)."""
     from numba import cuda
@@ -456,6 +506,14 @@ def table(res: dict) -> str:
         if isinstance(v, dict) and "us" in v:
             extra = f", {v['GB_s']:.0f} GB/s" if "GB_s" in v else ""
             rows.append((f"op {name}", f"{v['us']:.1f} us/call{extra}"))
+    g = s.get("graph", {})
+    for k in ("b1", "b16"):
+        if k in g:
+            rows.append((f"graph {k}", f"{g[k]['graph_step_us']:.0f} us/step vs launch path "
+                                       f"{g[k]['launch_step_us']:.0f} ({g[k]['speedup']:.2f}x), "
+                                       f"rel err {g[k]['rel_err']:.1e}"))
+    if not any(k in g for k in ("b1", "b16")):
+        rows.append(("graph", g.get("note") or _state(g)))
     m = s.get("mapped", {})
     rows.append(("mapped UMEM", f"token ids in/out OK; logits row to host {m['logits_copy_us']:.1f} us"
                                 f" vs device argmax {m['device_argmax_us']:.1f} us"
@@ -498,6 +556,7 @@ def main(argv=None) -> int:
     if models:
         run.section("forward", forward_check, models, c, a.sim)
         run.section("timings", timings, models, c, a.sim)
+        run.section("graph", graph_timings, models, c, a.sim)
     run.section("ops", op_timings, c, a.sim)
     run.section("mapped", mapped_ring, c, a.sim)
     run.results["wall_s"] = round(time.monotonic() - run.t0, 1)

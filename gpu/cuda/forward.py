@@ -14,11 +14,13 @@ sized for the largest step seen so far. The KV pools are device arrays with the 
 shape; block bookkeeping (which sequence owns which block) stays with the host KVArena, so
 the engine's admission and release logic is unchanged.
 
-This is the launch-per-op version: 4 + 13 per layer kernels per step (~395 for SmolLM2's 30
-layers). Bounding the step by launches rather than bandwidth is the next part of issue 5
-(CUDA graph replay or a persistent kernel).
+``CudaForward.launch`` is the step as 4 + 13 per layer kernel launches (~395 for SmolLM2's 30
+layers), with no allocation or copy, so that graph.py can capture a decode step as one CUDA
+graph; CudaModel replays those when ZEROLAYER_CUDA_GRAPHS=1 (off until measured on a GPU).
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -105,22 +107,32 @@ class CudaForward:
     def forward(self, tokens, tok_seq, tok_pos, logit_rows, block_tables) -> np.ndarray:
         """One step (same arguments as gpu.model.forward's step inputs); returns host logits
         [len(logit_rows), vocab]."""
-        c, s = self.cfg, self.stream
+        s = self.stream
         T, n_out = len(tokens), len(logit_rows)
         self._buffers(T, n_out)
         splits = self.splits_for(T, tok_pos)
-        key = (T, splits)
-        part = self._part.get(key)
+        ins = [cuda.to_device(np.ascontiguousarray(a, np.int32), stream=s)
+               for a in (tokens, tok_seq, tok_pos, logit_rows, block_tables)]
+        return self.launch(*ins, splits, s).copy_to_host(stream=s)
+
+    def partials(self, T: int, splits: int, s):
+        """Flash-decoding scratch for (T, splits), allocated once and kept."""
+        c = self.cfg
+        part = self._part.get((T, splits))
         if part is None:
-            part = self._part[key] = (
+            part = self._part[(T, splits)] = (
                 cuda.device_array((T, c.n_head, splits, c.head_dim), np.float32, stream=s),
                 cuda.device_array((T, c.n_head, splits), np.float32, stream=s),
                 cuda.device_array((T, c.n_head, splits), np.float32, stream=s))
-        d_tok = cuda.to_device(np.ascontiguousarray(tokens, np.int32), stream=s)
-        d_seq = cuda.to_device(np.ascontiguousarray(tok_seq, np.int32), stream=s)
-        d_pos = cuda.to_device(np.ascontiguousarray(tok_pos, np.int32), stream=s)
-        d_rows = cuda.to_device(np.ascontiguousarray(logit_rows, np.int32), stream=s)
-        d_tab = cuda.to_device(np.ascontiguousarray(block_tables, np.int32), stream=s)
+        return part
+
+    def launch(self, d_tok, d_seq, d_pos, d_rows, d_tab, splits: int, s):
+        """Only kernel launches, on stream s, from inputs already on the device: no allocation,
+        no copy, no synchronisation, so the whole step can be captured as a CUDA graph
+        (graph.py). Returns the device logits [len(d_rows), vocab]."""
+        c = self.cfg
+        T, n_out = d_tok.shape[0], d_rows.shape[0]
+        part = self.partials(T, splits, s)
         x, xn, tmp = self._x[:T], self._xn[:T], self._tmp[:T]
         qkv, att, gu, h = self._qkv[:T], self._att[:T], self._gu[:T], self._h[:T]
         eps = np.float32(c.eps)
@@ -148,7 +160,7 @@ class CudaForward:
         _rms.rmsnorm(xl, self.out_norm, eps, xln, stream=s)
         logits = self._logits[:n_out]
         _mm.matmul(self.output[0], *self.output[1][0], xln, logits, stream=s)
-        return logits.copy_to_host(stream=s)
+        return logits
 
 
 class CudaModel:
@@ -169,13 +181,30 @@ class CudaModel:
         # pools were never touched (np.zeros is backed lazily) and are dropped here.
         self.arena = model.arena
         self.arena.k_pool, self.arena.v_pool = self.fwd.k_pool, self.fwd.v_pool
-        self.device = "CUDA simulator" if SIM else cuda.get_current_device().name.decode()
+        if SIM:
+            self.device = "CUDA simulator"
+        else:
+            name = cuda.get_current_device().name  # bytes or str, by numba-cuda version
+            self.device = name.decode() if isinstance(name, bytes) else str(name)
+        self._graphs: dict = {}
 
     def tokenizer(self):
         return self.model.tokenizer()
 
     def new_sequence(self):
         return self.model.new_sequence()
+
+    # Decode steps (one token per sequence) replayed as CUDA graphs, one per batch size
+    # (graph.py). Off until a GPU measurement says it pays (ZEROLAYER_CUDA_GRAPHS=1 turns it on).
+    use_graphs = os.environ.get("ZEROLAYER_CUDA_GRAPHS", "0") == "1" and not SIM
+
+    def _graph_for(self, T: int):
+        from .graph import DecodeGraph
+        g = self._graphs.get(T)
+        if g is None:
+            splits = max(1, -(-2 * self.fwd.sms // (T * self.cfg.n_kv)))  # fixed: empty splits are fine
+            g = self._graphs[T] = DecodeGraph(self.fwd, T, self.arena.max_blocks_per_seq, splits)
+        return g
 
     def step(self, inputs) -> np.ndarray:
         for inp in inputs:
@@ -189,7 +218,14 @@ class CudaModel:
         last = np.cumsum([len(i.tokens) for i in inputs]).astype(np.int32) - 1
         logit_rows = last[[i.logits for i in inputs]]
         tables = np.stack([i.seq.table for i in inputs])
-        logits = self.fwd.forward(tokens, tok_seq, tok_pos, logit_rows, tables)
+        if self.use_graphs and len(tokens) == len(inputs) == len(logit_rows):
+            g = self._graph_for(len(tokens))
+            if g.logits is None:
+                logits = g.capture(tokens, tok_seq, tok_pos, logit_rows, tables)
+            else:
+                logits = g.replay(tokens, tok_seq, tok_pos, logit_rows, tables)
+        else:
+            logits = self.fwd.forward(tokens, tok_seq, tok_pos, logit_rows, tables)
         for i in inputs:
             i.seq.length += len(i.tokens)
         return logits

@@ -33,7 +33,6 @@ Results: JSON under bench/results/ (gitignored) and a markdown table on stdout.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime as _dt
 import http.client
 import json
@@ -68,35 +67,12 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 SERVER_CPU, CLIENT_CPU = 0, 1
 PIN = ["--cpu-cpus", str(SERVER_CPU), "--model-threads", "1"]
 
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests"))
+from netns import in_netns  # noqa: E402  (the testbed helpers the tests use too)
 
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def in_netns(name: str, fn):
-    """fn() on a thread inside network namespace `name`; sockets made there stay there."""
-    out: dict = {}
-
-    def body():
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
-        try:
-            if libc.setns(fd, 0x40000000) != 0:
-                raise OSError(ctypes.get_errno(), "setns")
-        finally:
-            os.close(fd)
-        try:
-            out["v"] = fn()
-        except BaseException as e:  # noqa: BLE001
-            out["e"] = e
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
-    if "e" in out:
-        raise out["e"]
-    return out.get("v")
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -67,6 +67,18 @@ class Run:
         return out
 
 
+def us_per_call(fn, n: int) -> float:
+    """Mean wall time of fn() in µs over n calls after one warm-up, device work included."""
+    from numba import cuda
+    fn()
+    cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
 def rel(gpu, cpu) -> float:
     gpu, cpu = np.asarray(gpu, np.float64), np.asarray(cpu, np.float64)
     if gpu.shape != cpu.shape or not np.isfinite(gpu).all():
@@ -397,13 +409,7 @@ def op_timings(c: dict, sim: bool) -> dict:
     out = {}
 
     def timeit(fn) -> float:
-        fn()
-        cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        cuda.synchronize()
-        return (time.perf_counter() - t) / n * 1e6
+        return us_per_call(fn, n)
 
     for name, (fmt, R, K) in {"qkv": (quant.FMT_Q4, (nh + 2 * nkv) * hd, D),
                               "gate_up": (quant.FMT_Q4, 2 * F, D), "down": (quant.FMT_Q4, D, F),
@@ -455,12 +461,7 @@ def mapped_ring(c: dict, sim: bool) -> dict:
     n = 3 if sim else 500
 
     def timeit(fn) -> float:
-        fn()
-        cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return (time.perf_counter() - t) / n * 1e6
+        return us_per_call(fn, n)
 
     copy_us = timeit(lambda: logits.copy_to_host())
     argmax_us = timeit(lambda: (mr.argmax_rows(logits, arg), arg.copy_to_host()))

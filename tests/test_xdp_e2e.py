@@ -10,6 +10,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -176,3 +177,27 @@ def test_large_invokes_arrive_in_many_fragments_through_the_rings(daemon, bed):
     with pytest.raises(ContextOverflowError):
         in_netns(cli, lambda: c.invoke(prompt=words[:60_000], max_tokens=2))
     daemon.wait_for(lambda: redirected(daemon) - before >= 65_000 // 1252, what="fragments")
+
+
+def test_ingress_auto_falls_back_to_udp_and_xdp_refuses_to_start(tmp_path):
+    """auto: XDP cannot be set up (no such device) -> says so and serves on the UDP path.
+    xdp: the same is a start failure with the reason (exit 2), never a silent downgrade."""
+    (tmp_path / "a").mkdir()
+    d = DaemonProc(tmp_path / "a", "--network-ingress", "auto", "--network-interface", "zl-nosuchdev")
+    try:
+        assert any("XDP unavailable on zl-nosuchdev" in line for line in d.log)
+        assert any("ingress udp" in line for line in d.log)
+        c = Client(d.addr, d.key_id, d.secret, timeout=30)
+        assert c.ping() > 0
+        assert d.metric("zerolayer_xdp_attached") == 0
+    finally:
+        assert d.stop() == 0
+    keys = tmp_path / "keys"
+    keys.write_text("1 " + "cd" * 32 + "\n")
+    keys.chmod(0o600)
+    p = subprocess.run([sys.executable, "-m", "zerolayer.daemon.server", "--network-ingress", "xdp",
+                        "--network-interface", "zl-nosuchdev", "--security-keys-file", str(keys),
+                        "--network-port", "0", "--metrics-port", "0"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2
+    assert "cannot start: XDP ingress on zl-nosuchdev" in p.stderr and "no network device" in p.stderr

@@ -22,6 +22,7 @@ BPF_MAP_LOOKUP_ELEM = 1
 BPF_MAP_UPDATE_ELEM = 2
 BPF_MAP_DELETE_ELEM = 3
 BPF_MAP_GET_NEXT_KEY = 4
+BPF_OBJ_GET = 7
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_ANY = 0
 # enum bpf_map_type values whose values are per CPU
@@ -38,6 +39,13 @@ def bpf(cmd: int, attr: ctypes.Array) -> int:
         e = ctypes.get_errno()
         raise OSError(e, f"bpf(cmd={cmd}): {os.strerror(e)}")
     return r
+
+
+def obj_get(path: str) -> int:
+    """An fd for a pinned BPF object (BPF_OBJ_GET); the caller closes it."""
+    cpath = ctypes.create_string_buffer(os.fsencode(path))
+    attr = ctypes.create_string_buffer(struct.pack("<QII", ctypes.addressof(cpath), 0, 0), 16)
+    return bpf(BPF_OBJ_GET, attr)
 
 
 def possible_cpus() -> int:

@@ -227,6 +227,25 @@ class InvokeSteer:
             raise BpfUnavailable(f"maps {sorted(maps)} do not match {sorted(MAP_NAMES)}")
         return cls(prog_fd, maps, stats, defines, owned_fds=[prog_fd, *map_fds.values()])
 
+    @classmethod
+    def from_pins(cls, directory: str | os.PathLike) -> "InvokeSteer":
+        """The maps a running daemon pinned (network.xdp_pin_dir), for ops tools: counters,
+        ports and the rate limit, read and changed live. There is no program fd (test_run and
+        attach are not available), and the compile-time sizes are the defaults."""
+        from .bpf_maps import obj_get
+        fds: dict[str, int] = {}
+        try:
+            for name in MAP_NAMES:
+                fds[name] = obj_get(os.path.join(directory, name))
+        except OSError as e:
+            for fd in fds.values():
+                os.close(fd)
+            raise BpfUnavailable(f"cannot open the pinned maps in {directory}: {e}") from e
+        prog = cls(-1, {n: RawMap(fd) for n, fd in fds.items()}, CompileStats(0.0, 0, 0), DEFAULTS,
+                   owned_fds=list(fds.values()))
+        prog.defines["ZL_MAX_PORTS"] = prog.table("zl_ports").max_entries
+        return prog
+
     # --- building ---------------------------------------------------------------------------
 
     @classmethod

@@ -155,3 +155,37 @@ def test_pinned_maps_for_ops_tools_go_away_on_close(tmp_path):
             assert not any((d / "zerolayer").iterdir())
     finally:
         subprocess.run(["umount", str(d)], check=True)
+
+
+def test_ops_tool_reads_counters_and_sets_the_rate_through_the_pins(tmp_path):
+    """bpf/pinned.py against a live program's pins: counters as the program sees them, and a
+    rate limit changed without a restart."""
+    import json
+    import sys
+    d = tmp_path / "bpffs"
+    d.mkdir()
+    subprocess.run(["mount", "-t", "bpf", "bpf", str(d)], check=True)
+    try:
+        with xdp_testbed() as (srv, cli):
+            pins = str(d / "zerolayer")
+            io = in_netns(srv, lambda: XdpIO.open(XdpSettings(SRV_IF, (PORT,), ring_size=512,
+                                                              pin_dir=pins)))
+            try:
+                s = client_socket(cli)
+                s.send(ping_datagram())
+                assert echo_until(io, 1) == 1
+                s.close()
+                tool = [sys.executable, "-m", "zerolayer.bpf.pinned", "--dir", pins]
+                out = json.loads(subprocess.run(tool + ["show", "--json"], check=True,
+                                                capture_output=True, text=True).stdout)
+                assert out["ports"] == [PORT] and out["rate_pps"] == 0
+                assert out["packets"]["redirect"] == io.packet_counts()["redirect"] >= 1
+                subprocess.run(tool + ["rate", "500", "20"], check=True, capture_output=True)
+                assert io.prog.rate() == (500, 20)  # the running program sees it at once
+            finally:
+                io.close()
+        bad = subprocess.run([sys.executable, "-m", "zerolayer.bpf.pinned", "--dir",
+                              str(d / "nothing"), "show"], capture_output=True, text=True)
+        assert bad.returncode == 2 and "cannot open the pinned maps" in bad.stderr
+    finally:
+        subprocess.run(["umount", str(d)], check=True)

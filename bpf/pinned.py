@@ -1,0 +1,57 @@
+"""Ops view of a running daemon's XDP program through its pinned maps (network.xdp_pin_dir):
+read the drop counters, the invoke ports and the rate limit, and change the rate limit live,
+without BCC and without restarting the daemon.
+
+    python -m zerolayer.bpf.pinned [--dir /sys/fs/bpf/zerolayer] show
+    python -m zerolayer.bpf.pinned [--dir ...] rate PPS [BURST]     # 0 turns the limit off
+    python -m zerolayer.bpf.pinned [--dir ...] reset-rate-state     # every source starts full
+
+`show --json` prints the same as JSON. Exit status 2 when the pins can't be opened.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .loader import REASONS, BpfUnavailable, InvokeSteer
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="zerolayer.bpf.pinned", description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default="/sys/fs/bpf/zerolayer")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    show = sub.add_parser("show")
+    show.add_argument("--json", action="store_true")
+    rate = sub.add_parser("rate")
+    rate.add_argument("pps", type=int)
+    rate.add_argument("burst", type=int, nargs="?", default=0)
+    sub.add_parser("reset-rate-state")
+    a = ap.parse_args(argv)
+    try:
+        prog = InvokeSteer.from_pins(a.dir)
+    except BpfUnavailable as e:
+        print(f"zerolayer.bpf.pinned: {e}", file=sys.stderr)
+        return 2
+    try:
+        if a.cmd == "rate":
+            prog.set_rate(a.pps, a.burst)
+        elif a.cmd == "reset-rate-state":
+            prog.reset_rate_state()
+        stats = prog.stats()
+        pps, burst = prog.rate()
+        state = {"ports": sorted(prog.ports()), "rate_pps": pps, "burst": burst, "packets": stats}
+        if a.cmd == "show" and a.json:
+            print(json.dumps(state))
+        else:
+            print(f"ports {' '.join(map(str, state['ports'])) or '-'}; rate limit "
+                  f"{'off' if pps == 0 else f'{pps}/s per source, burst {burst}'}")
+            for reason in REASONS:
+                print(f"  {reason:<22} {stats[reason]}")
+    finally:
+        prog.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

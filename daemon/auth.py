@@ -180,6 +180,9 @@ class ReplayConfig:
     # ~160 bytes per entry in CPython, so the default costs about 80 MB when full; at the
     # usual 300 s retention it absorbs ~1600 signed requests per second.
     capacity: int = 500_000
+    # At most this many live nonces per key (0 = capacity // 2): one key holder can't fill the
+    # cache and get every other key refused.
+    per_key: int = 0
 
 
 class ReplayGuard:
@@ -194,7 +197,8 @@ class ReplayGuard:
     When the cache is full of nonces that are still inside their window, new requests are
     refused with OVERLOADED: forgetting a live nonce would reopen replay, refusing only costs
     a retry. Only verified (HMAC-checked) requests reach this cache, so only key holders can
-    fill it.
+    fill it, and each key only up to `per_key` live nonces (half the cache by default): past
+    that, that key's requests get OVERLOADED and the other keys keep their room.
     """
 
     def __init__(self, config: ReplayConfig = ReplayConfig(),
@@ -204,8 +208,11 @@ class ReplayGuard:
         self._expiry: dict[bytes, int] = {}            # nonce -> expiry second
         self._buckets: dict[int, list[bytes]] = {}     # expiry second -> nonces
         self._heap: list[int] = []                     # expiry seconds with a bucket
+        self._bucket_keys: dict[int, dict[int, int]] = {}  # expiry second -> key -> nonces
+        self._per_key: dict[int, int] = {}             # key -> live nonces
+        self.per_key = config.per_key or max(1, config.capacity // 2)
         self.stats = {"remembered": 0, "replays": 0, "stale_timestamps": 0, "full": 0,
-                      "purged": 0}
+                      "key_full": 0, "purged": 0}
 
     def __len__(self) -> int:
         return len(self._expiry)
@@ -223,19 +230,29 @@ class ReplayGuard:
         exp = self._expiry.get(nonce)
         return exp is not None and exp > now
 
-    def remember(self, nonce: bytes, timestamp_us: int, now: float | None = None) -> None:
-        """Check the timestamp, then record the nonce. Raises InvalidTimestampError,
-        ExpiredNonceError or OverloadedError; on success the nonce is burnt."""
+    def live(self, key_id: int) -> int:
+        """Nonces `key_id` has in the cache now."""
+        return self._per_key.get(key_id, 0)
+
+    def remember(self, nonce: bytes, timestamp_us: int, now: float | None = None,
+                 key_id: int = 0) -> None:
+        """Check the timestamp, then record the nonce for `key_id`. Raises
+        InvalidTimestampError, ExpiredNonceError or OverloadedError; on success the nonce is
+        burnt."""
         now = self._clock() if now is None else now
         self.check_timestamp(timestamp_us, now)
         if self.seen(nonce, now):
             self.stats["replays"] += 1
             raise ExpiredNonceError("nonce already used inside its replay window")
-        if len(self._expiry) >= self.config.capacity:
+        if len(self._expiry) >= self.config.capacity or self.live(key_id) >= self.per_key:
             self.purge(now)
             if len(self._expiry) >= self.config.capacity:
                 self.stats["full"] += 1
                 raise OverloadedError("nonce cache full")
+            if self.live(key_id) >= self.per_key:
+                self.stats["key_full"] += 1
+                raise OverloadedError(f"this key's share of the nonce cache is full "
+                                      f"({self.per_key} requests in the replay window)")
         retention = max(self.config.window_s, timestamp_us / 1e6 + self.config.skew_s - now)
         # Round up to whole seconds: one bucket per second keeps the heap tiny.
         exp = int(now + retention) + 1
@@ -243,8 +260,12 @@ class ReplayGuard:
         bucket = self._buckets.get(exp)
         if bucket is None:
             self._buckets[exp] = bucket = []
+            self._bucket_keys[exp] = {}
             heapq.heappush(self._heap, exp)
         bucket.append(nonce)
+        bk = self._bucket_keys[exp]
+        bk[key_id] = bk.get(key_id, 0) + 1
+        self._per_key[key_id] = self._per_key.get(key_id, 0) + 1
         self.stats["remembered"] += 1
         if self._heap[0] <= now:
             self.purge(now)
@@ -259,5 +280,12 @@ class ReplayGuard:
                 if self._expiry.get(nonce) == exp:
                     del self._expiry[nonce]
                     n += 1
+            # every nonce of a bucket leaves with it (a nonce is in exactly one bucket)
+            for key_id, k in self._bucket_keys.pop(exp, {}).items():
+                left = self._per_key[key_id] - k
+                if left:
+                    self._per_key[key_id] = left
+                else:
+                    del self._per_key[key_id]
         self.stats["purged"] += n
         return n

@@ -54,6 +54,7 @@ class SecuritySection:
     keys_file: str = "/etc/zerolayer/keys"
     max_skew_s: float = 300.0
     nonce_capacity: int = 500_000
+    nonce_per_key: int = 0         # live nonces one key may hold; 0 = half of nonce_capacity
 
 
 @dataclass

@@ -161,7 +161,7 @@ class Ingress:
         wall = self._wall()
         signer = ResponseSigner(req.key_id, secret, req.request_id)
         if isinstance(req, ControlMessage):
-            self.replay.remember(req.nonce, req.timestamp_us, wall)
+            self.replay.remember(req.nonce, req.timestamp_us, wall, req.key_id)
             self.stats["controls"] += 1
             return ControlRequest(req.msg_type, req.key_id, req.request_id, req.timestamp_us,
                                   req.arg, signer)
@@ -188,7 +188,7 @@ class Ingress:
             body, started = done
         if not hmac.compare_digest(hashlib.sha256(body).digest(), req.body_sha256):
             raise MalformedError("body does not match its SHA-256 in the header")
-        self.replay.remember(req.nonce, req.timestamp_us, wall)
+        self.replay.remember(req.nonce, req.timestamp_us, wall, req.key_id)
         ib = decode_invoke_body(body)
         if ib.token_ids is not None and self.max_seq_len is not None:
             check_context(len(ib.token_ids), ib.params.max_tokens, self.max_seq_len)

@@ -42,10 +42,16 @@ class Assembled(NamedTuple):
 
 
 class Reassembler:
+    """Messages are keyed (key id, request id, nonce): the first element is the key whose
+    share is charged. per_key_bytes (0 = half the budget) bounds what one key holder can
+    reserve, so the rest of the budget stays open to the other keys."""
+
     def __init__(self, budget_bytes: int = 64 << 20, timeout_s: float = 5.0,
-                 max_messages: int = 4096,
+                 max_messages: int = 4096, per_key_bytes: int = 0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.budget_bytes = budget_bytes
+        self.per_key_bytes = per_key_bytes or budget_bytes // 2
+        self._key_bytes: dict[Hashable, int] = {}
         self.timeout_s = timeout_s
         self.max_messages = max_messages
         self._clock = clock
@@ -54,7 +60,8 @@ class Reassembler:
         self._pending: OrderedDict[Hashable, _Pending] = OrderedDict()
         self.reserved_bytes = 0
         self.stats = {"started": 0, "completed": 0, "expired": 0, "expired_bytes": 0,
-                      "refused_budget": 0, "duplicate_fragments": 0, "inconsistent": 0}
+                      "refused_budget": 0, "refused_key_share": 0, "duplicate_fragments": 0,
+                      "inconsistent": 0}
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -72,13 +79,17 @@ class Reassembler:
         self.expire(now)
         p = self._pending.get(key)
         if p is None:
+            owner = _owner(key)
             if (self.reserved_bytes + total_len > self.budget_bytes
                     or len(self._pending) >= self.max_messages):
                 self.stats["refused_budget"] += 1
                 raise OverloadedError("reassembly budget full")
+            if self._key_bytes.get(owner, 0) + total_len > self.per_key_bytes:
+                self.stats["refused_key_share"] += 1
+                raise OverloadedError("this key's share of the reassembly budget is full")
             p = _Pending(now, total_len, frag_count, chunk_len, meta)
             self._pending[key] = p
-            self.reserved_bytes += total_len
+            self._charge(owner, total_len)
             self.stats["started"] += 1
         elif (p.total_len, p.frag_count, p.chunk_len, p.meta) != (total_len, frag_count,
                                                                     chunk_len, meta):
@@ -95,7 +106,7 @@ class Reassembler:
         if len(p.parts) < p.frag_count:
             return None
         del self._pending[key]
-        self.reserved_bytes -= p.total_len
+        self._charge(_owner(key), -p.total_len)
         self.stats["completed"] += 1
         return Assembled(b"".join(p.parts[i] for i in range(p.frag_count)), p.started)
 
@@ -116,4 +127,17 @@ class Reassembler:
 
     def _drop(self, key: Hashable, p: _Pending) -> None:
         del self._pending[key]
-        self.reserved_bytes -= p.total_len
+        self._charge(_owner(key), -p.total_len)
+
+    def _charge(self, owner: Hashable, n: int) -> None:
+        self.reserved_bytes += n
+        left = self._key_bytes.get(owner, 0) + n
+        if left:
+            self._key_bytes[owner] = left
+        else:
+            self._key_bytes.pop(owner, None)
+
+
+def _owner(key: Hashable) -> Hashable:
+    """The key id of a (key id, request id, nonce) message key; other keys are their own."""
+    return key[0] if isinstance(key, tuple) and key else key

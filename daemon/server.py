@@ -83,7 +83,8 @@ class Daemon:
         self._pin_cpus()
         self.keys = KeyStore(c.security.keys_file)  # refuses a group/world-readable file
         self.replay = ReplayGuard(ReplayConfig(skew_s=c.security.max_skew_s,
-                                               capacity=c.security.nonce_capacity))
+                                               capacity=c.security.nonce_capacity,
+                                               per_key=c.security.nonce_per_key))
         self.ingress = Ingress(self.keys, self.replay, Reassembler(), max_seq_len=c.model.max_seq_len)
         self.cache = ResultCache(ttl_s=c.cache.ttl_s, max_entries=c.cache.max_entries,
                                  max_bytes=c.cache.max_bytes)

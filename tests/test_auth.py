@@ -195,7 +195,7 @@ def test_a_signed_request_is_accepted_at_most_once(skew: float, delay: float,
 
 def test_full_cache_refuses_with_overloaded_rather_than_forgetting() -> None:
     clk = Clock()
-    g = ReplayGuard(ReplayConfig(capacity=3), clock=clk)
+    g = ReplayGuard(ReplayConfig(capacity=3, per_key=3), clock=clk)
     for i in range(3):
         g.remember(bytes([i]) * 32, _us(clk.t))
     with pytest.raises(OverloadedError):
@@ -208,6 +208,24 @@ def test_full_cache_refuses_with_overloaded_rather_than_forgetting() -> None:
     clk.t += 301
     g.remember(b"x" * 32, _us(clk.t))
     assert len(g) == 1 and g.stats["full"] == 1
+
+
+def test_one_key_cannot_take_the_whole_cache() -> None:
+    """Key 1 fills its share (half the cache by default) and gets OVERLOADED; key 2 still
+    gets in; when key 1's nonces age out, its share comes back."""
+    clk = Clock()
+    g = ReplayGuard(ReplayConfig(capacity=10), clock=clk)
+    assert g.per_key == 5
+    for i in range(5):
+        g.remember(bytes([1, i]) * 16, _us(clk.t), key_id=1)
+    with pytest.raises(OverloadedError, match="this key's share"):
+        g.remember(b"\x01\xff" * 16, _us(clk.t), key_id=1)
+    for i in range(5):
+        g.remember(bytes([2, i]) * 16, _us(clk.t), key_id=2)
+    assert (g.live(1), g.live(2), len(g), g.stats["key_full"]) == (5, 5, 10, 1)
+    clk.t += 301
+    g.remember(b"\x01\xff" * 16, _us(clk.t), key_id=1)
+    assert (g.live(1), g.live(2), len(g)) == (1, 0, 1)
 
 
 def test_purge_bounds_memory_under_steady_traffic() -> None:

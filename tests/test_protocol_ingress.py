@@ -44,9 +44,13 @@ def _ingress(clocks: tuple[Clock, Clock], **kw: object) -> Ingress:
     wall, mono = clocks
     budget = kw.pop("budget", 64 << 20)
     capacity = kw.pop("capacity", 1000)
+    # per-key shares: the whole cache/budget unless a test asks for the default (0 = half)
+    share = kw.pop("per_key_share", True)
     return Ingress(KeyStore(keys={KEY_ID: SECRET, 4: OTHER}),
-                   ReplayGuard(ReplayConfig(capacity=capacity), clock=wall),  # type: ignore[arg-type]
-                   Reassembler(budget_bytes=budget, timeout_s=5.0, clock=mono),  # type: ignore[arg-type]
+                   ReplayGuard(ReplayConfig(capacity=capacity,  # type: ignore[arg-type]
+                                            per_key=capacity if share else 0), clock=wall),
+                   Reassembler(budget_bytes=budget, timeout_s=5.0,  # type: ignore[arg-type]
+                               per_key_bytes=budget if share else 0, clock=mono),
                    wall_clock=wall, monotonic=mono, **kw)  # type: ignore[arg-type]
 
 
@@ -262,6 +266,18 @@ def test_reassembly_budget_full_is_overloaded(clocks: tuple[Clock, Clock]) -> No
     assert isinstance(ing.feed(a[0]), Pending)
     r = _rejected(ing.feed(b[0]), ErrorCode.OVERLOADED)
     _signed_reply(r, ErrorCode.OVERLOADED)
+
+
+def test_one_key_holder_cannot_crowd_out_the_others(clocks: tuple[Clock, Clock]) -> None:
+    """Default shares (half the nonce cache, half the reassembly budget per key): key 7 is
+    refused OVERLOADED past its share, key 4 still gets in on both."""
+    ing = _ingress(clocks, capacity=4, budget=8000, per_key_share=False)
+    assert isinstance(ing.feed(_invoke()[0]), InvokeRequest)
+    assert isinstance(ing.feed(_invoke()[0]), InvokeRequest)
+    _rejected(ing.feed(_invoke()[0]), ErrorCode.OVERLOADED)              # nonce share
+    assert isinstance(ing.feed(_invoke(key_id=4, secret=OTHER)[0]), InvokeRequest)
+    big = _invoke(_body("a" * 4500), key_id=4, secret=OTHER)             # > 4000: its share
+    _rejected(ing.feed(big[0]), ErrorCode.OVERLOADED)
 
 
 def test_nonce_cache_full_is_overloaded(clocks: tuple[Clock, Clock]) -> None:

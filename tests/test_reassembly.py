@@ -51,7 +51,7 @@ def test_any_order_with_duplicates_reassembles_exactly(body: bytes, chunk: int,
 
 
 def test_budget_is_reserved_up_front_and_refuses_new_messages() -> None:
-    r = Reassembler(budget_bytes=5000, clock=Clock())
+    r = Reassembler(budget_bytes=5000, per_key_bytes=5000, clock=Clock())
     body = bytes(3000)
     parts = _chunks(body, 1000)
     assert r.add("a", 0, 3, 3000, 1000, parts[0]) is None
@@ -95,7 +95,7 @@ def test_incomplete_messages_time_out_and_are_counted() -> None:
 
 def test_add_expires_lazily() -> None:
     clk = Clock()
-    r = Reassembler(budget_bytes=3000, timeout_s=1.0, clock=clk)
+    r = Reassembler(budget_bytes=3000, per_key_bytes=3000, timeout_s=1.0, clock=clk)
     r.add("a", 0, 3, 3000, 1000, bytes(1000))
     clk.t += 2
     # The budget is full, but the stale message is dropped first, so this one fits.
@@ -121,3 +121,17 @@ def test_assembled_reports_first_fragment_time() -> None:
     clk.t += 0.25
     got = r.add("a", 0, 2, 600, 300, bytes(300))
     assert got is not None and got.started == 100.0
+
+
+def test_one_key_cannot_take_the_whole_budget():
+    """Key 1 may reserve half the budget; its next message is refused while key 2's fits;
+    completing a message gives the share back."""
+    r = Reassembler(budget_bytes=4000, clock=Clock())
+    assert r.per_key_bytes == 2000
+    r.add((1, b"a", b"n1"), 0, 2, 2000, 1000, b"x" * 1000)
+    with pytest.raises(OverloadedError, match="this key's share"):
+        r.add((1, b"b", b"n2"), 0, 2, 1000, 500, b"x" * 500)
+    r.add((2, b"c", b"n3"), 0, 2, 2000, 1000, b"y" * 1000)
+    assert r.stats["refused_key_share"] == 1 and r.reserved_bytes == 4000
+    assert r.add((1, b"a", b"n1"), 1, 2, 2000, 1000, b"x" * 1000) is not None
+    r.add((1, b"b", b"n2"), 0, 2, 1000, 500, b"x" * 500)  # key 1's share is free again

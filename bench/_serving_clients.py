@@ -128,15 +128,20 @@ class _Proc:
                                + self.log_path.read_text()[-3000:])
 
     def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self._log.close()
         return self.proc.returncode
+
+
+def terminate(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM (a graceful drain), then SIGKILL after `timeout` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class LlamaServer(_Proc):

@@ -68,6 +68,8 @@ SERVER_CPU, CLIENT_CPU = 0, 1
 PIN = ["--cpu-cpus", str(SERVER_CPU), "--model-threads", "1"]
 
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
+from _serving_clients import terminate  # noqa: E402
 from netns import in_netns  # noqa: E402  (the testbed helpers the tests use too)
 
 
@@ -117,13 +119,7 @@ class Daemon:
             f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode())
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
 
 
 def xdp_counts(text: str) -> dict[str, float]:
@@ -173,13 +169,7 @@ def start_proc(ns: str, cmd: list[str], ready: str | None, tmp: Path, name: str)
 
 
 def stop_proc(p) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    terminate(p, 20)
 
 
 # ---------------------------------------------------------------------------- clients

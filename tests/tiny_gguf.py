@@ -37,11 +37,13 @@ def tiny_vocab(n: int) -> list[str]:
 
 
 def write_tiny_llama(path: str, seed: int = 0, arch: str = "llama",
-                     override: dict[str, QT] | None = None, tokenizer: bool = False) -> None:
+                     override: dict[str, QT] | None = None, tokenizer: bool = False,
+                     config: dict | None = None, tied: bool = False) -> None:
     """tokenizer=True adds a small byte-level BPE vocabulary (eos = <|im_end|>, id 2), enough
     for the daemon to load the model and detokenize what it generates; prompts are then sent
-    as token ids."""
-    c = TINY
+    as token ids. config: other shapes (TINY's keys; bench/gpu_bench.py writes SmolLM2's);
+    tied: no output.weight, the LM head is the embedding (as in SmolLM2)."""
+    c = config or TINY
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, arch)
     w.add_block_count(c["n_layer"])
@@ -76,7 +78,8 @@ def write_tiny_llama(path: str, seed: int = 0, arch: str = "llama",
         _tensor(w, f"blk.{i}.attn_norm.weight", 1 + 0.1 * rng.standard_normal(d), QT.F32)
         _tensor(w, f"blk.{i}.ffn_norm.weight", 1 + 0.1 * rng.standard_normal(d), QT.F32)
     _tensor(w, "output_norm.weight", 1 + 0.1 * rng.standard_normal(d), QT.F32)
-    _tensor(w, "output.weight", rng.standard_normal((c["vocab"], d)), QT.F16)
+    if not tied:
+        _tensor(w, "output.weight", rng.standard_normal((c["vocab"], d)), QT.F16)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

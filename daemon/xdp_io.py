@@ -2,7 +2,7 @@
 and the same recv_batch/send_batch interface as the UDP path (udp_io.BatchedUDP), so the
 protocol, the engine and streaming above it don't know which path a datagram took.
 
-    xdp = XdpIO.open("eth0", ports=[7433])     # compile (BCC), sockets, register, attach
+    xdp = XdpIO.open(XdpSettings("eth0", (7433,)))  # BCC in a helper, sockets, register, attach
     for payload, peer in xdp.recv_batch(): ...  # peer: an xdp_frames.Peer, the reply route
     xdp.send_batch([(frame, peer), ...])       # written in place into UMEM TX frames
     xdp.close()                                # detach (the bpf_link), free the UMEM

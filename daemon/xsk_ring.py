@@ -4,13 +4,14 @@ No Python library wraps AF_XDP, and libxdp would be a C dependency for ~300 line
 arithmetic, so this is written against the kernel ABI directly (uapi/linux/if_xdp.h,
 Documentation/networking/af_xdp.rst):
 
-    umem  = Umem(n_queues * frames_per_queue)      # one anonymous mmap (later: cudaHostRegister)
-    xsk   = XskSocket(umem, part, ifname, queue)   # UMEM_REG + 4 rings, mmap'ed, bind()
-    xdp_prog.register_xsk(queue, xsk.fileno())     # the XDP program now redirects to it
-    for addr, length in xsk.rx():                  # frames the kernel wrote
-        ... umem.view[addr:addr + length] ...
+    umem  = Umem(n_queues * frames_per_queue)      # one anonymous mmap (gpu/cuda/mapped_ring
+                                                   # can register it with the device)
+    xsk   = XskSocket(umem, umem.part(q, n_queues), ifname, q)  # UMEM_REG, 4 rings, bind()
+    xdp_prog.register_xsk(q, xsk.fileno())         # the XDP program now redirects to it
+    addrs, lens = xsk.rx()                         # frames the kernel wrote (UMEM offsets)
+    ... umem.view[a:a + n] for a, n in zip(addrs, lens) ...
     xsk.recycle(addrs)                             # back to the fill ring, in one write
-    addr = xsk.tx_frame(); ...write...; xsk.tx_submit([(addr, length)]); xsk.kick()
+    a = xsk.tx_frame(); ...write umem.view[a:]...; xsk.tx_submit([a], [n])  # and kick
 
 Rings are single-producer/single-consumer arrays of 2^n entries with free-running u32
 producer/consumer indices shared with the kernel. Descriptors are written through numpy

@@ -24,7 +24,6 @@ from zerolayer.gpu.errors import ContextOverflowError, KVCacheFullError
 from zerolayer.gpu.generate import SamplingParams
 from zerolayer.gpu.kv_cache import Sequence
 from zerolayer.gpu.model import LlamaModel, StepInput
-from zerolayer.gpu.ops.sampling import sample
 from zerolayer.gpu.prefix_cache import PrefixCache
 from zerolayer.gpu.stopping import StopChecker
 from zerolayer.gpu.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -122,8 +121,11 @@ class Engine:
                 owners.append(r)
                 r.prefilled += n
                 budget -= n
+        # one draw per logit row, from each request's own seeded generator
+        draws = [(r.params.temperature, r.params.top_k, r.params.top_p, r.rng.random())
+                 for inp, r in zip(inputs, owners) if inp.logits]
         try:
-            logits = self.model.step(inputs)
+            tokens = self.model.step_tokens(inputs, draws)  # sampled where the logits are
         except Exception as e:  # never let one bad step take the daemon down
             for r in owners:
                 self._finish_error(r, "INTERNAL", f"forward pass failed: {e}")
@@ -135,7 +137,7 @@ class Engine:
         for inp, r in zip(inputs, owners):
             if not inp.logits:
                 continue
-            self._emit_token(r, logits[row], now)
+            self._emit_token(r, int(tokens[row]), now)
             row += 1
         self.running = [r for r in self.running if not r.done]
 
@@ -167,9 +169,8 @@ class Engine:
             r.t_admit = time.monotonic()
             self.running.append(r)
 
-    def _emit_token(self, r: EngineRequest, logits: np.ndarray, now: float) -> None:
+    def _emit_token(self, r: EngineRequest, tok: int, now: float) -> None:
         p = r.params
-        tok = sample(logits, p.temperature, p.top_k, p.top_p, r.rng.random())
         if not r.tokens:
             r.t_first = now
         elif r.t_last:

@@ -20,7 +20,6 @@ import numpy as np
 from . import backend
 from .errors import ContextOverflowError
 from .model import LlamaModel, StepInput, set_threads
-from .ops.sampling import sample
 from .stopping import StopChecker
 from .tokenizer import Tokenizer
 
@@ -84,11 +83,14 @@ def on_backend(model: LlamaModel):
     return CudaModel(model)
 
 
-def prefill(model: LlamaModel, seq, ids: np.ndarray) -> np.ndarray:
-    """Run a prompt through the model in chunks; logits of its last token."""
+def prefill(model: LlamaModel, seq, ids: np.ndarray, draw=None):
+    """Run a prompt through the model in chunks: the logits of its last token, or, given a
+    draw (temperature, top_k, top_p, u), the token id drawn from them (``step_tokens``)."""
     for i in range(0, len(ids), PREFILL_CHUNK):
         chunk = ids[i:i + PREFILL_CHUNK]
         last = i + PREFILL_CHUNK >= len(ids)
+        if last and draw is not None:
+            return int(model.step_tokens([StepInput(seq, chunk)], [draw])[0])
         logits = model.step([StepInput(seq, chunk, logits=last)])
     return logits[0]
 
@@ -149,11 +151,12 @@ class Generator:
         seq = self.model.new_sequence()
         try:
             t0 = time.perf_counter()
-            logits = prefill(self.model, seq, ids)
+            def draw():
+                return params.temperature, params.top_k, params.top_p, rng.random()
+            tok = prefill(self.model, seq, ids, draw())
             res.prefill_s = time.perf_counter() - t0
             t1 = time.perf_counter()
             while True:
-                tok = sample(logits, params.temperature, params.top_k, params.top_p, rng.random())
                 if tok in eos:
                     res.finish_reason = "stop"
                     break
@@ -168,7 +171,7 @@ class Generator:
                 if len(res.token_ids) >= params.max_tokens:
                     res.finish_reason = "length"
                     break
-                logits = self.model.step([StepInput(seq, np.array([tok], np.int32))])[0]
+                tok = int(self.model.step_tokens([StepInput(seq, np.array([tok], np.int32))], [draw()])[0])
             tail = stops.push(detok.flush()) + stops.flush()
             if tail:
                 res.text += tail

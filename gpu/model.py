@@ -30,6 +30,7 @@ from .ops.embedding import embed
 from .ops.matmul import matmul
 from .ops.rmsnorm import rmsnorm
 from .ops.rope import rope, rope_tables
+from .ops.sampling import sample
 from .ops.swiglu import swiglu
 from .tokenizer import Tokenizer
 
@@ -145,23 +146,12 @@ class LlamaModel:
         """Append each input's tokens to its sequence; return logits [N, vocab] (float32)
         of the last new token of each sequence that asked for them (in input order). Raises ContextOverflowError/KVCacheFullError
         before touching any state if a sequence can't grow."""
-        for inp in inputs:
-            inp.seq.reserve(len(inp.tokens))
-        n = sum(1 for i in inputs if i.logits)
-        tokens = np.concatenate([np.asarray(i.tokens, np.int32) for i in inputs])
-        tok_seq = np.concatenate([np.full(len(i.tokens), s, np.int32) for s, i in enumerate(inputs)])
-        tok_pos = np.concatenate([np.arange(i.seq.length, i.seq.length + len(i.tokens), dtype=np.int32)
-                                  for i in inputs])
-        last = np.cumsum([len(i.tokens) for i in inputs]).astype(np.int32) - 1
-        logit_rows = last[[i.logits for i in inputs]] if n < len(inputs) else last
-        tables = np.stack([i.seq.table for i in inputs])
+        tokens, tok_seq, tok_pos, logit_rows, tables = step_arrays(inputs, self.cfg.vocab)
         cfg = self.cfg
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.vocab):
-            raise ValueError(f"token id out of range [0, {cfg.vocab})")
         T = len(tokens)
         # enough attention work items for every thread (flash-decoding splits)
         splits = max(1, (4 * numba.get_num_threads()) // (T * cfg.n_kv))
-        logits = np.empty((n, cfg.vocab), np.float32)
+        logits = np.empty((len(logit_rows), cfg.vocab), np.float32)
         a = self.arena
         forward(tokens, tok_seq, tok_pos, logit_rows, tables, a.k_pool, a.v_pool, *self._wargs,
                 self.cos, self.sin, cfg.n_head, cfg.n_kv, cfg.head_dim, cfg.n_ff, np.float32(cfg.eps),
@@ -169,6 +159,30 @@ class LlamaModel:
         for i in inputs:
             i.seq.length += len(i.tokens)
         return logits
+
+    def step_tokens(self, inputs: list[StepInput], draws) -> np.ndarray:
+        """step(), then one token id drawn from each logit row: draws[r] = (temperature,
+        top_k, top_p, u) (gpu/ops/sampling.sample). int32 [N]."""
+        logits = self.step(inputs)
+        return np.array([sample(row, *d) for row, d in zip(logits, draws)], np.int32)
+
+
+def step_arrays(inputs: list[StepInput], vocab: int):
+    """A step's inputs as flat arrays (tokens, their sequence and position, the rows that
+    give logits, the block tables), after reserving each sequence's room. Raises before any
+    state changes if a sequence can't grow or a token id is outside the vocabulary."""
+    for inp in inputs:
+        inp.seq.reserve(len(inp.tokens))
+    tokens = np.concatenate([np.asarray(i.tokens, np.int32) for i in inputs])
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
+        raise ValueError(f"token id out of range [0, {vocab})")
+    tok_seq = np.concatenate([np.full(len(i.tokens), s, np.int32) for s, i in enumerate(inputs)])
+    tok_pos = np.concatenate([np.arange(i.seq.length, i.seq.length + len(i.tokens), dtype=np.int32)
+                              for i in inputs])
+    last = np.cumsum([len(i.tokens) for i in inputs]).astype(np.int32) - 1
+    logit_rows = last[[i.logits for i in inputs]]
+    tables = np.stack([i.seq.table for i in inputs])
+    return tokens, tok_seq, tok_pos, logit_rows, tables
 
 
 def set_threads(n: int | None = None) -> int:

@@ -33,4 +33,7 @@ bash scripts/install-bcc.sh || echo "bootstrap: no BCC; the XDP fast path is una
   cuda-core==1.2.2 cuda-pathfinder==1.9.1 cuda-toolkit==12.9.2.0 \
   nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cuda-nvrtc-cu12==12.9.86 \
   nvidia-cuda-runtime-cu12==12.9.79 nvidia-nvjitlink-cu12==12.9.86 nvidia-cuda-cccl-cu12==12.9.27
+# CuPy: on a GPU, Numba's device allocations come from CuPy's memory pool
+# (gpu/cuda/cupy_memory.py). It imports without a GPU; the tests check the plugin is accepted.
+"$VENV/bin/python" -m pip install -q cupy-cuda12x==14.2.0
 echo "bootstrap: ok ($("$VENV/bin/python" --version), venv $VENV)"

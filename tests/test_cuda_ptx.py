@@ -26,8 +26,9 @@ import pytest
 CC = (9, 0)
 ALLOW_F64: dict[str, str] = {}  # kernel name -> why it needs float64
 CUDA_DIR = Path(__file__).resolve().parent.parent / "gpu" / "cuda"
-# Modules that only drive kernels (graph.py: CUDA graph capture through the driver API).
-NO_KERNEL_MODULES = {"graph"}
+# Modules with no kernel of their own (graph.py: CUDA graph capture through the driver API;
+# cupy_memory.py: the allocator plugin).
+NO_KERNEL_MODULES = {"graph", "cupy_memory"}
 OP_MODULES = sorted(p.stem for p in CUDA_DIR.glob("*.py")
                     if not p.stem.startswith("_") and p.stem not in NO_KERNEL_MODULES) + ["_cuda_shim"]
 CHILD_TIMEOUT_S = 300
@@ -44,7 +45,7 @@ def ptx_results() -> dict:
 
 
 def test_op_modules_found():
-    assert {"attention", "embedding", "matmul", "rmsnorm", "rope", "swiglu"} <= set(OP_MODULES)
+    assert {"attention", "embedding", "matmul", "rmsnorm", "rope", "sampling", "swiglu"} <= set(OP_MODULES)
 
 
 @pytest.mark.parametrize("module", OP_MODULES)

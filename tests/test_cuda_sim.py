@@ -30,10 +30,11 @@ CASES = [
     "embed_q4_1", "embed_q4_0", "embed_q8_0", "embed_f32",
     *[f"matmul_{qt}_T{T}" for qt in ("q4_1", "q4_0", "q8_0", "f16") for T in (1, 3, 11)],
     "kv_write", "attention_splits1", "attention_splits3", "attention_gqa1",
-    "forward_tiny_model", "backend_greedy_prefix", "mapped_ring_token_ids", "argmax_rows",
+    "forward_tiny_model", "backend_prefix_tokens", "mapped_ring_token_ids",
+    "sample_greedy", "sample_filtered",
 ]
-TOL = {"kv_write": 0.0, "forward_tiny_model": 1e-4, "backend_greedy_prefix": 0.0,
-       "mapped_ring_token_ids": 0.0, "argmax_rows": 0.0}
+TOL = {"kv_write": 0.0, "forward_tiny_model": 1e-4, "backend_prefix_tokens": 0.0,
+       "mapped_ring_token_ids": 0.0, "sample_greedy": 0.0}
 ELEMENTWISE = ("rope", "swiglu", "add", "embed_")
 CHILD_TIMEOUT_S = 300
 
@@ -230,11 +231,13 @@ def _child() -> None:
             errs.append(rel(out[1], out[0]))
         return max(errs)
 
-    def case_backend_greedy_prefix():
+    def case_backend_prefix_tokens():
         """What the daemon runs with ZEROLAYER_GPU_BACKEND=sim: gpu.backend chose the
         simulator, generate.on_backend wrapped the model in a CudaModel, and greedy decoding
         after a prefix-cache reuse (KV blocks copied within the *device* pools) gives the same
-        tokens as the CPU model. Returns the fraction of tokens that differ."""
+        tokens as the CPU model, greedy from host logits (step) and then sampled with the same
+        draws (step_tokens: the device sampler vs the CPU one). Returns the fraction of tokens
+        that differ."""
         import tempfile
 
         from gguf import GGMLQuantizationType as QT
@@ -254,23 +257,23 @@ def _child() -> None:
         assert type(dev).__name__ == "CudaModel" and dev.arena.k_pool is dev.fwd.k_pool
         prompt = rng.integers(0, 200, 9).astype(np.int32)
 
-        def greedy(m, n=2):
+        draws = [(0.0, 0, 1.0, 0.0), (0.9, 20, 0.95, 0.31), (1.2, 0, 0.8, 0.77), (0.7, 50, 1.0, 0.52)]
+
+        def tokens(m):
             pc = PrefixCache(m.arena, min_tokens=4)
             first = m.new_sequence()
             m.step([StepInput(first, prompt)])
             pc.store(first, prompt)
             seq = m.new_sequence()
-            seq.reserve(len(prompt) + n)
+            seq.reserve(len(prompt) + len(draws) + 1)
             got = pc.reuse(prompt, seq)
             assert got == len(prompt) - 1, got
-            logits = m.step([StepInput(seq, prompt[got:])])
-            out = []
-            for _ in range(n):
-                out.append(int(np.argmax(logits[0])))
-                logits = m.step([StepInput(seq, np.array(out[-1:], np.int32))])
+            out = [int(np.argmax(m.step([StepInput(seq, prompt[got:])])[0]))]  # step(): host logits
+            for d in draws:  # step_tokens(): sampled where the logits are (on the device for dev)
+                out.append(int(m.step_tokens([StepInput(seq, np.array(out[-1:], np.int32))], [d])[0]))
             return out
 
-        a, b = greedy(cpu), greedy(dev)
+        a, b = tokens(cpu), tokens(dev)
         return float(np.mean(np.array(a) != np.array(b)))
 
     def case_mapped_ring_token_ids():
@@ -304,13 +307,46 @@ def _child() -> None:
         bad += int((back != ids).sum())
         return bad / (2 * len(ids))
 
-    def case_argmax_rows():
-        from zerolayer.gpu.cuda import mapped_ring as mr
+    def case_sample_greedy():
+        """temperature 0 and top_k 1 are argmax, the first index on ties (as numpy)."""
+        from zerolayer.gpu.cuda import sampling as cu_smp
         logits = rng.standard_normal((3, 1000)).astype(np.float32)
-        logits[1, 17] = logits[1, 900] = 50.0  # a tie: the first index wins, as in numpy
+        logits[1, 17] = logits[1, 900] = 50.0
         out = np.zeros(3, np.int32)
-        mr.argmax_rows(logits, out)
-        return float(np.mean(out != logits.argmax(axis=1)))
+        cu_smp.argmax_rows(logits, out)
+        bad = int((out != logits.argmax(axis=1)).sum())
+        params = cu_smp.pack_params([(0.8, 1, 0.9, 0.5)] * 3)
+        cu_smp.sample_rows(logits, params, out)
+        return (bad + int((out != logits.argmax(axis=1)).sum())) / 6
+
+    def case_sample_filtered():
+        """Temperature / top-k / top-p rows, with tied logits at the cuts: the kept
+        distribution against the float64 reference (max abs error), and the drawn token
+        against the CPU twin's for the same u (any mismatch counts 1)."""
+        from zerolayer.gpu.cuda import sampling as cu_smp
+        from zerolayer.gpu.ops.sampling import sample, sample_probs_ref
+        V = 300
+        cfgs = [(0.7, 0, 1.0), (1.0, 40, 1.0), (0.8, 0, 0.9), (1.3, 50, 0.5), (0.5, 0, 0.05),
+                (1.0, 12, 1.0), (1.0, 299, 0.95), (2.0, 1000, 0.7)]
+        logits = (rng.standard_normal((len(cfgs), V)) * 3).astype(np.float32)
+        logits[5, 100:130] = logits[5, 7]  # 31 equal logits straddling the top-12 cut
+        logits[6, :] = np.round(logits[6, :])  # many ties everywhere
+        draws, refs = [], []
+        for r, (t, k, p) in enumerate(cfgs):
+            ref = sample_probs_ref(logits[r], t, k, p)
+            cdf = np.cumsum(ref)
+            while True:  # a draw not within float32 rounding of a boundary
+                u = float(np.float32(rng.random()))
+                if np.abs(cdf - u).min() > 1e-4:
+                    break
+            draws.append((t, k, p, u))
+            refs.append(ref)
+        out = np.zeros(len(cfgs), np.int32)
+        probs = np.zeros((len(cfgs), V), np.float32)
+        cu_smp.sample_rows(logits, cu_smp.pack_params(draws), out, probs)
+        err = float(np.abs(probs - np.array(refs)).max())
+        wrong = sum(int(out[r]) != sample(logits[r], *d) for r, d in enumerate(draws))
+        return err + wrong
 
     runs = {"shim_reductions": case_shim_reductions, "rmsnorm": case_rmsnorm, "rope": case_rope,
             "swiglu": case_swiglu, "add": case_add,
@@ -319,8 +355,9 @@ def _child() -> None:
             "attention_splits3": lambda: case_attention(3),  # seq 1 has 1 block: 2 empty splits
             "attention_gqa1": lambda: case_attention(2, n_head=2, n_kv=2, hd=32),
             "forward_tiny_model": case_forward_tiny_model,
-            "backend_greedy_prefix": case_backend_greedy_prefix,
-            "mapped_ring_token_ids": case_mapped_ring_token_ids, "argmax_rows": case_argmax_rows}
+            "backend_prefix_tokens": case_backend_prefix_tokens,
+            "mapped_ring_token_ids": case_mapped_ring_token_ids,
+            "sample_greedy": case_sample_greedy, "sample_filtered": case_sample_filtered}
     for qt in ("q4_1", "q4_0", "q8_0", "f32"):
         runs[f"embed_{qt}"] = (lambda q: lambda: case_embed(q))(qt)
     for qt in ("q4_1", "q4_0", "q8_0", "f16"):

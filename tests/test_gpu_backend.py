@@ -47,6 +47,31 @@ def test_explicit_choices():
     assert bogus[0] == "cpu" and "tpu" in bogus[3]
 
 
+def memory_manager(env_value: str | None) -> list[str]:
+    """(MEMORY, the class numba will allocate device memory with) in a fresh process on the
+    real CUDA target (numba.cuda imported, no context needed)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ZEROLAYER_GPU_BACKEND", "NUMBA_ENABLE_CUDASIM", "ZEROLAYER_CUDA_MEMORY")}
+    if env_value is not None:
+        env["ZEROLAYER_CUDA_MEMORY"] = env_value
+    out = subprocess.run(
+        [sys.executable, "-c", "from zerolayer.gpu.cuda import _cuda_shim as s; "
+         "from numba.cuda.cudadrv import driver as d; d._ensure_memory_manager(); "
+         "print(s.MEMORY); print(d._memory_manager.__name__)"],
+        env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+    return out
+
+
+def test_device_memory_comes_from_cupys_pool():
+    """Numba accepted the CuPy EMM plugin (it checks the interface version when it is set),
+    unless told otherwise. The allocations themselves need a GPU: bench/gpu_bench.py checks
+    that the model's weights land in CuPy's pool."""
+    assert memory_manager(None) == ["cupy memory pool", "CupyPoolMemory"]
+    assert memory_manager("numba") == ["numba (ZEROLAYER_CUDA_MEMORY=numba)", "NumbaCUDAMemoryManager"]
+    bogus = memory_manager("rmm")
+    assert "rmm" in bogus[0] and bogus[1] == "NumbaCUDAMemoryManager"
+
+
 def test_cuda_without_a_gpu_refuses_to_start_the_daemon(tmp_path):
     name, usable, _, reason, has_gpu = choose("cuda")
     if has_gpu == "True":

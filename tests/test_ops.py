@@ -145,8 +145,11 @@ def test_sampling_distribution_matches_reference(temperature, top_k, top_p):
     ours = np.zeros_like(ref)
     ours[ids] = p
     assert np.abs(ours - ref).max() < 1e-9
-    for u in rng.random(50):  # every draw lands on a token the reference allows
-        assert ref[sample(logits, temperature, top_k, top_p, u)] > 0
+    cdf = np.cumsum(ref)  # the draw: inverse CDF in ascending token id (as on the device)
+    for u in rng.random(50):
+        tok = sample(logits, temperature, top_k, top_p, u)
+        assert ref[tok] > 0
+        assert tok == min(int(np.searchsorted(cdf, u, side="right")), int(np.flatnonzero(ref)[-1]))
 
 
 def test_greedy_is_argmax():

@@ -13,7 +13,9 @@ wrappers take device arrays (Numba device arrays, or CuPy arrays through
     matmul.py       y = x W^T over Q4 / Q8 / F32 weights; TT=1 (decode) and TT=8 token tiles
     attention.py    kv_write; causal GQA attention over the paged arena, flash-decoding splits
     forward.py      the forward pass as kernel launches over device weights; CudaModel.step
-    mapped_ring.py  the AF_XDP UMEM as mapped memory: token ids in/out of frames; greedy argmax
+    sampling.py     greedy / temperature / top-k / top-p per row: only token ids leave the GPU
+    mapped_ring.py  the AF_XDP UMEM as mapped memory: token ids in/out of frames
+    cupy_memory.py  Numba's device allocations from CuPy's memory pool (EMM plugin)
 
 Importing this package imports ``numba.cuda``; ``ZEROLAYER_GPU_BACKEND=sim`` must be set
 before that to get the simulator (see _cuda_shim). Tests: tests/test_cuda_sim.py (every
@@ -23,5 +25,5 @@ float64).
 from __future__ import annotations
 
 from . import _cuda_shim
-from . import attention, embedding, forward, mapped_ring, matmul, rmsnorm, rope, swiglu  # noqa: F401  (registers kernels)
+from . import attention, embedding, forward, mapped_ring, matmul, rmsnorm, rope, sampling, swiglu  # noqa: F401  (registers kernels)
 from ._cuda_shim import KERNELS, SIM, device_available  # noqa: F401

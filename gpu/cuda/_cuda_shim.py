@@ -18,6 +18,8 @@ What the simulator lacks and the shim supplies:
   keep shuffles to their final reductions.
 * a thread-safe ``cuda.shared.array`` (the simulator's own can give two threads of a block
   two different arrays).
+* bit casts: ``float_bits`` (libdevice's ``float_as_int`` on the device, a numpy view in
+  the simulator, whose libdevice functions return None).
 * launch sizes: ``grid_1d`` caps grid-stride launches in the simulator, where each thread
   is a Python thread; kernels whose block shape is part of their design keep it.
 * ``kernel(sigs)`` registers each kernel with the signatures it is launched with, so the PTX
@@ -43,6 +45,11 @@ except ImportError:  # pragma: no cover
     from numba.core import config as _cuda_config  # noqa: E402
 
 SIM = bool(_cuda_config.ENABLE_CUDASIM)
+if SIM:
+    MEMORY = "simulator (host memory)"
+else:  # before any CUDA context exists: device memory from CuPy's pool (cupy_memory.py)
+    from .cupy_memory import install as _install_memory
+    MEMORY = _install_memory()
 FULL_MASK = 0xFFFFFFFF
 WARP = 32
 
@@ -132,6 +139,19 @@ else:
     @device
     def shfl_xor(v, lanemask):
         return cuda.shfl_xor_sync(FULL_MASK, v, lanemask)
+
+
+if SIM:
+    def float_bits(x):
+        """The bits of a float32 as an int32 (the simulator's libdevice is a stub)."""
+        return int(np.float32(x).view(np.int32))
+else:
+    from numba.cuda import libdevice as _libdevice
+
+    @device
+    def float_bits(x):
+        """The bits of a float32 as an int32 (a register move on the device)."""
+        return _libdevice.float_as_int(x)
 
 
 @device

@@ -16,23 +16,29 @@ the engine's admission and release logic is unchanged.
 
 ``CudaForward.launch`` is the step as 4 + 13 per layer kernel launches (~395 for SmolLM2's 30
 layers), with no allocation or copy, so that graph.py can capture a decode step as one CUDA
-graph; CudaModel replays those when ZEROLAYER_CUDA_GRAPHS=1 (off until measured on a GPU).
+graph; CudaModel replays those for decode steps (ZEROLAYER_CUDA_GRAPHS=0 turns that off).
+``step_tokens`` samples on the device (sampling.py) and copies back only token ids.
 """
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
+
+from ..model import step_arrays
 
 from . import attention as _att
 from . import embedding as _emb
 from . import matmul as _mm
 from . import rmsnorm as _rms
 from . import rope as _rope
+from . import sampling as _smp
 from . import swiglu as _sw
 from ._cuda_shim import SIM, cuda, grid_1d, kernel
 
 SIM_SMS = 4  # multiprocessors assumed under the simulator (sizes the attention splits)
+GRAPH_CHECK_TOL = 1e-4  # a graph replay vs the launched step (the same kernels: ~0 expected)
 
 
 @kernel(["void(float32[:, ::1], int32[::1], float32[:, ::1])"])
@@ -51,6 +57,40 @@ def _upload_weight(wt, stream):
             for a in (wt.qs, wt.d, wt.m, wt.w)]
     L = wt.d.shape[0]
     return wt.fmt, [tuple(None if a is None else a[i] for a in arrs) for i in range(L)]
+
+
+class Staging:
+    """Host arrays packed into one pinned buffer and copied to one device buffer: one
+    host-to-device copy per step and no allocation. Views of the same shapes always start at
+    the same device addresses (what a captured graph needs). Refilled only after the previous
+    step's results were copied back (synchronously), so the pinned buffer is never
+    overwritten while a copy from it is pending."""
+
+    def __init__(self, stream, dtype, capacity: int = 0):
+        self.stream, self.dtype = stream, np.dtype(dtype)
+        self.capacity = 0
+        self._grow(capacity)
+
+    def _grow(self, n: int) -> None:
+        if n <= self.capacity:
+            return
+        cap = max(1024, 1 << (n - 1).bit_length())
+        self.host = cuda.pinned_array(cap, self.dtype)
+        self.dev = cuda.device_array(cap, self.dtype, stream=self.stream)
+        self.capacity = cap
+
+    def put(self, *arrays):
+        """Copy the arrays to the device; returns their device views, same shapes."""
+        arrays = [np.asarray(a, self.dtype) for a in arrays]
+        ends = np.cumsum([a.size for a in arrays])
+        self._grow(int(ends[-1]))
+        views, start = [], 0
+        for a, end in zip(arrays, ends):
+            self.host[start:end] = a.reshape(-1)
+            views.append(self.dev[start:end].reshape(a.shape) if a.ndim > 1 else self.dev[start:end])
+            start = end
+        self.dev[:start].copy_to_device(self.host[:start], stream=self.stream)
+        return views
 
 
 class CudaForward:
@@ -79,6 +119,7 @@ class CudaForward:
         self.sms = SIM_SMS if SIM else cuda.get_current_device().MULTIPROCESSOR_COUNT
         self._cap = 0
         self._part: dict[tuple[int, int], tuple] = {}
+        self._inputs = Staging(s, np.int32)
 
     def _buffers(self, T: int, n_out: int) -> None:
         if T <= self._cap and n_out <= self._cap:
@@ -104,16 +145,17 @@ class CudaForward:
         want = -(-2 * self.sms // (T * self.cfg.n_kv))
         return max(1, min(max_blocks, want))
 
-    def forward(self, tokens, tok_seq, tok_pos, logit_rows, block_tables) -> np.ndarray:
-        """One step (same arguments as gpu.model.forward's step inputs); returns host logits
-        [len(logit_rows), vocab]."""
-        s = self.stream
-        T, n_out = len(tokens), len(logit_rows)
-        self._buffers(T, n_out)
-        splits = self.splits_for(T, tok_pos)
-        ins = [cuda.to_device(np.ascontiguousarray(a, np.int32), stream=s)
-               for a in (tokens, tok_seq, tok_pos, logit_rows, block_tables)]
-        return self.launch(*ins, splits, s).copy_to_host(stream=s)
+    def run(self, tokens, tok_seq, tok_pos, logit_rows, block_tables):
+        """One step (gpu.model.step_arrays' arrays), launched on self.stream; returns the
+        device logits [len(logit_rows), vocab], not yet synchronised."""
+        self._buffers(len(tokens), len(logit_rows))
+        splits = self.splits_for(len(tokens), tok_pos)
+        ins = self._inputs.put(tokens, tok_seq, tok_pos, logit_rows, block_tables)
+        return self.launch(*ins, splits, self.stream)
+
+    def forward(self, *step) -> np.ndarray:
+        """run(), with the logits copied to the host [len(logit_rows), vocab]."""
+        return self.run(*step).copy_to_host(stream=self.stream)
 
     def partials(self, T: int, splits: int, s):
         """Flash-decoding scratch for (T, splits), allocated once and kept."""
@@ -187,6 +229,14 @@ class CudaModel:
             name = cuda.get_current_device().name  # bytes or str, by numba-cuda version
             self.device = name.decode() if isinstance(name, bytes) else str(name)
         self._graphs: dict = {}
+        self._draws = Staging(stream, np.float32)
+        self._ids = None
+        # Decode steps (one token per sequence) replayed as CUDA graphs, one per batch size
+        # (graph.py). On unless ZEROLAYER_CUDA_GRAPHS=0; each graph is checked against the
+        # launched step when it is made, and a failure turns graphs off for this model.
+        self.use_graphs = os.environ.get("ZEROLAYER_CUDA_GRAPHS", "1") != "0" and not SIM
+        self.graphs = ("on" if self.use_graphs else
+                       "off (simulator)" if SIM else "off (ZEROLAYER_CUDA_GRAPHS=0)")
 
     def tokenizer(self):
         return self.model.tokenizer()
@@ -194,38 +244,63 @@ class CudaModel:
     def new_sequence(self):
         return self.model.new_sequence()
 
-    # Decode steps (one token per sequence) replayed as CUDA graphs, one per batch size
-    # (graph.py). Off until a GPU measurement says it pays (ZEROLAYER_CUDA_GRAPHS=1 turns it on).
-    use_graphs = os.environ.get("ZEROLAYER_CUDA_GRAPHS", "0") == "1" and not SIM
-
-    def _graph_for(self, T: int):
-        from .graph import DecodeGraph
+    def _graph_for(self, T: int, arrays):
+        """The graph for decode steps of T sequences, made on first use from this step's own
+        inputs: captured, replayed once and compared with the launched step (running a step
+        twice is harmless: it writes the same keys and values to the same KV slots). None,
+        with graphs off from then on, if the driver refuses or the replay disagrees."""
         g = self._graphs.get(T)
-        if g is None:
-            splits = max(1, -(-2 * self.fwd.sms // (T * self.cfg.n_kv)))  # fixed: empty splits are fine
-            g = self._graphs[T] = DecodeGraph(self.fwd, T, self.arena.max_blocks_per_seq, splits)
+        if g is not None:
+            return g
+        from .graph import DecodeGraph
+        splits = max(1, -(-2 * self.fwd.sms // (T * self.cfg.n_kv)))  # fixed: empty splits are fine
+        try:
+            g = DecodeGraph(self.fwd, T, self.arena.max_blocks_per_seq, splits)
+            ref = g.capture(*arrays)
+            got = g.replay(*arrays).copy_to_host(stream=g.stream)
+            err = float(np.abs(got - ref).max() / max(float(np.abs(ref).max()), 1e-30))
+            if not err <= GRAPH_CHECK_TOL:
+                raise RuntimeError(f"replay differs from the launched step (rel err {err:.2g})")
+        except Exception as e:  # a model that works beats a fast one: launch per op instead
+            self.use_graphs = False
+            self.graphs = f"off ({type(e).__name__}: {e})"
+            print(f"zerolayer: CUDA graphs off: {e}", file=sys.stderr, flush=True)
+            return None
+        self._graphs[T] = g
         return g
 
+    def _run(self, inputs):
+        """Launch one step; (device logits, the stream they are computed on)."""
+        arrays = step_arrays(inputs, self.cfg.vocab)
+        T = len(arrays[0])
+        if self.use_graphs and T == len(inputs) == len(arrays[3]):
+            g = self._graph_for(T, arrays)
+            if g is not None:
+                logits = g.replay(*arrays)
+                return logits, g.stream
+        return self.fwd.run(*arrays), self.fwd.stream
+
     def step(self, inputs) -> np.ndarray:
-        for inp in inputs:
-            inp.seq.reserve(len(inp.tokens))
-        tokens = np.concatenate([np.asarray(i.tokens, np.int32) for i in inputs])
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.cfg.vocab):
-            raise ValueError(f"token id out of range [0, {self.cfg.vocab})")
-        tok_seq = np.concatenate([np.full(len(i.tokens), s, np.int32) for s, i in enumerate(inputs)])
-        tok_pos = np.concatenate([np.arange(i.seq.length, i.seq.length + len(i.tokens), dtype=np.int32)
-                                  for i in inputs])
-        last = np.cumsum([len(i.tokens) for i in inputs]).astype(np.int32) - 1
-        logit_rows = last[[i.logits for i in inputs]]
-        tables = np.stack([i.seq.table for i in inputs])
-        if self.use_graphs and len(tokens) == len(inputs) == len(logit_rows):
-            g = self._graph_for(len(tokens))
-            if g.logits is None:
-                logits = g.capture(tokens, tok_seq, tok_pos, logit_rows, tables)
-            else:
-                logits = g.replay(tokens, tok_seq, tok_pos, logit_rows, tables)
-        else:
-            logits = self.fwd.forward(tokens, tok_seq, tok_pos, logit_rows, tables)
+        """LlamaModel.step on the device: host logits [N, vocab]."""
+        logits, stream = self._run(inputs)
+        out = logits.copy_to_host(stream=stream)
         for i in inputs:
             i.seq.length += len(i.tokens)
-        return logits
+        return out
+
+    def step_tokens(self, inputs, draws) -> np.ndarray:
+        """LlamaModel.step_tokens on the device: the step, then one token per logit row drawn
+        by gpu/cuda/sampling.py, so only int32 ids come back to the host."""
+        logits, stream = self._run(inputs)
+        n = logits.shape[0]
+        (params,) = self._draws.put(_smp.pack_params(draws))
+        if self._ids is None or self._ids.shape[0] < n:
+            self._ids = cuda.device_array(max(64, n), np.int32)
+            self._ids_host = cuda.pinned_array(max(64, n), np.int32)
+        _smp.sample_rows(logits, params, self._ids[:n], stream=stream)
+        self._ids[:n].copy_to_host(self._ids_host[:n], stream=stream)
+        if stream != 0:  # into pinned memory on a stream the copy is asynchronous
+            stream.synchronize()
+        for i in inputs:
+            i.seq.length += len(i.tokens)
+        return self._ids_host[:n].copy()

@@ -9,8 +9,9 @@ reuses the kernels as they are. Which one is needed is decided by measurement on
 (bench/gpu_bench.py, section "graph"); see docs/ARCHITECTURE.md.
 
 Capture needs a step that only launches kernels: fixed device buffers for its inputs (token
-ids, sequence ids, positions, logit rows, block tables), refilled before each replay with
-asynchronous copies on the same stream, and the same (T, splits) as at capture. The driver's
+ids, sequence ids, positions, logit rows, block tables; forward.Staging), refilled before
+each replay with one asynchronous copy on the same stream, and the same (T, splits) as at
+capture. The driver's
 graph API is called through ctypes on libcuda (numba-cuda exposes no graph API), on the
 stream numba launches on. Not available under the simulator.
 """
@@ -56,35 +57,17 @@ class DecodeGraph:
         self.stream = cuda.stream()
         s = self.stream
         fwd._buffers(T, T)
-        i32 = np.int32
-        self.d_tok = cuda.device_array(T, i32, stream=s)
-        self.d_seq = cuda.device_array(T, i32, stream=s)
-        self.d_pos = cuda.device_array(T, i32, stream=s)
-        self.d_rows = cuda.device_array(T, i32, stream=s)
-        self.d_tab = cuda.device_array((T, width), i32, stream=s)
-        # pinned staging: the refills are truly asynchronous
-        self.h_in = cuda.pinned_array(4 * T + T * width, i32)
+        from .forward import Staging
+        self.inputs = Staging(s, np.int32, 4 * T + T * width)
         self._lib = _lib()
         self._graph = ctypes.c_void_p()
         self._exec = ctypes.c_void_p()
         self.logits = None
 
-    def _stage(self, tokens, tok_seq, tok_pos, logit_rows, tables) -> None:
-        T, h = self.T, self.h_in
-        h[0:T], h[T:2 * T], h[2 * T:3 * T], h[3 * T:4 * T] = tokens, tok_seq, tok_pos, logit_rows
-        h[4 * T:] = np.asarray(tables, np.int32).reshape(-1)
-        s = self.stream
-        self.d_tok.copy_to_device(h[0:T], stream=s)
-        self.d_seq.copy_to_device(h[T:2 * T], stream=s)
-        self.d_pos.copy_to_device(h[2 * T:3 * T], stream=s)
-        self.d_rows.copy_to_device(h[3 * T:4 * T], stream=s)
-        self.d_tab.copy_to_device(h[4 * T:].reshape(T, self.width), stream=s)
-
     def capture(self, tokens, tok_seq, tok_pos, logit_rows, tables) -> np.ndarray:
         """Run the step once uncaptured (compiles every kernel), then capture it. Returns
         the uncaptured run's logits (the reference for replays)."""
-        args = (self.d_tok, self.d_seq, self.d_pos, self.d_rows, self.d_tab, self.splits, self.stream)
-        self._stage(tokens, tok_seq, tok_pos, logit_rows, tables)
+        args = (*self.inputs.put(tokens, tok_seq, tok_pos, logit_rows, tables), self.splits, self.stream)
         ref = self.fwd.launch(*args).copy_to_host(stream=self.stream)
         self.stream.synchronize()
         sp = ctypes.c_void_p(stream_ptr(self.stream))
@@ -104,12 +87,13 @@ class DecodeGraph:
                "cuGraphInstantiate")
         return ref
 
-    def replay(self, tokens, tok_seq, tok_pos, logit_rows, tables) -> np.ndarray:
-        """Refill the inputs, launch the graph, return host logits [T, vocab]."""
-        self._stage(tokens, tok_seq, tok_pos, logit_rows, tables)
+    def replay(self, tokens, tok_seq, tok_pos, logit_rows, tables):
+        """Refill the inputs and launch the graph on self.stream; returns the device logits
+        [T, vocab], not yet synchronised."""
+        self.inputs.put(tokens, tok_seq, tok_pos, logit_rows, tables)  # same addresses as captured
         _check(self._lib.cuGraphLaunch(self._exec, ctypes.c_void_p(stream_ptr(self.stream))),
                "cuGraphLaunch")
-        return self.logits.copy_to_host(stream=self.stream)
+        return self.logits
 
     def close(self) -> None:
         if self._exec:

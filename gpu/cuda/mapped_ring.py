@@ -69,37 +69,3 @@ def write_token_ids(ids, buf, offsets, stream=0) -> None:
     """The reverse: ids[i] as a little-endian u32 at byte offsets[i] of buf."""
     blocks, threads = grid_1d(len(ids))
     _scatter_u32[blocks, threads, stream](ids, buf, offsets)
-
-
-@kernel(["void(float32[:, ::1], int32[::1])"])
-def _argmax_rows(logits, out):
-    """Greedy sampling on the device: one block per row, so only the token id leaves the GPU
-    (4 bytes instead of a vocab-sized row of logits)."""
-    row = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    best = cuda.shared.array(256, dtype=np.float32)
-    arg = cuda.shared.array(256, dtype=np.int32)
-    v = logits.shape[1]
-    b, a = logits[row, 0], np.int32(0)
-    for j in range(tid, v, cuda.blockDim.x):
-        x = logits[row, j]
-        if x > b:
-            b, a = x, np.int32(j)
-    best[tid], arg[tid] = b, a
-    cuda.syncthreads()
-    s = cuda.blockDim.x // 2
-    while s > 0:
-        if tid < s:
-            ob, oa = best[tid + s], arg[tid + s]
-            if ob > best[tid] or (ob == best[tid] and oa < arg[tid]):
-                best[tid], arg[tid] = ob, oa
-        cuda.syncthreads()
-        s //= 2
-    if tid == 0:
-        out[row] = arg[0]
-
-
-def argmax_rows(logits, out, stream=0) -> None:
-    """out[r] = argmax(logits[r]) (the first index on ties, like numpy)."""
-    threads = 64 if SIM else 256
-    _argmax_rows[logits.shape[0], threads, stream](logits, out)

@@ -40,10 +40,17 @@ def filtered_distribution(logits: np.ndarray, temperature: float, top_k: int, to
 
 
 def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, u: float) -> int:
-    """One token id. temperature <= 0 is greedy (u unused); u is uniform in [0, 1)."""
+    """One token id. temperature <= 0 is greedy (u unused); u is uniform in [0, 1).
+
+    The draw is the inverse CDF over the kept candidates in ascending token id, the order the
+    device sampler (gpu/cuda/sampling.py) can follow without a sort: the same seed picks the
+    same token on either backend, short of float32 rounding at a boundary."""
     if temperature <= 0.0 or top_k == 1:
         return int(np.argmax(logits))
     ids, p = filtered_distribution(logits, temperature, top_k, top_p)
+    if len(ids) < len(logits):  # a kept subset comes in pool or probability order
+        order = np.argsort(ids)
+        ids, p = ids[order], p[order]
     i = int(np.searchsorted(np.cumsum(p), u, side="right"))
     return int(ids[min(i, len(ids) - 1)])
 

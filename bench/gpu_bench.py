@@ -12,12 +12,16 @@ real GGUF (98 MB) is larger than what can be carried to the GPU machine. The gol
 against llama.cpp stays with the CPU suite (tests/test_golden_llamacpp.py).
 
 What is timed, each after a warm-up (kernel compilation happens there):
-  * decode: ``CudaModel.step`` per token at batch 1 and at batch 16 (16 sequences), with
-    their host->device inputs and device->host logits, median over the steps;
+  * device memory: where it came from (CuPy's pool, gpu/cuda/cupy_memory.py), weights and KV;
+  * decode: ``CudaModel.step_tokens`` per token at batch 1 and at batch 16 (16 sequences), as
+    the engine runs it (graph replay unless graphs turned themselves off, sampling on the
+    device, token ids back), greedy and with top-k/top-p at batch 1, median over the steps;
   * prefill: one step of a 512-token prompt, tokens/s;
   * launches: an empty kernel's launch cost, and the launches per decode step;
   * per op at decode shapes: wall time per call (launch included, which is the point);
   * decode steps replayed as CUDA graphs vs the launch-per-op path (same logits required);
+  * the device sampler at the real vocabulary: distributions vs the float64 reference, tokens
+    vs the CPU twin, cost per step vs copying logits rows to the host and sampling there;
   * the mapped UMEM (an anonymous mmap registered with the driver): token ids read and written
     by kernels in place, and a logits row copied to the host vs argmax on the device;
   * TTFT from packet to first response frame through a real zerolayerd on the GPU backend
@@ -135,6 +139,8 @@ def env_info(sim: bool) -> dict:
         out["numba_cuda"] = md.version("numba-cuda")
     except Exception:
         pass
+    from zerolayer.gpu.cuda import _cuda_shim
+    out["device_memory"] = _cuda_shim.MEMORY
     if not sim:
         dev = cuda.get_current_device()
         out.update(gpu=dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name),
@@ -259,6 +265,30 @@ def build_models(c: dict):
     return LlamaModel(cfg, w, **kw), CudaModel(LlamaModel(cfg, w, **kw))
 
 
+def memory_info(models, sim: bool) -> dict:
+    """Where the model's device memory came from: with the CuPy plugin (gpu/cuda/cupy_memory),
+    CuPy's pool must hold at least the weights."""
+    from zerolayer.gpu.cuda import _cuda_shim
+    cpu, gpu = models
+    w = cpu.w
+    weight_bytes = sum(int(a.nbytes) for wt in (w.emb, w.wqkv, w.wo, w.wgu, w.wdown)
+                       for a in (wt.qs, wt.d, wt.m, wt.w))
+    kv_bytes = int(gpu.fwd.k_pool.nbytes + gpu.fwd.v_pool.nbytes)
+    out = {"device_memory": _cuda_shim.MEMORY, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes}
+    pool = None
+    if not sim:  # the plugin module needs the real numba.cuda
+        from zerolayer.gpu.cuda import cupy_memory
+        pool = cupy_memory.pool_bytes()
+    if pool is not None:
+        out.update(pool_used_bytes=pool[0], pool_held_bytes=pool[1])
+        if _cuda_shim.MEMORY.startswith("cupy") and pool[0] < weight_bytes + kv_bytes:
+            raise AssertionError(f"CuPy's pool holds {pool[0]} bytes, less than the weights and KV "
+                                 f"pools ({weight_bytes + kv_bytes})")
+    print(f"  device memory: {out['device_memory']}; weights {weight_bytes / 1e6:.1f} MB, "
+          f"KV {kv_bytes / 1e6:.1f} MB, pool {out.get('pool_used_bytes', 0) / 1e6:.1f} MB", flush=True)
+    return out
+
+
 def forward_check(models, c: dict, sim: bool) -> dict:
     """The whole forward pass, GPU against the CPU model: a prefill of two prompts, then
     decode steps of both sequences (their KV written on the GPU by the earlier steps)."""
@@ -294,26 +324,32 @@ def timings(models, c: dict, sim: bool) -> dict:
     prompt = 16 if sim else 128
     out = {}
 
-    def decode(batch: int) -> dict:
+    def decode(batch: int, draw=(0.0, 0, 1.0)) -> dict:
+        """The engine's decode step: step_tokens (graph replay unless graphs are off, sampling
+        on the device, token ids back), each sequence feeding back its own token."""
         seqs = [gpu.new_sequence() for _ in range(batch)]
-        gpu.step([StepInput(s, rng.integers(0, c["vocab"], prompt)) for s in seqs])
-        gpu.step([StepInput(s, rng.integers(0, c["vocab"], 1)) for s in seqs])  # warm-up
+        draws = [(*draw, 0.5)] * batch
+        toks = gpu.step_tokens([StepInput(s, rng.integers(0, c["vocab"], prompt)) for s in seqs], draws)
+        toks = gpu.step_tokens([StepInput(s, toks[j:j + 1]) for j, s in enumerate(seqs)], draws)  # warm-up
         cuda.synchronize()
         ts = []
         for _ in range(n_dec):
+            draws = [(*draw, float(u)) for u in rng.random(batch)]
             t = time.perf_counter()
-            gpu.step([StepInput(s, rng.integers(0, c["vocab"], 1)) for s in seqs])
-            ts.append(time.perf_counter() - t)  # step() returns host logits: synchronous
+            toks = gpu.step_tokens([StepInput(s, toks[j:j + 1]) for j, s in enumerate(seqs)], draws)
+            ts.append(time.perf_counter() - t)  # token ids are on the host: synchronous
         for s in seqs:
             s.release()
         med = float(np.median(ts))
-        return {"batch": batch, "steps": n_dec, "step_us_median": med * 1e6,
+        return {"batch": batch, "steps": n_dec, "sampling": list(draw), "step_us_median": med * 1e6,
                 "step_us_p90": float(np.percentile(ts, 90)) * 1e6,
                 "us_per_token": med * 1e6 / batch, "tok_s": batch / med}
 
     out["decode_b1"] = decode(1)
     out["decode_b16"] = decode(2 if sim else 16)
     out["b16_over_b1"] = out["decode_b16"]["tok_s"] / out["decode_b1"]["tok_s"]
+    out["decode_b1_sampled"] = decode(1, (0.8, 40, 0.9))
+    out["graphs"] = gpu.graphs
 
     n_pre = 32 if sim else 512
     s = gpu.new_sequence()
@@ -342,9 +378,11 @@ def timings(models, c: dict, sim: bool) -> dict:
     out["launches_per_step"] = 4 + 13 * c["n_layer"]
     out["launch_floor_us_per_step"] = out["empty_launch_us"] * out["launches_per_step"]
     out["kernels_per_step_note"] = (f"{out['launches_per_step']} launches per step "
-                                    f"({fwd_mod.__name__}), plus 5 small host->device copies "
-                                    "and the logits copy back")
-    print(f"  decode b1 {out['decode_b1']['us_per_token']:.0f} us/token, "
+                                    f"({fwd_mod.__name__}) + 1 sampling kernel, one host->device "
+                                    "copy of the inputs, token ids back; a graph replay when "
+                                    f"graphs are on (now: {gpu.graphs})")
+    print(f"  graphs {gpu.graphs}; decode b1 {out['decode_b1']['us_per_token']:.0f} us/token "
+          f"(sampled {out['decode_b1_sampled']['us_per_token']:.0f}), "
           f"b16 {out['decode_b16']['tok_s']:.0f} tok/s, prefill {out['prefill']['tok_s']:.0f} tok/s, "
           f"empty launch {out['empty_launch_us']:.1f} us", flush=True)
     return out
@@ -379,8 +417,10 @@ def graph_timings(models, c: dict, sim: bool) -> dict:
                 t = time.perf_counter()
                 lg = gpu.step([StepInput(s, tk[j:j + 1]) for j, s in enumerate(sets[mode])])
                 dt = time.perf_counter() - t
+                if mode and not gpu.use_graphs:
+                    raise AssertionError(f"CUDA graphs turned themselves off: {gpu.graphs}")
                 if i == 1:
-                    first[mode] = lg  # the first replay (step 0 captured the graph)
+                    first[mode] = lg  # a replay (step 0 captured and checked the graph)
                 if i > 1:
                     times[mode].append(dt)
         for seqs in sets.values():
@@ -392,7 +432,7 @@ def graph_timings(models, c: dict, sim: bool) -> dict:
                             "speedup": launch / graph, "rel_err": err}
         print(f"  b{batch}: launch path {launch * 1e6:.0f} us/step, graph {graph * 1e6:.0f} us/step "
               f"({launch / graph:.2f}x), rel err {err:.1e}", flush=True)
-    gpu.use_graphs = False
+    gpu.use_graphs = True  # the default again, for the sections after this one
     cuda.synchronize()
     if max(v["rel_err"] for v in out.values()) > 1e-4:
         raise AssertionError(f"graph replay disagrees with the launch path: {out}")
@@ -441,6 +481,7 @@ def mapped_ring(c: dict, sim: bool) -> dict:
     from numba import cuda
 
     from zerolayer.gpu.cuda import mapped_ring as mr
+    from zerolayer.gpu.cuda import sampling as smp
     rng = np.random.default_rng(5)
     if sim:
         host = cuda.mapped_array(1 << 16, dtype=np.uint8)
@@ -466,7 +507,7 @@ def mapped_ring(c: dict, sim: bool) -> dict:
         return us_per_call(fn, n)
 
     copy_us = timeit(lambda: logits.copy_to_host())
-    argmax_us = timeit(lambda: (mr.argmax_rows(logits, arg), arg.copy_to_host()))
+    argmax_us = timeit(lambda: (smp.argmax_rows(logits, arg), arg.copy_to_host()))
     same = int(arg.copy_to_host()[0]) == int(np.argmax(logits.copy_to_host()[0]))
     if not (ok_in and ok_out and same):
         raise AssertionError(f"mapped ring: ids in {ok_in}, ids out {ok_out}, argmax {same}")
@@ -474,6 +515,51 @@ def mapped_ring(c: dict, sim: bool) -> dict:
           f"{argmax_us:.1f} us", flush=True)
     return {"ids_in_ok": ok_in, "ids_out_ok": ok_out, "argmax_ok": same,
             "logits_copy_us": copy_us, "device_argmax_us": argmax_us}
+
+
+def sampling_check(c: dict, sim: bool) -> dict:
+    """The device sampler (gpu/cuda/sampling.py) at the real vocabulary size: kept
+    distributions against the float64 reference and drawn tokens against the CPU twin for the
+    same u, then per-step cost at batch 1 and 16: the sampling kernel + ids back, vs logits
+    rows copied to the host and sampled there (what step() + the CPU sampler would cost)."""
+    from numba import cuda
+
+    from zerolayer.gpu.cuda import sampling as smp
+    from zerolayer.gpu.ops.sampling import sample, sample_probs_ref
+    rng = np.random.default_rng(8)
+    V = c["vocab"]
+    cfgs = [(0.0, 0, 1.0), (0.8, 40, 1.0), (0.8, 0, 0.9), (1.0, 40, 0.9), (0.7, 0, 1.0), (1.2, 200, 0.5)]
+    logits = (rng.standard_normal((len(cfgs), V)) * 2.5).astype(np.float32)
+    draws = [(*cf, float(np.float32(rng.random()))) for cf in cfgs]
+    out_ids = cuda.device_array(len(cfgs), np.int32)
+    probs = cuda.device_array((len(cfgs), V), np.float32)
+    d_logits = cuda.to_device(logits)
+    smp.sample_rows(d_logits, cuda.to_device(smp.pack_params(draws)), out_ids, probs)
+    ids, pr = out_ids.copy_to_host(), probs.copy_to_host()
+    err, same = 0.0, 0
+    for r, (t, k, p, u) in enumerate(draws):
+        if t > 0:
+            err = max(err, float(np.abs(pr[r] - sample_probs_ref(logits[r], t, k, p)).max()))
+        same += int(ids[r]) == sample(logits[r], t, k, p, u)
+    n = 3 if sim else 300
+    out = {"prob_err": err, "same_token_as_cpu": same, "rows": len(cfgs)}
+    for batch in (1, 16):
+        lg = cuda.to_device(np.tile(logits[1], (batch, 1)))
+        params = cuda.to_device(smp.pack_params([(0.8, 40, 0.9, 0.5)] * batch))
+        o = cuda.device_array(batch, np.int32)
+        host_rows = lg.copy_to_host()
+        out[f"b{batch}"] = {
+            "device_us": us_per_call(lambda: (smp.sample_rows(lg, params, o), o.copy_to_host()), n),
+            "device_greedy_us": us_per_call(lambda: (smp.argmax_rows(lg, o), o.copy_to_host()), n),
+            "copy_logits_us": us_per_call(lambda: lg.copy_to_host(), n),
+            "cpu_sample_us": us_per_call(lambda: [sample(row, 0.8, 40, 0.9, 0.5) for row in host_rows],
+                                         max(3, n // 10))}
+    print(f"  sampling: prob err {err:.1e}, {same}/{len(cfgs)} tokens as the CPU twin; b1 device "
+          f"{out['b1']['device_us']:.1f} us vs logits copy {out['b1']['copy_logits_us']:.1f} + CPU "
+          f"{out['b1']['cpu_sample_us']:.1f} us", flush=True)
+    if err > 1e-5 or same < len(cfgs):
+        raise AssertionError(f"device sampler disagrees: prob err {err:.2g}, {same}/{len(cfgs)} tokens")
+    return out
 
 
 def daemon_ttft(c: dict, sim: bool) -> dict:
@@ -564,6 +650,10 @@ def table(res: dict) -> str:
     env = s.get("env", {})
     rows.append(("device", f"{env.get('gpu', 'simulator' if env.get('sim') else '?')} "
                            f"cc={env.get('cc')} sms={env.get('sms')} driver={env.get('driver')}"))
+    mem = s.get("memory", {})
+    rows.append(("device memory", f"{mem['device_memory']}: weights {mem['weight_bytes'] / 1e6:.0f} MB, "
+                                  f"pool {mem.get('pool_used_bytes', 0) / 1e6:.0f} MB"
+                 if "weight_bytes" in mem else _state(mem)))
     k = s.get("kernels", {})
     rows.append(("kernel checks", f"{k.get('passed', '-')} passed, {k.get('failed', '-')} failed"
                  if "passed" in k else _state(k)))
@@ -574,7 +664,9 @@ def table(res: dict) -> str:
     t = s.get("timings", {})
     if "decode_b1" in t:
         rows.append(("decode b1", f"{t['decode_b1']['us_per_token']:.0f} us/token "
-                                  f"(p90 step {t['decode_b1']['step_us_p90']:.0f} us)"))
+                                  f"(p90 step {t['decode_b1']['step_us_p90']:.0f} us; "
+                                  f"top-k/top-p {t['decode_b1_sampled']['us_per_token']:.0f}; "
+                                  f"graphs {t['graphs']})"))
         b = t["decode_b16"]
         rows.append((f"decode b{b['batch']}", f"{b['tok_s']:.0f} tok/s, "
                                               f"{b['us_per_token']:.0f} us/token "
@@ -597,6 +689,13 @@ def table(res: dict) -> str:
                                        f"rel err {g[k]['rel_err']:.1e}"))
     if not any(k in g for k in ("b1", "b16")):
         rows.append(("graph", g.get("note") or _state(g)))
+    sm = s.get("sampling", {})
+    rows.append(("device sampling", f"b1 {sm['b1']['device_us']:.1f} us (greedy "
+                                    f"{sm['b1']['device_greedy_us']:.1f}) vs copy "
+                                    f"{sm['b1']['copy_logits_us']:.1f} + CPU {sm['b1']['cpu_sample_us']:.0f} us;"
+                                    f" b16 {sm['b16']['device_us']:.1f} vs {sm['b16']['copy_logits_us']:.1f}"
+                                    f" + {sm['b16']['cpu_sample_us']:.0f} us"
+                 if "b1" in sm else _state(sm)))
     m = s.get("mapped", {})
     rows.append(("mapped UMEM", f"token ids in/out OK; logits row to host {m['logits_copy_us']:.1f} us"
                                 f" vs device argmax {m['device_argmax_us']:.1f} us"
@@ -640,10 +739,12 @@ def main(argv=None) -> int:
     run.section("kernels", kernel_checks, c, a.sim)
     models = run.section("build", build_models, c)
     if models:
+        run.section("memory", memory_info, models, a.sim)
         run.section("forward", forward_check, models, c, a.sim)
         run.section("timings", timings, models, c, a.sim)
         run.section("graph", graph_timings, models, c, a.sim)
     run.section("ops", op_timings, c, a.sim)
+    run.section("sampling", sampling_check, c, a.sim)
     run.section("mapped", mapped_ring, c, a.sim)
     run.section("ttft", daemon_ttft, c, a.sim)
     run.results["wall_s"] = round(time.monotonic() - run.t0, 1)

@@ -103,13 +103,25 @@ def _select(x, V, t, zmax, kcap, target, hc, hm, ctl, ctf, tid, nt):
             hc[b] = 0
             hm[b] = float32(0.0)
         cuda.syncthreads()
+        # Runs of one digit are summed in registers and added to the histogram when the digit
+        # changes: at the first levels nearly every logit has the same digit (the float's sign
+        # and exponent), and an atomic per element would all hit one shared-memory address.
+        run_d, run_n, run_m = int64(-1), int32(0), float32(0.0)
         for i in range(tid, V, nt):
             z = x[i] / t
             k = _key(z)
             if (k >> (shift + 8)) == (prefix >> (shift + 8)):
                 d = (k >> shift) & 255
-                cuda.atomic.add(hc, d, 1)
-                cuda.atomic.add(hm, d, math.exp(z - zmax))
+                if d != run_d:
+                    if run_n > 0:
+                        cuda.atomic.add(hc, run_d, run_n)
+                        cuda.atomic.add(hm, run_d, run_m)
+                    run_d, run_n, run_m = d, int32(0), float32(0.0)
+                run_n += 1
+                run_m += math.exp(z - zmax)
+        if run_n > 0:
+            cuda.atomic.add(hc, run_d, run_n)
+            cuda.atomic.add(hm, run_d, run_m)
         cuda.syncthreads()
         if tid == 0:
             chosen = -1

@@ -43,6 +43,9 @@ class CupyPoolMemory(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManager):
         import cupy  # here, not at module import: a process that never makes a context pays nothing
         self._pool = cupy.get_default_memory_pool()
         self._runtime = cupy.cuda.runtime
+        # as Numba's own manager does: pinned-host frees are batched up to a share of the
+        # device's memory (otherwise each one flushes the queue)
+        self.deallocations.memory_capacity = self.get_memory_info().total
 
     def memalloc(self, size):
         block = self._pool.malloc(size)

@@ -20,16 +20,20 @@ from tiny_gguf import write_tiny_llama
 from zerolayer.daemon.client import Client
 
 
-def choose(env_value: str | None) -> list[str]:
+def fresh(code: str, **env_values: str | None) -> list[str]:
+    """The output lines of code run in a fresh interpreter (the choices are made at import),
+    without the backend variables of this process, plus env_values."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("ZEROLAYER_GPU_BACKEND", "NUMBA_ENABLE_CUDASIM")}
-    if env_value is not None:
-        env["ZEROLAYER_GPU_BACKEND"] = env_value
-    out = subprocess.run(
-        [sys.executable, "-c", "from zerolayer.gpu import backend as b; "
-         "print(b.NAME, b.USABLE, b.ON_DEVICE, sep='|'); print(b.REASON); "
-         "print(b.probe_cuda()[0])"],
-        env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+           if k not in ("ZEROLAYER_GPU_BACKEND", "NUMBA_ENABLE_CUDASIM", "ZEROLAYER_CUDA_MEMORY")}
+    env.update({k: v for k, v in env_values.items() if v is not None})
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+
+
+def choose(env_value: str | None) -> list[str]:
+    out = fresh("from zerolayer.gpu import backend as b; "
+                "print(b.NAME, b.USABLE, b.ON_DEVICE, sep='|'); print(b.REASON); "
+                "print(b.probe_cuda()[0])", ZEROLAYER_GPU_BACKEND=env_value)
     return out[0].split("|") + [out[1], out[2]]
 
 
@@ -48,18 +52,11 @@ def test_explicit_choices():
 
 
 def memory_manager(env_value: str | None) -> list[str]:
-    """(MEMORY, the class numba will allocate device memory with) in a fresh process on the
-    real CUDA target (numba.cuda imported, no context needed)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("ZEROLAYER_GPU_BACKEND", "NUMBA_ENABLE_CUDASIM", "ZEROLAYER_CUDA_MEMORY")}
-    if env_value is not None:
-        env["ZEROLAYER_CUDA_MEMORY"] = env_value
-    out = subprocess.run(
-        [sys.executable, "-c", "from zerolayer.gpu.cuda import _cuda_shim as s; "
-         "from numba.cuda.cudadrv import driver as d; d._ensure_memory_manager(); "
-         "print(s.MEMORY); print(d._memory_manager.__name__)"],
-        env=env, capture_output=True, text=True, check=True).stdout.splitlines()
-    return out
+    """(MEMORY, the class numba will allocate device memory with) on the real CUDA target
+    (numba.cuda imported, no context needed)."""
+    return fresh("from zerolayer.gpu.cuda import _cuda_shim as s; "
+                 "from numba.cuda.cudadrv import driver as d; d._ensure_memory_manager(); "
+                 "print(s.MEMORY); print(d._memory_manager.__name__)", ZEROLAYER_CUDA_MEMORY=env_value)
 
 
 def test_device_memory_comes_from_cupys_pool():

@@ -119,14 +119,20 @@ class Generator:
             t1 = time.perf_counter()
             gen.warmup()
             log(f"kernels warm in {time.perf_counter() - t1:.2f} s")
+        if backend.ON_DEVICE:
+            from .cuda._cuda_shim import MEMORY
+            log(f"CUDA graphs {model.graphs}; device memory: {MEMORY}")
         return gen
 
     def warmup(self) -> None:
-        """Compile (or load from the JIT cache) every kernel path: prefill and decode."""
+        """Compile (or load from the JIT cache) every kernel path the engine takes: a prefill
+        and a decode step through step_tokens (on a GPU: the sampler, and the batch-1 decode
+        graph captured and checked)."""
         seq = self.model.new_sequence()
         try:
-            logits = prefill(self.model, seq, np.array([self.tokenizer.eos_id] * 2, np.int32))
-            self.model.step([StepInput(seq, np.array([int(np.argmax(logits))], np.int32))])
+            tok = prefill(self.model, seq, np.array([self.tokenizer.eos_id] * 2, np.int32),
+                          (1.0, 40, 0.9, 0.5))
+            self.model.step_tokens([StepInput(seq, np.array([tok], np.int32))], [(0.0, 0, 1.0, 0.0)])
         finally:
             seq.release()
 

@@ -261,8 +261,9 @@ def _child() -> None:
 
         def tokens(m):
             pc = PrefixCache(m.arena, min_tokens=4)
-            first = m.new_sequence()
-            m.step([StepInput(first, prompt)])
+            first = m.new_sequence()  # a chunk that wants no logits, then the rest
+            assert len(m.step_tokens([StepInput(first, prompt[:4], logits=False)], [])) == 0
+            m.step([StepInput(first, prompt[4:])])
             pc.store(first, prompt)
             seq = m.new_sequence()
             seq.reserve(len(prompt) + len(draws) + 1)

@@ -196,11 +196,13 @@ class CudaForward:
             _sw.swiglu(gu, h, stream=s)
             _mm.matmul(self.wdown[0], *self.wdown[1][layer], h, tmp, stream=s)
             _sw.add(x, tmp, stream=s)
+        logits = self._logits[:n_out]
+        if n_out == 0:  # prompt chunks that want no logits (and a launch of 0 blocks is an error)
+            return logits
         xl, xln = self._tmp[:n_out], self._xn[:n_out]
         blocks, threads = grid_1d(n_out * c.d_model)
         _gather_rows[blocks, threads, s](x, d_rows, xl)
         _rms.rmsnorm(xl, self.out_norm, eps, xln, stream=s)
-        logits = self._logits[:n_out]
         _mm.matmul(self.output[0], *self.output[1][0], xln, logits, stream=s)
         return logits
 
@@ -293,14 +295,17 @@ class CudaModel:
         by gpu/cuda/sampling.py, so only int32 ids come back to the host."""
         logits, stream = self._run(inputs)
         n = logits.shape[0]
-        (params,) = self._draws.put(_smp.pack_params(draws))
-        if self._ids is None or self._ids.shape[0] < n:
-            self._ids = cuda.device_array(max(64, n), np.int32)
-            self._ids_host = cuda.pinned_array(max(64, n), np.int32)
-        _smp.sample_rows(logits, params, self._ids[:n], stream=stream)
-        self._ids[:n].copy_to_host(self._ids_host[:n], stream=stream)
-        if stream != 0:  # into pinned memory on a stream the copy is asynchronous
-            stream.synchronize()
+        ids = np.zeros(0, np.int32)
+        if n:  # (none when the step was only prompt chunks that want no logits)
+            (params,) = self._draws.put(_smp.pack_params(draws))
+            if self._ids is None or self._ids.shape[0] < n:
+                self._ids = cuda.device_array(max(64, n), np.int32)
+                self._ids_host = cuda.pinned_array(max(64, n), np.int32)
+            _smp.sample_rows(logits, params, self._ids[:n], stream=stream)
+            self._ids[:n].copy_to_host(self._ids_host[:n], stream=stream)
+            if stream != 0:  # into pinned memory on a stream the copy is asynchronous
+                stream.synchronize()
+            ids = self._ids_host[:n].copy()
         for i in inputs:
             i.seq.length += len(i.tokens)
-        return self._ids_host[:n].copy()
+        return ids

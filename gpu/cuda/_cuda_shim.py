@@ -48,8 +48,11 @@ SIM = bool(_cuda_config.ENABLE_CUDASIM)
 if SIM:
     MEMORY = "simulator (host memory)"
 else:  # before any CUDA context exists: device memory from CuPy's pool (cupy_memory.py)
-    from .cupy_memory import install as _install_memory
-    MEMORY = _install_memory()
+    try:
+        from .cupy_memory import install as _install_memory
+        MEMORY = _install_memory()
+    except Exception as e:  # an older numba-cuda or a broken CuPy: Numba's allocator still works
+        MEMORY = f"numba (the CuPy plugin is unavailable: {type(e).__name__}: {e})"
 FULL_MASK = 0xFFFFFFFF
 WARP = 32
 

@@ -40,7 +40,7 @@ class CupyPoolMemory(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManager):
     allocations (pinned and mapped memory) stay Numba's (HostOnlyCUDAMemoryManager)."""
 
     def initialize(self):
-        import cupy  # here, not at module import: a process that never makes a context pays nothing
+        import cupy
         self._pool = cupy.get_default_memory_pool()
         self._runtime = cupy.cuda.runtime
         # as Numba's own manager does: pinned-host frees are batched up to a share of the
@@ -74,6 +74,7 @@ def install() -> str:
         return "numba (ZEROLAYER_CUDA_MEMORY=numba)"
     if importlib.util.find_spec("cupy") is None:
         return "numba (cupy is not installed)"
+    import cupy  # noqa: F401  (fails here, with a reason, rather than at context creation)
     cuda.set_memory_manager(CupyPoolMemory)
     return "cupy memory pool"
 

@@ -261,7 +261,8 @@ def build_models(c: dict):
     from zerolayer.gpu.cuda.forward import CudaModel
     from zerolayer.gpu.model import LlamaModel
     cfg, w = synthetic_model(c)
-    kw = dict(max_seq_len=c["ctx"], kv_blocks=16 * 4 + 8)
+    # the graph section holds two sets of 16 sequences of up to 129 positions (3 blocks each)
+    kw = dict(max_seq_len=c["ctx"], kv_blocks=2 * 16 * 3 + 16)
     return LlamaModel(cfg, w, **kw), CudaModel(LlamaModel(cfg, w, **kw))
 
 
@@ -495,7 +496,7 @@ def mapped_ring(c: dict, sim: bool) -> dict:
     mr.gather_token_ids(ring.device, d_offs, got)
     ok_in = bool((got.copy_to_host() == ids).all())
     back = (4096 * 7 + 43 + 4 * np.arange(64)).astype(np.int64)
-    mr.write_token_ids(got, ring.device, back)
+    mr.write_token_ids(got, ring.device, cuda.to_device(back))
     cuda.synchronize()
     ok_out = bool((np.frombuffer(bytes(host[back[0]:back[0] + 256]), "<u4") == ids).all())
     gather_us = us_per_call(lambda: mr.gather_token_ids(ring.device, d_offs, got), 3 if sim else 500)

@@ -38,6 +38,11 @@ import threading
 from .. import backend  # noqa: E402,F401  (ZEROLAYER_GPU_BACKEND=sim turns the simulator on)
 
 import numpy as np  # noqa: E402
+
+# A decode step's launches are mostly small grids (one token): Numba would build and raise a
+# low-occupancy performance warning at each of them, which costs on the launch path. Small
+# grids are by design here.
+os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
 from numba import cuda, float32  # noqa: E402
 try:  # numba-cuda >= 0.2x keeps its own config; older ones read numba's
     from numba.cuda.core import config as _cuda_config  # noqa: E402

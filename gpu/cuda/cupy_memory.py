@@ -40,6 +40,10 @@ class CupyPoolMemory(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManager):
     allocations (pinned and mapped memory) stay Numba's (HostOnlyCUDAMemoryManager)."""
 
     def initialize(self):
+        # Numba calls this whenever it (re)enters the context: at every launch and most API
+        # calls. Only the first call does anything (memGetInfo alone costs microseconds).
+        if getattr(self, "_pool", None) is not None:
+            return
         import cupy
         self._pool = cupy.get_default_memory_pool()
         self._runtime = cupy.cuda.runtime

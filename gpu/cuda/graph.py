@@ -75,13 +75,15 @@ class DecodeGraph:
                "cuStreamBeginCapture")
         try:
             self.logits = self.fwd.launch(*args)
-        finally:
-            # The graph holds raw pointers: keep every buffer it uses alive, even after the
-            # forward pass reallocates its buffers for a larger step.
-            f = self.fwd
-            self._keep = (f._x, f._xn, f._tmp, f._qkv, f._att, f._gu, f._h, f._logits,
-                          f.partials(self.T, self.splits, self.stream))
-            _check(self._lib.cuStreamEndCapture(sp, ctypes.byref(self._graph)), "cuStreamEndCapture")
+        except BaseException:  # leave capture mode; the launch's own error is the one to report
+            self._lib.cuStreamEndCapture(sp, ctypes.byref(self._graph))
+            raise
+        _check(self._lib.cuStreamEndCapture(sp, ctypes.byref(self._graph)), "cuStreamEndCapture")
+        # The graph holds raw pointers: keep every buffer it uses alive, even after the forward
+        # pass reallocates its buffers for a larger step.
+        f = self.fwd
+        self._keep = (f._x, f._xn, f._tmp, f._qkv, f._att, f._gu, f._h, f._logits,
+                      f.partials(self.T, self.splits, self.stream))
         _check(self._lib.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), self._graph,
                                                       ctypes.c_ulonglong(0)),
                "cuGraphInstantiate")

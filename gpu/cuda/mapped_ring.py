@@ -61,11 +61,15 @@ def _scatter_u32(ids, buf, offsets):
 
 def gather_token_ids(buf, offsets, out, stream=0) -> None:
     """out[i] = the little-endian u32 at byte offsets[i] of buf (a mapped UMEM view)."""
+    if len(out) == 0:  # a launch of 0 blocks is an error
+        return
     blocks, threads = grid_1d(len(out))
     _gather_u32[blocks, threads, stream](buf, offsets, out)
 
 
 def write_token_ids(ids, buf, offsets, stream=0) -> None:
     """The reverse: ids[i] as a little-endian u32 at byte offsets[i] of buf."""
+    if len(ids) == 0:
+        return
     blocks, threads = grid_1d(len(ids))
     _scatter_u32[blocks, threads, stream](ids, buf, offsets)

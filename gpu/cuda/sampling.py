@@ -259,32 +259,38 @@ def sample_rows(logits, params, out, probs=None, stream=0) -> None:
     """out[r] = a token id drawn from logits[r] (device arrays) under params[r] =
     (temperature, top_k, top_p, u). probs: optional [rows, vocab] output of the kept
     distribution (tests and checks; the product passes none)."""
+    if logits.shape[0] == 0:  # a launch of 0 blocks is an error
+        return
     if probs is None:
         probs = _no_probs(logits.shape[1])
     _sample_rows[logits.shape[0], THREADS, stream](logits, params, out, probs)
 
 
-_empty: dict = {}
+# Constant device arrays, made once and kept: a temporary freed while its kernel still runs
+# could be handed out again at once by CuPy's pool (cupy_memory.py).
+_constants: dict = {}
+
+
+def _kept(key, host: np.ndarray):
+    a = _constants.get(key)
+    if a is None:
+        a = _constants[key] = host if SIM else cuda.to_device(host)
+    return a
 
 
 def _no_probs(V: int):
-    a = _empty.get(V)
-    if a is None:
-        a = _empty[V] = (np.zeros((0, V), np.float32) if SIM else cuda.device_array((0, V), np.float32))
-    return a
+    return _kept(("no probs", V), np.zeros((0, V), np.float32))
 
 
 def argmax_rows(logits, out, stream=0) -> None:
     """Greedy on every row: out[r] = argmax(logits[r]) (first index on ties, like numpy)."""
-    params = np.zeros((logits.shape[0], 4), np.float32)  # temperature 0
-    sample_rows(logits, params if SIM else cuda.to_device(params, stream=stream), out, stream=stream)
+    rows = logits.shape[0]
+    sample_rows(logits, _kept(("greedy", rows), np.zeros((rows, 4), np.float32)), out, stream=stream)
 
 
-def pack_params(draws, out: np.ndarray | None = None) -> np.ndarray:
+def pack_params(draws) -> np.ndarray:
     """[(temperature, top_k, top_p, u), ...] -> the kernel's float32 [rows, 4]. u is kept
     below 1 after rounding to float32."""
-    p = np.asarray(draws, np.float32).reshape(-1, 4) if out is None else out
-    if out is not None:
-        p[:] = np.asarray(draws, np.float64).reshape(-1, 4)
+    p = np.asarray(draws, np.float32).reshape(-1, 4)
     np.minimum(p[:, 3], np.float32(1.0) - np.float32(2.0 ** -24), out=p[:, 3])
     return p

@@ -94,7 +94,7 @@ class Staging:
 
 
 class CudaForward:
-    """Device weights, KV pools and activation buffers for one model; ``forward`` runs a step."""
+    """Device weights, KV pools and activation buffers for one model; ``run`` launches a step."""
 
     def __init__(self, cfg, weights, n_blocks: int, cos: np.ndarray, sin: np.ndarray, stream=0):
         self.cfg = cfg
@@ -152,10 +152,6 @@ class CudaForward:
         splits = self.splits_for(len(tokens), tok_pos)
         ins = self._inputs.put(tokens, tok_seq, tok_pos, logit_rows, block_tables)
         return self.launch(*ins, splits, self.stream)
-
-    def forward(self, *step) -> np.ndarray:
-        """run(), with the logits copied to the host [len(logit_rows), vocab]."""
-        return self.run(*step).copy_to_host(stream=self.stream)
 
     def partials(self, T: int, splits: int, s):
         """Flash-decoding scratch for (T, splits), allocated once and kept."""

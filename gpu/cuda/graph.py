@@ -11,9 +11,8 @@ reuses the kernels as they are. Which one is needed is decided by measurement on
 Capture needs a step that only launches kernels: fixed device buffers for its inputs (token
 ids, sequence ids, positions, logit rows, block tables; forward.Staging), refilled before
 each replay with one asynchronous copy on the same stream, and the same (T, splits) as at
-capture. The driver's
-graph API is called through ctypes on libcuda (numba-cuda exposes no graph API), on the
-stream numba launches on. Not available under the simulator.
+capture. The driver's graph API is called through ctypes on libcuda (it works with any
+numba-cuda version), on the stream numba launches on. Not available under the simulator.
 """
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ import ctypes
 import numpy as np
 
 from ._cuda_shim import SIM, cuda
+from .forward import Staging
 
 CU_STREAM_CAPTURE_MODE_RELAXED = 2   # numba may call non-capturable APIs (module loads) safely
 
@@ -57,7 +57,6 @@ class DecodeGraph:
         self.stream = cuda.stream()
         s = self.stream
         fwd._buffers(T, T)
-        from .forward import Staging
         self.inputs = Staging(s, np.int32, 4 * T + T * width)
         self._lib = _lib()
         self._graph = ctypes.c_void_p()

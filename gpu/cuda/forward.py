@@ -210,12 +210,18 @@ class CudaModel:
     bookkeeping; their keys and values live in this object's device pools.
     """
 
-    def __init__(self, model, stream=0):
+    def __init__(self, model):
         self.model = model
         self.cfg = model.cfg
         self.path = model.path
         self.max_seq_len = model.max_seq_len
-        self.fwd = CudaForward(model.cfg, model.w, model.arena.n_blocks, model.cos, model.sin, stream)
+        # Everything of a step goes on one stream of its own, in order: the inputs' copy, the
+        # launches or the graph replay, the draws' copy, the sampler, the ids' copy back; the
+        # host waits once, at the end. (Stream 0, the legacy default stream, would make every
+        # copy from pinned memory wait for all work on the device, and can't be captured.)
+        self.stream = cuda.stream()
+        self.fwd = CudaForward(model.cfg, model.w, model.arena.n_blocks, model.cos, model.sin,
+                               self.stream)
         # The arena keeps its block bookkeeping; its pools become the device ones, so code that
         # copies blocks (the prefix cache: pool[dst] = pool[src]) copies on the device. The host
         # pools were never touched (np.zeros is backed lazily) and are dropped here.
@@ -227,7 +233,7 @@ class CudaModel:
             name = cuda.get_current_device().name  # bytes or str, by numba-cuda version
             self.device = name.decode() if isinstance(name, bytes) else str(name)
         self._graphs: dict = {}
-        self._draws = Staging(stream, np.float32)
+        self._draws = Staging(self.stream, np.float32)
         self._ids = None
         # Decode steps (one token per sequence) replayed as CUDA graphs, one per batch size
         # (graph.py). On unless ZEROLAYER_CUDA_GRAPHS=0; each graph is checked against the
@@ -255,7 +261,7 @@ class CudaModel:
         try:
             g = DecodeGraph(self.fwd, T, self.arena.max_blocks_per_seq, splits)
             ref = g.capture(*arrays)
-            got = g.replay(*arrays).copy_to_host(stream=g.stream)
+            got = g.replay(*arrays).copy_to_host(stream=self.stream)
             err = float(np.abs(got - ref).max() / max(float(np.abs(ref).max()), 1e-30))
             if not err <= GRAPH_CHECK_TOL:
                 raise RuntimeError(f"replay differs from the launched step (rel err {err:.2g})")
@@ -267,41 +273,40 @@ class CudaModel:
         self._graphs[T] = g
         return g
 
-    def _run(self, inputs):
-        """Launch one step; (device logits, the stream they are computed on)."""
-        arrays = step_arrays(inputs, self.cfg.vocab)
+    def _run(self, arrays):
+        """Launch one step on self.stream (a graph replay for a decode step when graphs are
+        on); returns the device logits, not yet synchronised."""
         T = len(arrays[0])
-        if self.use_graphs and T == len(inputs) == len(arrays[3]):
+        if self.use_graphs and T == len(arrays[4]) == len(arrays[3]):  # one new token per sequence
             g = self._graph_for(T, arrays)
             if g is not None:
-                logits = g.replay(*arrays)
-                return logits, g.stream
-        return self.fwd.run(*arrays), self.fwd.stream
+                return g.replay(*arrays)
+        return self.fwd.run(*arrays)
+
+    def _finish(self, inputs) -> None:
+        self.stream.synchronize()  # the staging buffers may be refilled from here on
+        for i in inputs:
+            i.seq.length += len(i.tokens)
 
     def step(self, inputs) -> np.ndarray:
         """LlamaModel.step on the device: host logits [N, vocab]."""
-        logits, stream = self._run(inputs)
-        out = logits.copy_to_host(stream=stream)
-        for i in inputs:
-            i.seq.length += len(i.tokens)
+        out = self._run(step_arrays(inputs, self.cfg.vocab)).copy_to_host(stream=self.stream)
+        self._finish(inputs)
         return out
 
     def step_tokens(self, inputs, draws) -> np.ndarray:
         """LlamaModel.step_tokens on the device: the step, then one token per logit row drawn
         by gpu/cuda/sampling.py, so only int32 ids come back to the host."""
-        logits, stream = self._run(inputs)
-        n = logits.shape[0]
-        ids = np.zeros(0, np.int32)
+        arrays = step_arrays(inputs, self.cfg.vocab)
+        n = len(arrays[3])
         if n:  # (none when the step was only prompt chunks that want no logits)
-            (params,) = self._draws.put(_smp.pack_params(draws))
+            (params,) = self._draws.put(_smp.pack_params(draws))  # queued before the step
             if self._ids is None or self._ids.shape[0] < n:
                 self._ids = cuda.device_array(max(64, n), np.int32)
                 self._ids_host = cuda.pinned_array(max(64, n), np.int32)
-            _smp.sample_rows(logits, params, self._ids[:n], stream=stream)
-            self._ids[:n].copy_to_host(self._ids_host[:n], stream=stream)
-            if stream != 0:  # into pinned memory on a stream the copy is asynchronous
-                stream.synchronize()
-            ids = self._ids_host[:n].copy()
-        for i in inputs:
-            i.seq.length += len(i.tokens)
-        return ids
+        logits = self._run(arrays)
+        if n:
+            _smp.sample_rows(logits, params, self._ids[:n], stream=self.stream)
+            self._ids[:n].copy_to_host(self._ids_host[:n], stream=self.stream)
+        self._finish(inputs)
+        return self._ids_host[:n].copy() if n else np.zeros(0, np.int32)

@@ -12,7 +12,7 @@ Capture needs a step that only launches kernels: fixed device buffers for its in
 ids, sequence ids, positions, logit rows, block tables; forward.Staging), refilled before
 each replay with one asynchronous copy on the same stream, and the same (T, splits) as at
 capture. The driver's graph API is called through ctypes on libcuda (it works with any
-numba-cuda version), on the stream numba launches on. Not available under the simulator.
+numba-cuda version), on the model's own stream. Not available under the simulator.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import ctypes
 
 import numpy as np
 
-from ._cuda_shim import SIM, cuda
+from ._cuda_shim import SIM
 from .forward import Staging
 
 CU_STREAM_CAPTURE_MODE_RELAXED = 2   # numba may call non-capturable APIs (module loads) safely
@@ -54,8 +54,7 @@ class DecodeGraph:
         if SIM:
             raise RuntimeError("CUDA graphs need a real device (not the simulator)")
         self.fwd, self.T, self.width, self.splits = fwd, T, width, splits
-        self.stream = cuda.stream()
-        s = self.stream
+        self.stream = s = fwd.stream  # a stream of its own (CudaModel's), never the legacy one
         fwd._buffers(T, T)
         self.inputs = Staging(s, np.int32, 4 * T + T * width)
         self._lib = _lib()

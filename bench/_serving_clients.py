@@ -180,7 +180,7 @@ class ZeroLayerDaemon(_Proc):
     name = "zerolayerd"
 
     def __init__(self, python: str, model: str, threads: int, max_seq_len: int, keys_dir: Path,
-                 log_path: Path, extra: list[str] = ()):
+                 log_path: Path, extra: list[str] = (), env: dict | None = None):
         self.key_id = 1
         self.secret = secrets.token_bytes(32)
         keys = keys_dir / "keys"
@@ -193,7 +193,7 @@ class ZeroLayerDaemon(_Proc):
                "--network-port", str(self.port), "--metrics-port", str(self.metrics_port),
                "--model-path", model, "--model-threads", str(threads),
                "--model-max-seq-len", str(max_seq_len), *extra]
-        super().__init__(cmd, log_path)
+        super().__init__(cmd, log_path, env)
 
     def wait_ready(self, timeout: float = 300) -> None:
         end = time.perf_counter() + timeout
@@ -206,6 +206,40 @@ class ZeroLayerDaemon(_Proc):
         raise RuntimeError(f"{self.name} not ready after {timeout} s")
 
 
+class NativeLlamaServer(_Proc):
+    """llama.cpp's own C++ `llama-server` (built by bench/setup_llamacpp.sh): continuous
+    batching over `parallel` slots of `ctx_per_slot` tokens each."""
+    name = "llama-server"
+
+    def __init__(self, binary: str, model: str, threads: int, parallel: int, port: int,
+                 log_path: Path, ctx_per_slot: int = 2048, extra: list[str] = ()):
+        self.port = port
+        self.parallel = parallel
+        cmd = [binary, "-m", model, "-np", str(parallel), "-c", str(ctx_per_slot * parallel),
+               "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1",
+               "--port", str(port), *extra]
+        super().__init__(cmd, log_path)
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        """GET /health answers 503 while the model loads and 200 once it serves."""
+        end = time.perf_counter() + timeout
+        while time.perf_counter() < end:
+            self._check_alive()
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                c.request("GET", "/health")
+                r = c.getresponse()
+                r.read()
+                c.close()
+                if r.status == 200:
+                    self.ready_s = time.perf_counter() - self.t_spawn
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not ready after {timeout} s")
+
+
 # ---------------------------------------------------------------- the llama.cpp side: stdlib HTTP
 
 
@@ -213,14 +247,16 @@ def messages_of(content: str | list[tuple[str, str]]) -> list[tuple[str, str]]:
     return [("user", content)] if isinstance(content, str) else list(content)
 
 
-def chat_body(content: str | list[tuple[str, str]], max_tokens: int, stream: bool = True) -> bytes:
+def chat_body(content: str | list[tuple[str, str]], max_tokens: int, stream: bool = True,
+              extra: dict | None = None) -> bytes:
     """Greedy on llama-cpp-python's server: temperature 0 selects its greedy sampler; the
-    repeat penalty (server default 1.1) is set to 1.0 so the chain is argmax only, like ours."""
+    repeat penalty (server default 1.1) is set to 1.0 so the chain is argmax only, like ours.
+    `extra`: more body fields (e.g. llama-server's "stream_options")."""
     return json.dumps({
         "messages": [{"role": r, "content": c} for r, c in messages_of(content)],
         "max_tokens": max_tokens, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
         "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-        "stream": stream,
+        "stream": stream, **(extra or {}),
     }).encode()
 
 

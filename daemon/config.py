@@ -46,7 +46,9 @@ class EngineSection:
     max_running: int = 16          # sequences decoded together
     max_waiting: int = 256         # admitted but not yet running; beyond: OVERLOADED
     step_tokens: int = 256         # tokens per forward pass (decodes + prompt chunks)
-    kv_blocks: int = 0             # KV arena blocks of 64 positions; 0 = max_running full contexts
+    kv_blocks: int = 0             # KV arena blocks of 64 positions; 0 = 16 full contexts
+    queue_depth: int = 64          # admissions handed to the engine thread, not yet taken; beyond: OVERLOADED
+    overlap: bool = True           # GPU: stage step N+1 while step N runs (no effect on the CPU)
 
 
 @dataclass
@@ -74,7 +76,9 @@ class MetricsSection:
 @dataclass
 class CpuSection:
     cpus: str = ""                 # e.g. "2" or "2-3"; "" = leave affinity alone
-    sched_fifo: int = 0            # SCHED_FIFO priority 1-99; 0 = normal scheduling
+    io_cpu: str = ""               # the I/O thread's CPU, e.g. "2"; "" = any of cpus
+    engine_cpus: str = ""          # the engine thread and its kernel threads, e.g. "3-5"; "" = any
+    sched_fifo: int = 0            # SCHED_FIFO priority 1-99 for the I/O thread; 0 = normal scheduling
 
 
 @dataclass

@@ -1,88 +1,85 @@
-"""The engine loop: continuous batching of many requests over one model, in the daemon's thread.
+"""The engine: continuous batching of many requests over one model, on the engine thread.
 
 Each ``step()`` makes one forward pass over
   * one new token for every running sequence (decode), and
   * prompt chunks of newly admitted requests (chunked prefill), up to a token budget,
 so new requests join between decode steps without stalling the others for a whole prompt,
-and tokens stream out as soon as they are sampled. No scheduler process, no locks: the
-network loop calls submit/cancel/step from one thread.
+and tokens stream out as soon as they are sampled. No scheduler process: the engine thread
+(engine_thread.py) calls submit/step; the I/O thread only ever sets `Request.cancel`.
 
-Admission reserves the KV blocks for prompt + max_tokens up front, so a request that was
-accepted can never fail later for lack of memory; one that doesn't fit yet waits (and the
-wait queue is bounded: past it, OVERLOADED).
+What happens to a request is reported as typed events (request.py) through `emit`: text,
+done (FinishReason, Usage, Timings) or failed (ErrorCode). The engine never touches sockets.
+
+Admission reserves the KV blocks for prompt + max_tokens up front (the one context rule,
+gpu/sampling_params.check_context), so a request that was accepted can never fail later for
+lack of memory; one that doesn't fit yet waits (and the wait queue is bounded: past it,
+OVERLOADED).
+
+Overlap (a model whose ``overlaps`` is True: the CUDA backend). Step N+1 is planned, staged
+and queued before step N's tokens are read back: a sequence whose last token is still on the
+device takes it from there (StepInput.from_prev). Then step N's tokens are emitted while
+step N+1 runs. A sequence that finishes at step N (EOS, a stop string, max_tokens) has
+already been given one speculative token in step N+1; that token is thrown away, and its KV
+slot lies past the positions anyone reads (the reservation has room for it). The tokens and
+the KV of the positions kept are those of the plain path (tests/test_cuda_sim.py).
 """
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from zerolayer.gpu.errors import ContextOverflowError, KVCacheFullError
-from zerolayer.gpu.generate import SamplingParams
-from zerolayer.gpu.kv_cache import Sequence
-from zerolayer.gpu.model import LlamaModel, StepInput
+from zerolayer.gpu.errors import KVCacheFullError
+from zerolayer.gpu.model_api import Draw, Model, PendingTokens, StepInput
 from zerolayer.gpu.prefix_cache import PrefixCache
+from zerolayer.gpu.sampling_params import check_context
 from zerolayer.gpu.stopping import StopChecker
-from zerolayer.gpu.tokenizer import IncrementalDetokenizer, Tokenizer
+from zerolayer.gpu.tokenizer import Tokenizer
 
-from .errors import OverloadedError
-from .wire import Timings, Usage
+from .errors import ErrorCode, OverloadedError
+from .request import CancelReason, DoneEvent, EngineEvent, FailedEvent, Request, TextEvent
+from .wire import FinishReason, Timings, Usage
+
+Emit = Callable[[EngineEvent], None]
 
 
 @dataclass(eq=False)
-class EngineRequest:
-    key: object                     # opaque to the engine: the daemon's (key id, request id)
-    prompt_ids: np.ndarray
-    params: SamplingParams
-    arrival: float = field(default_factory=time.monotonic)
-    # state, owned by the engine
-    seq: Sequence | None = None
-    prefilled: int = 0
-    cached: int = 0                 # prompt positions reused from the prefix cache
-    tokens: list[int] = field(default_factory=list)
-    detok: IncrementalDetokenizer | None = None
-    stops: StopChecker | None = None
-    rng: np.random.Generator | None = None
-    cancelled: bool = False
-    t_admit: float = 0.0
-    t_first: float = 0.0
-    t_last: float = 0.0
-    step_max: float = 0.0           # slowest gap between two tokens (jitter)
-    done: bool = False
-
-
-# sinks: on_text(req, text, n_tokens), on_done(req, finish_reason, usage, timings),
-#        on_error(req, code, message)
-TextSink = Callable[[EngineRequest, str, int], None]
-DoneSink = Callable[[EngineRequest, str, Usage, Timings], None]
-ErrorSink = Callable[[EngineRequest, str, str], None]
+class Batch:
+    """One launched step: its requests (one per input) and which had a logit row."""
+    owners: list[Request]
+    with_logits: list[Request]
+    pending: PendingTokens
+    n_tokens: int
+    step: int
 
 
 class Engine:
-    def __init__(self, model: LlamaModel, tokenizer: Tokenizer, *, on_text: TextSink,
-                 on_done: DoneSink, on_error: ErrorSink, max_running: int = 16,
-                 max_waiting: int = 256, step_tokens: int = 256, prefix_entries: int = 4):
+    def __init__(self, model: Model, tokenizer: Tokenizer, *, emit: Emit, max_running: int = 16,
+                 max_waiting: int = 256, step_tokens: int = 256, prefix_entries: int = 4,
+                 overlap: bool | None = None):
         self.model = model
         self.tok = tokenizer
-        self.on_text, self.on_done, self.on_error = on_text, on_done, on_error
+        self.emit = emit
         self.max_running = max_running
         self.max_waiting = max_waiting
         self.step_tokens = step_tokens
+        self.overlap = model.overlaps if overlap is None else (overlap and model.overlaps)
         self.prefix = PrefixCache(model.arena, max_entries=prefix_entries)
-        self.waiting: deque[EngineRequest] = deque()
-        self.running: list[EngineRequest] = []
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._inflight: Batch | None = None
         self.steps = 0
         self.forward_passes_tokens = 0  # tokens run through the model, for tests and metrics
 
-    # ---- called by the network loop ------------------------------------------------------
-    def submit(self, req: EngineRequest) -> None:
-        """Queue a request. Raises ContextOverflowError or OverloadedError (nothing queued)."""
-        need = len(req.prompt_ids) + req.params.max_tokens
-        if need > self.model.max_seq_len:
-            raise ContextOverflowError(need, self.model.max_seq_len)
+    # ---- called by the engine thread -----------------------------------------------------
+    def submit(self, req: Request) -> None:
+        """Queue a request whose prompt_ids are set. Raises ContextOverflowError or
+        OverloadedError (nothing queued)."""
+        assert req.prompt_ids is not None
+        check_context(len(req.prompt_ids), req.params.max_tokens, self.model.max_seq_len)
         if len(self.waiting) >= self.max_waiting:
             raise OverloadedError(f"{len(self.waiting)} requests already waiting")
         req.detok = self.tok.detokenizer()
@@ -90,26 +87,43 @@ class Engine:
         req.rng = np.random.default_rng(req.params.seed)
         self.waiting.append(req)
 
-    def cancel(self, req: EngineRequest) -> None:
-        """Stop a request at the next step boundary; its KV blocks are freed then."""
-        req.cancelled = True
-
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._inflight)
 
-    # ---- one iteration -------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        return len(self.waiting) + len(self.running)
+
     def step(self) -> None:
+        """Plan and launch one step; complete the step before it (overlap) or this one."""
         self._reap_cancelled()
         self._admit()
-        if not self.running:
-            return
+        batch = self._launch() if self.running else None
+        done, self._inflight = (self._inflight, batch) if self.overlap else (batch, None)
+        if done is not None:
+            self._complete(done)
+        self.running = [r for r in self.running if not r.done]
+
+    def fail_all(self, code: ErrorCode, msg: str) -> None:
+        """Every request the engine holds ends with an error (the engine is going away)."""
+        for r in list(self.waiting) + self.running:
+            self._finish_error(r, code, msg)
+        self.waiting.clear()
+        self.running = []
+        self._inflight = None
+
+    # ---- internals -----------------------------------------------------------------------
+    def _launch(self) -> Batch | None:
         inputs: list[StepInput] = []
-        owners: list[EngineRequest] = []
+        owners: list[Request] = []
         budget = self.step_tokens
         for r in self.running:  # decodes first: they are what users are waiting on
             if r.prefilled == len(r.prompt_ids):
-                inputs.append(StepInput(r.seq, np.array([r.tokens[-1]], np.int32)))
+                if r.pending_row >= 0:  # its last token is still on the device (overlap)
+                    inputs.append(StepInput(r.seq, np.zeros(1, np.int32), from_prev=r.pending_row))
+                else:
+                    inputs.append(StepInput(r.seq, np.array([r.tokens[-1]], np.int32)))
                 owners.append(r)
                 budget -= 1
         for r in self.running:  # then prompt chunks, oldest first
@@ -121,34 +135,47 @@ class Engine:
                 owners.append(r)
                 r.prefilled += n
                 budget -= n
+        if not inputs:
+            return None
+        with_logits = [r for inp, r in zip(inputs, owners) if inp.logits]
         # one draw per logit row, from each request's own seeded generator
-        draws = [(r.params.temperature, r.params.top_k, r.params.top_p, r.rng.random())
-                 for inp, r in zip(inputs, owners) if inp.logits]
+        draws = [Draw(r.params.temperature, r.params.top_k, r.params.top_p, r.rng.random())
+                 for r in with_logits]
         try:
-            tokens = self.model.step_tokens(inputs, draws)  # sampled where the logits are
+            pending = self.model.launch_tokens(inputs, draws)  # sampled where the logits are
         except Exception as e:  # never let one bad step take the daemon down
             for r in owners:
-                self._finish_error(r, "INTERNAL", f"forward pass failed: {e}")
-            return
+                self._finish_error(r, ErrorCode.INTERNAL, f"forward pass failed: {e}")
+            return None
         self.steps += 1
-        self.forward_passes_tokens += sum(len(i.tokens) for i in inputs)
+        for row, r in enumerate(with_logits):
+            r.pending_row, r.pending_step = row, self.steps
+        n_tokens = sum(len(i.tokens) for i in inputs)
+        self.forward_passes_tokens += n_tokens
+        return Batch(owners, with_logits, pending, n_tokens, self.steps)
+
+    def _complete(self, b: Batch) -> None:
+        try:
+            tokens = b.pending.wait()
+        except Exception as e:  # noqa: BLE001 - a failed device step fails its requests
+            for r in b.owners:
+                self._finish_error(r, ErrorCode.INTERNAL, f"forward pass failed: {e}")
+            return
         now = time.monotonic()
-        row = 0
-        for inp, r in zip(inputs, owners):
-            if not inp.logits:
+        for row, r in enumerate(b.with_logits):
+            if r.pending_step == b.step:  # not already given a next token in a newer step
+                r.pending_row = -1
+            if r.done:  # finished or cancelled meanwhile: a speculative token, dropped
                 continue
             self._emit_token(r, int(tokens[row]), now)
-            row += 1
-        self.running = [r for r in self.running if not r.done]
 
-    # ---- internals -----------------------------------------------------------------------
     def _reap_cancelled(self) -> None:
-        for r in [r for r in self.waiting if r.cancelled]:
+        for r in [r for r in self.waiting if r.cancel is not None]:
             self.waiting.remove(r)
-            self._finish(r, "cancelled")
+            self._finish(r, FinishReason.CANCELLED)
         for r in self.running:
-            if r.cancelled and not r.done:
-                self._finish(r, "cancelled")
+            if r.cancel is not None and not r.done:
+                self._finish(r, FinishReason.CANCELLED)
         self.running = [r for r in self.running if not r.done]
 
     def _admit(self) -> None:
@@ -169,7 +196,7 @@ class Engine:
             r.t_admit = time.monotonic()
             self.running.append(r)
 
-    def _emit_token(self, r: EngineRequest, tok: int, now: float) -> None:
+    def _emit_token(self, r: Request, tok: int, now: float) -> None:
         p = r.params
         if not r.tokens:
             r.t_first = now
@@ -177,50 +204,62 @@ class Engine:
             r.step_max = max(r.step_max, now - r.t_last)
         r.t_last = now
         if tok in self.tok.eos_ids:
-            return self._finish(r, "stop")
+            return self._finish(r, FinishReason.STOP)
         r.tokens.append(tok)
         text = r.stops.push(r.detok.push(tok))
         if text:
-            self.on_text(r, text, 1)
+            self.emit(TextEvent(r, text, 1))
         if r.stops.stopped:
-            return self._finish(r, "stop")
+            return self._finish(r, FinishReason.STOP)
         if len(r.tokens) >= p.max_tokens:
-            return self._finish(r, "length")
+            return self._finish(r, FinishReason.LENGTH)
 
-    def _release(self, r: EngineRequest, keep_prefix: bool = False) -> None:
+    def _release(self, r: Request, keep_prefix: bool) -> None:
         r.done = True
         if r.seq is not None:
             if keep_prefix:  # its KV may serve the next prompt that starts the same way
-                self.prefix.store(r.seq, np.concatenate([r.prompt_ids, np.asarray(r.tokens, np.int32)]))
+                # (the positions written: the prompt as far as prefilled, then the tokens fed
+                # back; a cancelled or speculative step's extra slot is past these)
+                fed = np.concatenate([r.prompt_ids[:r.prefilled], np.asarray(r.tokens, np.int32)])
+                self.prefix.store(r.seq, fed)
             else:
                 r.seq.release()
             r.seq = None
 
-    def _finish(self, r: EngineRequest, reason: str) -> None:
-        if reason != "cancelled":
+    def _finish(self, r: Request, reason: FinishReason) -> None:
+        if reason is not FinishReason.CANCELLED:
             tail = r.stops.push(r.detok.flush()) + r.stops.flush()
             if tail:
-                self.on_text(r, tail, 0)
-        self._release(r, keep_prefix=reason != "cancelled")
+                self.emit(TextEvent(r, tail, 0))
+        # A cancelled or closed-early stream keeps its prompt's KV too: the same prompt
+        # again (a client retrying, or coming back) skips its prefill.
+        self._release(r, keep_prefix=True)
         end = time.monotonic()
         first = r.t_first or end
         n = len(r.tokens)
         us = lambda s: max(0, int(s * 1e6))  # noqa: E731
         decode = (r.t_last or first) - first
         t = Timings(
-            queue_us=us((r.t_admit or end) - r.arrival),
+            queue_us=us((r.t_admit or end) - r.received_at),
             prefill_us=us(first - (r.t_admit or end)),
             decode_per_token_us=us(decode / (n - 1)) if n > 1 else 0,
-            total_us=us(end - r.arrival),
+            total_us=us(end - r.received_at),
+            tokenize_us=r.tokenize_us,
             decode_us=us(decode),
             decode_step_max_us=us(r.step_max),
         )
-        self.on_done(r, reason, Usage(len(r.prompt_ids), r.cached, n), t)
+        self.emit(DoneEvent(r, reason, Usage(len(r.prompt_ids), r.cached, n), t))
 
-    def _finish_error(self, r: EngineRequest, code: str, msg: str) -> None:
+    def _finish_error(self, r: Request, code: ErrorCode, msg: str) -> None:
         if r.done:
             return
-        self._release(r)
+        r.done = True
+        if r.seq is not None:
+            r.seq.release()
+            r.seq = None
         if r in self.waiting:
             self.waiting.remove(r)
-        self.on_error(r, code, msg)
+        self.emit(FailedEvent(r, code, msg))
+
+
+__all__ = ["Engine", "Batch", "CancelReason"]  # CancelReason: what the I/O thread sets

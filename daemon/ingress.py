@@ -13,10 +13,11 @@ least-trusting first:
   4. timestamp within ±skew (INVALID_TIMESTAMP); DRAINING; total length (PAYLOAD_TOO_LARGE);
      nonce not already used (EXPIRED_NONCE).
   5. only now reassembly buffers anything (bounded: OVERLOADED when full), then the body
-     digest, the nonce is burnt, the body decoded (MALFORMED), token-id context (CONTEXT_OVERFLOW).
+     digest, the nonce is burnt, the body decoded (MALFORMED).
 From step 4 on the sender is a key holder, and errors are signed with its key.
 
-The result cache (idempotency), tokenization and the engine come after this, in the daemon.
+The result cache (idempotency) comes after this, on the I/O thread; tokenization and the
+context rule (CONTEXT_OVERFLOW, for every payload kind) on the engine thread.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from .auth import KeyStore, ReplayGuard
-from .errors import (ContextOverflowError, DrainingError, ErrorCode, ExpiredNonceError,
+from .errors import (DrainingError, ErrorCode, ExpiredNonceError,
                      MalformedError, PayloadTooLargeError, UnknownKeyError, ZerolayerError)
 from .reassembly import Reassembler
 from .wire import (COMMON_LEN, MAGIC, MAX_MESSAGE_BYTES, REQUEST_TYPES, VERSION,
@@ -89,25 +90,15 @@ class Rejected:
 IngressResult = Union[InvokeRequest, ControlRequest, Pending, Rejected]
 
 
-def check_context(prompt_tokens: int, max_tokens: int, max_seq_len: int) -> None:
-    """CONTEXT_OVERFLOW rule, deterministic so the error can be cached: the prompt plus
-    the whole requested completion must fit the context. The daemon calls it after
-    tokenizing; Ingress calls it directly for token-id payloads."""
-    if prompt_tokens + max_tokens > max_seq_len:
-        raise ContextOverflowError(
-            f"prompt {prompt_tokens} + max_tokens {max_tokens} tokens > context {max_seq_len}")
-
-
 class Ingress:
     def __init__(self, keys: KeyStore, replay: ReplayGuard, reassembler: Reassembler, *,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES, max_seq_len: int | None = None,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES,
                  wall_clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.keys = keys
         self.replay = replay
         self.reassembler = reassembler
         self.max_message_bytes = max_message_bytes
-        self.max_seq_len = max_seq_len
         self.draining = False       # set on SIGTERM: new INVOKEs get DRAINING
         # The daemon's answer to "is this (key id, request id) in the result cache?": a retry
         # of a request already running or finished is not new work, so draining lets it
@@ -190,8 +181,6 @@ class Ingress:
             raise MalformedError("body does not match its SHA-256 in the header")
         self.replay.remember(req.nonce, req.timestamp_us, wall, req.key_id)
         ib = decode_invoke_body(body)
-        if ib.token_ids is not None and self.max_seq_len is not None:
-            check_context(len(ib.token_ids), ib.params.max_tokens, self.max_seq_len)
         self.stats["invokes"] += 1
         return InvokeRequest(req.key_id, req.request_id, req.timestamp_us, req.nonce,
                              req.body_sha256, ib, started, req.frag_count, signer)

@@ -64,6 +64,11 @@ class Metrics:
         self.xsk_ring_entries = Gauge("zerolayer_xsk_ring_entries",
                                       "Entries in the AF_XDP rings, summed over queues",
                                       ["ring"], registry=r)
+        self.handoff_full = Counter("zerolayer_handoff_full",
+                                    "Hand-offs between the I/O and engine threads that found the "
+                                    "queue full: admissions refused OVERLOADED, or engine waits "
+                                    "for room for its events", ["queue"], registry=r)
+        self._handoff_last: dict = {}
         self._xdp_last: dict = {}
         for code in ErrorCode:  # every code is visible at 0 before its first occurrence
             self.errors.labels(code.name)
@@ -71,6 +76,14 @@ class Metrics:
             self.requests.labels(outcome)
         for kind in ("attached", "replayed"):
             self.idempotent.labels(kind)
+
+    def update_handoff(self, queue: str, total: int) -> None:
+        """Copy a hand-off's own count of full queues into the counter (as an increment)."""
+        d = total - self._handoff_last.get(queue, 0)
+        c = self.handoff_full.labels(queue)
+        if d > 0:
+            c.inc(d)
+        self._handoff_last[queue] = total
 
     def update_xdp(self, io) -> None:
         """Copy the kernel's counters (the program's per-CPU array, XDP_STATISTICS) into

@@ -1,15 +1,20 @@
-"""zerolayerd: the daemon. One pinned thread owns the rings/socket, the protocol and the engine.
+"""zerolayerd: the daemon. Two threads: I/O on one pinned CPU, the engine on the others.
 
-    loop:  AF_XDP RX ring (xdp_io) and recvmmsg (udp_io) → Ingress (verify, reassemble)
-           → result cache (idempotency) → tokenize → Engine.submit
-           Engine.step (one forward pass for every running request)
-           → TOKEN / DONE / ERROR frames → result cache → back the way the request came:
-             written into UMEM TX frames for an AF_XDP peer, sendmmsg for a UDP address
+    I/O thread (this one, the main thread):
+        AF_XDP RX ring (xdp_io) and recvmmsg (udp_io) → Ingress (verify, reassemble)
+        → result cache (idempotency) → one Request → admissions hand-off ───────────┐
+        PING, ACK, RESEND, CANCEL, lease and drain answered here, at once            │
+        engine events → TOKEN / DONE / ERROR frames → result cache → back the way    │
+        the request came: UMEM TX frames for an AF_XDP peer, sendmmsg for UDP        │
+                                                                                     ▼
+    engine thread (engine_thread.py): tokenize → Engine.submit → Engine.step (the forward
+        pass without the GIL) → typed events → events hand-off ─────► I/O thread
 
-There is no second thread and no lock: while a step runs, datagrams wait in the socket
-buffer (sized for a 1 MiB request), and they are read as soon as it ends. Frames are
-stored in the result cache before they are sent, so RESEND and duplicate requests are
-served from there and never run the model again.
+The hand-offs (handoff.py) are bounded single-producer/single-consumer queues, each with an
+eventfd the other side sleeps on; no lock on the hot path. A full admissions queue is
+OVERLOADED (counted), never a silent drop. The I/O thread never waits for a step: a step in
+progress delays nothing it does. Frames are stored in the result cache before they are sent,
+so RESEND and duplicate requests are served from there and never run the model again.
 """
 from __future__ import annotations
 
@@ -20,51 +25,36 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
-
-import numpy as np
-
-from zerolayer.gpu.errors import RuntimeModelError
-from zerolayer.gpu.generate import encode_prompt
 
 from . import config as config_mod
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
-from .engine import Engine, EngineRequest
-from .errors import ERROR_INFO, ErrorCode, OverloadedError, ZerolayerError
-from .ingress import ControlRequest, Ingress, InvokeRequest, Rejected, check_context
+from .engine import Engine
+from .engine_thread import EngineThread
+from .errors import ERROR_INFO, ErrorCode, OverloadedError
+from .handoff import Handoff
+from .ingress import ControlRequest, Ingress, InvokeRequest, Rejected
 from .metrics import Metrics
 from .reassembly import Reassembler
+from .request import (CancelReason, DoneEvent, EngineDied, EngineEvent, FailedEvent, Request,
+                      TextEvent)
 from .result_cache import EntryStatus, ResultCache
 from .udp_io import BatchedUDP
 from .xdp_frames import Peer
-from .wire import (MAX_TEXT, NO_SEQ, FinishReason, MsgType, ResponseSigner, RunState, ServerState,
-                   Timings, Usage, split_utf8)
+from .wire import (MAX_TEXT, NO_SEQ, FinishReason, MsgType, RunState, ServerState, Timings,
+                   Usage, split_utf8)
 
 HOUSEKEEPING_S = 0.25
-# Receive batches drained before each engine step: enough that a flood of garbage can't fill
-# the socket buffer between two steps and push out a client's keepalives, bounded so that a
-# flood can't starve the running requests either.
+# Receive batches drained before the engine's events are turned into frames: enough that a
+# flood of garbage can't fill the socket buffer meanwhile, bounded so that it can't starve
+# the streams either.
 MAX_RX_BATCHES = 32
 RESEND_LIMIT = 64  # frames per RESEND answer (docs/PROTOCOL.md)
+EVENTS_CAPACITY = 1 << 16  # engine → I/O events in flight (the engine waits when full)
+EXIT_ENGINE_DIED = 1
 
 
 def log(msg: str) -> None:
     print(f"zerolayerd: {msg}", file=sys.stderr, flush=True)
-
-
-@dataclass(eq=False)
-class Running:
-    """The daemon's handle on one request: where its frames go and how they are signed."""
-    key: tuple[int, bytes]
-    addr: tuple
-    signer: ResponseSigner
-    run_id: int
-    received_at: float
-    tokenize_us: int = 0
-    engine_req: EngineRequest | None = None
-    cancel_reason: str = ""   # set when the daemon (not the client) stops it: lease, drain
-    ingress_us: int = 0
-    seq: int = 0
 
 
 class Daemon:
@@ -73,27 +63,33 @@ class Daemon:
         self.metrics = Metrics()
         self.state = ServerState.WARMING
         self.out: list[tuple[bytes, tuple]] = []
+        self.live: dict[tuple[int, bytes], Request] = {}   # admitted, last frame not yet sent
         self._stop_at: float | None = None
         self._reload = False
         self._draining = False
+        self.exit_code = 0
 
     # ---- start-up ------------------------------------------------------------------------
     def start(self) -> None:
         c = self.cfg
-        self._pin_cpus()
+        io_cpus, engine_cpus = self._cpu_plan()
         self.keys = KeyStore(c.security.keys_file)  # refuses a group/world-readable file
         self.replay = ReplayGuard(ReplayConfig(skew_s=c.security.max_skew_s,
                                                capacity=c.security.nonce_capacity,
                                                per_key=c.security.nonce_per_key))
-        self.ingress = Ingress(self.keys, self.replay, Reassembler(), max_seq_len=c.model.max_seq_len)
+        self.ingress = Ingress(self.keys, self.replay, Reassembler())
         self.cache = ResultCache(ttl_s=c.cache.ttl_s, max_entries=c.cache.max_entries,
                                  max_bytes=c.cache.max_bytes)
         self.ingress.is_known = lambda key: self.cache.get(key) is not None
-        self._load_model()
+        self.admissions: Handoff[Request] = Handoff(c.engine.queue_depth, "admissions")
+        self.events: Handoff[EngineEvent] = Handoff(EVENTS_CAPACITY, "events")
+        self._load_model(engine_cpus)
         self.sock = self._open_socket()
         self.udp = BatchedUDP(self.sock, batch=c.network.batch)
         self.xdp = self._open_xdp()
         self.metrics.serve(c.metrics.host, c.metrics.port)
+        self._start_engine(engine_cpus)
+        self._pin_io(io_cpus)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, lambda *_: setattr(self, "_reload", True))
@@ -104,37 +100,54 @@ class Daemon:
             f"(metrics {c.metrics.host}:{c.metrics.port or 'off'})")
         _sd_notify(b"READY=1")
 
-    def _pin_cpus(self) -> None:
+    def _cpu_plan(self) -> tuple[set[int] | None, set[int] | None]:
+        """[cpu]: cpus = the whole process; io_cpu = the I/O thread; engine_cpus = the engine
+        thread and its kernel threads. The process is first confined to the engine's CPUs, so
+        that the kernel threads the model's warm-up starts inherit them; the I/O thread moves
+        to its own CPU once the engine runs."""
         c = self.cfg.cpu
         if c.cpus:
-            cpus = config_mod.parse_cpus(c.cpus)
-            os.sched_setaffinity(0, cpus)
-            log(f"pinned to CPUs {sorted(cpus)}")
+            os.sched_setaffinity(0, config_mod.parse_cpus(c.cpus))
+            log(f"pinned to CPUs {c.cpus}")
+        io = config_mod.parse_cpus(c.io_cpu) if c.io_cpu else None
+        eng = config_mod.parse_cpus(c.engine_cpus) if c.engine_cpus else None
+        if eng:
+            os.sched_setaffinity(0, eng)
+        return io, eng
+
+    def _pin_io(self, io_cpus: set[int] | None) -> None:
+        c = self.cfg.cpu
+        if io_cpus:
+            os.sched_setaffinity(0, io_cpus)  # this (the I/O) thread only, from here on
+        log(f"I/O thread on CPUs {sorted(os.sched_getaffinity(0))}, engine thread on "
+            f"{sorted(self.engine_thread.cpus) if self.engine_thread.cpus else 'the same'}")
         if c.sched_fifo:
-            try:
+            try:  # the I/O thread's latency is the one that real-time priority buys
                 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(c.sched_fifo))
-                log(f"SCHED_FIFO priority {c.sched_fifo}")
+                log(f"SCHED_FIFO priority {c.sched_fifo} (I/O thread)")
             except PermissionError:
                 log("SCHED_FIFO refused (needs CAP_SYS_NICE); running with normal scheduling")
 
-    def _load_model(self) -> None:
+    def _load_model(self, engine_cpus: set[int] | None) -> None:
         from zerolayer.gpu.generate import Generator
-        m = self.cfg.model
+        m, e = self.cfg.model, self.cfg.engine
         gen = Generator.load(m.path or None, threads=m.threads or None, max_seq_len=m.max_seq_len,
-                             warmup=self.cfg.lifecycle.warmup, log=log)
-        e = self.cfg.engine
-        if e.kv_blocks:
-            from zerolayer.gpu.kv_cache import KVArena
-            cfgm = gen.model.cfg
-            gen.model.arena = KVArena(cfgm.n_layer, cfgm.n_kv, cfgm.head_dim, e.kv_blocks,
-                                      gen.model.max_seq_len)
-        self.model, self.tokenizer = gen.model, gen.tokenizer
+                             kv_blocks=e.kv_blocks or None, warmup=self.cfg.lifecycle.warmup, log=log)
+        self.model, self.tokenizer, self._gen = gen.model, gen.tokenizer, gen
         from zerolayer.gpu import backend
         self.metrics.backend.labels(backend.NAME, getattr(self.model, "device", "cpu")).set(1)
-        self.engine = Engine(self.model, self.tokenizer, on_text=self._on_text, on_done=self._on_done,
-                             on_error=self._on_engine_error, max_running=e.max_running,
-                             max_waiting=e.max_waiting, step_tokens=e.step_tokens)
+        self.engine = Engine(self.model, self.tokenizer, emit=lambda ev: None,
+                             max_running=e.max_running, max_waiting=e.max_waiting,
+                             step_tokens=e.step_tokens, overlap=e.overlap)
 
+    def _start_engine(self, engine_cpus: set[int] | None) -> None:
+        warm = self._gen.warmup if self.cfg.lifecycle.warmup else None
+        t = self.engine_thread = EngineThread(self.engine, self.admissions, self.events,
+                                              cpus=engine_cpus, warmup=warm, log=log)
+        t.start()
+        t.ready.wait()
+        if not t.is_alive():
+            raise RuntimeError("the engine thread failed to start (see above)")
     def _open_socket(self) -> socket.socket:
         n = self.cfg.network
         fam = socket.AF_INET6 if ":" in n.host else socket.AF_INET
@@ -185,7 +198,7 @@ class Daemon:
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> int:
         next_house = 0.0
-        wait_fds = [self.sock] + (self.xdp.fileno_list() if self.xdp else [])
+        wait_fds = [self.sock, self.events] + (self.xdp.fileno_list() if self.xdp else [])
         busy = self.cfg.network.busy_poll
         xdp = self.xdp
         spin = 0
@@ -205,24 +218,23 @@ class Daemon:
                     self._on_datagram(data, addr)
                 if not more:
                     break
+            if len(self.events):
+                for ev in self.events.drain():
+                    self._on_event(ev)
             if self.out or (xdp is not None and xdp.tx_backlog):
-                self._flush()  # ACKs and replies first: a step can take longer than a client waits
-            if self.engine.has_work:
-                try:
-                    self.engine.step()
-                except Exception as e:  # noqa: BLE001 - a bug in a callback must not end the daemon
-                    self._internal("engine step", e)
                 self._flush()
             now = time.monotonic()
             if now >= next_house:
                 self._housekeeping(now)
                 next_house = now + HOUSEKEEPING_S
-            if self._draining and (not self.engine.has_work or now >= self._stop_at):
+            if self.exit_code:
                 break
-            if not self.engine.has_work and not self.cfg.network.busy_poll:
-                select.select(wait_fds, [], [], HOUSEKEEPING_S)
+            if self._draining and (not self.live or now >= self._stop_at):
+                break
+            if not busy:
+                select.select(wait_fds, [], [], max(0.0, next_house - now))
         self._shutdown()
-        return 0
+        return self.exit_code
 
     def _flush(self) -> None:
         if self.xdp is not None and self.xdp.tx_backlog:
@@ -246,14 +258,20 @@ class Daemon:
             log("keys reloaded" if ok else f"keys reload failed, old keys kept: {self.keys.last_error}")
         self.ingress.tick()
         for e in self.cache.expired_leases(self.cfg.cache.lease_s):
-            self._cancel(e.handle, "lease expired: no keepalive from the client")
-        self.metrics.running.set(len(self.engine.running))
-        self.metrics.waiting.set(len(self.engine.waiting))
-        a = self.model.arena
-        # blocks held by running requests (cached prefixes are reclaimable, not in use)
-        self.metrics.kv_usage.set((a.n_blocks - a.free_blocks - self.engine.prefix.blocks) / a.n_blocks)
+            if isinstance(e.handle, Request):
+                self._cancel(e.handle, CancelReason.LEASE)
+        if not self.engine_thread.is_alive() and not self.exit_code:
+            self._on_event(EngineDied("the engine thread is gone"))
+        running, waiting, kv_held = self.engine_thread.stats
+        m = self.metrics
+        m.running.set(running)
+        m.waiting.set(waiting + len(self.admissions))
+        m.kv_usage.set(kv_held / self.model.arena.n_blocks)  # cached prefixes are reclaimable
+        m.update_handoff("admissions", self.admissions.full)
+        m.update_handoff("events", self.engine_thread.events_full_waits)
         if self.xdp is not None:
             self.metrics.update_xdp(self.xdp)
+        self._flush()
 
     def _on_term(self, *_):
         if not self._draining:
@@ -261,41 +279,36 @@ class Daemon:
             self.state = ServerState.DRAINING
             self.ingress.draining = True
             self._stop_at = time.monotonic() + self.cfg.lifecycle.drain_timeout_s
-            log(f"draining: {len(self.engine.running) + len(self.engine.waiting)} requests in flight")
-
-    def _cancel(self, h: "Running | None", reason: str) -> None:
-        """Stop a request on the daemon's initiative: its client gets ERROR CANCELLED."""
-        if h is not None and h.engine_req is not None and not h.cancel_reason:
-            h.cancel_reason = reason
-            self.engine.cancel(h.engine_req)
+            log(f"draining: {len(self.live)} requests in flight")
 
     def _shutdown(self) -> None:
-        for r in list(self.engine.running) + list(self.engine.waiting):
-            self._cancel(r.key, "drain timeout: the daemon is stopping")  # tell, never vanish
-        self.engine.step()
+        for r in list(self.live.values()):
+            self._cancel(r, CancelReason.DRAIN)  # tell, never vanish
         self._flush()
+        self.engine_thread.stop()
+        self.engine_thread.join(timeout=30)
         if self.xdp is not None:
             from .xdp_io import wait_tx_drained
             wait_tx_drained(self.xdp)
             self.xdp.close()  # detach: invoke traffic goes to the kernel stack from here on
         self.sock.close()
-        log("stopped")
+        log("stopped" if not self.exit_code else f"stopped (exit {self.exit_code})")
 
     # ---- requests ------------------------------------------------------------------------
-    def _send(self, frame: bytes, addr: tuple) -> None:
+    def _send(self, frame: bytes, addr) -> None:
         self.out.append((frame, addr))
 
     def _internal(self, where: str, e: Exception) -> None:
         self.metrics.errors.labels(ErrorCode.INTERNAL.name).inc()
         log(f"internal error in {where}: {type(e).__name__}: {e}")
 
-    def _on_datagram(self, data: bytes, addr: tuple) -> None:
+    def _on_datagram(self, data: bytes, addr) -> None:
         try:
             self._handle(data, addr)
         except Exception as e:  # noqa: BLE001 - one bad request must not end the daemon
             self._internal("request handling", e)
 
-    def _handle(self, data: bytes, addr: tuple) -> None:
+    def _handle(self, data: bytes, addr) -> None:
         self.metrics.datagrams.inc()
         r = self.ingress.feed(data)
         if isinstance(r, InvokeRequest):
@@ -307,16 +320,18 @@ class Daemon:
             if r.reply is not None:
                 self._send(r.reply, addr)
 
-    def _on_invoke(self, req: InvokeRequest, addr: tuple) -> None:
-        key = req.cache_key
+    def _lease_ms(self) -> int:
+        return int(self.cfg.cache.lease_s * 1000)
+
+    def _on_invoke(self, inv: InvokeRequest, addr) -> None:
+        key = inv.cache_key
         e = self.cache.lookup(key)
         if e is not None:  # a duplicate: never run the model twice
             self.cache.touch(key)
             if e.status is EntryStatus.RUNNING:
                 self.metrics.idempotent.labels("attached").inc()
                 e.handle.addr = addr  # the client may have moved (new socket on retry)
-                self._send(e.handle.signer.ack(e.next_seq, e.run_id, RunState.RUNNING,
-                                               int(self.cfg.cache.lease_s * 1000)), addr)
+                self._send(inv.signer.ack(e.next_seq, e.run_id, RunState.RUNNING, self._lease_ms()), addr)
             else:
                 self.metrics.idempotent.labels("replayed").inc()
             for f in e.frames:
@@ -325,41 +340,22 @@ class Daemon:
         try:
             entry = self.cache.start(key)
         except OverloadedError as ex:
-            return self._refuse(req, addr, ErrorCode.OVERLOADED, str(ex))
-        h = Running(key, addr, req.signer, entry.run_id, req.received_at)
-        entry.handle = h
-        t0 = time.monotonic()
-        try:
-            ids = self._prompt_ids(req)
-            h.tokenize_us = int((time.monotonic() - t0) * 1e6)
-            p = req.body.params
-            check_context(len(ids), p.max_tokens, self.model.max_seq_len)
-            er = EngineRequest(h, ids, _sampling(p), arrival=req.received_at)
-            self.engine.submit(er)
-        except ZerolayerError as ex:
-            return self._fail(h, ex.code, str(ex))
-        except RuntimeModelError as ex:  # ContextOverflowError, KVCacheFullError from the runtime
-            return self._fail(h, ErrorCode[ex.code], str(ex))
-        except ValueError as ex:  # the tokenizer refuses a message (e.g. a special token as role)
-            return self._fail(h, ErrorCode.MALFORMED, str(ex))
-        except Exception as ex:  # noqa: BLE001 - a bug must not kill the loop
-            return self._fail(h, ErrorCode.INTERNAL, f"{type(ex).__name__}: {ex}")
-        h.engine_req = er
-        h.ingress_us = int((time.monotonic() - req.received_at) * 1e6)
+            self.metrics.errors.labels(ErrorCode.OVERLOADED.name).inc()
+            self._send(inv.signer.error(ErrorCode.OVERLOADED, str(ex)), addr)
+            return
+        req = Request(key, inv.body.params, inv.body, inv.signer, entry.run_id, inv.received_at,
+                      addr=addr)
+        entry.handle = req
+        req.ingress_us = int((time.monotonic() - inv.received_at) * 1e6)
+        if not self.admissions.put(req):  # the engine is that far behind: say so, drop nothing
+            self._fail(req, ErrorCode.OVERLOADED,
+                       f"admission queue full ({self.admissions.capacity} requests)")
+            return
+        self.live[key] = req
         self.metrics.model_runs.inc()
-        self._send(h.signer.ack(0, h.run_id, RunState.QUEUED, int(self.cfg.cache.lease_s * 1000)), addr)
+        self._send(inv.signer.ack(0, req.run_id, RunState.QUEUED, self._lease_ms()), addr)
 
-    def _prompt_ids(self, req: InvokeRequest) -> np.ndarray:
-        b = req.body
-        messages = None if b.messages is None else [{"role": m.role, "content": m.content}
-                                                    for m in b.messages]
-        return encode_prompt(self.tokenizer, self.model.cfg.vocab, b.prompt, messages, b.token_ids)
-
-    def _refuse(self, req: InvokeRequest, addr: tuple, code: ErrorCode, msg: str) -> None:
-        self.metrics.errors.labels(code.name).inc()
-        self._send(req.signer.error(code, msg), addr)
-
-    def _on_control(self, c: ControlRequest, addr: tuple) -> None:
+    def _on_control(self, c: ControlRequest, addr) -> None:
         if c.msg_type == MsgType.PING:
             self._send(c.signer.pong(c.timestamp_us, time.time_ns() // 1000, self.state), addr)
             return
@@ -367,72 +363,97 @@ class Daemon:
         if e is None:
             return  # unknown request: stay silent (docs/PROTOCOL.md)
         self.cache.touch(c.cache_key)
-        h: Running = e.handle
-        if e.status is EntryStatus.RUNNING and h is not None:
-            h.addr = addr
-        if c.msg_type == MsgType.CANCEL:
-            if e.status is EntryStatus.RUNNING and h is not None and h.engine_req is not None:
-                self.engine.cancel(h.engine_req)
+        req = e.handle if e.status is EntryStatus.RUNNING else None
+        if req is not None:
+            req.addr = addr
+        if c.msg_type == MsgType.CANCEL and req is not None:
+            self._cancel(req, CancelReason.CLIENT)
             return
-        # RESEND (or keepalive)
-        frames = e.frames_from(c.from_seq, RESEND_LIMIT) if c.from_seq != NO_SEQ else []
+        # RESEND (or keepalive), or CANCEL of a finished request
+        from_seq = c.from_seq if c.msg_type == MsgType.RESEND else NO_SEQ
+        frames = e.frames_from(from_seq, RESEND_LIMIT) if from_seq != NO_SEQ else []
         for f in frames:
             self._send(f, addr)
         if not frames:
             state = RunState.RUNNING if e.status is EntryStatus.RUNNING else RunState.FINISHED
-            self._send(c.signer.ack(e.next_seq, e.run_id, state, int(self.cfg.cache.lease_s * 1000)), addr)
+            self._send(c.signer.ack(e.next_seq, e.run_id, state, self._lease_ms()), addr)
 
-    # ---- engine callbacks ----------------------------------------------------------------
-    def _emit(self, h: Running, make) -> None:
-        frame = make(h.seq)
-        h.seq += 1
-        self.cache.append(h.key, frame)
-        self._send(frame, h.addr)
+    def _cancel(self, r: Request, why: CancelReason) -> None:
+        """Stop a request now, on the I/O thread: its last frame goes out at once (DONE
+        cancelled for the client's own CANCEL, ERROR CANCELLED when the daemon decides), and
+        the engine frees its KV at its next step boundary (keeping the prompt's KV for
+        reuse). Tokens of a step in flight for it are dropped when they arrive."""
+        if r.closed:
+            return
+        r.cancel = why
+        if why is not CancelReason.CLIENT:
+            return self._fail(r, ErrorCode.CANCELLED, why.value)
+        ids = r.prompt_ids
+        usage = Usage(0 if ids is None else len(ids), r.cached, len(r.tokens))
+        self._done(r, FinishReason.CANCELLED, usage, Timings(tokenize_us=r.tokenize_us))
 
-    def _on_text(self, er: EngineRequest, text: str, n_tokens: int) -> None:
-        h: Running = er.key
-        pieces = split_utf8(text.encode("utf-8"), MAX_TEXT)
-        for i, piece in enumerate(pieces):
-            n = n_tokens if i == len(pieces) - 1 else 0
-            self._emit(h, lambda seq, p=piece, n=n: h.signer.token(seq, h.run_id, p, n))
+    # ---- engine events -------------------------------------------------------------------
+    def _on_event(self, ev: EngineEvent) -> None:
+        if isinstance(ev, EngineDied):
+            return self._engine_died(ev.message)
+        r = ev.req
+        if r.closed:
+            return  # answered already (cancelled, lease, drain): the engine caught up
+        if isinstance(ev, TextEvent):
+            pieces = split_utf8(ev.text.encode("utf-8"), MAX_TEXT)
+            for i, piece in enumerate(pieces):
+                n = ev.n_tokens if i == len(pieces) - 1 else 0
+                self._emit(r, r.signer.token(r.next_seq, r.run_id, piece, n))
+            r.sent_tokens += ev.n_tokens
+        elif isinstance(ev, DoneEvent):
+            self._done(r, ev.reason, ev.usage, ev.timings)
+        elif isinstance(ev, FailedEvent):
+            self._fail(r, ev.code, ev.message)
 
-    def _on_done(self, er: EngineRequest, reason: str, usage: Usage, t: Timings) -> None:
-        h: Running = er.key
+    def _engine_died(self, msg: str) -> None:
+        """The engine is gone: every request in flight ends with INTERNAL (never silence),
+        and the daemon exits non-zero so that systemd restarts it; it never runs half-alive."""
+        log(f"engine failed ({msg}); failing {len(self.live)} request(s) and exiting")
+        for r in list(self.live.values()):
+            self._fail(r, ErrorCode.INTERNAL, f"the engine failed: {msg}")
+        self.exit_code = EXIT_ENGINE_DIED
+        self.state = ServerState.DRAINING
+        self.ingress.draining = True
+
+    def _emit(self, r: Request, frame: bytes) -> None:
+        r.next_seq += 1
+        self.cache.append(r.key, frame)
+        self._send(frame, r.addr)
+
+    def _close(self, r: Request, cacheable: bool) -> None:
+        r.closed = True
+        self.cache.finish(r.key, cacheable=cacheable)
+        self.live.pop(r.key, None)
+
+    def _done(self, r: Request, fr: FinishReason, usage: Usage, t: Timings) -> None:
         now = time.monotonic()
-        if h.cancel_reason:  # lease expired or drain timeout: an error, not a cached result
-            return self._fail(h, ErrorCode.CANCELLED, h.cancel_reason)
         t = Timings(queue_us=t.queue_us, prefill_us=t.prefill_us,
                     decode_per_token_us=t.decode_per_token_us,
-                    total_us=int((now - h.received_at) * 1e6), ingress_us=h.ingress_us,
-                    tokenize_us=h.tokenize_us, decode_us=t.decode_us,
+                    total_us=int((now - r.received_at) * 1e6), ingress_us=r.ingress_us,
+                    tokenize_us=t.tokenize_us, decode_us=t.decode_us,
                     decode_step_max_us=t.decode_step_max_us)
-        fr = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}.get(reason, FinishReason.CANCELLED)
-        self._emit(h, lambda seq: h.signer.done(seq, h.run_id, fr, usage, t))
-        self.cache.finish(h.key, cacheable=True)
+        self._emit(r, r.signer.done(r.next_seq, r.run_id, fr, usage, t))
+        self._close(r, cacheable=True)
         m = self.metrics
         m.requests.labels(fr.label).inc()
         m.prompt_tokens.inc(usage.prompt_tokens)
         m.generated_tokens.inc(usage.completion_tokens)
-        m.e2e.observe(now - h.received_at)
-        if er.t_first:
-            m.ttft.observe(er.t_first - h.received_at)
-        if usage.completion_tokens > 1:
+        m.e2e.observe(now - r.received_at)
+        if r.t_first:
+            m.ttft.observe(r.t_first - r.received_at)
+        if usage.completion_tokens > 1 and fr is not FinishReason.CANCELLED:
             m.itl.observe(t.decode_per_token_us / 1e6)
 
-    def _on_engine_error(self, er: EngineRequest, code: str, msg: str) -> None:
-        self._fail(er.key, ErrorCode[code], msg)
-
-    def _fail(self, h: Running, code: ErrorCode, msg: str) -> None:
+    def _fail(self, r: Request, code: ErrorCode, msg: str) -> None:
         self.metrics.errors.labels(code.name).inc()
         self.metrics.requests.labels("error").inc()
-        self._emit(h, lambda seq: h.signer.error(code, msg, seq, h.run_id))
-        self.cache.finish(h.key, cacheable=ERROR_INFO[code].cacheable)
-
-
-def _sampling(p):
-    from zerolayer.gpu.generate import SamplingParams
-    return SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_k=p.top_k,
-                          top_p=p.top_p, seed=p.seed, stop=tuple(p.stop))
+        self._emit(r, r.signer.error(code, msg, r.next_seq, r.run_id))
+        self._close(r, cacheable=ERROR_INFO[code].cacheable)
 
 
 def _sd_notify(msg: bytes) -> None:

@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Union
 
 import numpy as np
+
+from zerolayer.gpu.sampling_params import (MAX_STOP, MAX_STOP_BYTES, MAX_TEMPERATURE,  # noqa: F401
+                                           InvalidSamplingParams, SamplingParams)
 
 from .errors import ErrorCode, InvalidSignatureError, MalformedError
 
@@ -111,9 +113,6 @@ PARAMS = struct.Struct("<IffIQBBHI")  # max_tokens, temperature, top_p, top_k, s
                                        # payload_kind, n_stop, flags, payload_len
 PARAMS_LEN = PARAMS.size  # 32
 PARAM_SEED_SET = 0x0001
-MAX_STOP = 8
-MAX_TEMPERATURE = 100.0  # beyond this sampling is uniform noise; also keeps f32 finite
-MAX_STOP_BYTES = 128
 CHAT_MSG_HDR = struct.Struct("<BI")    # role, content length
 
 
@@ -159,36 +158,6 @@ class ServerState(IntEnum):
 class ChatMessage:
     role: str     # "system" | "user" | "assistant"
     content: str
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 0.0     # 0 = greedy
-    top_k: int = 0               # 0 = off
-    top_p: float = 1.0           # 1 = off
-    seed: int | None = None      # None = the server picks
-    stop: tuple[str, ...] = ()
-
-    def validate(self) -> None:
-        """Raise MalformedError for values the daemon would refuse anyway, so the SDK can
-        refuse them before sending and the parser after decoding, with one rule set."""
-        if not 1 <= self.max_tokens <= 0xFFFFFFFF:
-            raise MalformedError(f"max_tokens must be in 1..2^32-1, got {self.max_tokens}")
-        if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= MAX_TEMPERATURE):
-            raise MalformedError(
-                f"temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}")
-        if not 0 <= self.top_k <= 0xFFFFFFFF:
-            raise MalformedError(f"top_k must be in 0..2^32-1, got {self.top_k}")
-        if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
-            raise MalformedError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed is not None and not 0 <= self.seed < 1 << 64:
-            raise MalformedError(f"seed must be a u64, got {self.seed}")
-        if len(self.stop) > MAX_STOP:
-            raise MalformedError(f"at most {MAX_STOP} stop strings, got {len(self.stop)}")
-        for s in self.stop:
-            if not 1 <= len(s.encode("utf-8")) <= MAX_STOP_BYTES:
-                raise MalformedError(f"stop strings must be 1..{MAX_STOP_BYTES} UTF-8 bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,8 +378,17 @@ def encode_token_ids(ids: "list[int] | tuple[int, ...] | np.ndarray") -> bytes:
     return arr.astype("<u4").tobytes()
 
 
+def validate_params(params: SamplingParams) -> None:
+    """SamplingParams.validate, as the wire's MALFORMED error (the SDK refuses before
+    sending, the parser after decoding, with one rule set)."""
+    try:
+        params.validate()
+    except InvalidSamplingParams as e:
+        raise MalformedError(str(e)) from None
+
+
 def encode_invoke_body(params: SamplingParams, kind: PayloadKind, payload: bytes) -> bytes:
-    params.validate()
+    validate_params(params)
     flags = 0
     seed = 0
     if params.seed is not None:
@@ -454,7 +432,7 @@ def decode_invoke_body(body: bytes) -> InvokeBody:
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed if flags & PARAM_SEED_SET else None,
                             stop=tuple(stops))
-    params.validate()
+    validate_params(params)
     payload = bytes(body[off:])
     if pkind is PayloadKind.PROMPT:
         return InvokeBody(params, pkind, payload, prompt=_utf8(payload, "prompt"))

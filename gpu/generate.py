@@ -18,28 +18,13 @@ from typing import Iterator
 import numpy as np
 
 from . import backend
-from .errors import ContextOverflowError
-from .model import LlamaModel, StepInput, set_threads
+from .model import LlamaModel, set_threads
+from .model_api import GREEDY, Draw, Model, StepInput
+from .sampling_params import SamplingParams, check_context  # noqa: F401 (SamplingParams: API)
 from .stopping import StopChecker
 from .tokenizer import Tokenizer
 
 PREFILL_CHUNK = 512  # prompt tokens per forward call: bounds the activations' memory
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0            # 0 = off
-    top_p: float = 1.0        # 1 = off
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-
-    def validate(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError("need temperature >= 0, 0 < top_p <= 1, top_k >= 0")
 
 
 @dataclass
@@ -72,7 +57,7 @@ def encode_prompt(tokenizer: Tokenizer, vocab: int, prompt: str | None = None,
     return ids.astype(np.int32)
 
 
-def on_backend(model: LlamaModel):
+def on_backend(model: LlamaModel) -> Model:
     """The model as the chosen backend runs it (gpu/backend.py): the CPU model itself, or a
     CudaModel over the same weights. Both have the same step/new_sequence/arena interface."""
     if not backend.ON_DEVICE:
@@ -83,9 +68,9 @@ def on_backend(model: LlamaModel):
     return CudaModel(model)
 
 
-def prefill(model: LlamaModel, seq, ids: np.ndarray, draw=None):
+def prefill(model: Model, seq, ids: np.ndarray, draw: Draw | None = None):
     """Run a prompt through the model in chunks: the logits of its last token, or, given a
-    draw (temperature, top_k, top_p, u), the token id drawn from them (``step_tokens``)."""
+    draw, the token id drawn from them (``step_tokens``)."""
     for i in range(0, len(ids), PREFILL_CHUNK):
         chunk = ids[i:i + PREFILL_CHUNK]
         last = i + PREFILL_CHUNK >= len(ids)
@@ -96,18 +81,21 @@ def prefill(model: LlamaModel, seq, ids: np.ndarray, draw=None):
 
 
 class Generator:
-    def __init__(self, model: LlamaModel, tokenizer: Tokenizer):
+    def __init__(self, model: Model, tokenizer: Tokenizer):
         self.model = model
         self.tokenizer = tokenizer
         self.last = GenerationResult()
 
     @classmethod
     def load(cls, path: str | None = None, *, threads: int | None = None, max_seq_len: int | None = None,
-             warmup: bool = True, log=None) -> "Generator":
+             kv_blocks: int | None = None, warmup: bool = True, log=None) -> "Generator":
+        """kv_blocks: the KV arena's size in blocks of 64 positions (None: 16 full contexts).
+        The arena is made here, once, by the model that owns it (on a GPU its pools are
+        device memory), never replaced afterwards."""
         log = log or (lambda msg: None)
         t0 = time.perf_counter()
         n = set_threads(threads)
-        model = on_backend(LlamaModel.load(path, max_seq_len=max_seq_len))
+        model = on_backend(LlamaModel.load(path, max_seq_len=max_seq_len, kv_blocks=kv_blocks or None))
         tok = model.tokenizer()
         c = model.cfg
         where = (f"{n} CPU threads" if not backend.ON_DEVICE
@@ -131,8 +119,8 @@ class Generator:
         seq = self.model.new_sequence()
         try:
             tok = prefill(self.model, seq, np.array([self.tokenizer.eos_id] * 2, np.int32),
-                          (1.0, 40, 0.9, 0.5))
-            self.model.step_tokens([StepInput(seq, np.array([tok], np.int32))], [(0.0, 0, 1.0, 0.0)])
+                          Draw(1.0, 40, 0.9, 0.5))
+            self.model.step_tokens([StepInput(seq, np.array([tok], np.int32))], [GREEDY])
         finally:
             seq.release()
 
@@ -146,9 +134,7 @@ class Generator:
         """Yield text chunks as they complete (never a partial UTF-8 character)."""
         params.validate()
         ids = self.prompt_ids(prompt, messages, token_ids)
-        limit = self.model.max_seq_len
-        if len(ids) + params.max_tokens > limit:
-            raise ContextOverflowError(len(ids) + params.max_tokens, limit)
+        check_context(len(ids), params.max_tokens, self.model.max_seq_len)
         res = self.last = GenerationResult(prompt_tokens=len(ids))
         rng = np.random.default_rng(params.seed)
         detok = self.tokenizer.detokenizer()
@@ -157,8 +143,8 @@ class Generator:
         seq = self.model.new_sequence()
         try:
             t0 = time.perf_counter()
-            def draw():
-                return params.temperature, params.top_k, params.top_p, rng.random()
+            def draw() -> Draw:
+                return Draw(params.temperature, params.top_k, params.top_p, rng.random())
             tok = prefill(self.model, seq, ids, draw())
             res.prefill_s = time.perf_counter() - t0
             t1 = time.perf_counter()

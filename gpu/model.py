@@ -16,8 +16,6 @@ invocations a step makes; the kernels themselves are parallel (numba prange, Ope
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-
 import numba
 import numpy as np
 from numba import njit
@@ -25,6 +23,7 @@ from numba import njit
 from . import gguf_loader, model_cache
 from .gguf_loader import ModelConfig, ModelWeights
 from .kv_cache import KVArena, Sequence
+from .model_api import Draw, ReadyTokens, StepInput, step_arrays  # noqa: F401 (StepInput: API)
 from .ops.attention import BLOCK_TOKENS, attention, kv_write
 from .ops.embedding import embed
 from .ops.matmul import matmul
@@ -35,14 +34,14 @@ from .ops.swiglu import swiglu
 from .tokenizer import Tokenizer
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def _add(x, y):
     for t in range(x.shape[0]):
         for i in range(x.shape[1]):
             x[t, i] += y[t, i]
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_pool,
             emb, wqkv, wo, wgu, wdown, attn_norm, ffn_norm, out_norm, outw, cos, sin,
             n_head, n_kv, hd, n_ff, eps, splits, logits):
@@ -80,20 +79,12 @@ def forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_pool,
     matmul(outw[0], outw[1][0], outw[2][0], outw[3][0], outw[4][0], xln, logits)
 
 
-@dataclass
-class StepInput:
-    """One sequence's part of a step: the new tokens to append (a prompt chunk, or 1).
-
-    logits=False skips the LM head for it (a prompt chunk that isn't the last one): the
-    head is 28M multiply-adds per row, a quarter of the whole model.
-    """
-    seq: Sequence
-    tokens: np.ndarray
-    logits: bool = True
-
-
 class LlamaModel:
-    """A loaded model plus its KV arena. ``step`` runs the forward pass for several sequences."""
+    """A loaded model plus its KV arena. ``step`` runs the forward pass for several sequences.
+    Satisfies model_api.Model; ``forward`` runs without the GIL (every kernel is nogil), so
+    the daemon's I/O thread keeps answering while a step computes."""
+
+    overlaps = False  # launch_tokens runs the step before it returns
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, *, max_seq_len: int | None = None,
                  kv_blocks: int | None = None, path: str = ""):
@@ -146,43 +137,32 @@ class LlamaModel:
         """Append each input's tokens to its sequence; return logits [N, vocab] (float32)
         of the last new token of each sequence that asked for them (in input order). Raises ContextOverflowError/KVCacheFullError
         before touching any state if a sequence can't grow."""
-        tokens, tok_seq, tok_pos, logit_rows, tables = step_arrays(inputs, self.cfg.vocab)
+        arr = step_arrays(inputs, self.cfg.vocab)
+        if arr.uses_prev:
+            raise ValueError("the CPU model does not overlap steps (from_prev)")
         cfg = self.cfg
-        T = len(tokens)
+        T = len(arr.tokens)
         # enough attention work items for every thread (flash-decoding splits)
         splits = max(1, (4 * numba.get_num_threads()) // (T * cfg.n_kv))
-        logits = np.empty((len(logit_rows), cfg.vocab), np.float32)
+        logits = np.empty((len(arr.logit_rows), cfg.vocab), np.float32)
         a = self.arena
-        forward(tokens, tok_seq, tok_pos, logit_rows, tables, a.k_pool, a.v_pool, *self._wargs,
+        forward(arr.tokens, arr.tok_seq, arr.tok_pos, arr.logit_rows, arr.tables, a.k_pool, a.v_pool,
+                *self._wargs,
                 self.cos, self.sin, cfg.n_head, cfg.n_kv, cfg.head_dim, cfg.n_ff, np.float32(cfg.eps),
                 splits, logits)
         for i in inputs:
             i.seq.length += len(i.tokens)
         return logits
 
-    def step_tokens(self, inputs: list[StepInput], draws) -> np.ndarray:
-        """step(), then one token id drawn from each logit row: draws[r] = (temperature,
-        top_k, top_p, u) (gpu/ops/sampling.sample). int32 [N]."""
+    def step_tokens(self, inputs: list[StepInput], draws: list[Draw]) -> np.ndarray:
+        """step(), then one token id drawn from each logit row with draws[r]
+        (gpu/ops/sampling.sample). int32 [N]."""
         logits = self.step(inputs)
         return np.array([sample(row, *d) for row, d in zip(logits, draws)], np.int32)
 
-
-def step_arrays(inputs: list[StepInput], vocab: int):
-    """A step's inputs as flat arrays (tokens, their sequence and position, the rows that
-    give logits, the block tables), after reserving each sequence's room. Raises before any
-    state changes if a sequence can't grow or a token id is outside the vocabulary."""
-    for inp in inputs:
-        inp.seq.reserve(len(inp.tokens))
-    tokens = np.concatenate([np.asarray(i.tokens, np.int32) for i in inputs])
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
-        raise ValueError(f"token id out of range [0, {vocab})")
-    tok_seq = np.concatenate([np.full(len(i.tokens), s, np.int32) for s, i in enumerate(inputs)])
-    tok_pos = np.concatenate([np.arange(i.seq.length, i.seq.length + len(i.tokens), dtype=np.int32)
-                              for i in inputs])
-    last = np.cumsum([len(i.tokens) for i in inputs]).astype(np.int32) - 1
-    logit_rows = last[[i.logits for i in inputs]]
-    tables = np.stack([i.seq.table for i in inputs])
-    return tokens, tok_seq, tok_pos, logit_rows, tables
+    def launch_tokens(self, inputs: list[StepInput], draws: list[Draw]) -> ReadyTokens:
+        """step_tokens, already done: the CPU kernels are the CPU's whole work."""
+        return ReadyTokens(self.step_tokens(inputs, draws))
 
 
 def set_threads(n: int | None = None) -> int:

@@ -4,35 +4,42 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zerolayer.daemon.engine import Engine, EngineRequest
+from zerolayer.daemon.engine import Engine
 from zerolayer.daemon.errors import OverloadedError
+from zerolayer.daemon.request import (CancelReason, DoneEvent, FailedEvent, Request,
+                                      TextEvent)
 from zerolayer.gpu.errors import ContextOverflowError
-from zerolayer.gpu.generate import SamplingParams
+from zerolayer.gpu.sampling_params import SamplingParams, check_context
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 class Recorder:
+    """The engine's typed events, by request key."""
+
     def __init__(self):
         self.text: dict = {}
         self.done: dict = {}
         self.errors: dict = {}
 
-    def on_text(self, r, text, n):
-        self.text[r.key] = self.text.get(r.key, "") + text
+    def __call__(self, ev):
+        k = ev.req.key
+        if isinstance(ev, TextEvent):
+            self.text[k] = self.text.get(k, "") + ev.text
+        elif isinstance(ev, DoneEvent):
+            self.done[k] = (ev.reason.label, ev.usage, ev.timings)
+        elif isinstance(ev, FailedEvent):
+            self.errors[k] = (ev.code, ev.message)
 
-    def on_done(self, r, reason, usage, timings):
-        self.done[r.key] = (reason, usage, timings)
 
-    def on_error(self, r, code, msg):
-        self.errors[r.key] = (code, msg)
+def req(key, ids, params) -> Request:
+    return Request.for_ids(key, ids, params)
 
 
 @pytest.fixture()
 def engine(generator):
     rec = Recorder()
-    eng = Engine(generator.model, generator.tokenizer, on_text=rec.on_text, on_done=rec.on_done,
-                 on_error=rec.on_error, max_running=8, step_tokens=64)
+    eng = Engine(generator.model, generator.tokenizer, emit=rec, max_running=8, step_tokens=64)
     eng.rec = rec
     yield eng
     eng.prefix.clear()
@@ -51,7 +58,7 @@ def test_concurrent_requests_batch_and_match_solo(engine, generator):
     ids = np.array(generator.tokenizer.encode_chat(FRANCE), np.int32)
     solo = generator.complete(messages=FRANCE, params=SamplingParams(max_tokens=20)).text
     for k in range(6):  # 6 prompts of 37 tokens with a 64-token budget: chunked prefill
-        engine.submit(EngineRequest(k, ids, SamplingParams(max_tokens=20)))
+        engine.submit(req(k, ids, SamplingParams(max_tokens=20)))
     run(engine)
     assert set(engine.rec.done) == set(range(6))
     for k in range(6):
@@ -64,26 +71,29 @@ def test_concurrent_requests_batch_and_match_solo(engine, generator):
 
 def test_cancel_frees_the_sequence(engine, generator):
     ids = np.array(generator.tokenizer.encode("Count: 1, 2, 3,"), np.int32)
-    a = EngineRequest("a", ids, SamplingParams(max_tokens=200))
-    b = EngineRequest("b", ids, SamplingParams(max_tokens=5))
+    a = req("a", ids, SamplingParams(max_tokens=200))
+    b = req("b", ids, SamplingParams(max_tokens=5))
     engine.submit(a)
     engine.submit(b)
     for _ in range(3):
         engine.step()
-    engine.cancel(a)
+    a.cancel = CancelReason.CLIENT  # what the I/O thread does; the engine sees it next step
     run(engine)
     assert engine.rec.done["a"][0] == "cancelled" and engine.rec.done["b"][0] == "length"
     assert engine.rec.done["a"][1].completion_tokens < 10
 
 
 def test_admission_errors(engine, generator):
+    check_context(1900, 148, 2048)  # the one context rule: prompt + max_tokens <= context
     with pytest.raises(ContextOverflowError):
-        engine.submit(EngineRequest("big", np.zeros(2000, np.int32), SamplingParams(max_tokens=100)))
+        check_context(1900, 149, 2048)
+    with pytest.raises(ContextOverflowError):
+        engine.submit(req("big", np.zeros(2000, np.int32), SamplingParams(max_tokens=100)))
     engine.max_waiting = 2
     for k in range(2):
-        engine.submit(EngineRequest(k, np.array([1, 2, 3], np.int32), SamplingParams(max_tokens=2)))
+        engine.submit(req(k, np.array([1, 2, 3], np.int32), SamplingParams(max_tokens=2)))
     with pytest.raises(OverloadedError):
-        engine.submit(EngineRequest("x", np.array([1], np.int32), SamplingParams(max_tokens=2)))
+        engine.submit(req("x", np.array([1], np.int32), SamplingParams(max_tokens=2)))
     run(engine)
     assert set(engine.rec.done) == {0, 1}
 
@@ -91,13 +101,13 @@ def test_admission_errors(engine, generator):
 def test_prefix_reuse_skips_the_shared_prompt(engine, generator):
     tok = generator.tokenizer
     ids = np.array(tok.encode_chat(FRANCE), np.int32)
-    engine.submit(EngineRequest("a", ids, SamplingParams(max_tokens=20)))
+    engine.submit(req("a", ids, SamplingParams(max_tokens=20)))
     run(engine)
     before = engine.forward_passes_tokens
-    engine.submit(EngineRequest("b", ids, SamplingParams(max_tokens=20)))  # the same question
+    engine.submit(req("b", ids, SamplingParams(max_tokens=20)))  # the same question
     run(engine)
     other = np.array(tok.encode_chat([{"role": "user", "content": "What is the capital of Italy?"}]), np.int32)
-    engine.submit(EngineRequest("c", other, SamplingParams(max_tokens=20)))  # same system prompt
+    engine.submit(req("c", other, SamplingParams(max_tokens=20)))  # same system prompt
     run(engine)
     rec = engine.rec
     assert rec.text["b"] == rec.text["a"] and "Paris" in rec.text["b"]
@@ -119,13 +129,43 @@ def test_prefix_cache_gives_way_under_memory_pressure(generator):
     m.arena = KVArena(m.cfg.n_layer, m.cfg.n_kv, m.cfg.head_dim, 3, m.max_seq_len)  # 3 blocks
     try:
         rec = Recorder()
-        eng = Engine(m, generator.tokenizer, on_text=rec.on_text, on_done=rec.on_done,
-                     on_error=rec.on_error, max_running=4)
+        eng = Engine(m, generator.tokenizer, emit=rec, max_running=4)
         for k in range(4):  # each needs 2 blocks; cached prefixes must be evicted to admit
-            eng.submit(EngineRequest(k, np.arange(100, 160 + k, dtype=np.int32), SamplingParams(max_tokens=20)))
+            eng.submit(req(k, np.arange(100, 160 + k, dtype=np.int32), SamplingParams(max_tokens=20)))
             run(eng)
         assert sorted(rec.done) == [0, 1, 2, 3] and not rec.errors
         eng.prefix.clear()
         assert m.arena.free_blocks == 3
     finally:
         m.arena = saved
+
+
+def test_cancelled_stream_keeps_its_prompt_kv_for_the_next_request(engine, generator):
+    """A client that leaves after the first tokens (CANCEL, or closing the stream) leaves its
+    prompt's KV in the prefix cache: the same prompt again prefills one token, not all."""
+    ids = np.array(generator.tokenizer.encode_chat(FRANCE), np.int32)
+    a = req("a", ids, SamplingParams(max_tokens=100))
+    engine.submit(a)
+    while not a.tokens:
+        engine.step()
+    a.cancel = CancelReason.CLIENT
+    run(engine)
+    assert engine.rec.done["a"][0] == "cancelled"
+    engine.submit(req("b", ids, SamplingParams(max_tokens=8)))
+    run(engine)
+    assert engine.rec.done["b"][1].cached_prompt_tokens == len(ids) - 1
+
+
+def test_cancel_in_the_middle_of_a_prefill_keeps_what_was_prefilled(engine, generator):
+    ids = np.arange(200, 400, dtype=np.int32)  # 200 tokens: 4 chunks of 64 at step_tokens 64
+    a = req("a", ids, SamplingParams(max_tokens=4))
+    engine.submit(a)
+    engine.step()
+    engine.step()
+    assert a.prefilled == 128 and not a.tokens
+    a.cancel = CancelReason.CLIENT
+    run(engine)
+    b = req("b", ids, SamplingParams(max_tokens=4))
+    engine.submit(b)
+    run(engine)
+    assert engine.rec.done["b"][1].cached_prompt_tokens == 128

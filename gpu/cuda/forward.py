@@ -18,6 +18,13 @@ the engine's admission and release logic is unchanged.
 layers), with no allocation or copy, so that graph.py can capture a decode step as one CUDA
 graph; CudaModel replays those for decode steps (ZEROLAYER_CUDA_GRAPHS=0 turns that off).
 ``step_tokens`` samples on the device (sampling.py) and copies back only token ids.
+
+``launch_tokens`` is that step without the wait: it queues the inputs' copy, the step, the
+sampler and the ids' copy back, records an event and returns. The engine plans and stages
+step N+1 meanwhile; a sequence whose token from step N is not on the host yet takes it from
+step N's device ids (``StepInput.from_prev``: a small kernel writes it into step N+1's
+token inputs, in stream order). At most two steps are in flight, so the pinned host buffers
+come in pairs (Staging, the ids): step N+1 never overwrites a buffer step N still reads.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ import sys
 
 import numpy as np
 
-from ..model import step_arrays
+from ..model_api import Draw, StepArrays, StepInput, step_arrays
 
 from . import attention as _att
 from . import embedding as _emb
@@ -50,6 +57,21 @@ def _gather_rows(x, rows, out):
         out[e // D, e % D] = x[rows[e // D], e % D]
 
 
+@kernel(["void(int32[::1], int32[::1], int32[::1])"])
+def _take_prev(tokens, prev_rows, prev_ids):
+    """tokens[i] = prev_ids[prev_rows[i]] where prev_rows[i] >= 0: the ids the previous step
+    sampled, still on the device, become this step's inputs (overlapped steps)."""
+    for i in range(cuda.grid(1), tokens.shape[0], cuda.gridsize(1)):
+        r = prev_rows[i]
+        if r >= 0:
+            tokens[i] = prev_ids[r]
+
+
+def take_prev(d_tok, d_prev_rows, prev_ids, stream) -> None:
+    blocks, threads = grid_1d(d_tok.shape[0])
+    _take_prev[blocks, threads, stream](d_tok, d_prev_rows, prev_ids)
+
+
 def _upload_weight(wt, stream):
     """A quant.Weight -> (fmt, per-layer tuples of device arrays (qs, d, m, w)). The arrays
     a format doesn't use (zero-size) stay behind as None: the launch wrappers never touch them."""
@@ -60,22 +82,27 @@ def _upload_weight(wt, stream):
 
 
 class Staging:
-    """Host arrays packed into one pinned buffer and copied to one device buffer: one
+    """Host arrays packed into a pinned buffer and copied to one device buffer: one
     host-to-device copy per step and no allocation. Views of the same shapes always start at
-    the same device addresses (what a captured graph needs). Refilled only after the previous
-    step's results were copied back (synchronously), so the pinned buffer is never
-    overwritten while a copy from it is pending."""
+    the same device addresses (what a captured graph needs). Two pinned buffers alternate:
+    with at most two steps in flight, a buffer is refilled only after the step before the
+    previous one finished (the engine waited for it), so never while a copy from it is still
+    queued. The device buffer needs no pair: the stream orders each copy after the kernels
+    that read the previous contents."""
 
     def __init__(self, stream, dtype, capacity: int = 0):
         self.stream, self.dtype = stream, np.dtype(dtype)
         self.capacity = 0
+        self._turn = 0
         self._grow(capacity)
 
     def _grow(self, n: int) -> None:
         if n <= self.capacity:
             return
         cap = max(1024, 1 << (n - 1).bit_length())
-        self.host = cuda.pinned_array(cap, self.dtype)
+        # (a larger pair replaces the old one only between steps: a copy already queued
+        # from the old buffers keeps them alive through the stream's reference)
+        self._hosts = (cuda.pinned_array(cap, self.dtype), cuda.pinned_array(cap, self.dtype))
         self.dev = cuda.device_array(cap, self.dtype, stream=self.stream)
         self.capacity = cap
 
@@ -85,11 +112,13 @@ class Staging:
         ends = np.cumsum([a.size for a in arrays])
         self._grow(int(ends[-1]))
         views, start = [], 0
+        self._turn ^= 1
+        host = self._hosts[self._turn]
         for a, end in zip(arrays, ends):
-            self.host[start:end] = a.reshape(-1)
+            host[start:end] = a.reshape(-1)
             views.append(self.dev[start:end].reshape(a.shape) if a.ndim > 1 else self.dev[start:end])
             start = end
-        self.dev[:start].copy_to_device(self.host[:start], stream=self.stream)
+        self.dev[:start].copy_to_device(host[:start], stream=self.stream)
         return views
 
 
@@ -145,13 +174,17 @@ class CudaForward:
         want = -(-2 * self.sms // (T * self.cfg.n_kv))
         return max(1, min(max_blocks, want))
 
-    def run(self, tokens, tok_seq, tok_pos, logit_rows, block_tables):
-        """One step (gpu.model.step_arrays' arrays), launched on self.stream; returns the
-        device logits [len(logit_rows), vocab], not yet synchronised."""
-        self._buffers(len(tokens), len(logit_rows))
-        splits = self.splits_for(len(tokens), tok_pos)
-        ins = self._inputs.put(tokens, tok_seq, tok_pos, logit_rows, block_tables)
-        return self.launch(*ins, splits, self.stream)
+    def run(self, a: StepArrays, prev_ids=None):
+        """One step, launched on self.stream; returns the device logits
+        [len(logit_rows), vocab], not yet synchronised. prev_ids: the previous step's device
+        ids, for inputs that take their token from it (a.prev_rows)."""
+        self._buffers(len(a.tokens), len(a.logit_rows))
+        splits = self.splits_for(len(a.tokens), a.tok_pos)
+        d_tok, d_seq, d_pos, d_rows, d_tab, d_prev = self._inputs.put(
+            a.tokens, a.tok_seq, a.tok_pos, a.logit_rows, a.tables, a.prev_rows)
+        if a.uses_prev:
+            take_prev(d_tok, d_prev, prev_ids, self.stream)
+        return self.launch(d_tok, d_seq, d_pos, d_rows, d_tab, splits, self.stream)
 
     def partials(self, T: int, splits: int, s):
         """Flash-decoding scratch for (T, splits), allocated once and kept."""
@@ -203,12 +236,30 @@ class CudaForward:
         return logits
 
 
+class PendingStep:
+    """A launched step's ids: ``wait`` blocks on the step's event (the host thread sleeps in
+    the driver, holding no GIL), then copies the ids out of their pinned buffer."""
+
+    def __init__(self, event, host_ids, n: int):
+        self.event, self.host_ids, self.n = event, host_ids, n
+        self._ids: np.ndarray | None = None
+
+    def wait(self) -> np.ndarray:
+        if self._ids is None:
+            self.event.synchronize()
+            self._ids = self.host_ids[:self.n].copy() if self.n else np.zeros(0, np.int32)
+        return self._ids
+
+
 class CudaModel:
-    """``LlamaModel.step`` on the GPU, for a model loaded on the host (gpu/model.py).
+    """``LlamaModel.step`` on the GPU, for a model loaded on the host (gpu/model.py); satisfies
+    model_api.Model, with ``overlaps`` True.
 
     Sequences come from the host model's KV arena (``new_sequence``), which keeps the block
     bookkeeping; their keys and values live in this object's device pools.
     """
+
+    overlaps = True
 
     def __init__(self, model):
         self.model = model
@@ -234,7 +285,9 @@ class CudaModel:
             self.device = name.decode() if isinstance(name, bytes) else str(name)
         self._graphs: dict = {}
         self._draws = Staging(self.stream, np.float32)
-        self._ids = None
+        self._ids = None            # the last launched step's device ids (read by from_prev)
+        self._ids_host: tuple = ()  # a pair of pinned buffers, alternating per step
+        self._ids_turn = 0
         # Decode steps (one token per sequence) replayed as CUDA graphs, one per batch size
         # (graph.py). On unless ZEROLAYER_CUDA_GRAPHS=0; each graph is checked against the
         # launched step when it is made, and a failure turns graphs off for this model.
@@ -248,7 +301,7 @@ class CudaModel:
     def new_sequence(self):
         return self.model.new_sequence()
 
-    def _graph_for(self, T: int, arrays):
+    def _graph_for(self, T: int, a: StepArrays):
         """The graph for decode steps of T sequences, made on first use from this step's own
         inputs: captured, replayed once and compared with the launched step (running a step
         twice is harmless: it writes the same keys and values to the same KV slots). None,
@@ -260,8 +313,8 @@ class CudaModel:
         splits = max(1, -(-2 * self.fwd.sms // (T * self.cfg.n_kv)))  # fixed: empty splits are fine
         try:
             g = DecodeGraph(self.fwd, T, self.arena.max_blocks_per_seq, splits)
-            ref = g.capture(*arrays)
-            got = g.replay(*arrays).copy_to_host(stream=self.stream)
+            ref = g.capture(a)
+            got = g.replay(a).copy_to_host(stream=self.stream)
             err = float(np.abs(got - ref).max() / max(float(np.abs(ref).max()), 1e-30))
             if not err <= GRAPH_CHECK_TOL:
                 raise RuntimeError(f"replay differs from the launched step (rel err {err:.2g})")
@@ -273,40 +326,58 @@ class CudaModel:
         self._graphs[T] = g
         return g
 
-    def _run(self, arrays):
+    def _run(self, a: StepArrays):
         """Launch one step on self.stream (a graph replay for a decode step when graphs are
         on); returns the device logits, not yet synchronised."""
-        T = len(arrays[0])
-        if self.use_graphs and T == len(arrays[4]) == len(arrays[3]):  # one new token per sequence
-            g = self._graph_for(T, arrays)
+        if self.use_graphs and a.is_decode and not a.uses_prev:
+            g = self._graph_for(len(a.tokens), a)
             if g is not None:
-                return g.replay(*arrays)
-        return self.fwd.run(*arrays)
+                return g.replay(a)
+        if self.use_graphs and a.is_decode and len(a.tokens) in self._graphs:
+            # a captured graph with this step's tokens patched in from the previous step
+            return self._graphs[len(a.tokens)].replay(a, prev_ids=self._ids)
+        return self.fwd.run(a, prev_ids=self._ids)
 
-    def _finish(self, inputs) -> None:
-        self.stream.synchronize()  # the staging buffers may be refilled from here on
+    def step(self, inputs: list[StepInput]) -> np.ndarray:
+        """LlamaModel.step on the device: host logits [N, vocab]."""
+        a = step_arrays(inputs, self.cfg.vocab)
+        out = self._run(a).copy_to_host(stream=self.stream)
+        self.stream.synchronize()
         for i in inputs:
             i.seq.length += len(i.tokens)
-
-    def step(self, inputs) -> np.ndarray:
-        """LlamaModel.step on the device: host logits [N, vocab]."""
-        out = self._run(step_arrays(inputs, self.cfg.vocab)).copy_to_host(stream=self.stream)
-        self._finish(inputs)
         return out
 
-    def step_tokens(self, inputs, draws) -> np.ndarray:
+    def step_tokens(self, inputs: list[StepInput], draws: list[Draw]) -> np.ndarray:
         """LlamaModel.step_tokens on the device: the step, then one token per logit row drawn
         by gpu/cuda/sampling.py, so only int32 ids come back to the host."""
-        arrays = step_arrays(inputs, self.cfg.vocab)
-        n = len(arrays[3])
+        return self.launch_tokens(inputs, draws).wait()
+
+    def launch_tokens(self, inputs: list[StepInput], draws: list[Draw]) -> PendingStep:
+        """Queue the step, the sampler and the ids' copy back on self.stream; returns at once.
+        Sequence lengths advance now (the host's bookkeeping): the next step is planned
+        against them while this one runs."""
+        a = step_arrays(inputs, self.cfg.vocab)
+        n = len(a.logit_rows)
         if n:  # (none when the step was only prompt chunks that want no logits)
             (params,) = self._draws.put(_smp.pack_params(draws))  # queued before the step
             if self._ids is None or self._ids.shape[0] < n:
-                self._ids = cuda.device_array(max(64, n), np.int32)
-                self._ids_host = cuda.pinned_array(max(64, n), np.int32)
-        logits = self._run(arrays)
+                cap = max(64, 1 << (n - 1).bit_length())
+                self._ids_retired = self._ids  # the step just queued may still read it
+                self._ids_next = cuda.device_array(cap, np.int32)
+                self._ids_host = (cuda.pinned_array(cap, np.int32), cuda.pinned_array(cap, np.int32))
+            else:
+                self._ids_next = self._ids
+        logits = self._run(a)  # reads self._ids (the previous step's) where inputs ask for them
+        host = None
         if n:
-            _smp.sample_rows(logits, params, self._ids[:n], stream=self.stream)
-            self._ids[:n].copy_to_host(self._ids_host[:n], stream=self.stream)
-        self._finish(inputs)
-        return self._ids_host[:n].copy() if n else np.zeros(0, np.int32)
+            ids = self._ids_next
+            _smp.sample_rows(logits, params, ids[:n], stream=self.stream)
+            self._ids_turn ^= 1
+            host = self._ids_host[self._ids_turn]
+            ids[:n].copy_to_host(host[:n], stream=self.stream)
+            self._ids = ids
+        ev = cuda.event(timing=False)
+        ev.record(self.stream)
+        for i in inputs:
+            i.seq.length += len(i.tokens)
+        return PendingStep(ev, host, n)

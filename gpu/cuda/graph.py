@@ -21,7 +21,8 @@ import ctypes
 import numpy as np
 
 from ._cuda_shim import SIM
-from .forward import Staging
+from ..model_api import StepArrays
+from .forward import Staging, take_prev
 
 CU_STREAM_CAPTURE_MODE_RELAXED = 2   # numba may call non-capturable APIs (module loads) safely
 
@@ -56,16 +57,19 @@ class DecodeGraph:
         self.fwd, self.T, self.width, self.splits = fwd, T, width, splits
         self.stream = s = fwd.stream  # a stream of its own (CudaModel's), never the legacy one
         fwd._buffers(T, T)
-        self.inputs = Staging(s, np.int32, 4 * T + T * width)
+        self.inputs = Staging(s, np.int32, 5 * T + T * width)
         self._lib = _lib()
         self._graph = ctypes.c_void_p()
         self._exec = ctypes.c_void_p()
         self.logits = None
 
-    def capture(self, tokens, tok_seq, tok_pos, logit_rows, tables) -> np.ndarray:
+    def _put(self, a: StepArrays):
+        return self.inputs.put(a.tokens, a.tok_seq, a.tok_pos, a.logit_rows, a.tables, a.prev_rows)
+
+    def capture(self, a: StepArrays) -> np.ndarray:
         """Run the step once uncaptured (compiles every kernel), then capture it. Returns
         the uncaptured run's logits (the reference for replays)."""
-        args = (*self.inputs.put(tokens, tok_seq, tok_pos, logit_rows, tables), self.splits, self.stream)
+        args = (*self._put(a)[:5], self.splits, self.stream)
         ref = self.fwd.launch(*args).copy_to_host(stream=self.stream)
         self.stream.synchronize()
         sp = ctypes.c_void_p(stream_ptr(self.stream))
@@ -87,10 +91,13 @@ class DecodeGraph:
                "cuGraphInstantiate")
         return ref
 
-    def replay(self, tokens, tok_seq, tok_pos, logit_rows, tables):
-        """Refill the inputs and launch the graph on self.stream; returns the device logits
-        [T, vocab], not yet synchronised."""
-        self.inputs.put(tokens, tok_seq, tok_pos, logit_rows, tables)  # same addresses as captured
+    def replay(self, a: StepArrays, prev_ids=None):
+        """Refill the inputs (same addresses as captured; tokens taken from the previous
+        step's device ids where a.prev_rows says so) and launch the graph on self.stream;
+        returns the device logits [T, vocab], not yet synchronised."""
+        d_tok, *_, d_prev = self._put(a)
+        if a.uses_prev:
+            take_prev(d_tok, d_prev, prev_ids, self.stream)
         _check(self._lib.cuGraphLaunch(self._exec, ctypes.c_void_p(stream_ptr(self.stream))),
                "cuGraphLaunch")
         return self.logits

@@ -23,7 +23,7 @@ BLOCK_TOKENS = 64
 _NEG = np.float32(-1e30)  # a finite "minus infinity": fastmath assumes no infs
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def kv_write(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head, n_kv, hd):
     """Store the (already rotated) K and V of every token at its position."""
     k0 = n_head * hd
@@ -38,7 +38,7 @@ def kv_write(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head,
                 v_pool[blk, layer, kvh, off, i] = qkv[t, v0 + kvh * hd + i]
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head, n_kv, hd,
               splits, out):
     """out[t, h*hd:(h+1)*hd] = softmax(q_h k^T / sqrt(hd)) v over positions 0..tok_pos[t]."""

@@ -8,7 +8,7 @@ from ..quant import FMT_F32, LANES
 from .matmul import dequant_lane
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def embed(fmt, qs, d, m, w, tokens, x):
     for t in range(tokens.shape[0]):
         r = tokens[t]

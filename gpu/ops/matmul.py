@@ -26,7 +26,7 @@ from ..quant import FMT_F32, FMT_Q4, LANES, QK
 TILE_MIN_TOKENS = 32  # at and above this many tokens, dequantize to a tile first (measured crossover)
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def _block_sums(x):
     T, K = x.shape
     nb = K // QK
@@ -40,14 +40,14 @@ def _block_sums(x):
     return xs
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def _scale_block(db, mb, xsb, bacc, out):
     """out += d * (sum of q x over the block) + m * (sum of x over the block), per row."""
     for l in range(LANES):
         out[l] += db[l] * bacc[l] + mb[l] * xsb
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def _q4_group(qs, d, m, g, x, xs, out, lo, hi, bacc):
     """out[t, l] = row (g*LANES + l) of a Q4 weight dotted with x[t]."""
     T = x.shape[0]
@@ -72,7 +72,7 @@ def _q4_group(qs, d, m, g, x, xs, out, lo, hi, bacc):
             _scale_block(d[g, b], m[g, b], xs[t, b], bacc[t], out[t])
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def _q4_group1(qs, d, m, g, x, xs, out, bacc):
     """_q4_group for a single token: the decode hot path, kept free of the token loop."""
     nb = d.shape[1]
@@ -90,7 +90,7 @@ def _q4_group1(qs, d, m, g, x, xs, out, bacc):
         _scale_block(d[g, b], m[g, b], xs[b], bacc, out)
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def _q8_group1(qs, d, m, g, x, xs, out, bacc):
     nb = d.shape[1]
     out[:] = 0
@@ -111,7 +111,7 @@ def _q8_group1(qs, d, m, g, x, xs, out, bacc):
         _scale_block(d[g, b], m[g, b], xs[b], bacc, out)
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def _q8_group(qs, d, m, g, x, xs, out, bacc):
     T = x.shape[0]
     nb = d.shape[1]
@@ -129,7 +129,7 @@ def _q8_group(qs, d, m, g, x, xs, out, bacc):
             _scale_block(d[g, b], m[g, b], xs[t, b], bacc[t], out[t])
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def dequant_lane(fmt, qs, d, m, g, l, row):
     """Row g*LANES + l of a quantized weight as float32 into row[:K]."""
     for b in range(d.shape[1]):
@@ -146,7 +146,7 @@ def dequant_lane(fmt, qs, d, m, g, l, row):
                 row[b * QK + j] = np.float32(qs[g, b, j, l]) * db + mb
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def dequant_group(fmt, qs, d, m, g, tile):
     """The LANES rows of group g as float32 rows: tile[l, k]. Row by row, so the stores are
     contiguous (the strided reads of qs stay within a few cache lines per block)."""
@@ -154,7 +154,7 @@ def dequant_group(fmt, qs, d, m, g, tile):
         dequant_lane(fmt, qs, d, m, g, l, tile[l])
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def _row_dots(row, rr, r0, x, t0, y):
     """One row against tokens t0.. (the remainder of the 2x4 blocking)."""
     for t in range(t0, x.shape[0]):
@@ -165,7 +165,7 @@ def _row_dots(row, rr, r0, x, t0, y):
         y[t, r0 + rr] = s
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def _tile_dots(tile, nrows, r0, x, y):
     """y[:, r0:r0+nrows] = x @ tile[:nrows].T, blocked 2 rows x 4 tokens: 8 accumulators
     fed by 6 loads per 8 FMAs, so the loop is bound by FMAs rather than by loads."""
@@ -206,7 +206,7 @@ def _tile_dots(tile, nrows, r0, x, y):
         _row_dots(tile[nrows - 1], nrows - 1, r0, x, 0, y)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _matmul_f32(w, x, y):
     T, K = x.shape
     R = y.shape[1]
@@ -217,7 +217,7 @@ def _matmul_f32(w, x, y):
         _tile_dots(w[r0:r0 + nrows], nrows, r0, x, y)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def matmul(fmt, qs, d, m, w, x, y):
     """y[T, R] = x[T, K] @ W[R, K].T for one layer's weight arrays (see gpu/quant.py).
 

@@ -5,7 +5,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def rmsnorm(x, w, eps, y):
     T, D = x.shape
     for t in range(T):

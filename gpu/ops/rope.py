@@ -17,7 +17,7 @@ def rope_tables(max_pos: int, head_dim: int, base: float) -> tuple[np.ndarray, n
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, cache=True, nogil=True)
 def rope(x, col0, pos, cos, sin, n_heads, head_dim):
     """In place on the n_heads heads of x[T, :] starting at column col0; token t at pos[t]."""
     half = head_dim // 2

@@ -1,0 +1,129 @@
+"""The engine thread: takes admitted requests from the I/O thread, tokenizes them, runs the
+engine's steps, and hands typed events back. It never touches a socket.
+
+    I/O thread ──admissions (Handoff[Request])──► engine thread
+    I/O thread ◄──events (Handoff[EngineEvent])── engine thread
+
+The forward pass runs with the GIL released (every Numba kernel is nogil; on a GPU the
+thread sleeps in the driver on the step's event), so while it computes the I/O thread keeps
+receiving, verifying, answering PING/ACK/RESEND/CANCEL and sending frames.
+
+Tokenization (chat template + BPE) is here, not on the I/O thread: its cost grows with the
+request, and the I/O thread's must not.
+
+The events of a step are queued together and the I/O thread is woken once. The events
+queue is bounded; when it is full the engine waits for room (counted), it never drops a
+token. An exception that escapes the loop (a bug in the engine, not in one request) ends
+the thread with an EngineDied event; the daemon then fails every request and exits non-zero.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from zerolayer.gpu.errors import RuntimeModelError
+from zerolayer.gpu.generate import encode_prompt
+
+from . import test_hooks
+from .engine import Engine
+from .errors import ErrorCode, ZerolayerError
+from .handoff import Handoff
+from .request import EngineDied, EngineEvent, FailedEvent, Request
+
+IDLE_WAIT_S = 0.5      # an idle engine sleeps on the admissions fd this long at most
+FULL_WAIT_S = 0.0005   # back-off while the events queue is full
+
+
+class EngineThread(threading.Thread):
+    def __init__(self, engine: Engine, admissions: Handoff[Request], events: Handoff[EngineEvent],
+                 *, cpus: set[int] | None = None, warmup=None, log=print):
+        super().__init__(name="zerolayer-engine", daemon=True)
+        self.engine = engine
+        self.admissions = admissions
+        self.events = events
+        self.cpus = cpus
+        self.warmup = warmup
+        self.log = log
+        self.ready = threading.Event()
+        self.events_full_waits = 0
+        self._stopping = False
+        self._out: list[EngineEvent] = []
+        engine.emit = self._out.append
+        # what the I/O thread reads for metrics: one tuple, replaced whole (atomic)
+        self.stats = (0, 0, 0)  # running, waiting, KV blocks held by requests
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.admissions.wake()
+
+    def run(self) -> None:
+        try:
+            if self.cpus:
+                os.sched_setaffinity(0, self.cpus)  # this thread only (and the kernel
+                # threads it starts, which inherit it)
+            if self.warmup is not None:
+                self.warmup()  # the kernels' thread pool is this thread's own
+            self.ready.set()
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - report, never die silently
+            msg = f"{type(e).__name__}: {e}"
+            self.log(f"engine thread died: {msg}")
+            self._out.clear()
+            self._push(EngineDied(msg))
+            self.ready.set()
+
+    def _loop(self) -> None:
+        eng = self.engine
+        while not self._stopping:
+            for req in self.admissions.drain():
+                self._admit(req)
+            self._flush()
+            if eng.has_work:
+                test_hooks.before_step()
+                eng.step()
+                self._flush()
+                self._publish()
+            else:
+                self._publish()
+                self.admissions.wait(IDLE_WAIT_S)
+
+    def _admit(self, req: Request) -> None:
+        if req.cancel is not None:
+            return  # cancelled (and answered) before it got here
+        t0 = time.monotonic()
+        try:
+            b = req.body
+            messages = None if b.messages is None else [{"role": m.role, "content": m.content}
+                                                        for m in b.messages]
+            req.prompt_ids = encode_prompt(self.engine.tok, self.engine.model.cfg.vocab,
+                                           b.prompt, messages, b.token_ids)
+            req.tokenize_us = int((time.monotonic() - t0) * 1e6)
+            self.engine.submit(req)
+        except ZerolayerError as ex:
+            self._out.append(FailedEvent(req, ex.code or ErrorCode.INTERNAL, str(ex)))
+        except RuntimeModelError as ex:  # ContextOverflowError, KVCacheFullError
+            self._out.append(FailedEvent(req, ErrorCode[ex.code], str(ex)))
+        except ValueError as ex:  # the tokenizer refuses a message, an id outside the vocabulary
+            self._out.append(FailedEvent(req, ErrorCode.MALFORMED, str(ex)))
+        except Exception as ex:  # noqa: BLE001 - one request's bug fails that request
+            self._out.append(FailedEvent(req, ErrorCode.INTERNAL, f"{type(ex).__name__}: {ex}"))
+
+    def _flush(self) -> None:
+        if self._out:
+            for ev in self._out:
+                self._push(ev, wake=False)
+            self._out.clear()
+            self.events.wake()
+
+    def _push(self, ev: EngineEvent, wake: bool = True) -> None:
+        while not self.events.put(ev, wake=wake):
+            self.events_full_waits += 1
+            self.events.wake()
+            time.sleep(FULL_WAIT_S)
+
+    def _publish(self) -> None:
+        e = self.engine
+        a = e.model.arena
+        self.stats = (len(e.running), len(e.waiting), a.n_blocks - a.free_blocks - e.prefix.blocks)
+

@@ -1,0 +1,84 @@
+"""A bounded single-producer / single-consumer queue with a wake-up fd: the hand-off between
+the I/O thread and the engine thread (one each way).
+
+No lock on the hot path: in CPython, `deque.append` and `deque.popleft` are atomic, and with
+one producer and one consumer the only shared judgement is the length, which only the
+consumer lowers, so a producer that saw room still has it. The consumer sleeps in
+select/poll on `fileno()` (an eventfd); the producer makes it readable after putting items.
+Items are put first and the fd written second, and the consumer clears the fd before it
+drains, so a wake-up is never lost: at worst the consumer wakes once with nothing to do.
+
+A full queue is the producer's to handle, explicitly: `put` returns False and counts it in
+`full`; the I/O thread answers OVERLOADED, the engine thread waits for room. Never a drop.
+"""
+from __future__ import annotations
+
+import os
+import select
+from collections import deque
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Handoff(Generic[T]):
+    def __init__(self, capacity: int, name: str = ""):
+        if capacity < 1:
+            raise ValueError("a hand-off queue needs capacity >= 1")
+        self.capacity = capacity
+        self.name = name
+        self._q: deque[T] = deque()
+        self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.full = 0            # puts refused for want of room (producer side)
+        self.high_water = 0
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def put(self, item: T, wake: bool = True) -> bool:
+        """Queue an item; False (and counted) when full. wake=False defers the wake-up to a
+        later `wake()`, to signal a batch of items with one write."""
+        q = self._q
+        if len(q) >= self.capacity:
+            self.full += 1
+            return False
+        q.append(item)
+        if len(q) > self.high_water:
+            self.high_water = len(q)
+        if wake:
+            self.wake()
+        return True
+
+    def wake(self) -> None:
+        try:
+            os.eventfd_write(self._fd, 1)
+        except BlockingIOError:  # the counter is saturated: the consumer is awake anyway
+            pass
+
+    def drain(self, limit: int | None = None) -> list[T]:
+        """Take every queued item (at most `limit`), oldest first. Clears the wake-up first."""
+        try:
+            os.eventfd_read(self._fd)
+        except BlockingIOError:
+            pass
+        q = self._q
+        n = len(q) if limit is None else min(limit, len(q))
+        out = [q.popleft() for _ in range(n)]
+        if q:  # left behind by `limit`: stay readable
+            self.wake()
+        return out
+
+    def wait(self, timeout: float | None) -> bool:
+        """Sleep until something is queued (or timeout); True if there is."""
+        if self._q:
+            return True
+        select.select([self._fd], [], [], timeout)
+        return bool(self._q)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -1,0 +1,116 @@
+"""The one record of a request, created at admission, and the typed events about it.
+
+A request is admitted on the I/O thread (verified, fresh, not a duplicate) and becomes one
+`Request`. The same object crosses to the engine thread (through the admissions hand-off)
+and back (inside every `EngineEvent`); nobody converts it into another shape. Its fields are
+grouped by the thread that writes them:
+
+  * set at admission, then read-only: identity, where and how to answer, what was asked;
+  * the I/O thread's: the client's address, the next frame's sequence number, `closed`;
+  * the engine thread's: prompt ids, KV sequence, sampled tokens, detokenizer, timings;
+  * `cancel`: written once by the I/O thread, read by the engine at its next step boundary.
+
+A plain attribute store is atomic under the GIL, so the one field both threads touch needs
+no lock: the I/O thread sets `cancel` (a CancelReason), the engine reads it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
+
+from zerolayer.gpu.sampling_params import SamplingParams
+
+from .errors import ErrorCode
+from .wire import FinishReason, InvokeBody, ResponseSigner, Timings, Usage
+
+if TYPE_CHECKING:
+    from zerolayer.gpu.kv_cache import Sequence
+    from zerolayer.gpu.stopping import StopChecker
+    from zerolayer.gpu.tokenizer import IncrementalDetokenizer
+
+CacheKey = tuple[int, bytes]  # (key id, request id)
+
+
+class CancelReason(Enum):
+    CLIENT = "client"      # CANCEL: the stream ends with DONE(cancelled)
+    LEASE = "lease expired: no keepalive from the client"   # ERROR(CANCELLED)
+    DRAIN = "drain timeout: the daemon is stopping"         # ERROR(CANCELLED)
+
+
+@dataclass(eq=False)
+class Request:
+    # -- set at admission (I/O thread), read-only afterwards
+    key: CacheKey
+    params: SamplingParams
+    body: InvokeBody | None = None        # prompt / messages / token ids, as received
+    signer: ResponseSigner | None = None
+    run_id: int = 0
+    received_at: float = field(default_factory=time.monotonic)  # first datagram
+    ingress_us: int = 0                   # first datagram → admitted
+    # -- the I/O thread's
+    addr: object = None                   # where frames go (the client may move)
+    next_seq: int = 0
+    closed: bool = False                  # its last frame (DONE/ERROR) was emitted
+    sent_tokens: int = 0                  # tokens whose text was framed (usage on CANCEL)
+    # -- both: written once by the I/O thread, read by the engine
+    cancel: CancelReason | None = None
+    # -- the engine thread's
+    prompt_ids: np.ndarray | None = None
+    tokenize_us: int = 0
+    seq: "Sequence | None" = None
+    prefilled: int = 0
+    cached: int = 0                       # prompt positions reused from the prefix cache
+    tokens: list[int] = field(default_factory=list)
+    pending_row: int = -1                 # its token's row in the step in flight (overlap)
+    pending_step: int = 0                 # ... and that step's number
+    detok: "IncrementalDetokenizer | None" = None
+    stops: "StopChecker | None" = None
+    rng: np.random.Generator | None = None
+    t_admit: float = 0.0
+    t_first: float = 0.0
+    t_last: float = 0.0
+    step_max: float = 0.0                 # slowest gap between two tokens (jitter)
+    done: bool = False
+
+    @classmethod
+    def for_ids(cls, key, ids, params: SamplingParams) -> "Request":
+        """A request whose prompt is already token ids (the engine's own tests and tools)."""
+        r = cls(key, params)
+        r.prompt_ids = np.asarray(ids, np.int32)
+        return r
+
+
+@dataclass(slots=True)
+class TextEvent:
+    req: Request
+    text: str
+    n_tokens: int
+
+
+@dataclass(slots=True)
+class DoneEvent:
+    req: Request
+    reason: FinishReason
+    usage: Usage
+    timings: Timings
+
+
+@dataclass(slots=True)
+class FailedEvent:
+    req: Request
+    code: ErrorCode
+    message: str
+
+
+@dataclass(slots=True)
+class EngineDied:
+    """The engine thread ended with an exception outside any one request: the I/O thread
+    fails every request in flight with INTERNAL and the daemon exits non-zero."""
+    message: str
+
+
+EngineEvent = Union[TextEvent, DoneEvent, FailedEvent, EngineDied]

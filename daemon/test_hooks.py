@@ -1,0 +1,39 @@
+"""Hooks that let tests put the engine thread in a known state, instead of hoping a step is
+slow (or fast) enough on the machine at hand. Off unless $ZEROLAYER_TEST_HOOKS names a
+directory; then, before every step, the engine thread looks in it for:
+
+  hold    while this file exists the step waits (holding no GIL, like a long forward
+          pass); the thread creates `held` while it waits, so a test knows it is there;
+  crash   the engine thread raises, outside any one request's handling (a bug in the
+          engine itself): the daemon must fail every request with INTERNAL and exit non-zero.
+
+Nothing here runs in production: with the variable unset, `before_step` is a no-op.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+_DIR = os.environ.get("ZEROLAYER_TEST_HOOKS")
+POLL_S = 0.002
+
+
+class EngineCrashHook(RuntimeError):
+    """Raised by the crash hook: stands for any bug that escapes the engine's step."""
+
+
+def before_step() -> None:
+    if _DIR is None:
+        return
+    d = Path(_DIR)
+    if (d / "crash").exists():
+        raise EngineCrashHook("test hook: the engine thread crashes")
+    if (d / "hold").exists():
+        held = d / "held"
+        held.touch()
+        try:
+            while (d / "hold").exists():
+                time.sleep(POLL_S)
+        finally:
+            held.unlink(missing_ok=True)

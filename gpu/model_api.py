@@ -1,0 +1,125 @@
+"""The model interface the engine and the Generator drive, declared once.
+
+`LlamaModel` (gpu/model.py, Numba CPU kernels) and `CudaModel` (gpu/cuda/forward.py, Numba
+CUDA kernels) both satisfy `Model`; nothing else about them is assumed. A step's inputs are
+`StepInput`s (one per sequence), flattened by `step_arrays` into a `StepArrays`; a draw for
+the sampler is a `Draw`.
+
+`launch_tokens` is the asynchronous form of `step_tokens`: it queues a step and returns a
+`PendingTokens` whose `wait()` gives the ids. On the CPU it runs the step at once (`overlaps`
+is False); on a GPU it returns while the device works, so the engine can plan and stage the
+next step meanwhile. An input may then take its one token from a row of the previous step's
+sampled ids, still on the device (`StepInput.from_prev`), which is what lets step N+1 be
+queued before step N's tokens have reached the host.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+
+from .kv_cache import KVArena, Sequence
+
+
+class Draw(NamedTuple):
+    """One sampler draw: the request's parameters and a uniform u in [0, 1)."""
+    temperature: float
+    top_k: int
+    top_p: float
+    u: float
+
+
+GREEDY = Draw(0.0, 0, 1.0, 0.0)
+
+
+@dataclass
+class StepInput:
+    """One sequence's part of a step: the new tokens to append (a prompt chunk, or 1).
+
+    logits=False skips the LM head for it (a prompt chunk that isn't the last one): the
+    head is 28M multiply-adds per row, a quarter of the whole model.
+    from_prev >= 0: the one token is row `from_prev` of the previous launched step's sampled
+    ids (only for a model that overlaps steps; `tokens` then holds a placeholder).
+    """
+    seq: Sequence
+    tokens: np.ndarray
+    logits: bool = True
+    from_prev: int = -1
+
+
+@dataclass
+class StepArrays:
+    """A step flattened for the kernels: per token its id, sequence (index into `tables`),
+    position, and previous-step row (-1: the id is in `tokens`); the rows whose logits are
+    wanted; one block-table row per input."""
+    tokens: np.ndarray
+    tok_seq: np.ndarray
+    tok_pos: np.ndarray
+    logit_rows: np.ndarray
+    tables: np.ndarray
+    prev_rows: np.ndarray
+
+    @property
+    def is_decode(self) -> bool:
+        """One new token per sequence, each with logits: the shape a CUDA graph replays."""
+        n = len(self.tokens)
+        return n == len(self.tables) == len(self.logit_rows)
+
+    @property
+    def uses_prev(self) -> bool:
+        return bool(self.prev_rows.size) and int(self.prev_rows.max()) >= 0
+
+
+class PendingTokens(Protocol):
+    def wait(self) -> np.ndarray:
+        """The sampled ids, int32 [rows with logits], once the step is done."""
+        ...
+
+
+class ReadyTokens:
+    """A step that already ran (the CPU model): wait() returns at once."""
+
+    def __init__(self, ids: np.ndarray):
+        self.ids = ids
+
+    def wait(self) -> np.ndarray:
+        return self.ids
+
+
+@runtime_checkable
+class Model(Protocol):
+    cfg: object                 # gguf_loader.ModelConfig
+    max_seq_len: int
+    arena: KVArena
+    overlaps: bool              # launch_tokens returns before the step is done
+
+    def tokenizer(self): ...
+
+    def new_sequence(self) -> Sequence: ...
+
+    def step(self, inputs: list[StepInput]) -> np.ndarray: ...
+
+    def step_tokens(self, inputs: list[StepInput], draws: list[Draw]) -> np.ndarray: ...
+
+    def launch_tokens(self, inputs: list[StepInput], draws: list[Draw]) -> PendingTokens: ...
+
+
+def step_arrays(inputs: list[StepInput], vocab: int) -> StepArrays:
+    """A step's inputs as flat arrays, after reserving each sequence's room. Raises before
+    any state changes if a sequence can't grow or a token id is outside the vocabulary."""
+    for inp in inputs:
+        inp.seq.reserve(len(inp.tokens))
+    tokens = np.concatenate([np.asarray(i.tokens, np.int32) for i in inputs])
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
+        raise ValueError(f"token id out of range [0, {vocab})")
+    tok_seq = np.concatenate([np.full(len(i.tokens), s, np.int32) for s, i in enumerate(inputs)])
+    tok_pos = np.concatenate([np.arange(i.seq.length, i.seq.length + len(i.tokens), dtype=np.int32)
+                              for i in inputs])
+    last = np.cumsum([len(i.tokens) for i in inputs]).astype(np.int32) - 1
+    logit_rows = last[[i.logits for i in inputs]]
+    tables = np.stack([i.seq.table for i in inputs])
+    prev_rows = np.concatenate([np.full(len(i.tokens), i.from_prev, np.int32) for i in inputs])
+    if (prev_rows >= 0).any() and any(i.from_prev >= 0 and len(i.tokens) != 1 for i in inputs):
+        raise ValueError("from_prev is for single-token inputs")
+    return StepArrays(tokens, tok_seq, tok_pos, logit_rows, tables, prev_rows)

@@ -1,0 +1,56 @@
+"""The one SamplingParams: what a request asks of the sampler and the stopping rules.
+
+The wire format (daemon/wire.py) encodes exactly these fields, the Generator and the
+daemon's engine run them, and `validate` is the one rule set for all of them. It lives in
+the runtime because the runtime uses it and must not import the daemon; the daemon turns
+InvalidSamplingParams into its MALFORMED error.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MAX_STOP = 8
+MAX_TEMPERATURE = 100.0  # beyond this sampling is uniform noise; also keeps f32 finite
+MAX_STOP_BYTES = 128
+
+
+class InvalidSamplingParams(ValueError):
+    """A parameter outside its documented range."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0     # 0 = greedy
+    top_k: int = 0               # 0 = off
+    top_p: float = 1.0           # 1 = off
+    seed: int | None = None      # None = the server picks
+    stop: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if not 1 <= self.max_tokens <= 0xFFFFFFFF:
+            raise InvalidSamplingParams(f"max_tokens must be in 1..2^32-1, got {self.max_tokens}")
+        if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= MAX_TEMPERATURE):
+            raise InvalidSamplingParams(
+                f"temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature}")
+        if not 0 <= self.top_k <= 0xFFFFFFFF:
+            raise InvalidSamplingParams(f"top_k must be in 0..2^32-1, got {self.top_k}")
+        if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
+            raise InvalidSamplingParams(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not 0 <= self.seed < 1 << 64:
+            raise InvalidSamplingParams(f"seed must be a u64, got {self.seed}")
+        if len(self.stop) > MAX_STOP:
+            raise InvalidSamplingParams(f"at most {MAX_STOP} stop strings, got {len(self.stop)}")
+        for s in self.stop:
+            if not 1 <= len(s.encode("utf-8")) <= MAX_STOP_BYTES:
+                raise InvalidSamplingParams(f"stop strings must be 1..{MAX_STOP_BYTES} UTF-8 bytes")
+
+
+def check_context(prompt_tokens: int, max_tokens: int, max_seq_len: int) -> None:
+    """The CONTEXT_OVERFLOW rule, the one place it is written: the prompt plus the whole
+    requested completion must fit the context. Deterministic, so the error can be cached.
+    Admission reserves exactly this much KV, so an admitted request never overflows later."""
+    from .errors import ContextOverflowError
+    if prompt_tokens + max_tokens > max_seq_len:
+        raise ContextOverflowError(prompt_tokens + max_tokens, max_seq_len)

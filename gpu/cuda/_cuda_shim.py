@@ -91,6 +91,12 @@ def grid_1d(n: int, threads: int = 256) -> tuple[int, int]:
     return (n + threads - 1) // threads, threads
 
 
+def new_event():
+    """A CUDA event for ordering (no timestamps: cheaper to record and wait on). The
+    simulator's ``event`` takes no arguments."""
+    return cuda.event() if SIM else cuda.event(timing=False)
+
+
 def device_available() -> bool:
     """A real GPU and driver are usable (always False under the simulator)."""
     if SIM:

@@ -42,7 +42,7 @@ from . import rmsnorm as _rms
 from . import rope as _rope
 from . import sampling as _smp
 from . import swiglu as _sw
-from ._cuda_shim import SIM, cuda, grid_1d, kernel
+from ._cuda_shim import SIM, cuda, grid_1d, kernel, new_event
 
 SIM_SMS = 4  # multiprocessors assumed under the simulator (sizes the attention splits)
 GRAPH_CHECK_TOL = 1e-4  # a graph replay vs the launched step (the same kernels: ~0 expected)
@@ -376,7 +376,7 @@ class CudaModel:
             host = self._ids_host[self._ids_turn]
             ids[:n].copy_to_host(host[:n], stream=self.stream)
             self._ids = ids
-        ev = cuda.event(timing=False)
+        ev = new_event()
         ev.record(self.stream)
         for i in inputs:
             i.seq.length += len(i.tokens)

@@ -171,6 +171,7 @@ class Client:
         """Round-trip time of an authenticated PING/PONG, in seconds (no model involved)."""
         rid = secrets.token_bytes(REQUEST_ID_LEN)
         deadline = time.monotonic() + self.timeout
+        refusal: ZerolayerError | None = None  # the last retryable one, raised if none follows
         with _open_socket(self.address) as sock:
             for attempt in range(self.max_attempts):
                 sent = time.monotonic()
@@ -186,8 +187,11 @@ class Client:
                         assert exc.code is not None
                         if not (frame.signed and ERROR_INFO[exc.code].retryable):
                             raise exc
+                        refusal = exc
                 if time.monotonic() >= deadline:
                     break
+        if refusal is not None:
+            raise refusal
         raise ZerolayerTimeoutError("no PONG", request_id=rid)
 
     # -- shared helpers ---------------------------------------------------------------------
@@ -244,6 +248,9 @@ class Stream(Iterator[str]):
         self.attempts = 0
         self._attempt_sent = 0.0
         self._next_attempt_at: float | None = None   # a backoff-delayed retry
+        # The last retryable refusal (OVERLOADED, DRAINING, ...): if the retries after it go
+        # unanswered (a drained daemon has exited), that refusal is what the caller is told.
+        self._last_refusal: ZerolayerError | None = None
         self._accepted = False
         self._run_id: int | None = None
         self._frames: dict[int, TokenFrame | DoneFrame] = {}
@@ -338,6 +345,8 @@ class Stream(Iterator[str]):
     def _wait_and_handle(self) -> None:
         now = time.monotonic()
         if now >= self._deadline:
+            if self._last_refusal is not None and not self._accepted:
+                self._fail(self._last_refusal)
             what = ("total_timeout" if now >= self._hard_deadline
                     else f"{self._c.timeout} s without an answer")
             self._fail(ZerolayerTimeoutError(
@@ -455,6 +464,7 @@ class Stream(Iterator[str]):
         if (f.signed and code is not None and ERROR_INFO[code].retryable
                 and not self._delivered and self.attempts < self._c.max_attempts):
             # Retry the same request id later with a fresh nonce.
+            self._last_refusal = exc
             self._accepted = False
             self._frames.clear()
             self._known_end = 0

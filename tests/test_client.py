@@ -37,6 +37,10 @@ class Script:
     # Answer the first N INVOKE attempts with this signed error instead of running.
     error_code: ErrorCode | None = None
     error_times: int = 0
+    # After those errors, say nothing more (a drained daemon that has exited).
+    silent_after_errors: bool = False
+    # Answer the first PING with this signed error, and later ones not at all.
+    ping_error: ErrorCode | None = None
     # Sequence numbers whose first transmission is lost.
     lose_first_send: set[int] = field(default_factory=set)
     send_ack: bool = True
@@ -110,6 +114,8 @@ class FakeDaemon(threading.Thread):
         if s.error_code is not None and len(self.invokes) <= s.drop_invokes + s.error_times:
             self.send(r.signer.error(s.error_code, "scripted"), addr)
             return
+        if s.silent_after_errors:
+            return
         e = self.cache.lookup(r.cache_key)
         if e is not None:                  # duplicate: attach / replay, never run again
             self.cache.touch(r.cache_key)
@@ -145,6 +151,10 @@ class FakeDaemon(threading.Thread):
         self.send(frame, addr)
 
     def on_control(self, r: ControlRequest, addr: tuple) -> None:
+        if r.msg_type is MsgType.PING and self.script.ping_error is not None:
+            if sum(c.msg_type is MsgType.PING for c in self.controls) == 1:
+                self.send(r.signer.error(self.script.ping_error, "scripted"), addr)
+            return
         if r.msg_type is MsgType.PING:
             self.send(r.signer.pong(r.timestamp_us, r.timestamp_us + 1, ServerState.READY), addr)
             return
@@ -274,6 +284,19 @@ def test_retryable_errors_back_off_then_succeed_or_raise(code: ErrorCode) -> Non
         with pytest.raises(errors.EXCEPTION_FOR_CODE[code]):
             _client(d, max_attempts=3).invoke(prompt="x")
     assert len(d.invokes) == 3
+
+
+def test_a_refusal_followed_by_silence_raises_the_refusal_not_a_timeout() -> None:
+    """DRAINING, then the daemon exits: the caller learns it was draining."""
+    with FakeDaemon(Script(error_code=ErrorCode.DRAINING, error_times=1,
+                           silent_after_errors=True)) as d:
+        with pytest.raises(errors.DrainingError):
+            _client(d, timeout=0.5).invoke(prompt="x")
+        assert len(d.invokes) >= 2  # it did retry, and nothing answered
+    with FakeDaemon(Script(ping_error=ErrorCode.DRAINING)) as d:
+        with pytest.raises(errors.DrainingError):
+            _client(d, timeout=0.5).ping()
+        assert sum(c.msg_type is MsgType.PING for c in d.controls) >= 2
 
 
 @pytest.mark.parametrize("code", sorted(errors.EXCEPTION_FOR_CODE))

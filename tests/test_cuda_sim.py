@@ -33,10 +33,14 @@ CASES = [
     "forward_tiny_model", "backend_prefix_tokens", "mapped_ring_token_ids",
     "sample_greedy", "sample_filtered",
 ]
+# The daemon's engine on the simulated CUDA model: whole steps of a whole (tiny) model, which
+# the simulator runs slowly (minutes), so in a child of its own with its own time limit.
+ENGINE_CASES = ["engine_overlap"]
 TOL = {"kv_write": 0.0, "forward_tiny_model": 1e-4, "backend_prefix_tokens": 0.0,
-       "mapped_ring_token_ids": 0.0, "sample_greedy": 0.0}
+       "mapped_ring_token_ids": 0.0, "sample_greedy": 0.0, "engine_overlap": 0.0}
 ELEMENTWISE = ("rope", "swiglu", "add", "embed_")
-CHILD_TIMEOUT_S = 300
+CHILD_TIMEOUT_S = 900  # generous: the simulator is slow, more so on a busy machine
+ENGINE_CHILD_TIMEOUT_S = 1200
 
 
 def tol(case: str) -> float:
@@ -45,17 +49,21 @@ def tol(case: str) -> float:
     return 1e-6 if case.startswith(ELEMENTWISE) else 1e-5
 
 
-@pytest.fixture(scope="module")
-def sim_results() -> dict:
+def _run_child(cases: list[str], timeout: float) -> dict:
     env = dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", ZEROLAYER_SIM_CASES=",".join(cases))
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
-                          text=True, timeout=CHILD_TIMEOUT_S)
+                          text=True, timeout=timeout)
     assert proc.returncode == 0, f"simulator child failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     results["_wall_s"] = time.monotonic() - t0
     return results
+
+
+@pytest.fixture(scope="module")
+def sim_results() -> dict:
+    return _run_child(CASES, CHILD_TIMEOUT_S)
 
 
 def test_child_ran_under_the_simulator(sim_results):
@@ -68,6 +76,13 @@ def test_kernel_matches_cpu_twin(sim_results, case):
     r = sim_results[case]
     assert "error" not in r, r.get("error")
     assert r["err"] <= tol(case), f"{case}: rel err {r['err']:.3g} > {tol(case):g} ({r})"
+
+
+@pytest.mark.parametrize("case", ENGINE_CASES)
+def test_engine_on_the_simulated_device(case):
+    r = _run_child([case], ENGINE_CHILD_TIMEOUT_S)[case]
+    assert "error" not in r, r.get("error")
+    assert r["err"] <= tol(case), f"{case}: {r['err']:.3g} > {tol(case):g} ({r})"
 
 
 # ---------------------------------------------------------------- the child (simulator) side
@@ -277,6 +292,81 @@ def _child() -> None:
         a, b = tokens(cpu), tokens(dev)
         return float(np.mean(np.array(a) != np.array(b)))
 
+    def case_engine_overlap():
+        """The daemon's engine on the CUDA model, overlapped (step N+1 queued before step N's
+        tokens are read back, its inputs taken from step N's device ids) against the plain
+        path: 3 requests joining at different steps, chunked prefill, greedy and seeded
+        sampling, ends at different steps (EOS off: each runs to its max_tokens), a cancel
+        after the second token.
+        Fails on any differing token; returns the largest difference in the KV of the
+        positions each finished request left in the prefix cache (0 expected: the same
+        kernels on the same inputs)."""
+        import tempfile
+
+        from tiny_gguf import write_tiny_llama
+
+        from zerolayer.daemon.engine import Engine
+        from zerolayer.daemon.request import CancelReason, Request, TextEvent
+        from zerolayer.gpu.generate import on_backend
+        from zerolayer.gpu.model import LlamaModel
+        from zerolayer.gpu.sampling_params import SamplingParams
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "tiny.gguf")
+            write_tiny_llama(path, tokenizer=True)
+            kw = dict(use_cache=False, max_seq_len=64, kv_blocks=16)
+            models = [on_backend(LlamaModel.load(path, **kw)) for _ in range(2)]
+        tok = models[0].tokenizer()
+        tok._eos_ids = frozenset({-1})  # never stop early: every request runs to its max_tokens
+        prompts = [rng.integers(3, 200, n).astype(np.int32) for n in (6, 11, 3)]
+        params = [SamplingParams(max_tokens=3), SamplingParams(max_tokens=6, temperature=0.8, seed=5),
+                  SamplingParams(max_tokens=4, temperature=1.1, top_k=20, seed=9)]
+
+        def run(model, overlap):
+            got: dict = {}
+
+            def emit(ev):
+                if isinstance(ev, TextEvent):
+                    got.setdefault(ev.req.key, []).append(ev.text)
+
+            eng = Engine(model, tok, emit=emit, max_running=4, step_tokens=8, overlap=overlap,
+                         prefix_entries=8)
+            assert eng.overlap is overlap
+            reqs = [Request.for_ids(k, p, sp) for k, (p, sp) in enumerate(zip(prompts, params))]
+            eng.submit(reqs[0])
+            eng.submit(reqs[1])  # 6 + 11 prompt tokens over a budget of 8: chunked prefill
+            for i in range(100):
+                if i == 1:
+                    eng.submit(reqs[2])
+                if len(reqs[1].tokens) >= 2 and reqs[1].cancel is None:
+                    # by the request's state, not the step count: overlapped, the tokens of
+                    # step i are read at step i + 1
+                    reqs[1].cancel = CancelReason.CLIENT
+                if not eng.has_work and i > 1:
+                    break
+                eng.step()
+            entries = {tuple(t.tolist()): s for t, s in eng.prefix._entries}
+            return [r.tokens for r in reqs], entries, model
+
+        plain_tokens, plain_kv, m0 = run(models[0], False)
+        over_tokens, over_kv, m1 = run(models[1], True)
+        assert plain_tokens == over_tokens, (plain_tokens, over_tokens)
+        bad = sum(a != b for a, b in zip(plain_tokens, over_tokens))
+        # cancelled at the same step boundary in both: the same tokens so far
+        assert set(plain_kv) == set(over_kv), (list(plain_kv), list(over_kv))
+        kv_err = 0.0
+        for toks, sa in plain_kv.items():
+            sb = over_kv[toks]
+            for pool in ("k_pool", "v_pool"):
+                pa = getattr(m0.arena, pool).copy_to_host()
+                pb = getattr(m1.arena, pool).copy_to_host()
+                for pos in range(len(toks)):
+                    ba, bb, o = sa.table[pos // 64], sb.table[pos // 64], pos % 64
+                    xa = pa[ba, ..., o] if pool == "k_pool" else pa[ba, :, :, o, :]
+                    xb = pb[bb, ..., o] if pool == "k_pool" else pb[bb, :, :, o, :]
+                    kv_err = max(kv_err, float(np.abs(xa - xb).max()))
+        return bad + kv_err
+
     def case_mapped_ring_token_ids():
         """The flow of issue 5's mapped ring, with cuda.mapped_array as the UMEM: an INVOKE
         carrying token ids arrives in a frame (Ethernet/IPv4/UDP, so the payload is not
@@ -358,16 +448,18 @@ def _child() -> None:
             "forward_tiny_model": case_forward_tiny_model,
             "backend_prefix_tokens": case_backend_prefix_tokens,
             "mapped_ring_token_ids": case_mapped_ring_token_ids,
-            "sample_greedy": case_sample_greedy, "sample_filtered": case_sample_filtered}
+            "sample_greedy": case_sample_greedy, "sample_filtered": case_sample_filtered,
+            "engine_overlap": case_engine_overlap}
     for qt in ("q4_1", "q4_0", "q8_0", "f32"):
         runs[f"embed_{qt}"] = (lambda q: lambda: case_embed(q))(qt)
     for qt in ("q4_1", "q4_0", "q8_0", "f16"):
         for T in (1, 3, 11):
             runs[f"matmul_{qt}_T{T}"] = (lambda q, t: lambda: case_matmul(q, t))(qt, T)
-    assert sorted(runs) == sorted(CASES)
+    assert sorted(runs) == sorted(CASES + ENGINE_CASES)
 
     out = {"_sim": shim.SIM}
-    for name in CASES:
+    only = os.environ.get("ZEROLAYER_SIM_CASES")  # "case1,case2"; by hand: unset = CASES
+    for name in (only.split(",") if only else CASES):
         t = time.monotonic()
         try:
             out[name] = {"err": runs[name](), "s": round(time.monotonic() - t, 2)}

@@ -218,9 +218,12 @@ class Daemon:
                     self._on_datagram(data, addr)
                 if not more:
                     break
-            if len(self.events):
-                for ev in self.events.drain():
-                    self._on_event(ev)
+            # Drained every turn, not only when items are seen: the engine writes the eventfd
+            # after queueing its events, so this thread may take the events first and find
+            # the fd still readable afterwards; left set, it would make select() return at
+            # once, turn after turn (a spinning I/O thread, competing with the kernels).
+            for ev in self.events.drain():
+                self._on_event(ev)
             if self.out or (xdp is not None and xdp.tx_backlog):
                 self._flush()
             now = time.monotonic()

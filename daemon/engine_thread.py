@@ -8,6 +8,12 @@ The forward pass runs with the GIL released (every Numba kernel is nogil; on a G
 thread sleeps in the driver on the step's event), so while it computes the I/O thread keeps
 receiving, verifying, answering PING/ACK/RESEND/CANCEL and sending frames.
 
+The model is loaded, warmed up and run on this thread only (`load` is called first thing in
+`run`): Numba's kernel-thread count is per calling thread, and each thread that enters a
+parallel region gets an OpenMP team of its own. One team is the point: with more OpenMP
+threads alive than CPUs, libgomp stops spinning at barriers and sleeps on a futex at each
+of the ~200 parallel regions of a step (measured: a third of the throughput gone).
+
 Tokenization (chat template + BPE) is here, not on the I/O thread: its cost grows with the
 request, and the I/O thread's must not.
 
@@ -21,6 +27,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from zerolayer.gpu.errors import RuntimeModelError
 from zerolayer.gpu.generate import encode_prompt
@@ -36,20 +43,24 @@ FULL_WAIT_S = 0.0005   # back-off while the events queue is full
 
 
 class EngineThread(threading.Thread):
-    def __init__(self, engine: Engine, admissions: Handoff[Request], events: Handoff[EngineEvent],
-                 *, cpus: set[int] | None = None, warmup=None, log=print):
+    """load: called on this thread before anything else; returns the Engine (model loaded
+    and warm). Until `ready` is set, `engine` is None; if loading fails, `start_error` holds
+    the exception and the thread ends."""
+
+    def __init__(self, load: Callable[[], Engine], admissions: Handoff[Request],
+                 events: Handoff[EngineEvent], *, cpus: set[int] | None = None, log=print):
         super().__init__(name="zerolayer-engine", daemon=True)
-        self.engine = engine
+        self.load = load
+        self.engine: Engine | None = None
+        self.start_error: BaseException | None = None
         self.admissions = admissions
         self.events = events
         self.cpus = cpus
-        self.warmup = warmup
         self.log = log
         self.ready = threading.Event()
         self.events_full_waits = 0
         self._stopping = False
         self._out: list[EngineEvent] = []
-        engine.emit = self._out.append
         # what the I/O thread reads for metrics: one tuple, replaced whole (atomic)
         self.stats = (0, 0, 0)  # running, waiting, KV blocks held by requests
 
@@ -62,16 +73,20 @@ class EngineThread(threading.Thread):
             if self.cpus:
                 os.sched_setaffinity(0, self.cpus)  # this thread only (and the kernel
                 # threads it starts, which inherit it)
-            if self.warmup is not None:
-                self.warmup()  # the kernels' thread pool is this thread's own
+            self.engine = self.load()
+            self.engine.emit = self._out.append
+        except BaseException as e:  # noqa: BLE001 - the daemon reports it and does not start
+            self.start_error = e
             self.ready.set()
+            return
+        self.ready.set()
+        try:
             self._loop()
         except BaseException as e:  # noqa: BLE001 - report, never die silently
             msg = f"{type(e).__name__}: {e}"
             self.log(f"engine thread died: {msg}")
             self._out.clear()
             self._push(EngineDied(msg))
-            self.ready.set()
 
     def _loop(self) -> None:
         eng = self.engine

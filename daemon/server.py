@@ -83,12 +83,11 @@ class Daemon:
         self.ingress.is_known = lambda key: self.cache.get(key) is not None
         self.admissions: Handoff[Request] = Handoff(c.engine.queue_depth, "admissions")
         self.events: Handoff[EngineEvent] = Handoff(EVENTS_CAPACITY, "events")
-        self._load_model(engine_cpus)
+        self._start_engine(engine_cpus)  # loads the model: a bad one fails the start here
         self.sock = self._open_socket()
         self.udp = BatchedUDP(self.sock, batch=c.network.batch)
         self.xdp = self._open_xdp()
         self.metrics.serve(c.metrics.host, c.metrics.port)
-        self._start_engine(engine_cpus)
         self._pin_io(io_cpus)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
@@ -102,17 +101,14 @@ class Daemon:
 
     def _cpu_plan(self) -> tuple[set[int] | None, set[int] | None]:
         """[cpu]: cpus = the whole process; io_cpu = the I/O thread; engine_cpus = the engine
-        thread and its kernel threads. The process is first confined to the engine's CPUs, so
-        that the kernel threads the model's warm-up starts inherit them; the I/O thread moves
-        to its own CPU once the engine runs."""
+        thread, which pins itself before it loads the model, so that the kernel threads it
+        starts inherit its CPUs."""
         c = self.cfg.cpu
         if c.cpus:
             os.sched_setaffinity(0, config_mod.parse_cpus(c.cpus))
             log(f"pinned to CPUs {c.cpus}")
         io = config_mod.parse_cpus(c.io_cpu) if c.io_cpu else None
         eng = config_mod.parse_cpus(c.engine_cpus) if c.engine_cpus else None
-        if eng:
-            os.sched_setaffinity(0, eng)
         return io, eng
 
     def _pin_io(self, io_cpus: set[int] | None) -> None:
@@ -128,26 +124,32 @@ class Daemon:
             except PermissionError:
                 log("SCHED_FIFO refused (needs CAP_SYS_NICE); running with normal scheduling")
 
-    def _load_model(self, engine_cpus: set[int] | None) -> None:
-        from zerolayer.gpu.generate import Generator
-        m, e = self.cfg.model, self.cfg.engine
-        gen = Generator.load(m.path or None, threads=m.threads or None, max_seq_len=m.max_seq_len,
-                             kv_blocks=e.kv_blocks or None, warmup=self.cfg.lifecycle.warmup, log=log)
-        self.model, self.tokenizer, self._gen = gen.model, gen.tokenizer, gen
-        from zerolayer.gpu import backend
-        self.metrics.backend.labels(backend.NAME, getattr(self.model, "device", "cpu")).set(1)
-        self.engine = Engine(self.model, self.tokenizer, emit=lambda ev: None,
-                             max_running=e.max_running, max_waiting=e.max_waiting,
-                             step_tokens=e.step_tokens, overlap=e.overlap)
-
     def _start_engine(self, engine_cpus: set[int] | None) -> None:
-        warm = self._gen.warmup if self.cfg.lifecycle.warmup else None
-        t = self.engine_thread = EngineThread(self.engine, self.admissions, self.events,
-                                              cpus=engine_cpus, warmup=warm, log=log)
+        """Start the engine thread; it loads the model and warms it up itself (see
+        engine_thread.py: the kernels' threads must be that thread's), and this waits."""
+        m, e = self.cfg.model, self.cfg.engine
+
+        def load() -> Engine:
+            from zerolayer.gpu import backend
+            from zerolayer.gpu.generate import Generator
+            gen = Generator.load(m.path or None, threads=m.threads or None,
+                                 max_seq_len=m.max_seq_len, kv_blocks=e.kv_blocks or None,
+                                 warmup=self.cfg.lifecycle.warmup, log=log)
+            self.model = gen.model
+            self.metrics.backend.labels(backend.NAME, getattr(gen.model, "device", "cpu")).set(1)
+            return Engine(gen.model, gen.tokenizer, emit=lambda ev: None,
+                          max_running=e.max_running, max_waiting=e.max_waiting,
+                          step_tokens=e.step_tokens, overlap=e.overlap)
+
+        t = self.engine_thread = EngineThread(load, self.admissions, self.events,
+                                              cpus=engine_cpus, log=log)
         t.start()
         t.ready.wait()
+        if t.start_error is not None:
+            raise t.start_error
         if not t.is_alive():
             raise RuntimeError("the engine thread failed to start (see above)")
+
     def _open_socket(self) -> socket.socket:
         n = self.cfg.network
         fam = socket.AF_INET6 if ":" in n.host else socket.AF_INET

@@ -48,7 +48,6 @@ Results: JSON under bench/results/ (gitignored) with every sample, and a markdow
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as _dt
 import fcntl
 import http.client
@@ -59,6 +58,7 @@ import random
 import secrets
 import select
 import shlex
+import shutil
 import socket
 import statistics
 import subprocess
@@ -157,33 +157,47 @@ class SendCounter:
             cm._send = counted
 
 
-def take_lock(max_wait: float):
+def take_lock(max_wait: float, command: str):
+    """Exclusive flock and POSIX lockf on LOCK_PATH (the convention of bench_runtime.py, so a
+    tool taking either kind waits for us), waited for at most max_wait seconds; the holder's
+    pid and command are written into the file for whoever waits next."""
     f = open(LOCK_PATH, "a+")
     t0 = time.monotonic()
     told = False
-    while True:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return f, time.monotonic() - t0
-        except BlockingIOError:
-            waited = time.monotonic() - t0
-            if waited >= max_wait:
-                raise SystemExit(f"{LOCK_PATH} still held by another benchmark after "
-                                 f"{max_wait:.0f} s; giving up")
-            if not told:
-                log(f"waiting for {LOCK_PATH} (another benchmark runs), up to {max_wait:.0f} s")
-                told = True
-            time.sleep(2)
+    for how, fn in (("flock", fcntl.flock), ("lockf", fcntl.lockf)):
+        while True:
+            try:
+                fn(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except (BlockingIOError, PermissionError):
+                waited = time.monotonic() - t0
+                if waited >= max_wait:
+                    f.close()
+                    raise SystemExit(f"{LOCK_PATH} ({how}) still held after {waited:.0f} s; "
+                                     "giving up")
+                if not told:
+                    f.seek(0)
+                    log(f"waiting for {LOCK_PATH} (up to {max_wait:.0f} s), held by: "
+                        f"{f.read().strip() or 'unknown'}")
+                    told = True
+                time.sleep(1)
+    waited = time.monotonic() - t0
+    if told:
+        log(f"got {LOCK_PATH} after {waited:.0f} s")
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}: {command}\n")
+    f.flush()
+    return f, waited
 
 
 # ================================================================ the two sides
 
 
 class ZlSide:
-    name = "zl"
-
-    def __init__(self, daemon: ZeroLayerDaemon):
+    def __init__(self, daemon: ZeroLayerDaemon, name: str = "zl"):
         from zerolayer.daemon.client import Client
+        self.name = name
         self.d = daemon
         self.client = Client(daemon.addr, daemon.key_id, daemon.secret, timeout=60)
 
@@ -192,7 +206,7 @@ class ZlSide:
                 "secret": self.d.secret.hex()}
 
     def pids(self) -> dict:
-        return {"zl": self.d.pid}
+        return {self.name: self.d.pid}
 
     def ping(self) -> dict:
         t0 = time.perf_counter()
@@ -306,8 +320,8 @@ class LlamaSide:
         self.s = server
         self.port = server.port
         self.ping_conn = self._conn(10)
-        self.seq_conn = self._conn(300)
         self.slots_conn = self._conn(30)
+        self.reconnects = 0
 
     def _conn(self, timeout: float) -> http.client.HTTPConnection:
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -316,7 +330,7 @@ class LlamaSide:
         return c
 
     def close(self) -> None:
-        for c in (self.ping_conn, self.seq_conn, self.slots_conn):
+        for c in (self.ping_conn, self.slots_conn):
             c.close()
 
     def loadgen_spec(self) -> dict:
@@ -326,32 +340,63 @@ class LlamaSide:
         return {"llama": self.s.pid}
 
     def ping(self) -> dict:
-        return {"rtt_s": http_get_timed(self.ping_conn, "/health")}
+        """GET /health on the keep-alive connection. The server closes a keep-alive connection
+        after 100 requests or 5 s idle (cpp-httplib's defaults): the reconnect is made before
+        the clock starts, and a request that finds the connection closed is redone."""
+        for attempt in range(2):
+            if self.ping_conn.sock is None:
+                self.ping_conn.connect()
+            try:
+                return {"rtt_s": http_get_timed(self.ping_conn, "/health"), "retried": attempt}
+            except (http.client.HTTPException, ConnectionError):
+                self.ping_conn.close()
+                self.reconnects += 1
+        raise RuntimeError("GET /health failed twice")
 
     def ttft_full(self, content: str, max_tokens: int) -> dict:
-        r = llama_stream(self.seq_conn, chat_body(content, max_tokens, extra=STREAM_OPTS))
+        # llama-server closes the connection after a streamed response, so every stream gets
+        # a fresh one, connected before the clock starts (no TCP handshake in the TTFT)
+        conn = self._conn(300)
+        try:
+            r = llama_stream(conn, chat_body(content, max_tokens, extra=STREAM_OPTS))
+        finally:
+            conn.close()
         r["completion_tokens"] = r["tokens"]
         return r
 
     def _slots(self) -> list[dict]:
-        self.slots_conn.request("GET", "/slots")
-        r = self.slots_conn.getresponse()
-        data = r.read()
+        for attempt in range(2):
+            if self.slots_conn.sock is None:
+                self.slots_conn.connect()
+            try:
+                self.slots_conn.request("GET", "/slots")
+                r = self.slots_conn.getresponse()
+                data = r.read()
+                break
+            except (http.client.HTTPException, ConnectionError):
+                self.slots_conn.close()
+                self.reconnects += 1
+                if attempt:
+                    raise
         if r.status != 200:
             raise RuntimeError(f"/slots: HTTP {r.status}: {data[:200]!r}")
         return json.loads(data)
 
     def probe(self, content: str, max_tokens: int, cancel: bool) -> dict:
         conn = self._conn(60)
-        out = llama_stream(conn, chat_body(content, max_tokens, extra=STREAM_OPTS), first_only=True)
+        # /slots shows no prompt text outside its debug mode, but it shows each slot's sampling
+        # parameters: a unique seed (inert under greedy decoding) tells our slot apart
+        self.probe_seed = getattr(self, "probe_seed", 7_000_000) + 1
+        seed = self.probe_seed
+        out = llama_stream(conn, chat_body(content, max_tokens,
+                                           extra={**STREAM_OPTS, "seed": seed}), first_only=True)
         res = {"ttft_s": out["ttft_s"]}
         if not cancel:
             hard_close(conn)
             return res
-        # find this request's slot (the marker is in the prompt), then drop the connection
         slot = None
         for s in self._slots():
-            if s.get("is_processing") and content in (s.get("prompt") or ""):
+            if s.get("is_processing") and (s.get("params") or {}).get("seed") == seed:
                 slot = s
                 break
         t1 = time.perf_counter()
@@ -531,12 +576,17 @@ class Bench:
         self.blocks: list[dict] = []
         self.tmp = Path(tempfile.mkdtemp(prefix="zl-bench-dataplane-"))
         self.llama_cmds: list[str] = []
+        self.zl_side = self.bside = None
 
     # -- a block: CPU split of the machine, samples kept --------------------------------------
 
     def block(self, kind: str, side, fn, extra_pids: dict | None = None, **meta) -> dict:
-        pids = {**side.pids(), **({} if side is self.zl_side else self.zl_side.pids()),
-                **(extra_pids or {})}
+        pids = {}
+        for other in (self.zl_side, self.bside):      # every server that is up, busy or idle
+            if other is not None:
+                pids.update(other.pids())
+        pids.update(side.pids())
+        pids.update(extra_pids or {})
         w = CpuWatch(pids)
         a = w.snap()
         t0 = time.perf_counter()
@@ -743,17 +793,25 @@ class Bench:
                                 parallel, free_port(), self.tmp / f"llama-np{parallel}.log",
                                 ctx_per_slot=self.a.ctx_per_slot,
                                 extra=shlex.split(self.a.llama_extra))
-        srv.wait_ready()
-        self.llama_cmds.append(shlex.join(srv.cmd))
-        side = LlamaSide(srv)
-        # warm-up: the question twice, one short story
-        side.ttft_full(QUESTION, self.a.ttft_tokens)
-        side.ttft_full(QUESTION, self.a.ttft_tokens)
-        side.ttft_full(story(0, "[warm] "), 16)
+        try:
+            srv.wait_ready()
+            self.llama_cmds.append(shlex.join(srv.cmd))
+            side = LlamaSide(srv)
+            # warm-up: the question twice, one short story
+            side.ttft_full(QUESTION, self.a.ttft_tokens)
+            side.ttft_full(QUESTION, self.a.ttft_tokens)
+            side.ttft_full(story(0, "[warm] "), 16)
+        except BaseException:
+            srv.stop()
+            self.llama_log_tail = srv.log_path.read_text(errors="replace")[-3000:]
+            raise
         log(f"  llama-server -np {parallel} ready in {srv.ready_s:.1f} s (pid {srv.pid})")
         return srv, side
 
     def stop_llama(self, srv, side) -> None:
+        if side.reconnects:
+            log(f"  llama-server keep-alive reconnects: {side.reconnects}")
+        self.llama_reconnects = getattr(self, "llama_reconnects", 0) + side.reconnects
         side.close()
         srv.stop()
         self.llama_log_tail = srv.log_path.read_text(errors="replace")[-3000:]
@@ -802,10 +860,11 @@ class Bench:
         out_path = Path(a.out) if a.out else RESULTS / f"dataplane-{time.strftime('%Y%m%d-%H%M%S')}.json"
         if not a.only_ours and not (LLAMA_BIN / "llama-server").exists():
             raise SystemExit(f"{LLAMA_BIN}/llama-server missing: run bash bench/setup_llamacpp.sh")
-        lock, lock_wait = take_lock(a.lock_wait)
+        command = shlex.join([sys.executable, *sys.argv])
+        lock, lock_wait = take_lock(a.lock_wait, command)
         started = _dt.datetime.now().astimezone()
         r: dict = {"bench": "dataplane", "date": started.isoformat(timespec="seconds"),
-                   "command": shlex.join([sys.executable, *sys.argv]), "args": vars(a),
+                   "command": command, "args": vars(a),
                    "lock": {"path": LOCK_PATH, "waited_s": round(lock_wait, 1)},
                    "machine": machine_info(), "versions": versions(a)}
         r["machine"]["uptime_before"] = sh("uptime")
@@ -867,8 +926,7 @@ class Bench:
                 log(f"baseline: zerolayerd from {r['baseline']['path']} ({r['baseline']['git']})")
                 self.base = self.start_zl("baseline", env)
                 r["servers"]["baseline"] = f"PYTHONPATH={env['PYTHONPATH']} " + shlex.join(self.base.cmd)
-                bside = ZlSide(self.base)
-                bside.name = "base"
+                bside = self.bside = ZlSide(self.base, "base")
                 self.warm_zl(bside)
                 for rnd in range(a.rounds):
                     for n in a.conc:
@@ -885,11 +943,14 @@ class Bench:
                 "llama": getattr(self, "llama_log_tail", None),
                 "baseline": self.base.log_path.read_text(errors="replace")[-2000:] if self.base else None}
             lock.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)   # keys files and logs (tails kept above)
         r["servers"]["llama"] = sorted(set(self.llama_cmds))
+        r["llama_keepalive_reconnects"] = getattr(self, "llama_reconnects", 0)
         r["machine"]["uptime_after"] = sh("uptime")
         r["blocks"] = self.blocks
         r["finished"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
         r["duration_s"] = round((_dt.datetime.now().astimezone() - started).total_seconds(), 1)
+        out_path.write_text(json.dumps(r, indent=1, default=str))   # the samples, come what may
         summarise(r, a)
         out_path.write_text(json.dumps(r, indent=1, default=str))
         r["json_path"] = str(out_path)
@@ -935,7 +996,14 @@ def summarise(r: dict, a) -> None:
         d["cancel"] = stats([x.get("cancel_s") for x in c])
         d["cancel_finish"] = sorted({str(x.get("finish_reason")) for x in c if "cancel_s" in x})
         d["slot_free"] = stats([x.get("slot_free_s") for x in c])
-        d["slot_free_missing"] = sum(1 for x in c if side == "llama" and x.get("slot_free_s") is None)
+        if side == "llama" and c:
+            d["slot_free_missing"] = sum(1 for x in c if x.get("slot_free_s") is None)
+        prompt_use = set()
+        for x in samples("ttft_idle", side):
+            u = x.get("usage") or {}
+            cached = u.get("cached_prompt_tokens", (u.get("prompt_tokens_details") or {}).get("cached_tokens"))
+            prompt_use.add((u.get("prompt_tokens"), cached))
+        d["ttft_idle_prompt_and_cached_tokens"] = sorted(prompt_use, key=str)
         idle_texts = {x.get("text") for x in samples("ttft_idle", side)}
         d["idle_answers"] = sorted(t for t in idle_texts if t is not None)[:3]
         for n in a.conc:
@@ -952,7 +1020,9 @@ def summarise(r: dict, a) -> None:
         d = {k: v for k, v in d.items() if v not in (None, [], {})}
         if d:
             s[side] = d
-    foreign = [b["cpu_share"]["foreign"] for b in r["blocks"] if "cpu_share" in b]
+    # CPU time is counted in jiffies (10 ms): only blocks of >= 1 s say anything
+    foreign = [b["cpu_share"]["foreign"] for b in r["blocks"]
+               if "cpu_share" in b and b.get("wall_s", 0) >= 1.0]
     s["noise"] = {"foreign_share_max": max(foreign, default=None),
                   "foreign_share_median": statistics.median(foreign) if foreign else None,
                   "blocks_over_limit": sum(f > a.quiet_limit for f in foreign)}
@@ -1016,7 +1086,7 @@ def table_rows(r: dict, a) -> list[dict]:
         rb = f.get("rcvbuf_errors_delta")
         add("Udp RcvbufErrors delta (system-wide)", rb, "n/a", "", "0",
             None if rb is None else rb == 0, ratio=None)
-    if B:
+    if B and r.get("baseline"):
         for n in a.conc:
             z, b = g(Z, f"base_tok_s_{n}", "median"), g(B, f"base_tok_s_{n}", "median")
             rt = _ratio(z, b)
@@ -1056,9 +1126,11 @@ def render(r: dict) -> str:
     Z, L = s.get("zl", {}), s.get("llama", {})
     lines.append("")
     if Z.get("cancel_finish"):
-        lines.append(f"- Cancel: ours finish reasons {Z['cancel_finish']}; theirs: the client "
-                     f"closes the connection; slot not seen freeing within 10 s: "
-                     f"{L.get('slot_free_missing', 0)}.")
+        lines.append(f"- Cancel: ours finish reasons {Z['cancel_finish']}" + (
+            f"; theirs: the client closes the connection (no cancel in the protocol), then "
+            f"polls /slots until the request's slot is free; not seen freeing within 10 s: "
+            f"{L['slot_free_missing']} of {r['args']['cancels']}." if "slot_free_missing" in L
+            else "."))
     toks = [f"{side} {n}: {d[f'tok_s_{n}']['tokens']} tokens via {d[f'tok_s_{n}']['token_sources']}"
             f" (errors {d[f'tok_s_{n}']['errors']})"
             for side, d in (("ours", Z), ("theirs", L)) for n in r["args"]["conc"]
@@ -1068,6 +1140,10 @@ def render(r: dict) -> str:
     if "idle_answers" in Z or "idle_answers" in L:
         lines.append(f"- Greedy answers to the question: ours {Z.get('idle_answers')}, theirs "
                      f"{L.get('idle_answers')}.")
+    if "ttft_idle_prompt_and_cached_tokens" in Z or "ttft_idle_prompt_and_cached_tokens" in L:
+        lines.append(f"- Idle TTFT, (prompt tokens, of which reused from an earlier request's KV): "
+                     f"ours {Z.get('ttft_idle_prompt_and_cached_tokens')}, theirs "
+                     f"{L.get('ttft_idle_prompt_and_cached_tokens')} (the same question every time).")
     f = r.get("flood")
     if f:
         lines.append(f"- Flood: {f['sent']} datagrams at {f.get('achieved_rate', 0):.0f}/s "
@@ -1133,7 +1209,14 @@ def main() -> int:
                     help="skip llama-server (a check of this side alone; no ratios)")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny counts, not for publishing")
     ap.add_argument("--out", default="")
+    ap.add_argument("--render", default="", metavar="JSON",
+                    help="only print the table of an earlier run's JSON (summary recomputed)")
     a = ap.parse_args()
+    if a.render:
+        r = json.loads(Path(a.render).read_text())
+        summarise(r, argparse.Namespace(**r["args"]))
+        print(render(r))
+        return 0
     if a.quick:
         a.rounds, a.tokens, a.pings, a.ttft, a.cancels, a.flood_s, a.max_wait = 1, 32, 20, 3, 3, 3.0, 0
     if a.load_slots <= a.load_streams:

@@ -21,7 +21,7 @@ from typing import Any
 class ModelSection:
     path: str = ""                 # GGUF file; "" = the bundled SmolLM2-135M-Instruct Q4_1
     max_seq_len: int = 2048        # context limit per request (prompt + max_tokens)
-    threads: int = 0               # kernel threads; 0 = the CPUs we are pinned to
+    threads: int = 0               # kernel threads; 0 = one per CPU of the engine thread (cpu.engine_cpus, else cpus)
 
 
 @dataclass

@@ -127,7 +127,8 @@ class KeyStore:
         # Raises KeyFileError at start: an unusable keys file is fatal only at start.
         # One dict holds both the secret and its precomputed MAC state, so a reload swaps
         # them together in a single assignment.
-        self._keys = _with_macs(load_keys(path) if path is not None else dict(keys or {}))
+        self._keys = _with_macs(_nonempty(load_keys(path), path) if path is not None
+                                else dict(keys or {}))
         self.reloads = 0
         self.reload_failures = 0
         self.last_error: str | None = None
@@ -158,7 +159,7 @@ class KeyStore:
             return False
         with self._lock:
             try:
-                new = load_keys(self.path)
+                new = _nonempty(load_keys(self.path), self.path)
             except KeyFileError as e:
                 self.reload_failures += 1
                 self.last_error = str(e)
@@ -167,6 +168,14 @@ class KeyStore:
             self.reloads += 1
             self.last_error = None
             return True
+
+
+def _nonempty(keys: dict[int, bytes], path) -> dict[int, bytes]:
+    """A daemon with no keys serves nobody: refused at start, and a reload to an empty file
+    keeps the old keys."""
+    if not keys:
+        raise KeyFileError(f"{path}: no keys in it (the daemon would refuse every request)")
+    return keys
 
 
 def _with_macs(keys: Mapping[int, bytes]) -> dict[int, tuple[bytes, Mac]]:

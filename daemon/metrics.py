@@ -68,6 +68,13 @@ class Metrics:
                                     "Hand-offs between the I/O and engine threads that found the "
                                     "queue full: admissions refused OVERLOADED, or engine waits "
                                     "for room for its events", ["queue"], registry=r)
+        self.key_reloads = Counter("zerolayer_key_reloads", "Keys-file reloads (SIGHUP)",
+                                   ["result"], registry=r)
+        self.key_reload_success = Gauge("zerolayer_key_reload_last_success_timestamp_seconds",
+                                        "Unix time of the last successful keys load (start or "
+                                        "reload)", registry=r)
+        for result in ("ok", "failed"):
+            self.key_reloads.labels(result)
         self._handoff_last: dict = {}
         self._xdp_last: dict = {}
         for code in ErrorCode:  # every code is visible at 0 before its first occurrence

@@ -73,7 +73,8 @@ class Daemon:
     def start(self) -> None:
         c = self.cfg
         io_cpus, engine_cpus = self._cpu_plan()
-        self.keys = KeyStore(c.security.keys_file)  # refuses a group/world-readable file
+        self.keys = KeyStore(c.security.keys_file)  # refuses a group/world-readable or empty file
+        self.metrics.key_reload_success.set_to_current_time()
         self.replay = ReplayGuard(ReplayConfig(skew_s=c.security.max_skew_s,
                                                capacity=c.security.nonce_capacity,
                                                per_key=c.security.nonce_per_key))
@@ -260,7 +261,11 @@ class Daemon:
         if self._reload:
             self._reload = False
             ok = self.keys.reload()
-            log("keys reloaded" if ok else f"keys reload failed, old keys kept: {self.keys.last_error}")
+            self.metrics.key_reloads.labels("ok" if ok else "failed").inc()
+            if ok:
+                self.metrics.key_reload_success.set_to_current_time()
+            log(f"keys reloaded ({len(self.keys)} keys)" if ok
+                else f"keys reload failed, old keys kept: {self.keys.last_error}")
         self.ingress.tick()
         for e in self.cache.expired_leases(self.cfg.cache.lease_s):
             if isinstance(e.handle, Request):
@@ -353,8 +358,14 @@ class Daemon:
         entry.handle = req
         req.ingress_us = int((time.monotonic() - inv.received_at) * 1e6)
         if not self.admissions.put(req):  # the engine is that far behind: say so, drop nothing
-            self._fail(req, ErrorCode.OVERLOADED,
-                       f"admission queue full ({self.admissions.capacity} requests)")
+            # refused at admission: no stream was started (no ACK), so the error carries no
+            # place in one (seq 0xFFFFFFFF, run id 0, docs/PROTOCOL.md §5.3), and the entry
+            # is dropped so that a retry of the same request id is admitted afresh
+            self.metrics.errors.labels(ErrorCode.OVERLOADED.name).inc()
+            self.cache.finish(key, cacheable=False)
+            self._send(inv.signer.error(ErrorCode.OVERLOADED,
+                                        f"admission queue full ({self.admissions.capacity} "
+                                        f"requests)"), addr)
             return
         self.live[key] = req
         self.metrics.model_runs.inc()

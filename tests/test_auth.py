@@ -80,6 +80,12 @@ def test_missing_or_non_regular_key_file(tmp_path: Path) -> None:
         load_keys(d)
 
 
+def test_a_keys_file_without_keys_is_refused_at_start(tmp_path: Path) -> None:
+    p = _write(tmp_path / "keys", "# nothing yet\n\n")
+    with pytest.raises(KeyFileError, match="no keys"):
+        KeyStore(p)
+
+
 def test_reload_swaps_keys_and_a_bad_file_keeps_the_old_ones(tmp_path: Path) -> None:
     p = _write(tmp_path / "keys", f"1 {S1}\n")
     ks = KeyStore(p)
@@ -100,6 +106,10 @@ def test_reload_swaps_keys_and_a_bad_file_keeps_the_old_ones(tmp_path: Path) -> 
     # And fixing the file makes the next reload succeed.
     os.chmod(p, 0o600)
     assert ks.reload() is True and ks.key_ids() == [3] and ks.last_error is None
+    # An empty file is refused too: a daemon without keys would refuse every request.
+    _write(p, "# all keys removed\n")
+    assert ks.reload() is False and ks.key_ids() == [3]
+    assert ks.reload_failures == 3 and "no keys" in (ks.last_error or "")
 
 
 def test_sighup_reloads_without_restart(tmp_path: Path) -> None:

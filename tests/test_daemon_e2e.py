@@ -201,6 +201,20 @@ def test_keys_reload_on_sighup(daemon):
     daemon.signal(signal.SIGHUP)
     c = Client(daemon.addr, 8, new_secret, timeout=10)
     daemon.wait_for(lambda: _pings(c), timeout=10, what="new key accepted")
+    assert daemon.metric("zerolayer_key_reloads_total", 'result="ok"') >= 1
+    assert daemon.metric("zerolayer_key_reload_last_success_timestamp_seconds") > 0
+    # emptied by mistake: refused, counted, and the old keys keep serving
+    text = daemon.keys_file.read_text()
+    failed = daemon.metric("zerolayer_key_reloads_total", 'result="failed"')
+    daemon.keys_file.write_text("# oops\n")
+    try:
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_for(lambda: daemon.metric("zerolayer_key_reloads_total", 'result="failed"')
+                        > failed, timeout=10, what="the empty reload refused")
+        assert c.ping() > 0
+    finally:
+        daemon.keys_file.write_text(text)
+        daemon.signal(signal.SIGHUP)
 
 
 def _pings(c) -> bool:

@@ -10,13 +10,15 @@ from __future__ import annotations
 import secrets
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from daemon_proc import DaemonProc
+from zerolayer.daemon import wire
 from zerolayer.daemon.client import Client
-from zerolayer.daemon.errors import InternalServerError, OverloadedError
+from zerolayer.daemon.errors import ErrorCode, InternalServerError, OverloadedError
 
 COUNT = "Count from one to one thousand: one, two, three,"
 
@@ -133,6 +135,17 @@ def test_admissions_beyond_the_queue_depth_get_overloaded(held_daemon):
                    what="B queued in the hand-off")
         with pytest.raises(OverloadedError, match="admission queue full"):
             client(d, max_attempts=1, timeout=10).invoke("Say hi.", max_tokens=4)
+        # on the wire: an admission refusal, outside any stream (§5.3)
+        body = wire.encode_invoke_body(wire.SamplingParams(max_tokens=4), wire.PayloadKind.PROMPT,
+                                       b"Say hi.")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for dg in wire.encode_invoke(d.key_id, d.secret, secrets.token_bytes(16),
+                                         time.time_ns() // 1000, secrets.token_bytes(32), body):
+                sock.sendto(dg, d.addr)
+            sock.settimeout(10)
+            f = wire.decode_response(sock.recv(2048), d.secret)
+        assert isinstance(f, wire.ErrorFrame) and f.code == ErrorCode.OVERLOADED
+        assert f.seq == wire.NO_SEQ and f.run_id == 0
         d.wait_for(lambda: d.metric("zerolayer_handoff_full_total", 'queue="admissions"')
                    >= full0 + 1, what="the full hand-off counted")
         assert d.metric("zerolayer_request_errors_total", 'code="OVERLOADED"') >= over0 + 1

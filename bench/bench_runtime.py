@@ -484,6 +484,31 @@ def run_llama_bench(cmd: list[str], watch: "CpuWatch") -> tuple[list[dict], dict
     return rows, {"wall_s": b[0] - a[0], "foreign_share": watch.foreign(a, b)}
 
 
+def _load_ours(model_path: str):
+    """Our runtime loaded and its kernels compiled (or loaded from the JIT cache), with the
+    prompts every measurement uses: (zl, prompts, batch_prompts, jit_s, numba_info)."""
+    log(f"loading zerolayer ({model_path})")
+    zl = ZeroLayer(model_path, THREADS)
+    pool = zl.tokenizer.encode(CORPUS)
+    while len(pool) < 1000 + 8 * 64:
+        pool = pool + pool
+    prompts = {"ctx50": pool[:50], "ctx1000": pool[:1000], "p100": pool[100:200],
+               "p500": pool[200:700]}
+    batch_prompts = [pool[37 * i: 37 * i + 50] for i in range(8)]
+
+    t0 = time.perf_counter()
+    zl.decode(prompts["ctx50"], 2)
+    zl.batch_decode(batch_prompts[:2], 1)
+    zl.batch_decode(batch_prompts, 1)
+    jit_s = time.perf_counter() - t0
+    log(f"zerolayer first steps (JIT compile or cache load): {jit_s:.1f} s")
+    import numba
+    numba_info = {"numba": numba.__version__, "threading_layer": numba.threading_layer(),
+                  "num_threads": numba.get_num_threads(),
+                  "cache_dir": os.environ.get("NUMBA_CACHE_DIR")}
+    return zl, prompts, batch_prompts, jit_s, numba_info
+
+
 def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path) -> int:
     runs = args.runs or (2 if args.quick else 5)
     reps = args.reps or (1 if args.quick else 3)
@@ -521,25 +546,7 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
     full_cmd = lb_cmd("100,500", str(steps), ",".join(map(str, depths)), args.fa)
     log(f"llama-bench: {shlex.join(full_cmd)}")
 
-    log(f"loading zerolayer ({model_path})")
-    zl = ZeroLayer(model_path, THREADS)
-    pool = zl.tokenizer.encode(CORPUS)
-    while len(pool) < 1000 + 8 * 64:
-        pool = pool + pool
-    prompts = {"ctx50": pool[:50], "ctx1000": pool[:1000], "p100": pool[100:200],
-               "p500": pool[200:700]}
-    batch_prompts = [pool[37 * i: 37 * i + 50] for i in range(8)]
-
-    t0 = time.perf_counter()
-    zl.decode(prompts["ctx50"], 2)
-    zl.batch_decode(batch_prompts[:2], 1)
-    zl.batch_decode(batch_prompts, 1)
-    jit_s = time.perf_counter() - t0
-    log(f"zerolayer first steps (JIT compile or cache load): {jit_s:.1f} s")
-    import numba
-    numba_info = {"numba": numba.__version__, "threading_layer": numba.threading_layer(),
-                  "num_threads": numba.get_num_threads(),
-                  "cache_dir": os.environ.get("NUMBA_CACHE_DIR")}
+    zl, prompts, batch_prompts, jit_s, numba_info = _load_ours(model_path)
 
     zl_cold_cmd = [sys.executable, "-c", ZL_COLD, model_path, COLD_PROMPT, str(THREADS), str(N_CTX)]
     seen_cache = [None]
@@ -903,26 +910,7 @@ def _main_llama_cpp_python(args, command: str, started: _dt.datetime, out_path: 
     git_head = sh(["git", "-C", str(REPO), "rev-parse", "HEAD"])
     git_dirty_gpu = sh(["git", "-C", str(REPO), "status", "--porcelain", "gpu"]).splitlines()
 
-    log(f"loading zerolayer ({model_path})")
-    zl = ZeroLayer(model_path, THREADS)
-    tok = zl.tokenizer
-    pool = tok.encode(CORPUS)
-    while len(pool) < 1000 + 8 * 64:
-        pool = pool + pool
-    prompts = {"ctx50": pool[:50], "ctx1000": pool[:1000], "p100": pool[100:200],
-               "p500": pool[200:700]}
-    batch_prompts = [pool[37 * i: 37 * i + 50] for i in range(8)]
-
-    t0 = time.perf_counter()
-    zl.decode(prompts["ctx50"], 2)
-    zl.batch_decode(batch_prompts[:2], 1)
-    zl.batch_decode(batch_prompts, 1)
-    jit_s = time.perf_counter() - t0
-    log(f"zerolayer first steps (JIT compile or cache load): {jit_s:.1f} s")
-    import numba
-    numba_info = {"numba": numba.__version__, "threading_layer": numba.threading_layer(),
-                  "num_threads": numba.get_num_threads(),
-                  "cache_dir": os.environ.get("NUMBA_CACHE_DIR")}
+    zl, prompts, batch_prompts, jit_s, numba_info = _load_ours(model_path)
 
     fa_modes = list(dict.fromkeys(m.strip() for m in args.llama_flash_attn.split(",") if m.strip()))
     bad = [m for m in fa_modes if m not in ("auto", "on", "off")]

@@ -112,7 +112,9 @@ class EngineThread(threading.Thread):
             messages = None if b.messages is None else [{"role": m.role, "content": m.content}
                                                         for m in b.messages]
             req.prompt_ids = encode_prompt(self.engine.tok, self.engine.model.cfg.vocab,
-                                           b.prompt, messages, b.token_ids)
+                                           b.prompt, messages, b.token_ids,
+                                           max_tokens=req.params.max_tokens,
+                                           max_seq_len=self.engine.model.max_seq_len)
             req.tokenize_us = int((time.monotonic() - t0) * 1e6)
             self.engine.submit(req)
         except ZerolayerError as ex:

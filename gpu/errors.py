@@ -21,8 +21,9 @@ class ContextOverflowError(RuntimeModelError):
 
     code = "CONTEXT_OVERFLOW"
 
-    def __init__(self, needed: int, limit: int):
-        super().__init__(f"context overflow: {needed} tokens needed, limit is {limit}")
+    def __init__(self, needed: int, limit: int, at_least: bool = False):
+        super().__init__(f"context overflow: {'at least ' if at_least else ''}{needed} tokens "
+                         f"needed, limit is {limit}")
         self.needed = needed
         self.limit = limit
 

@@ -39,11 +39,20 @@ class GenerationResult:
 
 
 def encode_prompt(tokenizer: Tokenizer, vocab: int, prompt: str | None = None,
-                  messages: list[dict] | None = None, token_ids=None) -> np.ndarray:
+                  messages: list[dict] | None = None, token_ids=None,
+                  max_tokens: int | None = None, max_seq_len: int | None = None) -> np.ndarray:
     """Prompt ids from exactly one of: raw text, chat messages (the GGUF's template), or ids.
-    Raises ValueError for an empty prompt or an id outside the vocabulary."""
+    Raises ValueError for an empty prompt or an id outside the vocabulary.
+
+    With max_tokens and max_seq_len, a text or chat that cannot fit (a lower bound on its
+    tokens, linear in its bytes, already overflows) raises ContextOverflowError *before* it is
+    tokenized: a huge request costs a scan of its bytes, never a template render or a BPE
+    run over a megabyte."""
     if sum(x is not None for x in (prompt, messages, token_ids)) != 1:
         raise ValueError("give exactly one of prompt, messages, token_ids")
+    if max_seq_len is not None and token_ids is None:
+        _refuse_what_cannot_fit(tokenizer, prompt, messages, max_seq_len - (max_tokens or 0),
+                                max_seq_len)
     if messages is not None:
         ids = np.asarray(tokenizer.encode_chat(messages), np.int64)
     elif prompt is not None:
@@ -55,6 +64,43 @@ def encode_prompt(tokenizer: Tokenizer, vocab: int, prompt: str | None = None,
     if ids.size == 0:
         raise ValueError("empty prompt")
     return ids.astype(np.int32)
+
+
+def _refuse_what_cannot_fit(tokenizer: Tokenizer, prompt: str | None,
+                            messages: list[dict] | None, room: int, max_seq_len: int) -> None:
+    """ContextOverflowError when the prompt is sure to need more than `room` tokens, decided
+    at a cost bounded by the room, not by the request's size: first a bound from the bytes
+    and the message count, then the tokens of the long texts, counted only until they pass
+    the room. Every count is a lower bound, so nothing that fits is ever refused."""
+    from .errors import ContextOverflowError
+    extra = max_seq_len - room
+
+    def refuse(n: int):
+        raise ContextOverflowError(n + extra, max_seq_len, at_least=True)
+
+    bound = tokenizer.min_tokens(prompt, messages)
+    if bound > room:
+        refuse(bound)
+    if prompt is not None:
+        if len(prompt) > LONG_TEXT:
+            n = tokenizer.tokens_at_least(prompt, room)
+            if n > room:
+                refuse(n)
+        return
+    # A chat: each message's control tokens, plus the tokens of each long content's
+    # interior (from its first word start to its last), which no template glue can touch.
+    n = tokenizer.min_tokens(messages=[{"role": m.get("role"), "content": ""}
+                                       for m in messages or ()])
+    for m in messages or ():
+        c = m.get("content")
+        if isinstance(c, str) and len(c) > LONG_TEXT:
+            inner = tokenizer.interior(c)
+            n += tokenizer.tokens_at_least(inner, room - n) if inner else 0
+            if n > room:
+                refuse(n)
+
+
+LONG_TEXT = 4096  # characters; shorter texts are cheaper to tokenize whole than to bound
 
 
 def on_backend(model: LlamaModel) -> Model:

@@ -148,6 +148,10 @@ class Tokenizer:
             else:
                 self._bytes.append(bytes(bd[c] for c in t))
 
+        # The longest token, in bytes: a text of n bytes is at least ceil(n / this) tokens,
+        # the bound that lets an over-long prompt be refused before it is tokenized.
+        self.max_token_bytes = max(1, max(len(b) for b in self._bytes))
+
         eog = {eos_id}
         for text in _EXTRA_EOG_TEXTS:
             if text in self._special_by_text:
@@ -159,6 +163,25 @@ class Tokenizer:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise_template_error
             self._template = env.from_string(chat_template)
+        self._specials_per_message = self._count_specials_per_message()
+
+    def _count_specials_per_message(self) -> dict[str, int]:
+        """Control tokens the template adds for one more message of each common role (what a
+        message costs at least, whatever its content). Roles not listed count 0."""
+        if self._template is None or self._special_re is None:
+            return {}
+        out = {}
+        for role in ("system", "user", "assistant"):
+            try:
+                m = {"role": role, "content": ""}
+                one = self._render([{"role": "user", "content": ""}, m], False)
+                two = self._render([{"role": "user", "content": ""}, m, m], False)
+            except Exception:  # noqa: BLE001 - a template that refuses the shape: no bound
+                continue
+            n = len(self._special_re.findall(two)) - len(self._special_re.findall(one))
+            if n > 0:
+                out[role] = n
+        return out
 
     # ---- construction -------------------------------------------------------------------
 
@@ -247,6 +270,52 @@ class Tokenizer:
         ids += self._encode_plain(text[pos:])
         return ids
 
+    def min_tokens(self, prompt: str | None = None,
+                   messages: Sequence[dict[str, Any]] | None = None) -> int:
+        """A lower bound on len(encode(prompt)) or len(encode_chat(messages)), in time linear
+        in the text's size and far below tokenizing it: every token is at most
+        `max_token_bytes` bytes, and each message adds its role's control tokens."""
+        if messages is None:
+            return -(-len((prompt or "").encode("utf-8")) // self.max_token_bytes)
+        per = self._specials_per_message
+        n_chars = specials = 0  # characters: no more than bytes, and no encoding pass
+        for msg in messages:
+            content = msg.get("content", "")
+            role = msg.get("role", "")
+            n_chars += len(content) if isinstance(content, str) else 0
+            specials += per.get(role, 0) if isinstance(role, str) else 0
+        return specials + -(-n_chars // self.max_token_bytes)
+
+    def tokens_at_least(self, text: str, limit: int, chunk: int = 4096) -> int:
+        """len(encode(text)) when that is at most `limit`; otherwise some count above `limit`,
+        found by tokenizing only as much of the text as it takes to pass it. The text is cut
+        only where the pre-tokenizer starts a word (a space after a non-space, before a
+        letter) and BPE never merges across that, so the chunks' counts add up exactly."""
+        n, pos, end_all = 0, 0, len(text)
+        while pos < end_all:
+            end = end_all
+            if pos + chunk < end_all:
+                m = _WORD_START.search(text, pos + chunk, pos + 2 * chunk)
+                end = m.start() if m else end_all
+            n += len(self._encode_plain(text[pos:end]))
+            if n > limit:
+                return n
+            pos = end
+        return n
+
+    @staticmethod
+    def interior(text: str, window: int = 4096) -> str:
+        """The part of `text` between its first and its last word start (looked for within
+        `window` characters of each end; "" if there is none): tokenized alone it gives
+        exactly the tokens it gets inside any surrounding text."""
+        first = _WORD_START.search(text, 0, window)
+        if first is None:
+            return ""
+        last = None
+        for last in _WORD_START.finditer(text, max(first.end(), len(text) - window)):
+            pass
+        return text[first.start():last.start()] if last is not None else ""
+
     def token_bytes(self, token_id: int) -> bytes:
         """Raw bytes of one token (special tokens: their text). May be part of a character."""
         return self._bytes[token_id]
@@ -290,7 +359,7 @@ class Tokenizer:
         the same ids while a "<|im_end|>" typed by a user stays plain text.
         """
         nonce = secrets.token_hex(8)
-        holders: dict[str, str] = {}
+        contents: list[str] = []
         masked = []
         for i, msg in enumerate(messages):
             content = msg.get("content", "")
@@ -300,18 +369,19 @@ class Tokenizer:
             if self._special_re is not None and self._special_re.search(str(role)):
                 # Roles are template markup; a control token inside one would forge a turn.
                 raise ValueError("message role contains a special token")
-            key = f"\ue000{nonce}:{i}\ue001"
-            holders[key] = content
-            masked.append({**msg, "content": key})
+            contents.append(content)
+            masked.append({**msg, "content": f"\ue000{nonce}:{i}\ue001"})
         rendered = self._render(masked, add_generation_prompt)
 
         ids: list[int] = []
         run: list[str] = []  # text waiting to be tokenized as one piece
-        split_re = re.compile("(" + "|".join(map(re.escape, holders)) + ")") if holders else None
-        pieces = split_re.split(rendered) if split_re else [rendered]
+        # One pattern for every placeholder (the message index captured), not an alternation
+        # of them all: linear in the rendered text, whatever the number of messages.
+        split_re = re.compile("\ue000" + nonce + ":([0-9]+)\ue001")
+        pieces = split_re.split(rendered)
         for k, piece in enumerate(pieces):
-            if k % 2 == 1:  # a placeholder: user content, never special
-                run.append(holders[piece])
+            if k % 2 == 1:  # a placeholder's index: user content, never special
+                run.append(contents[int(piece)])
                 continue
             pos = 0
             for m in self._special_re.finditer(piece) if self._special_re else ():
@@ -323,6 +393,11 @@ class Tokenizer:
             run.append(piece[pos:])
         ids += self._encode_plain("".join(run))
         return ids
+
+
+# Where the GPT-2 pre-tokenizer pattern (` ?\p{L}+`) must start a new piece: a space after a
+# non-space, before a letter.
+_WORD_START = re.compile(r"(?<=\S) (?=[^\W\d_])")
 
 
 def _raise_template_error(message: str) -> None:

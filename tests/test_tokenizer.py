@@ -128,3 +128,88 @@ def test_properties(tok: Tokenizer) -> None:
     assert tok.token_bytes(tok.eos_id) == b"<|im_end|>"
     # A byte-level token maps back to its raw byte, not to the printable stand-in.
     assert tok.token_bytes(tok.encode("\n")[0]) == b"\n"
+
+
+# ---- the cost of a request is linear in its bytes (issue 14, item 1) ----------------------
+
+def test_many_messages_encode_like_their_render(tok: Tokenizer) -> None:
+    """Thousands of messages: the placeholders are found by one pattern, and the ids are
+    still those of the rendered chat."""
+    msgs = [{"role": ("user", "assistant")[i % 2], "content": f"message {i}"}
+            for i in range(3000)]
+    assert tok.encode_chat(msgs) == tok.encode(tok.render_chat(msgs), parse_special=True)
+
+
+@pytest.mark.parametrize("text", ["", "a", "Hello, world! " * 50, "日本語 😀 " * 40,
+                                  " " * 300, "1234567890" * 30, "\n\n\t" * 100])
+def test_min_tokens_is_a_lower_bound(tok: Tokenizer, text: str) -> None:
+    assert tok.min_tokens(text) <= len(tok.encode(text))
+    for roles in (["user"], ["system", "user", "assistant", "user"], ["tool"]):
+        msgs = [{"role": r, "content": text} for r in roles]
+        assert tok.min_tokens(messages=msgs) <= len(tok.encode_chat(msgs))
+    assert tok.min_tokens(messages=[{"role": "user", "content": ""}] * 10) >= 10
+
+
+def test_a_megabyte_of_tiny_messages_is_refused_before_tokenization(tok: Tokenizer,
+                                                                    monkeypatch) -> None:
+    from zerolayer.gpu.errors import ContextOverflowError
+    from zerolayer.gpu.generate import encode_prompt
+
+    def never(*a, **k):
+        raise AssertionError("tokenized a request that could not fit")
+
+    monkeypatch.setattr(tok, "encode_chat", never)
+    monkeypatch.setattr(tok, "encode", never)
+    monkeypatch.setattr(tok, "_render", never)
+    msgs = [{"role": "user", "content": "x"}] * 200_000
+    with pytest.raises(ContextOverflowError, match="at least"):
+        encode_prompt(tok, 49152, messages=msgs, max_tokens=16, max_seq_len=2048)
+    with pytest.raises(ContextOverflowError, match="at least"):
+        encode_prompt(tok, 49152, prompt="word " * 200_000, max_tokens=16, max_seq_len=2048)
+
+
+TEXTS = ["The quick brown fox, 1234 times; don't stop!  Again and again.\n" * 300,
+         "naïve café — 日本語 and more words here " * 400]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_tokens_at_least_counts_exactly_in_chunks(tok: Tokenizer, text: str) -> None:
+    n = len(tok.encode(text))
+    assert tok.tokens_at_least(text, 10**9, chunk=512) == n
+    assert n > 1000 and 1000 < tok.tokens_at_least(text, 1000, chunk=512) < n
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_a_contents_interior_keeps_its_tokens_inside_a_chat(tok: Tokenizer, text: str) -> None:
+    inner = tok.interior(text)
+    assert inner and len(inner) > len(text) // 2
+    chat = tok.encode_chat([{"role": "user", "content": text}])
+    assert len(tok.encode(inner)) <= len(chat)
+    ids = tok.encode(inner)
+    # the interior's ids appear, in order and contiguous, inside the chat's
+    k = len(ids)
+    assert any(chat[i:i + k] == ids for i in range(len(chat) - k + 1))
+
+
+def test_a_long_text_is_refused_after_counting_only_what_it_takes(tok: Tokenizer) -> None:
+    from zerolayer.gpu.errors import ContextOverflowError
+    from zerolayer.gpu.generate import encode_prompt
+    calls = []
+    plain = tok._encode_plain
+    tok_enc = lambda text: (calls.append(len(text)), plain(text))[1]  # noqa: E731
+    text = "many words in a row " * 20000  # 400 KB, ~100k tokens
+    try:
+        tok._encode_plain = tok_enc
+        with pytest.raises(ContextOverflowError, match="at least"):
+            encode_prompt(tok, 49152, prompt=text, max_tokens=16, max_seq_len=2048)
+        assert sum(calls) < 64 * 1024  # a few chunks, not the 400 KB
+        calls.clear()
+        with pytest.raises(ContextOverflowError, match="at least"):
+            encode_prompt(tok, 49152, messages=[{"role": "user", "content": text}],
+                          max_tokens=16, max_seq_len=2048)
+        assert sum(calls) < 64 * 1024
+    finally:
+        del tok._encode_plain
+    ok = encode_prompt(tok, 49152, messages=[{"role": "user", "content": "hello " * 900}],
+                       max_tokens=16, max_seq_len=2048)
+    assert len(ok) == len(tok.encode_chat([{"role": "user", "content": "hello " * 900}]))

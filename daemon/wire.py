@@ -39,7 +39,7 @@ import numpy as np
 from zerolayer.gpu.sampling_params import (MAX_STOP, MAX_STOP_BYTES, MAX_TEMPERATURE,  # noqa: F401
                                            InvalidSamplingParams, SamplingParams)
 
-from .errors import ErrorCode, InvalidSignatureError, MalformedError
+from .errors import ErrorCode, InvalidSignatureError, MalformedError, PayloadTooLargeError
 
 # --- constants (docs/PROTOCOL.md §2) -------------------------------------------------------
 
@@ -54,6 +54,8 @@ DIGEST_LEN = 32                # SHA-256 of the whole INVOKE body
 # leaves room for a VLAN tag or a tunnel header; one datagram = one AF_XDP frame later.
 MAX_DATAGRAM = 1400
 MAX_MESSAGE_BYTES = 1 << 20    # an INVOKE body (params + stops + payload) is at most 1 MiB
+MAX_CHAT_MESSAGES = 4096       # messages in one chat; more: PAYLOAD_TOO_LARGE (each costs a
+                               # template render and >= 2 control tokens: no context holds more)
 NO_SEQ = 0xFFFFFFFF            # ERROR outside a stream; RESEND from NO_SEQ = keepalive only
 UNSIGNED = 0x0001              # flags bit: response carries a zero tag (see ERROR frames)
 
@@ -354,9 +356,12 @@ def _common(msg_type: MsgType, body_len: int, key_id: int, request_id: bytes,
 # --- INVOKE body -----------------------------------------------------------------------------
 
 _ROLE_BY_NAME = {r.name.lower(): r for r in Role}
+_ROLE_NAME = {r.value: r.name.lower() for r in Role}
 
 
 def encode_chat(messages: "list[ChatMessage] | tuple[ChatMessage, ...]") -> bytes:
+    if len(messages) > MAX_CHAT_MESSAGES:
+        raise PayloadTooLargeError(f"{len(messages)} chat messages; at most {MAX_CHAT_MESSAGES}")
     out = bytearray()
     for m in messages:
         role = _ROLE_BY_NAME.get(m.role)
@@ -447,17 +452,19 @@ def decode_invoke_body(body: bytes) -> InvokeBody:
 def _decode_chat(payload: bytes) -> tuple[ChatMessage, ...]:
     msgs: list[ChatMessage] = []
     off = 0
-    while off < len(payload):
-        if off + CHAT_MSG_HDR.size > len(payload):
+    end = len(payload)
+    while off < end:
+        if len(msgs) == MAX_CHAT_MESSAGES:  # checked as it goes: the cost stays bounded
+            raise PayloadTooLargeError(f"more than {MAX_CHAT_MESSAGES} chat messages")
+        if off + CHAT_MSG_HDR.size > end:
             raise MalformedError("truncated chat message header")
         role, n = CHAT_MSG_HDR.unpack_from(payload, off)
         off += CHAT_MSG_HDR.size
-        if off + n > len(payload):
+        if off + n > end:
             raise MalformedError("chat message runs past the payload")
-        try:
-            rname = Role(role).name.lower()
-        except ValueError:
-            raise MalformedError(f"unknown chat role {role}") from None
+        rname = _ROLE_NAME.get(role)
+        if rname is None:
+            raise MalformedError(f"unknown chat role {role}")
         msgs.append(ChatMessage(rname, _utf8(payload[off:off + n], "chat message")))
         off += n
     if not msgs:

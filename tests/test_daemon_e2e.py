@@ -14,6 +14,7 @@ import pytest
 from daemon_proc import DaemonProc
 from zerolayer.daemon import wire
 from zerolayer.daemon.client import Client
+from zerolayer.daemon.errors import ErrorCode
 from zerolayer.daemon.errors import (ContextOverflowError, InvalidSignatureError,
                                      UnknownKeyError)
 from zerolayer.daemon.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
@@ -180,6 +181,36 @@ def test_errors_reach_the_client_as_typed_exceptions(daemon):
     with pytest.raises(ContextOverflowError):
         client(daemon).invoke("word " * 2500, max_tokens=8)  # over-long *text* prompt
     assert daemon.metric("zerolayer_request_errors_total", 'code="CONTEXT_OVERFLOW"') >= 1
+
+
+def test_a_megabyte_of_tiny_chat_messages_is_refused_and_nothing_stalls(daemon):
+    """The most messages a chat may have, each one character, then a megabyte of them
+    crafted by hand (issue 14: 200,000 froze the old daemon for over a minute): the first is
+    CONTEXT_OVERFLOW, the second PAYLOAD_TOO_LARGE, and PINGs sent meanwhile are answered."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        payload = (wire.CHAT_MSG_HDR.pack(2, 1) + b"x") * 150_000  # ~1 MiB, by hand
+        body = wire.encode_invoke_body(SamplingParams(max_tokens=8), PayloadKind.CHAT, payload)
+        assert len(body) <= wire.MAX_MESSAGE_BYTES
+        _raw_invoke(daemon, sock, secrets.token_bytes(16), body)
+        f = _frames(sock, daemon.secret, lambda f: True, timeout=60)
+    assert f and isinstance(f[0], wire.ErrorFrame) and f[0].code == ErrorCode.PAYLOAD_TOO_LARGE
+    msgs = [ChatMessage("user", "x")] * wire.MAX_CHAT_MESSAGES
+    err: list[BaseException] = []
+
+    def go():
+        try:
+            client(daemon, timeout=120).invoke(messages=msgs, max_tokens=8)
+        except BaseException as e:  # noqa: BLE001
+            err.append(e)
+
+    t = threading.Thread(target=go)
+    t.start()
+    c = client(daemon, timeout=30)
+    while t.is_alive():
+        assert c.ping() > 0
+    t.join()
+    assert len(err) == 1 and isinstance(err[0], ContextOverflowError), err
+    assert "at least" in str(err[0])
 
 
 def test_silent_client_loses_its_lease(daemon):

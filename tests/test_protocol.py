@@ -378,3 +378,14 @@ def test_protocol_doc_lists_every_code_and_type() -> None:
         assert f"| {code.value} | `{code.name}`" in doc, code
     for mt in MsgType:
         assert f"`{mt.name}`" in doc and f"0x{mt.value:02X}" in doc, mt
+
+
+def test_a_chat_has_at_most_max_chat_messages():
+    from zerolayer.daemon.errors import PayloadTooLargeError
+    ok = [wire.ChatMessage("user", "x")] * wire.MAX_CHAT_MESSAGES
+    assert len(wire._decode_chat(wire.encode_chat(ok))) == wire.MAX_CHAT_MESSAGES
+    with pytest.raises(PayloadTooLargeError):
+        wire.encode_chat(ok + [wire.ChatMessage("user", "x")])
+    raw = (wire.CHAT_MSG_HDR.pack(2, 1) + b"x") * (wire.MAX_CHAT_MESSAGES + 1)
+    with pytest.raises(PayloadTooLargeError):
+        wire._decode_chat(raw)

@@ -104,6 +104,10 @@ class Ingress:
         # of a request already running or finished is not new work, so draining lets it
         # through to attach or replay instead of failing a request that is being served.
         self.is_known: Callable[[tuple[int, bytes]], bool] = lambda key: False
+        # The key a request still running was admitted under, by (key id, request id): a
+        # rotation that removes the key must not cut that request's RESEND, keepalives and
+        # CANCEL (docs/PROTOCOL.md §6.1). New INVOKEs under a removed key are refused.
+        self.admitted_mac: Callable[[tuple[int, bytes]], Mac | None] = lambda key: None
         self._wall = wall_clock
         self._mono = monotonic
         # One counter per error code (the brief's promise 3), plus the outcomes.
@@ -136,6 +140,8 @@ class Ingress:
         try:
             req = parse_request(dg)
             secret = self.keys.mac(req.key_id)
+            if secret is None and isinstance(req, ControlMessage):
+                secret = self.admitted_mac((req.key_id, req.request_id))
             if secret is None:
                 raise UnknownKeyError(f"unknown key id {req.key_id}",
                                       request_id=req.request_id, key_id=req.key_id)

@@ -82,6 +82,8 @@ class Daemon:
         self.cache = ResultCache(ttl_s=c.cache.ttl_s, max_entries=c.cache.max_entries,
                                  max_bytes=c.cache.max_bytes)
         self.ingress.is_known = lambda key: self.cache.get(key) is not None
+        self.ingress.admitted_mac = lambda key: (r.signer.mac if (r := self.live.get(key))
+                                                 is not None else None)
         self.admissions: Handoff[Request] = Handoff(c.engine.queue_depth, "admissions")
         self.events: Handoff[EngineEvent] = Handoff(EVENTS_CAPACITY, "events")
         self._start_engine(engine_cpus)  # loads the model: a bad one fails the start here

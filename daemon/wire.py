@@ -720,6 +720,12 @@ class ResponseSigner:
     def __repr__(self) -> str:  # never print the secret
         return f"ResponseSigner(key_id={self.key_id}, request_id={self.request_id.hex()})"
 
+    @property
+    def mac(self) -> Mac:
+        """The key this request was admitted under (verifies its later control messages
+        after a rotation removed the key)."""
+        return self._secret
+
     def token(self, seq: int, run_id: int, text: str | bytes, n_tokens: int) -> bytes:
         return encode_token(self._secret, self.key_id, self.request_id, seq, run_id, text,
                             n_tokens)

@@ -8,6 +8,7 @@ request with INTERNAL and the daemon exits non-zero.
 from __future__ import annotations
 
 import secrets
+import signal
 import socket
 import threading
 import time
@@ -18,7 +19,8 @@ import pytest
 from daemon_proc import DaemonProc
 from zerolayer.daemon import wire
 from zerolayer.daemon.client import Client
-from zerolayer.daemon.errors import ErrorCode, InternalServerError, OverloadedError
+from zerolayer.daemon.errors import (ErrorCode, InternalServerError, OverloadedError,
+                                     UnknownKeyError)
 
 COUNT = "Count from one to one thousand: one, two, three,"
 
@@ -113,6 +115,37 @@ def test_a_request_is_acknowledged_while_a_step_runs_then_served(held_daemon):
     assert not t.is_alive()
     assert late.result.finish_reason in ("stop", "length") and late.result.text == "".join(got)
     assert late.result.attempts == 1  # the ACK came at once: no re-send was needed
+    _wait_idle(d)
+
+
+def test_a_removed_key_still_serves_the_requests_admitted_under_it(held_daemon):
+    """Key rotation (PROTOCOL §6.1): key 8 is removed while its stream runs; that stream's
+    control messages (RESEND, keepalive, CANCEL) still verify, new work under key 8 does not."""
+    d, hooks = held_daemon
+    secret8 = secrets.token_bytes(32)
+    original = d.keys_file.read_text()
+    ok0 = d.metric("zerolayer_key_reloads_total", 'result="ok"')
+    d.keys_file.write_text(original + f"8 {secret8.hex()}\n")
+    d.signal(signal.SIGHUP)
+    d.wait_for(lambda: d.metric("zerolayer_key_reloads_total", 'result="ok"') > ok0,
+               what="key 8 added")
+    c8 = Client(d.addr, 8, secret8, timeout=30)
+    s = c8.stream(COUNT, max_tokens=300)
+    it = iter(s)
+    next(it)
+    hooks.hold(d)
+    try:
+        d.keys_file.write_text(original)  # key 8 removed
+        d.signal(signal.SIGHUP)
+        d.wait_for(lambda: d.metric("zerolayer_key_reloads_total", 'result="ok"') > ok0 + 1,
+                   what="key 8 removed")
+        with pytest.raises(UnknownKeyError):
+            c8.invoke("Say hi.", max_tokens=2)
+        s._send_control(wire.MsgType.RESEND, 0)  # its frames again, verified with key 8
+        r = s.cancel()
+        assert r is not None and r.finish_reason == "cancelled"
+    finally:
+        hooks.release()
     _wait_idle(d)
 
 

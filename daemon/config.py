@@ -84,6 +84,7 @@ class CpuSection:
 @dataclass
 class LifecycleSection:
     drain_timeout_s: float = 30.0  # SIGTERM: finish in-flight requests for at most this long
+    drain_linger_s: float = 2.0    # after the last in-flight request ends: keep answering RESEND and keepalives from the result cache this long before exiting
     warmup: bool = True
 
 

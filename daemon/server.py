@@ -65,6 +65,7 @@ class Daemon:
         self.out: list[tuple[bytes, tuple]] = []
         self.live: dict[tuple[int, bytes], Request] = {}   # admitted, last frame not yet sent
         self._stop_at: float | None = None
+        self._idle_since: float | None = None   # draining with nothing in flight, since
         self._reload = False
         self._draining = False
         self.exit_code = 0
@@ -237,7 +238,7 @@ class Daemon:
                 next_house = now + HOUSEKEEPING_S
             if self.exit_code:
                 break
-            if self._draining and (not self.live or now >= self._stop_at):
+            if self._draining and self._drained(now):
                 break
             if not busy:
                 select.select(wait_fds, [], [], max(0.0, next_house - now))
@@ -292,6 +293,23 @@ class Daemon:
             self.ingress.draining = True
             self._stop_at = time.monotonic() + self.cfg.lifecycle.drain_timeout_s
             log(f"draining: {len(self.live)} requests in flight")
+        elif self._idle_since is not None:  # a second signal while lingering: exit now
+            self._stop_at = time.monotonic()
+
+    def _drained(self, now: float) -> bool:
+        """Draining ends at the drain timeout, or `drain_linger_s` after the last request in
+        flight ended: until then a client that lost the tail of its stream (or was attached
+        as a duplicate) still gets RESEND and keepalive answers from the result cache."""
+        if now >= self._stop_at:
+            return True
+        if self.live:
+            self._idle_since = None
+            return False
+        if self._idle_since is None:
+            self._idle_since = now
+            if self.cfg.lifecycle.drain_linger_s > 0:
+                log(f"drained; answering RESEND for {self.cfg.lifecycle.drain_linger_s:g} s")
+        return now >= self._idle_since + self.cfg.lifecycle.drain_linger_s
 
     def _shutdown(self) -> None:
         for r in list(self.live.values()):

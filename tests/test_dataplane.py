@@ -195,7 +195,8 @@ def test_sigterm_drains_in_flight_then_exits_zero(tmp_path):
     completes once the step goes on, and the daemon exits 0."""
     from zerolayer.daemon.errors import DrainingError
     hooks = Hooks(tmp_path / "hooks")
-    d = DaemonProc(tmp_path, env={"ZEROLAYER_TEST_HOOKS": str(hooks.dir)})
+    d = DaemonProc(tmp_path, "--lifecycle-drain-linger-s", "600",
+                   env={"ZEROLAYER_TEST_HOOKS": str(hooks.dir)})
     try:
         s = client(d).stream("Count from one to ten: one, two,", max_tokens=12)
         it = iter(s)
@@ -209,6 +210,19 @@ def test_sigterm_drains_in_flight_then_exits_zero(tmp_path):
         hooks.release()
         rest = "".join(it)  # the in-flight request completes
         assert s.result.finish_reason in ("length", "stop") and (first + rest) == s.result.text
+        # lingering: a client that lost the tail still gets it with RESEND
+        d.wait_for(lambda: any("drained" in line for line in d.log), what="linger")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.sendto(wire.encode_control(wire.MsgType.RESEND, d.key_id, d.secret,
+                                            s.request_id, time.time_ns() // 1000,
+                                            secrets.token_bytes(32), 0), d.addr)
+            sock.settimeout(30)
+            frames = [wire.decode_response(sock.recv(2048), d.secret)]
+            while not isinstance(frames[-1], wire.DoneFrame):
+                frames.append(wire.decode_response(sock.recv(2048), d.secret))
+        assert "".join(f.text for f in frames if isinstance(f, wire.TokenFrame)) == s.result.text
+        assert d.proc.poll() is None
+        d.signal()  # a second SIGTERM ends the linger
         assert d.wait(60) == 0
     finally:
         hooks.release()

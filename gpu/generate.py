@@ -51,8 +51,10 @@ def encode_prompt(tokenizer: Tokenizer, vocab: int, prompt: str | None = None,
     if sum(x is not None for x in (prompt, messages, token_ids)) != 1:
         raise ValueError("give exactly one of prompt, messages, token_ids")
     if max_seq_len is not None and token_ids is None:
-        _refuse_what_cannot_fit(tokenizer, prompt, messages, max_seq_len - (max_tokens or 0),
-                                max_seq_len)
+        ids = _refuse_what_cannot_fit(tokenizer, prompt, messages,
+                                      max_seq_len - (max_tokens or 0), max_seq_len)
+        if ids is not None:  # a long prompt, already tokenized while it was bounded
+            return np.asarray(ids, np.int32)
     if messages is not None:
         ids = np.asarray(tokenizer.encode_chat(messages), np.int64)
     elif prompt is not None:
@@ -67,37 +69,38 @@ def encode_prompt(tokenizer: Tokenizer, vocab: int, prompt: str | None = None,
 
 
 def _refuse_what_cannot_fit(tokenizer: Tokenizer, prompt: str | None,
-                            messages: list[dict] | None, room: int, max_seq_len: int) -> None:
+                            messages: list[dict] | None, room: int,
+                            max_seq_len: int) -> list[int] | None:
     """ContextOverflowError when the prompt is sure to need more than `room` tokens, decided
-    at a cost bounded by the room, not by the request's size: first a bound from the bytes
-    and the message count, then the tokens of the long texts, counted only until they pass
-    the room. Every count is a lower bound, so nothing that fits is ever refused."""
+    at a cost bounded by the room, not by the request's size: first a bound from the length
+    and the message count, then the tokens of the long texts, tokenized only until they pass
+    the room. Every count is a lower bound, so nothing that fits is ever refused. Returns the
+    ids of a long plain prompt that fits (tokenized on the way), else None."""
     from .errors import ContextOverflowError
-    extra = max_seq_len - room
 
     def refuse(n: int):
-        raise ContextOverflowError(n + extra, max_seq_len, at_least=True)
+        raise ContextOverflowError(n + max_seq_len - room, max_seq_len, at_least=True)
 
     bound = tokenizer.min_tokens(prompt, messages)
     if bound > room:
         refuse(bound)
     if prompt is not None:
-        if len(prompt) > LONG_TEXT:
-            n = tokenizer.tokens_at_least(prompt, room)
-            if n > room:
-                refuse(n)
-        return
-    # A chat: each message's control tokens, plus the tokens of each long content's
-    # interior (from its first word start to its last), which no template glue can touch.
-    n = tokenizer.min_tokens(messages=[{"role": m.get("role"), "content": ""}
-                                       for m in messages or ()])
+        if len(prompt) <= LONG_TEXT:
+            return None
+        ids = tokenizer.encode_until(prompt, room)
+        if len(ids) > room:
+            refuse(len(ids))
+        return ids if ids else None
+    # A chat: its control tokens, plus the tokens of each long content's interior (from its
+    # first word start to its last), which no template glue can touch.
+    n = tokenizer.control_tokens(messages or ())
     for m in messages or ():
         c = m.get("content")
         if isinstance(c, str) and len(c) > LONG_TEXT:
-            inner = tokenizer.interior(c)
-            n += tokenizer.tokens_at_least(inner, room - n) if inner else 0
+            n += len(tokenizer.encode_until(tokenizer.interior(c), room - n))
             if n > room:
                 refuse(n)
+    return None
 
 
 LONG_TEXT = 4096  # characters; shorter texts are cheaper to tokenize whole than to bound

@@ -273,35 +273,37 @@ class Tokenizer:
     def min_tokens(self, prompt: str | None = None,
                    messages: Sequence[dict[str, Any]] | None = None) -> int:
         """A lower bound on len(encode(prompt)) or len(encode_chat(messages)), in time linear
-        in the text's size and far below tokenizing it: every token is at most
-        `max_token_bytes` bytes, and each message adds its role's control tokens."""
+        in the number of messages (no pass over the text): every token is at most
+        `max_token_bytes` bytes, a character at least one byte, and each message adds its
+        role's control tokens."""
         if messages is None:
-            return -(-len((prompt or "").encode("utf-8")) // self.max_token_bytes)
-        per = self._specials_per_message
-        n_chars = specials = 0  # characters: no more than bytes, and no encoding pass
-        for msg in messages:
-            content = msg.get("content", "")
-            role = msg.get("role", "")
-            n_chars += len(content) if isinstance(content, str) else 0
-            specials += per.get(role, 0) if isinstance(role, str) else 0
-        return specials + -(-n_chars // self.max_token_bytes)
+            return -(-len(prompt or "") // self.max_token_bytes)
+        n_chars = sum(len(c) for m in messages if isinstance(c := m.get("content", ""), str))
+        return self.control_tokens(messages) + -(-n_chars // self.max_token_bytes)
 
-    def tokens_at_least(self, text: str, limit: int, chunk: int = 4096) -> int:
-        """len(encode(text)) when that is at most `limit`; otherwise some count above `limit`,
-        found by tokenizing only as much of the text as it takes to pass it. The text is cut
-        only where the pre-tokenizer starts a word (a space after a non-space, before a
-        letter) and BPE never merges across that, so the chunks' counts add up exactly."""
-        n, pos, end_all = 0, 0, len(text)
+    def control_tokens(self, messages: Sequence[dict[str, Any]]) -> int:
+        """The control tokens the template adds for these messages, at least."""
+        per = self._specials_per_message
+        return sum(per.get(r, 0) for m in messages if isinstance(r := m.get("role", ""), str))
+
+    def encode_until(self, text: str, limit: int, chunk: int = 4096) -> list[int]:
+        """encode(text) when it is at most `limit` tokens; otherwise its first tokens, more
+        than `limit` of them, found by tokenizing only as much of the text as it takes. The
+        text is cut only where the pre-tokenizer starts a word (a space after a non-space,
+        before a letter) and BPE never merges across that, so the chunks' ids are exactly
+        those of the whole."""
+        ids: list[int] = []
+        pos, end_all = 0, len(text)
         while pos < end_all:
             end = end_all
             if pos + chunk < end_all:
                 m = _WORD_START.search(text, pos + chunk, pos + 2 * chunk)
                 end = m.start() if m else end_all
-            n += len(self._encode_plain(text[pos:end]))
-            if n > limit:
-                return n
+            ids += self._encode_plain(text[pos:end])
+            if len(ids) > limit:
+                break
             pos = end
-        return n
+        return ids
 
     @staticmethod
     def interior(text: str, window: int = 4096) -> str:

@@ -173,10 +173,11 @@ TEXTS = ["The quick brown fox, 1234 times; don't stop!  Again and again.\n" * 30
 
 
 @pytest.mark.parametrize("text", TEXTS)
-def test_tokens_at_least_counts_exactly_in_chunks(tok: Tokenizer, text: str) -> None:
-    n = len(tok.encode(text))
-    assert tok.tokens_at_least(text, 10**9, chunk=512) == n
-    assert n > 1000 and 1000 < tok.tokens_at_least(text, 1000, chunk=512) < n
+def test_encode_until_is_exact_in_chunks(tok: Tokenizer, text: str) -> None:
+    ids = tok.encode(text)
+    assert tok.encode_until(text, 10**9, chunk=512) == ids
+    head = tok.encode_until(text, 1000, chunk=512)
+    assert len(ids) > 1000 and 1000 < len(head) < len(ids) and head == ids[:len(head)]
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -213,3 +214,6 @@ def test_a_long_text_is_refused_after_counting_only_what_it_takes(tok: Tokenizer
     ok = encode_prompt(tok, 49152, messages=[{"role": "user", "content": "hello " * 900}],
                        max_tokens=16, max_seq_len=2048)
     assert len(ok) == len(tok.encode_chat([{"role": "user", "content": "hello " * 900}]))
+    long_prompt = "hello there " * 500  # tokenized once, in chunks, while it is bounded
+    assert encode_prompt(tok, 49152, prompt=long_prompt, max_tokens=16,
+                         max_seq_len=2048).tolist() == tok.encode(long_prompt)

@@ -135,3 +135,68 @@ def test_one_key_cannot_take_the_whole_budget():
     assert r.stats["refused_key_share"] == 1 and r.reserved_bytes == 4000
     assert r.add((1, b"a", b"n1"), 1, 2, 2000, 1000, b"x" * 1000) is not None
     r.add((1, b"b", b"n2"), 0, 2, 1000, 500, b"x" * 500)  # key 1's share is free again
+
+
+def _start(r: Reassembler, key_id: int, n: int, total: int = 600) -> None:
+    """The first of two fragments of message n of key `key_id`: a slot held open."""
+    r.add((key_id, b"r%d" % n, b"n%d" % n), 0, 2, total, 300, bytes(300))
+
+
+def test_a_flooding_key_cannot_get_another_key_refused():
+    """The attack of issue 14 §2: one key fills every slot with tiny two-fragment starts.
+    It gets half the slots; the other half stays open, and another key's requests all
+    complete while the flood goes on."""
+    r = Reassembler(max_messages=64, clock=Clock())
+    assert r.per_key_messages == 32
+    refused = 0
+    for n in range(200):                      # far more starts than there are slots
+        try:
+            _start(r, 1, n)
+        except OverloadedError:
+            refused += 1
+    assert len(r) == 32 and refused == 200 - 32
+    assert r.stats["refused_key_share"] == refused
+    for n in range(200):                      # key 2: 200 multi-fragment requests, none refused
+        key = (2, b"q%d" % n, b"m%d" % n)
+        assert r.add(key, 0, 2, 600, 300, bytes(300)) is None
+        assert r.add(key, 1, 2, 600, 300, bytes(300)) is not None
+        with pytest.raises(OverloadedError):  # while the flood keeps going
+            _start(r, 1, 1000 + n)
+    assert r.stats["completed"] == 200
+
+
+def test_full_slots_evict_the_heaviest_keys_oldest_message_for_a_lighter_key():
+    """Two flooding keys together fill every slot: a key holding less than the heaviest
+    still gets in, at the cost of the heaviest key's oldest start; never the reverse."""
+    r = Reassembler(max_messages=8, clock=Clock())
+    for n in range(4):
+        _start(r, 1, n)                       # key 1: its share, 4 slots
+    for n in range(4):
+        _start(r, 3, 10 + n)                  # key 3: the other 4; all slots taken
+    with pytest.raises(OverloadedError):      # key 1 may not take key 3's (its share is full)
+        _start(r, 1, 4)
+    _start(r, 2, 20)                          # key 2 holds none: key 1's oldest goes
+    assert (1, b"r0", b"n0") not in r and r.stats["evicted"] == 1 and len(r) == 8
+    _start(r, 2, 21)                          # now key 3 holds most: its oldest goes
+    assert (3, b"r10", b"n10") not in r and r.stats["evicted"] == 2
+    with pytest.raises(OverloadedError, match="budget full"):
+        _start(r, 2, 22)                      # 3 would hold as much as the others: refused
+    assert r.stats["evicted"] == 2 and len(r) == 8
+    assert {k: len(m) for k, m in r._key_msgs.items()} == {1: 3, 3: 3, 2: 2}
+
+
+def test_full_bytes_evict_for_a_lighter_key_and_never_evict_in_vain():
+    r = Reassembler(budget_bytes=6000, max_messages=100, clock=Clock())
+    assert r.per_key_bytes == 3000
+    for n in range(3):
+        _start(r, 1, n, total=1000)           # key 1: 3000 bytes, its share
+    for n in range(3):
+        _start(r, 3, 10 + n, total=1000)      # key 3: 3000; the budget is full
+    # key 2 asks for 2500: after two evictions the others would hold 2000 each, less than
+    # 2500, so it is refused, and nothing is evicted for it
+    with pytest.raises(OverloadedError, match="budget full"):
+        r.add((2, b"big", b"n"), 0, 3, 2500, 1000, bytes(1000))
+    assert r.stats["evicted"] == 0 and r.reserved_bytes == 6000
+    r.add((2, b"mid", b"n"), 0, 2, 2000, 1000, bytes(1000))   # 2000 fits after two evictions
+    assert r.stats["evicted"] == 2 and r.stats["evicted_bytes"] == 600
+    assert r.reserved_bytes == 6000 and r._key_bytes == {1: 2000, 3: 2000, 2: 2000}

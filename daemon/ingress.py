@@ -113,7 +113,8 @@ class Ingress:
         # One counter per error code (the brief's promise 3), plus the outcomes.
         self.errors: dict[ErrorCode, int] = {c: 0 for c in ErrorCode}
         self.stats = {"datagrams": 0, "invokes": 0, "controls": 0, "fragments_buffered": 0,
-                      "replies_suppressed": 0, "internal_bugs": 0}
+                      "replies_suppressed": 0, "internal_bugs": 0,
+                      "rejected_bytes": 0, "reply_bytes": 0}
 
     def feed(self, datagram: bytes) -> IngressResult:
         """Process one datagram. Never raises: a bug on a hostile input must not take the
@@ -197,17 +198,19 @@ class Ingress:
         self.errors[code] += 1
         reply: bytes | None = None
         if request_id is not None and _request_shaped(dg):
-            if secret is not None:
-                reply = encode_error(secret, key_id or 0, request_id, code, e.message)
-            else:
-                # Unauthenticated sender: whatever we send may be aimed at a spoofed victim,
-                # so never more bytes than came in (no amplification).
-                reply = encode_error(None, key_id or 0, request_id, code, e.message,
-                                     max_len=len(dg))
-                if len(reply) > len(dg):
-                    reply = None
+            # Never more bytes than came in, signed or not (docs/PROTOCOL.md §7): the sender
+            # may be spoofed (unsigned case), and a captured datagram replayed forever must
+            # not buy more bytes back than it costs (a replay is refused with a signed
+            # EXPIRED_NONCE or INVALID_TIMESTAMP). The message text is cut to fit; a
+            # datagram too short for an empty ERROR gets no answer.
+            reply = encode_error(secret, key_id or 0, request_id, code, e.message,
+                                 max_len=len(dg))
+            if len(reply) > len(dg):
+                reply = None
         if reply is None:
             self.stats["replies_suppressed"] += 1
+        self.stats["rejected_bytes"] += len(dg)
+        self.stats["reply_bytes"] += len(reply or b"")
         return Rejected(code, e.message, key_id, request_id, secret is not None, reply)
 
 

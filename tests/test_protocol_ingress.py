@@ -222,6 +222,26 @@ def test_replayed_nonce_is_expired_nonce(clocks: tuple[Clock, Clock]) -> None:
     _rejected(ing.feed(ctl), ErrorCode.EXPIRED_NONCE)
 
 
+def test_a_replayed_ping_never_gets_more_bytes_back_than_it_sent(
+        clocks: tuple[Clock, Clock]) -> None:
+    """Issue 14 §7: a captured PING replayed forever. Each replay is refused with a signed
+    ERROR (EXPIRED_NONCE while the nonce is remembered, INVALID_TIMESTAMP after), never
+    larger than the 112-byte datagram, and the bytes in and out are counted."""
+    wall, _ = clocks
+    ing = _ingress(clocks)
+    ping = _control(MsgType.PING)
+    assert len(ping) == 112 and isinstance(ing.feed(ping), ControlRequest)
+    for dt, code in ((1, ErrorCode.EXPIRED_NONCE), (400, ErrorCode.INVALID_TIMESTAMP),
+                     (86400, ErrorCode.INVALID_TIMESTAMP)):
+        wall.t = NOW + dt
+        for _ in range(3):
+            r = _rejected(ing.feed(ping), code)
+            _signed_reply(r, code)
+            assert r.reply is not None and len(r.reply) <= len(ping)
+    assert ing.stats["rejected_bytes"] == 9 * 112
+    assert 0 < ing.stats["reply_bytes"] <= ing.stats["rejected_bytes"]
+
+
 @pytest.mark.parametrize("offset", [-301.0, 301.0, -86400.0])
 def test_stale_or_future_timestamp(clocks: tuple[Clock, Clock], offset: float) -> None:
     ing = _ingress(clocks)

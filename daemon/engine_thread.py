@@ -59,6 +59,9 @@ class EngineThread(threading.Thread):
         self.log = log
         self.ready = threading.Event()
         self.events_full_waits = 0
+        self.taken_bytes = 0        # body bytes taken off the admissions queue
+        self.held_requests = 0
+        self.held_tokens = 0
         self._stopping = False
         self._out: list[EngineEvent] = []
         # what the I/O thread reads for metrics: one tuple, replaced whole (atomic)
@@ -104,6 +107,7 @@ class EngineThread(threading.Thread):
                 self.admissions.wait(IDLE_WAIT_S)
 
     def _admit(self, req: Request) -> None:
+        self.taken_bytes += req.body_bytes  # written by this thread only (memory_bounds.py)
         if req.cancel is not None:
             return  # cancelled (and answered) before it got here
         t0 = time.monotonic()
@@ -116,6 +120,7 @@ class EngineThread(threading.Thread):
                                            max_tokens=req.params.max_tokens,
                                            max_seq_len=self.engine.model.max_seq_len)
             req.tokenize_us = int((time.monotonic() - t0) * 1e6)
+            req.body = None  # the ids are all the engine needs: don't hold up to 3 MiB per request
             self.engine.submit(req)
         except ZerolayerError as ex:
             self._out.append(FailedEvent(req, ex.code or ErrorCode.INTERNAL, str(ex)))
@@ -143,4 +148,9 @@ class EngineThread(threading.Thread):
         e = self.engine
         a = e.model.arena
         self.stats = (len(e.running), len(e.waiting), a.n_blocks - a.free_blocks - e.prefix.blocks)
+        # what the requests in the engine hold (memory_bounds.py): O(requests), ~20 µs at
+        # the default 272
+        self.held_requests = len(e.running) + len(e.waiting)
+        self.held_tokens = sum(len(r.prompt_ids) + len(r.tokens)
+                               for q in (e.running, e.waiting) for r in q)
 

@@ -7,7 +7,8 @@ decode step on a GPU) live well below the 5 ms where default buckets begin.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
+                               start_http_server)
 
 from zerolayer.gpu import __version__
 
@@ -75,6 +76,26 @@ class Metrics:
                                         "reload)", registry=r)
         for result in ("ok", "failed"):
             self.key_reloads.labels(result)
+        # Refused datagrams and what they were answered with: a reply is never larger than
+        # the datagram it answers (docs/PROTOCOL.md §6.5), so replies <= rejected, always.
+        self.rejected_bytes = Counter("zerolayer_ingress_rejected_bytes",
+                                      "Bytes of datagrams refused at ingress", registry=r)
+        self.reply_bytes = Counter("zerolayer_ingress_rejection_reply_bytes",
+                                   "Bytes of ERROR replies to refused datagrams", registry=r)
+        self.replies_suppressed = Counter("zerolayer_ingress_replies_suppressed",
+                                          "Refused datagrams left unanswered (not request-"
+                                          "shaped, or too short for an ERROR)", registry=r)
+        self.reassembly = Counter("zerolayer_reassembly_events",
+                                  "Multi-fragment INVOKE reassembly, by event", ["event"],
+                                  registry=r)
+        self.memory = Gauge("zerolayer_memory_bytes",
+                            "Bytes held by each bounded buffer (estimate)", ["buffer"],
+                            registry=r)
+        self.memory_limit = Gauge("zerolayer_memory_limit_bytes",
+                                  "The most each buffer can hold, from the configuration",
+                                  ["buffer"], registry=r)
+        ProcessCollector(registry=r)  # process_resident_memory_bytes & co.
+        self._ingress_last: dict = {}
         self._handoff_last: dict = {}
         self._xdp_last: dict = {}
         for code in ErrorCode:  # every code is visible at 0 before its first occurrence
@@ -86,11 +107,22 @@ class Metrics:
 
     def update_handoff(self, queue: str, total: int) -> None:
         """Copy a hand-off's own count of full queues into the counter (as an increment)."""
-        d = total - self._handoff_last.get(queue, 0)
-        c = self.handoff_full.labels(queue)
-        if d > 0:
-            c.inc(d)
-        self._handoff_last[queue] = total
+        _advance(self.handoff_full.labels(queue), self._handoff_last, queue, total)
+
+    def update_ingress(self, ingress) -> None:
+        """Copy ingress's and reassembly's own counts (plain ints on the hot path) into
+        Prometheus, from the loop's housekeeping."""
+        last, st = self._ingress_last, ingress.stats
+        _advance(self.rejected_bytes, last, "rejected", st["rejected_bytes"])
+        _advance(self.reply_bytes, last, "reply", st["reply_bytes"])
+        _advance(self.replies_suppressed, last, "suppressed", st["replies_suppressed"])
+        for event, n in ingress.reassembler.stats.items():
+            _advance(self.reassembly.labels(event), last, ("reassembly", event), n)
+
+    def update_memory(self, buffers: dict[str, tuple[int, int]]) -> None:
+        for name, (used, limit) in buffers.items():
+            self.memory.labels(name).set(used)
+            self.memory_limit.labels(name).set(limit)
 
     def update_xdp(self, io) -> None:
         """Copy the kernel's counters (the program's per-CPU array, XDP_STATISTICS) into
@@ -99,20 +131,21 @@ class Metrics:
         from .xdp_io import REASON_ACTION
         last = self._xdp_last
         for reason, n in io.packet_counts().items():
-            d = n - last.get(reason, 0)
-            c = self.xdp_packets.labels(REASON_ACTION[reason], reason)  # visible at 0 too
-            if d > 0:
-                c.inc(d)
-            last[reason] = n
+            _advance(self.xdp_packets.labels(REASON_ACTION[reason], reason), last, reason, n)
         st = io.xsk_stats()
-        for name, n in (("rx", st.rx_dropped + st.rx_ring_full), ("tx", io.tx_no_frame)):
-            d = n - last.get(name, 0)
-            if d > 0:
-                (self.xsk_rx_dropped if name == "rx" else self.xsk_tx_dropped).inc(d)
-            last[name] = n
+        _advance(self.xsk_rx_dropped, last, "rx", st.rx_dropped + st.rx_ring_full)
+        _advance(self.xsk_tx_dropped, last, "tx", io.tx_no_frame)
         for ring, n in io.ring_occupancy().items():
             self.xsk_ring_entries.labels(ring).set(n)
 
     def serve(self, host: str, port: int) -> None:
         if port:
             start_http_server(port, addr=host, registry=self.registry)
+
+
+def _advance(counter, last: dict, key, total: int) -> None:
+    """Add to `counter` what `total` (a running count kept elsewhere) gained since last time."""
+    d = total - last.get(key, 0)
+    if d > 0:
+        counter.inc(d)
+    last[key] = total

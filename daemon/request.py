@@ -46,11 +46,13 @@ class Request:
     # -- set at admission (I/O thread), read-only afterwards
     key: CacheKey
     params: SamplingParams
-    body: InvokeBody | None = None        # prompt / messages / token ids, as received
+    body: InvokeBody | None = None        # prompt / messages / token ids, as received;
+                                          # dropped once tokenized (only the ids are needed)
     signer: ResponseSigner | None = None
     run_id: int = 0
     received_at: float = field(default_factory=time.monotonic)  # first datagram
     ingress_us: int = 0                   # first datagram → admitted
+    body_bytes: int = 0                   # the body's footprint while queued (memory_bounds.py)
     # -- the I/O thread's
     addr: object = None                   # where frames go (the client may move)
     next_seq: int = 0

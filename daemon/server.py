@@ -27,6 +27,7 @@ import sys
 import time
 
 from . import config as config_mod
+from . import memory_bounds
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
 from .engine import Engine
 from .engine_thread import EngineThread
@@ -69,6 +70,7 @@ class Daemon:
         self._reload = False
         self._draining = False
         self.exit_code = 0
+        self.admitted_bytes = 0     # body bytes handed to the engine thread (memory_bounds.py)
 
     # ---- start-up ------------------------------------------------------------------------
     def start(self) -> None:
@@ -284,6 +286,8 @@ class Daemon:
         m.update_handoff("events", self.engine_thread.events_full_waits)
         if self.xdp is not None:
             self.metrics.update_xdp(self.xdp)
+        m.update_ingress(self.ingress)
+        m.update_memory(memory_bounds.buffers(self))
         self._flush()
 
     def _on_term(self, *_):
@@ -377,6 +381,7 @@ class Daemon:
                       addr=addr)
         entry.handle = req
         req.ingress_us = int((time.monotonic() - inv.received_at) * 1e6)
+        req.body_bytes = memory_bounds.body_bytes(inv.body)
         if not self.admissions.put(req):  # the engine is that far behind: say so, drop nothing
             # refused at admission: no stream was started (no ACK), so the error carries no
             # place in one (seq 0xFFFFFFFF, run id 0, docs/PROTOCOL.md §5.3), and the entry
@@ -387,6 +392,7 @@ class Daemon:
                                         f"admission queue full ({self.admissions.capacity} "
                                         f"requests)"), addr)
             return
+        self.admitted_bytes += req.body_bytes
         self.live[key] = req
         self.metrics.model_runs.inc()
         self._send(inv.signer.ack(0, req.run_id, RunState.QUEUED, self._lease_ms()), addr)

@@ -253,3 +253,46 @@ def _pings(c) -> bool:
         return c.ping() > 0
     except UnknownKeyError:
         return False
+
+
+def test_a_replayed_ping_gets_no_more_bytes_than_it_carried(daemon):
+    """Issue 14 §7 over the wire: a captured PING sent again and again is refused each time
+    with a signed EXPIRED_NONCE no larger than the PING, and the bytes are counted."""
+    before = (daemon.metric("zerolayer_ingress_rejected_bytes_total"),
+              daemon.metric("zerolayer_ingress_rejection_reply_bytes_total"))
+    ping = wire.encode_control(MsgType.PING, daemon.key_id, daemon.secret, secrets.token_bytes(16),
+                               time.time_ns() // 1000, secrets.token_bytes(32))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(30)
+        sock.sendto(ping, daemon.addr)
+        assert isinstance(wire.decode_response(sock.recv(2048), daemon.secret), wire.PongFrame)
+        for _ in range(5):
+            sock.sendto(ping, daemon.addr)
+            raw = sock.recv(2048)
+            f = wire.decode_response(raw, daemon.secret)   # signed, so trustworthy
+            assert isinstance(f, wire.ErrorFrame) and f.code == ErrorCode.EXPIRED_NONCE
+            assert len(raw) <= len(ping) == 112
+    daemon.wait_for(lambda: daemon.metric("zerolayer_ingress_rejected_bytes_total")
+                    >= before[0] + 5 * 112, what="replays counted")
+    assert (daemon.metric("zerolayer_ingress_rejection_reply_bytes_total") - before[1]
+            <= daemon.metric("zerolayer_ingress_rejected_bytes_total") - before[0])
+
+
+def test_every_buffer_exports_its_bytes_and_its_bound(daemon):
+    """Issue 14 §8: each bounded buffer is visible with its bound, and the bound is the
+    configured one (docs/OPERATIONS.md "Memory bounds")."""
+    client(daemon).invoke(messages=FRANCE, max_tokens=4)
+    buffers = ("nonce_cache", "reassembly", "result_cache", "admissions", "engine_requests",
+               "events", "kv_arena")
+
+    def exported() -> bool:
+        return daemon.metric("zerolayer_memory_bytes", 'buffer="result_cache"') > 0
+    daemon.wait_for(exported, what="memory gauges published")
+    for b in buffers:
+        used = daemon.metric("zerolayer_memory_bytes", f'buffer="{b}"')
+        limit = daemon.metric("zerolayer_memory_limit_bytes", f'buffer="{b}"')
+        assert 0 <= used <= limit and limit > 0, b
+    assert daemon.metric("zerolayer_memory_limit_bytes", 'buffer="nonce_cache"') == 160 * 500_000
+    assert daemon.metric("zerolayer_memory_limit_bytes", 'buffer="result_cache"') == 256 << 20
+    assert daemon.metric("zerolayer_memory_bytes", 'buffer="nonce_cache"') >= 160
+    assert daemon.metric("process_resident_memory_bytes") > 0

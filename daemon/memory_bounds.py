@@ -1,0 +1,78 @@
+"""What each of the daemon's buffers holds now and the most it can hold, in bytes.
+
+Every structure that grows with traffic has a bound set by configuration, so hostile input
+can make the daemon use memory only up to the sum of these bounds, never more (issue 14 §8;
+docs/OPERATIONS.md "Memory bounds" gives the same list with the settings behind each).
+Exported as `zerolayer_memory_bytes{buffer}` and `zerolayer_memory_limit_bytes{buffer}`.
+
+Python objects have no fixed size, so the per-entry figures below are measured upper
+estimates (tracemalloc on CPython 3.11, see the comments), not exact counts. Buffers that
+hold bytes objects count them by their length plus the object overhead.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .wire import MAX_CHAT_MESSAGES, MAX_MESSAGE_BYTES, InvokeBody
+
+if TYPE_CHECKING:
+    from .server import Daemon
+
+# A remembered nonce: its 32-byte bytes object (65 B), the dict slot, its bucket's list slot
+# and per-key counts. Measured ~160 B/entry with 200,000 entries.
+NONCE_ENTRY_BYTES = 160
+# A reassembly in progress besides its body bytes: the (key, request id, nonce) tuple, the
+# bookkeeping object, two ordered-dict slots, the fragments' dict and bytes headers.
+# Measured ~850 B for a two-fragment message.
+REASSEMBLY_MESSAGE_BYTES = 1024
+# A decoded chat message (object, role and content string headers, tuple slot).
+CHAT_MESSAGE_BYTES = 256
+# A Request, its InvokeRequest, signer and sampling parameters, without the body.
+REQUEST_BYTES = 2048
+# An engine → I/O event: the event object and its text (one token's worth, a few bytes;
+# a stop string flush at most a few hundred).
+EVENT_BYTES = 512
+# Per prompt or generated token held by a request in the engine: 4 B of prompt ids, or a
+# list slot and an int object of the sampled tokens, plus the detokenizer's text.
+TOKEN_BYTES = 48
+
+
+def body_bytes(body: InvokeBody) -> int:
+    """What a decoded INVOKE body holds: the payload as received and its decoded text (a
+    str is at most about one byte per UTF-8 byte of the payload, plus its header), and one
+    object per chat message."""
+    return (2 * len(body.payload) + CHAT_MESSAGE_BYTES * len(body.messages or ())
+            + REQUEST_BYTES)
+
+
+MAX_BODY_BYTES = 2 * MAX_MESSAGE_BYTES + CHAT_MESSAGE_BYTES * MAX_CHAT_MESSAGES + REQUEST_BYTES
+
+
+def buffers(d: "Daemon") -> dict[str, tuple[int, int]]:
+    """buffer name → (bytes held now, bound in bytes)."""
+    c = d.cfg
+    r = d.ingress.reassembler
+    arena = d.model.arena
+    eng = d.engine_thread
+    per_request = TOKEN_BYTES * c.model.max_seq_len + REQUEST_BYTES
+    out = {
+        "nonce_cache": (NONCE_ENTRY_BYTES * len(d.replay),
+                        NONCE_ENTRY_BYTES * d.replay.config.capacity),
+        "reassembly": (r.reserved_bytes + REASSEMBLY_MESSAGE_BYTES * len(r),
+                       r.budget_bytes + REASSEMBLY_MESSAGE_BYTES * r.max_messages),
+        # Running streams may pass max_bytes by what they have emitted so far (a stream is
+        # never cut); that part is bounded by the engine's requests below.
+        "result_cache": (d.cache.nbytes, d.cache.max_bytes),
+        "admissions": (max(0, d.admitted_bytes - eng.taken_bytes),
+                       c.engine.queue_depth * MAX_BODY_BYTES),
+        "engine_requests": (eng.held_tokens * TOKEN_BYTES + REQUEST_BYTES * eng.held_requests,
+                            (c.engine.max_waiting + c.engine.max_running) * per_request),
+        "events": (EVENT_BYTES * len(d.events), EVENT_BYTES * d.events.capacity),
+        # Allocated at start, backed by the OS as blocks are first written.
+        "kv_arena": ((arena.n_blocks - arena.free_blocks) * arena.bytes_per_block,
+                     arena.n_blocks * arena.bytes_per_block),
+    }
+    if d.xdp is not None:
+        n = d.xdp.umem.size
+        out["umem"] = (n, n)
+    return out

@@ -413,7 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("-v", "--verbose", action="store_true",
                    help="print TTFT, tok/s and the daemon's timings to stderr")
     _add_sampling_args(i)
-    _add_target_args(i, 30.0, "give up after this long without any answer (default: 30)")
+    _add_target_args(i, 45.0, "give up after this long without any answer; retries go on "
+                              "until then, so a daemon restart of up to 30 s is survived "
+                              "(default: 45)")
     i.set_defaults(func=cmd_invoke)
 
     p = sub.add_parser("ping", help="authenticated round trips to zerolayerd, and its state")

@@ -14,12 +14,17 @@ Reliability over UDP (docs/PROTOCOL.md §7), all inside the SDK:
   request id stays the same across attempts, so the daemon's result cache makes a retry
   attach to (or replay) the first run instead of running the model again.
 - No ACK or frame within ack_timeout_s → a new attempt, the wait doubling each time (up to
-  backoff_max_s). Retryable errors (OVERLOADED, DRAINING, INTERNAL, EXPIRED_NONCE before
-  acceptance) → a new attempt after an exponential, jittered backoff. At most max_attempts
-  attempts.
-- `timeout` is an inactivity limit: the call fails with ZerolayerTimeoutError after `timeout`
-  seconds without any authenticated datagram from the daemon for this request. It does not
-  cap a long generation (a live daemon answers keepalives); `total_timeout` does, if set.
+  backoff_max_s, 2 s). Retryable errors (OVERLOADED, DRAINING, INTERNAL, EXPIRED_NONCE
+  before acceptance) → a new attempt after an exponential, jittered backoff (also ≤ 2 s).
+- The recovery window is `timeout` (45 s): attempts go on, at most 2 s apart, until `timeout`
+  seconds pass without any authenticated datagram from the daemon for this request; then
+  the call fails with the last retryable refusal, or ZerolayerTimeoutError. So a daemon that
+  dies and is serving again within 30 s (a restart) still gets the request. `max_attempts`
+  optionally caps the attempts by count as well. `timeout` does not cap a long generation
+  (a live daemon answers keepalives); `total_timeout` does, if set.
+- invoke() hands the caller no text until the end, so when a restarted daemon runs the
+  request again (a new run id) it starts over on the new run; a stream() that already
+  handed out text raises StreamRestartedError instead.
 - TOKEN/DONE frames carry sequence numbers; a hole (a later frame, or an ACK/DONE saying more
   exist) is filled with RESEND(first missing seq).
 - While waiting, a keepalive (RESEND from NO_SEQ, answered by ACK) renews the request's lease
@@ -89,14 +94,16 @@ class Client:
     concurrent calls from threads do not see each other's datagrams.
 
     address: (host, port) of zerolayerd. key_id / secret: an entry of the daemon's keys
-    file (secret as bytes or hex). timeout: seconds without any authenticated answer before
-    a call fails (inactivity, see the module docstring); total_timeout: optional cap on a
-    whole call. The remaining knobs are the retry timers of docs/PROTOCOL.md §8.6.
+    file (secret as bytes or hex). timeout: the recovery window, seconds without any
+    authenticated answer before a call fails (see the module docstring); total_timeout:
+    optional cap on a whole call; max_attempts: optional cap on INVOKE/PING attempts (None:
+    as many as fit in the window). The remaining knobs are the retry timers of
+    docs/PROTOCOL.md §8.6.
     """
 
     def __init__(self, address: tuple[str, int], key_id: int, secret: bytes | str,
-                 timeout: float = 30.0, *, audit_log_hook: AuditHook | None = None,
-                 max_attempts: int = 5, ack_timeout_s: float = 0.2,
+                 timeout: float = 45.0, *, audit_log_hook: AuditHook | None = None,
+                 max_attempts: int | None = None, ack_timeout_s: float = 0.2,
                  backoff_initial_s: float = 0.05, backoff_max_s: float = 2.0,
                  resend_interval_s: float = 0.03, probe_interval_s: float = 0.25,
                  contact_timeout_s: float = 2.0, total_timeout: float | None = None,
@@ -110,7 +117,7 @@ class Client:
         self._secret = Mac(raw)      # the raw secret is not kept
         self.timeout = timeout
         self.audit_log_hook = audit_log_hook
-        self.max_attempts = max(1, max_attempts)
+        self.max_attempts = None if max_attempts is None else max(1, max_attempts)
         self.ack_timeout_s = ack_timeout_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
@@ -136,6 +143,7 @@ class Client:
         with self.stream(prompt, messages, token_ids, max_tokens=max_tokens,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                          stop=stop, request_id=request_id) as s:
+            s._restartable = True  # the caller sees no text until the end
             for _ in s:
                 pass
         assert s.result is not None
@@ -173,11 +181,13 @@ class Client:
         deadline = time.monotonic() + self.timeout
         refusal: ZerolayerError | None = None  # the last retryable one, raised if none follows
         with _open_socket(self.address) as sock:
-            for attempt in range(self.max_attempts):
+            attempt = 0
+            while self.may_retry(attempt):
+                attempt += 1
                 sent = time.monotonic()
                 _send(sock, encode_control(MsgType.PING, self.key_id, self._secret, rid,
                                            _now_us(), secrets.token_bytes(NONCE_LEN)))
-                wait_until = min(deadline, sent + self._ack_wait(attempt))
+                wait_until = min(deadline, sent + self._ack_wait(attempt - 1))
                 while (left := wait_until - time.monotonic()) > 0:
                     frame = self._recv(sock, left, rid)
                     if isinstance(frame, PongFrame):
@@ -195,6 +205,10 @@ class Client:
         raise ZerolayerTimeoutError("no PONG", request_id=rid)
 
     # -- shared helpers ---------------------------------------------------------------------
+
+    def may_retry(self, attempts: int) -> bool:
+        """Whether another attempt may follow `attempts` sent (the window is the caller's)."""
+        return self.max_attempts is None or attempts < self.max_attempts
 
     def _ack_wait(self, attempt: int) -> float:
         return min(self.backoff_max_s, self.ack_timeout_s * (2 ** attempt))
@@ -265,6 +279,7 @@ class Stream(Iterator[str]):
         self._lease_s = 10.0
         self._cancel_sent_at: float | None = None
         self._closed = False
+        self._restartable = False      # set by invoke(): a new run may replace an old one
         try:
             self._send_attempt()
         except BaseException:       # e.g. the audit hook refused: release the socket
@@ -409,7 +424,7 @@ class Stream(Iterator[str]):
             self._send_control(MsgType.RESEND, NO_SEQ)   # keepalive / status probe
 
     def _retry_or_wait(self) -> None:
-        if self.attempts < self._c.max_attempts:
+        if self._c.may_retry(self.attempts):
             self._send_attempt()
         else:
             # Out of attempts: keep listening (a late answer still counts) until the deadline.
@@ -432,7 +447,13 @@ class Stream(Iterator[str]):
             if self._run_id is None:
                 self._run_id = run_id
             elif run_id != self._run_id:
-                if self._delivered:
+                if self._delivered and self._restartable:
+                    # invoke(): nothing reached the caller, start over on the new run
+                    self._chunks.clear()
+                    self._next_seq = 0
+                    self._delivered = False
+                    self._ttft = None
+                elif self._delivered:
                     self._fail(StreamRestartedError(
                         "the daemon started a new run for this request after text was "
                         "delivered; retry with a new request id", request_id=self.request_id))
@@ -462,7 +483,7 @@ class Stream(Iterator[str]):
         if code is ErrorCode.EXPIRED_NONCE and self._accepted:
             return                      # a duplicated datagram of an accepted attempt
         if (f.signed and code is not None and ERROR_INFO[code].retryable
-                and not self._delivered and self.attempts < self._c.max_attempts):
+                and not self._delivered and self._c.may_retry(self.attempts)):
             # Retry the same request id later with a fresh nonce.
             self._last_refusal = exc
             self._accepted = False

@@ -8,6 +8,7 @@ from __future__ import annotations
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -72,6 +73,15 @@ class FakeDaemon(threading.Thread):
         self.runs = 0                      # times the "model" ran
         self.sent_once: set[int] = set()
         self._halt = threading.Event()
+        self.down = threading.Event()      # set: dead, every datagram is lost
+        self.invoke_times: list[float] = []  # arrivals of INVOKE datagrams, dead or alive
+
+    def restart(self, script: Script) -> None:
+        """Come back as a fresh process: the result cache and the nonces are gone."""
+        self.script = script
+        self.ingress = Ingress(KeyStore(keys={KEY_ID: SECRET}), ReplayGuard(), Reassembler())
+        self.cache = ResultCache()
+        self.down.clear()
 
     def __enter__(self) -> "FakeDaemon":
         self.start()
@@ -90,6 +100,10 @@ class FakeDaemon(threading.Thread):
             try:
                 dg, addr = self.sock.recvfrom(2048)
             except (TimeoutError, OSError):
+                continue
+            if dg[5:6] == bytes([MsgType.INVOKE]):
+                self.invoke_times.append(time.monotonic())
+            if self.down.is_set():
                 continue
             r = self.ingress.feed(dg)
             if isinstance(r, Rejected):
@@ -435,3 +449,38 @@ def test_audit_hook_failure_sends_nothing() -> None:
             _client(d, audit_log_hook=refuse).invoke(prompt="x")
         threading.Event().wait(0.05)
     assert d.ingress.stats["datagrams"] == 0
+
+
+def test_the_default_recovery_window_survives_a_30_s_restart() -> None:
+    """Issue 14 §4: the daemon dies after the request was accepted and its first text
+    streamed, and serves again 30 s later with nothing remembered. A client on the default
+    timers keeps re-sending, never more than 2 s apart, the restarted daemon runs the request
+    afresh, and invoke() (which showed no text yet) returns the new run's whole answer."""
+    with FakeDaemon(Script(chunks=["Par"], hold_done=True)) as d:
+        out: list[object] = []
+        c = Client(d.address, KEY_ID, SECRET)          # every timer at its default
+        t = threading.Thread(target=lambda: out.append(_call(c)))
+        t.start()
+        while not d.cache.running:                     # accepted, "Par" sent, DONE held
+            time.sleep(0.01)
+        d.down.set()                                   # killed
+        died = time.monotonic()
+        time.sleep(30.0)                               # a 30 s restart
+        d.restart(Script())
+        t.join(60)
+    assert not t.is_alive()
+    res = out[0]
+    assert isinstance(res, InvokeResult), res
+    assert res.text == "Paris." and res.finish_reason == "stop"
+    assert d.runs == 2                                 # once before the crash, once after
+    during = [x for x in d.invoke_times if x > died]
+    assert len(during) >= 10                           # it kept trying all along...
+    gaps = [b - a for a, b in zip([died] + during, during)]
+    assert max(gaps) <= 2.0 + 0.5                      # ...at most 2 s apart (+ scheduling)
+
+
+def _call(c: Client) -> object:
+    try:
+        return c.invoke(prompt="x")
+    except Exception as e:  # noqa: BLE001 - reported by the test
+        return e

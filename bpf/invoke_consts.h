@@ -29,7 +29,6 @@ enum zl_stat {
 	ZL_STAT_REDIRECT,            /* valid request, redirected to the queue's AF_XDP socket */
 	ZL_STAT_PASS_NO_XSK,         /* valid request, no socket on this queue: UDP path */
 	ZL_STAT_DROP_TRUNCATED,      /* headers or payload shorter than declared / than 32 B */
-	ZL_STAT_DROP_IP_OPTIONS,     /* IPv4 with options to an invoke port */
 	ZL_STAT_DROP_IP_FRAGMENT,    /* first IP fragment to an invoke port (invokes never fragment) */
 	ZL_STAT_DROP_BAD_MAGIC,
 	ZL_STAT_DROP_BAD_VERSION,
@@ -38,6 +37,7 @@ enum zl_stat {
 	ZL_STAT_DROP_BAD_HEADER_LEN, /* header_len wrong for the type, or no room for the tag */
 	ZL_STAT_DROP_BAD_FLAGS,      /* request flags != 0 */
 	ZL_STAT_DROP_BAD_FRAGMENT,   /* INVOKE chunk/total/count/index/body inconsistent */
+	ZL_STAT_DROP_BAD_FIELD,      /* a reserved field, or a CANCEL/PING arg, not zero */
 	ZL_STAT_DROP_RATE_LIMITED,   /* per-source token bucket empty */
 	ZL_STAT_MAX,
 };

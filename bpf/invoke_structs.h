@@ -41,6 +41,15 @@ struct zl_invoke_hdr {
 	__u16 reserved;
 };
 
+/* §4.2: the control header (CANCEL, RESEND, PING), right after the common header. */
+struct zl_control_hdr {
+	struct zl_common_hdr c;
+	__u64 timestamp_us;
+	__u8  nonce[32];
+	__u32 arg;              /* RESEND: from_seq; zero for CANCEL and PING */
+	__u32 reserved;
+};
+
 /* What the parser hands to the checks: where the datagram is and where it came from. */
 struct zl_pkt {
 	void *payload;          /* first byte of the UDP payload */

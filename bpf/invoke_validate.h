@@ -1,6 +1,9 @@
 /* invoke_steer: the protocol checks of docs/PROTOCOL.md §10, in daemon/wire.py's order
- * (_parse_common, then parse_request). Fixed offsets, no key, no division, no state.
- * Returns ZL_PARSE_OK or the drop reason.
+ * (_parse_common, then parse_request): every fixed header field the daemon's structural
+ * parser checks, so that whatever this redirects, the daemon parses (tests/test_xdp_prog.py
+ * checks it on random and mutated frames). The one exception is stricter here: total_len
+ * over 1 MiB is dropped (the daemon answers PAYLOAD_TOO_LARGE). Fixed offsets, no key, no
+ * division, no state. Returns ZL_PARSE_OK or the drop reason.
  */
 #ifndef __INVOKE_VALIDATE_H
 #define __INVOKE_VALIDATE_H
@@ -9,8 +12,19 @@
 #include "invoke_consts.h"
 #include "invoke_structs.h"
 
+static __always_inline int zl_validate_control(struct zl_control_hdr *h)
+{
+	if (h->reserved != 0)
+		return ZL_STAT_DROP_BAD_FIELD;
+	if (h->c.type != ZL_TYPE_RESEND && h->arg != 0)
+		return ZL_STAT_DROP_BAD_FIELD;
+	return ZL_PARSE_OK;
+}
+
 static __always_inline int zl_validate_invoke(struct zl_invoke_hdr *h, __u32 n)
 {
+	if (h->reserved != 0)
+		return ZL_STAT_DROP_BAD_FIELD;
 #if ZL_VALIDATE_FRAGMENT
 	__u32 chunk = h->chunk_len;
 	__u32 total = h->total_len;
@@ -59,8 +73,13 @@ static __always_inline int zl_validate(void *payload, __u32 n, void *data_end)
 		return ZL_STAT_DROP_BAD_HEADER_LEN;
 	if (c->flags != 0)
 		return ZL_STAT_DROP_BAD_FLAGS;
-	if (c->type != ZL_TYPE_INVOKE)
-		return n == ZL_CONTROL_DGRAM ? ZL_PARSE_OK : ZL_STAT_DROP_BAD_LENGTH;
+	if (c->type != ZL_TYPE_INVOKE) {
+		if (n != ZL_CONTROL_DGRAM)
+			return ZL_STAT_DROP_BAD_LENGTH;
+		if (payload + sizeof(struct zl_control_hdr) > data_end)
+			return ZL_STAT_DROP_TRUNCATED;
+		return zl_validate_control(payload);
+	}
 	if (payload + sizeof(struct zl_invoke_hdr) > data_end)
 		return ZL_STAT_DROP_TRUNCATED;
 	return zl_validate_invoke(payload, n);

@@ -9,16 +9,15 @@
     prog.close()
 
 What lives where: the C program and its headers are next to this file (invoke_steer.c;
-zl_wire_consts.h mirrors the protocol, invoke_consts.h holds the -D overridable settings and
-the stats reasons). BCC's rewriter only turns `map.lookup()` calls into map-fd loads in the
-*main* file, so the loader pastes the local `#include "..."` headers into one source text
-(with #line markers, so compiler errors still name the right header and line) before
-compiling. System headers (`<linux/ip.h>`) come from /lib/modules/$(uname -r)/build, which
+invoke_consts.h holds the -D overridable settings and the stats reasons); the protocol's
+numbers come from wire_consts.py, rendered into the source as zl_wire_consts.h. BCC's
+rewriter only turns `map.lookup()` calls into map-fd loads in the *main* file, so the loader
+pastes the local `#include "..."` headers into one source text (with #line markers, so
+compiler errors still name the right header and line) before compiling. System headers (`<linux/ip.h>`) come from /lib/modules/$(uname -r)/build, which
 scripts/install-bcc.sh provides.
 
-This module never imports zerolayer.daemon: the handful of protocol numbers the program
-checks are mirrored in WIRE, and tests/test_xdp_prog.py checks them against daemon/wire.py
-and against zl_wire_consts.h.
+This module never imports zerolayer.daemon: daemon/wire.py imports the protocol's numbers
+from bpf/wire_consts.py, not the other way round.
 
 Only bcc (Debian's python3-bpfcc) and the kernel's bpf(2) are needed. BCC is used to compile
 and load, nothing else: maps are driven through bpf(2) (bpf_maps.RawMap), and the syscalls
@@ -39,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from . import wire_consts
 from .bpf_maps import RawMap, bpf
 
 BPF_DIR = Path(__file__).resolve().parent
@@ -51,7 +51,6 @@ REASONS: tuple[str, ...] = (
     "redirect",
     "pass_no_xsk",
     "drop_truncated",
-    "drop_ip_options",
     "drop_ip_fragment",
     "drop_bad_magic",
     "drop_bad_version",
@@ -60,29 +59,14 @@ REASONS: tuple[str, ...] = (
     "drop_bad_header_len",
     "drop_bad_flags",
     "drop_bad_fragment",
+    "drop_bad_field",
     "drop_rate_limited",
 )
 
-# Protocol constants the program checks: zl_wire_consts.h, and daemon/wire.py's values.
-WIRE: dict[str, int] = {
-    "ZL_MAGIC": 0x52594C5A,
-    "ZL_VERSION": 1,
-    "ZL_COMMON_LEN": 32,
-    "ZL_TAG_LEN": 32,
-    "ZL_MAX_DATAGRAM": 1400,
-    "ZL_TYPE_INVOKE": 0x01,
-    "ZL_TYPE_CANCEL": 0x02,
-    "ZL_TYPE_RESEND": 0x03,
-    "ZL_TYPE_PING": 0x04,
-    "ZL_TYPE_MAX_REQUEST": 0x04,
-    "ZL_HLEN_INVOKE": 116,
-    "ZL_HLEN_CONTROL": 80,
-    "ZL_CONTROL_DGRAM": 112,
-    "ZL_MIN_CHUNK": 256,
-    "ZL_MAX_CHUNK": 1252,
-    "ZL_PARAMS_LEN": 32,
-    "ZL_MAX_MESSAGE": 1 << 20,
-}
+# Protocol constants the program checks: one source, bpf/wire_consts.py (daemon/wire.py
+# imports the same dict); source_text() renders them as the header zl_wire_consts.h.
+WIRE = wire_consts.WIRE
+GENERATED = {"zl_wire_consts.h": wire_consts.c_header}
 
 # Compile-time settings (invoke_consts.h defaults); compile(defines=...) overrides them.
 DEFAULTS: dict[str, int] = {
@@ -131,6 +115,7 @@ def source_text(main: Path = SOURCE) -> str:
     """The program as one translation unit: local "..." includes pasted in once each (they
     all have include guards anyway), <...> includes left for the compiler."""
     seen: set[Path] = set()
+    generated: set[str] = set()
 
     def inline(path: Path) -> str:
         path = path.resolve()
@@ -140,7 +125,12 @@ def source_text(main: Path = SOURCE) -> str:
         out = [f'#line 1 "{path.name}"\n']
         for lineno, line in enumerate(path.read_text().splitlines(keepends=True), 1):
             m = _LOCAL_INCLUDE.match(line)
-            if m:
+            if m and m.group(1) in GENERATED:
+                if m.group(1) not in generated:
+                    generated.add(m.group(1))
+                    out.append(f'#line 1 "{m.group(1)}"\n' + GENERATED[m.group(1)]())
+                out.append(f'#line {lineno + 1} "{path.name}"\n')
+            elif m:
                 out.append(inline(path.parent / m.group(1)))
                 out.append(f'#line {lineno + 1} "{path.name}"\n')
             else:
@@ -150,10 +140,11 @@ def source_text(main: Path = SOURCE) -> str:
     return inline(main)
 
 
-def header_defines(path: Path) -> dict[str, int]:
-    """`#define NAME <integer>` lines of a header (used by tests to compare the mirrors)."""
+def header_defines(header: Path | str) -> dict[str, int]:
+    """`#define NAME <integer>` lines of a header file (or of its text), for tests."""
+    text = header.read_text() if isinstance(header, Path) else header
     out = {}
-    for m in re.finditer(r"^#define\s+(ZL_[A-Z0-9_]+)\s+(\S+)", path.read_text(), re.M):
+    for m in re.finditer(r"^#define\s+(ZL_[A-Z0-9_]+)\s+(\S+)", text, re.M):
         value = m.group(2).rstrip("uUlL")
         try:
             out[m.group(1)] = int(value, 0)

@@ -59,19 +59,19 @@ static __always_inline int zl_parse_ipv4(void *data, void *data_end, __u32 frame
 		return ZL_STAT_PASS_OTHER;
 	if (!zl_is_invoke_port(udph->dest))
 		return ZL_STAT_PASS_OTHER;
-	/* Ours from here on. An invoke datagram (<= 1400 B) never needs options or fragments. */
-	if (ihl_bytes != sizeof(*iph))
-		return ZL_STAT_DROP_IP_OPTIONS;
+	/* Ours from here on. An invoke datagram (<= 1400 B) is never fragmented. IPv4 options
+	 * are legal (RFC 791) and carry nothing we need: they are stepped over, like the
+	 * kernel does, and the reply goes back without them (daemon/xdp_frames.py). */
 	if (frag & ZL_IP_MF)
 		return ZL_STAT_DROP_IP_FRAGMENT;
 	tot_len = zl_ntohs(iph->tot_len);
-	if (tot_len < sizeof(*iph) || off + tot_len > frame_len)
+	if (tot_len < ihl_bytes || off + tot_len > frame_len)
 		return ZL_STAT_DROP_TRUNCATED;
 	pkt->src[0] = 0;
 	pkt->src[1] = 0;
 	pkt->src[2] = 0xFFFF0000u;  /* ::ffff:0:0/96 in memory order (bytes 00 00 ff ff) */
 	pkt->src[3] = iph->saddr;
-	return zl_parse_udp(udph, tot_len - sizeof(*iph), frame_len - off - sizeof(*iph), pkt);
+	return zl_parse_udp(udph, tot_len - ihl_bytes, frame_len - off - ihl_bytes, pkt);
 }
 
 static __always_inline int zl_parse_ipv6(void *data, void *data_end, __u32 frame_len,

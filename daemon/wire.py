@@ -39,21 +39,25 @@ import numpy as np
 from zerolayer.gpu.sampling_params import (MAX_STOP, MAX_STOP_BYTES, MAX_TEMPERATURE,  # noqa: F401
                                            InvalidSamplingParams, SamplingParams)
 
+from zerolayer.bpf.wire_consts import WIRE
+
 from .errors import ErrorCode, InvalidSignatureError, MalformedError, PayloadTooLargeError
 
 # --- constants (docs/PROTOCOL.md §2) -------------------------------------------------------
+# The numbers the XDP program checks too come from bpf/wire_consts.py, the one source; the
+# struct formats below must agree with them (checked at import, after the formats).
 
-MAGIC = b"ZLYR"
-MAGIC_U32 = int.from_bytes(MAGIC, "little")  # 0x52594C5A, what a u32 load at offset 0 sees
-VERSION = 1
-TAG_LEN = 32                   # HMAC-SHA256
+MAGIC_U32 = WIRE["ZL_MAGIC"]   # 0x52594C5A, what a u32 load at offset 0 sees
+MAGIC = MAGIC_U32.to_bytes(4, "little")  # b"ZLYR"
+VERSION = WIRE["ZL_VERSION"]
+TAG_LEN = WIRE["ZL_TAG_LEN"]   # HMAC-SHA256
 NONCE_LEN = 32
 REQUEST_ID_LEN = 16
 DIGEST_LEN = 32                # SHA-256 of the whole INVOKE body
 # 1400 bytes of UDP payload fits an MTU-1500 frame with IPv4 (1472) or IPv6 (1452) and
 # leaves room for a VLAN tag or a tunnel header; one datagram = one AF_XDP frame later.
-MAX_DATAGRAM = 1400
-MAX_MESSAGE_BYTES = 1 << 20    # an INVOKE body (params + stops + payload) is at most 1 MiB
+MAX_DATAGRAM = WIRE["ZL_MAX_DATAGRAM"]
+MAX_MESSAGE_BYTES = WIRE["ZL_MAX_MESSAGE"]  # an INVOKE body (params + stops + payload), 1 MiB
 MAX_CHAT_MESSAGES = 4096       # messages in one chat; more: PAYLOAD_TOO_LARGE (each costs a
                                # template render and >= 2 control tokens: no context holds more)
 NO_SEQ = 0xFFFFFFFF            # ERROR outside a stream; RESEND from NO_SEQ = keepalive only
@@ -66,10 +70,10 @@ COMMON_LEN = COMMON.size  # 32
 class MsgType(IntEnum):
     # Requests have the high bit clear, responses set: the XDP program and the daemon drop
     # a response-typed datagram arriving at the server with one test.
-    INVOKE = 0x01
-    CANCEL = 0x02
-    RESEND = 0x03
-    PING = 0x04
+    INVOKE = WIRE["ZL_TYPE_INVOKE"]
+    CANCEL = WIRE["ZL_TYPE_CANCEL"]
+    RESEND = WIRE["ZL_TYPE_RESEND"]
+    PING = WIRE["ZL_TYPE_PING"]
     TOKEN = 0x81
     DONE = 0x82
     ERROR = 0x83
@@ -106,7 +110,7 @@ HEADER_LEN: dict[MsgType, int] = {
 MAX_CHUNK = MAX_DATAGRAM - HEADER_LEN[MsgType.INVOKE] - TAG_LEN   # 1252 body bytes/fragment
 # A floor on the chunk size caps the fragment count of a 1 MiB request (4096), and so the
 # per-request bookkeeping a key holder can make the daemon do.
-MIN_CHUNK = 256
+MIN_CHUNK = WIRE["ZL_MIN_CHUNK"]
 MAX_TEXT = MAX_DATAGRAM - HEADER_LEN[MsgType.TOKEN] - TAG_LEN     # 1324 text bytes per TOKEN
 MAX_ERROR_MESSAGE = 512
 
@@ -116,6 +120,22 @@ PARAMS = struct.Struct("<IffIQBBHI")  # max_tokens, temperature, top_p, top_k, s
 PARAMS_LEN = PARAMS.size  # 32
 PARAM_SEED_SET = 0x0001
 CHAT_MSG_HDR = struct.Struct("<BI")    # role, content length
+
+
+def _agree_with_the_xdp_program() -> None:
+    """The layouts above against bpf/wire_consts.py: a mismatch is a build error."""
+    derived = {
+        "ZL_COMMON_LEN": COMMON_LEN, "ZL_HLEN_INVOKE": HEADER_LEN[MsgType.INVOKE],
+        "ZL_HLEN_CONTROL": HEADER_LEN[MsgType.PING],
+        "ZL_CONTROL_DGRAM": HEADER_LEN[MsgType.PING] + TAG_LEN, "ZL_MAX_CHUNK": MAX_CHUNK,
+        "ZL_PARAMS_LEN": PARAMS_LEN, "ZL_TYPE_MAX_REQUEST": max(REQUEST_TYPES),
+    }
+    wrong = {k: (v, WIRE[k]) for k, v in derived.items() if WIRE[k] != v}
+    if wrong or len({HEADER_LEN[t] for t in CONTROL_TYPES}) != 1:
+        raise RuntimeError(f"daemon/wire.py disagrees with bpf/wire_consts.py: {wrong}")
+
+
+_agree_with_the_xdp_program()
 
 
 class PayloadKind(IntEnum):

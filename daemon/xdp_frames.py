@@ -2,10 +2,12 @@
 write a reply frame in place in the UMEM.
 
 The XDP program has already checked everything structural (bpf/pckt_parsing.h: one optional
-VLAN tag, IPv4 without options or fragments, IPv6 with UDP as the next header, UDP lengths),
+VLAN tag, IPv4 (options stepped over) without fragments, IPv6 with UDP as the next header, UDP
+lengths),
 so parsing here only locates fields. A frame that still doesn't parse is counted and dropped.
 
-A reply goes back the way the request came: MACs, IPs and ports swapped, the VLAN tag kept.
+A reply goes back the way the request came: MACs, IPs and ports swapped, the VLAN tag kept,
+IPv4 options (if the request had any) left out.
 Those swapped headers are computed once per client flow (a Peer) and copied in front of each
 reply payload, straight into the TX frame. Checksums: IPv4 gets a correct header checksum
 (the constant part is summed once per peer; only the length changes) and a UDP checksum of 0
@@ -75,9 +77,9 @@ def parse_frame(frame: memoryview, queue: int, peers: dict) -> tuple[bytes, Peer
         etype = (frame[off] << 8) | frame[off + 1]
     ip = off + 2
     if etype == ETH_P_IP:
-        if frame[ip] != 0x45 or frame[ip + 9] != IPPROTO_UDP:
+        if frame[ip] >> 4 != 4 or frame[ip] & 0xF < 5 or frame[ip + 9] != IPPROTO_UDP:
             return None
-        udp = ip + IPV4_LEN
+        udp = ip + (frame[ip] & 0xF) * 4
         key = bytes(frame[0:ip]) + bytes(frame[ip + 12:ip + 20]) + bytes(frame[udp:udp + 4])
     elif etype == ETH_P_IPV6:
         if frame[ip + 6] != IPPROTO_UDP:
@@ -95,15 +97,16 @@ def parse_frame(frame: memoryview, queue: int, peers: dict) -> tuple[bytes, Peer
     pk = (queue, key)
     peer = peers.get(pk)
     if peer is None:
-        peer = _make_peer(bytes(frame[:udp + UDP_LEN]), queue, ip, etype == ETH_P_IPV6)
+        peer = _make_peer(bytes(frame[:udp + UDP_LEN]), queue, ip, udp, etype == ETH_P_IPV6)
         if len(peers) >= 65536:  # a bounded cache: a spoofing flood can't grow it forever
             peers.clear()
         peers[pk] = peer
     return payload, peer
 
 
-def _make_peer(h: bytes, queue: int, ip: int, ipv6: bool) -> Peer:
-    out = bytearray(len(h))
+def _make_peer(h: bytes, queue: int, ip: int, udp_in: int, ipv6: bool) -> Peer:
+    """`h`: the request's headers up to the end of UDP, whose header starts at udp_in."""
+    out = bytearray(ip + (IPV6_LEN if ipv6 else IPV4_LEN) + UDP_LEN)
     out[0:6], out[6:12] = h[6:12], h[0:6]           # MACs swapped
     out[12:ip] = h[12:ip]                           # VLAN tag (if any) and ethertype kept
     if ipv6:
@@ -121,9 +124,9 @@ def _make_peer(h: bytes, queue: int, ip: int, ipv6: bool) -> Peer:
         udp = ip + IPV4_LEN
         pseudo = 0
         host = socket.inet_ntop(socket.AF_INET, h[ip + 12:ip + 16])
-    out[udp:udp + 2], out[udp + 2:udp + 4] = h[udp + 2:udp + 4], h[udp:udp + 2]   # ports
+    out[udp:udp + 2], out[udp + 2:udp + 4] = h[udp_in + 2:udp_in + 4], h[udp_in:udp_in + 2]
     ip_sum = 0 if ipv6 else _sum16(bytes(out[ip:ip + IPV4_LEN]))
-    port = struct.unpack_from("!H", h, udp)[0]
+    port = struct.unpack_from("!H", h, udp_in)[0]
     return Peer(queue, bytes(out), ip, ipv6, host, port, ip_sum, pseudo)
 
 

@@ -45,6 +45,17 @@ def test_ipv4_reply_swaps_everything_and_checksums(vlan, size):
     assert out[ip + 28:] == req[:size]
 
 
+@pytest.mark.parametrize("options", [b"\x01\x01\x01\x00", b"\x94\x04\x00\x00" + bytes(36)])
+def test_ipv4_options_are_stepped_over_and_left_out_of_the_reply(options):
+    """PROTOCOL.md §10: a request whose IPv4 header carries options (a Router Alert, padding
+    up to the 60-byte maximum) is served; the reply is a plain 20-byte IPv4 header."""
+    data, peer, out = reply(udp4(b"request", PORT, options=options), b"answer")
+    assert data == b"request" and (peer.host, peer.port) == (SRC4, 40000)
+    assert out[14] == 0x45 and ipv4_header_ok(out, 14)
+    assert struct.unpack_from("!HHH", out, 14 + 20) == (PORT, 40000, 8 + 6)
+    assert out[14 + 28:] == b"answer"
+
+
 @pytest.mark.parametrize("size", [1, 2, 999, 1400])
 def test_ipv6_reply_has_a_valid_udp_checksum(size):
     payload = bytes((i * 7) & 0xFF for i in range(size))

@@ -56,6 +56,8 @@ def invoke_fragments(body_len: int = 100, chunk_len: int = wire.MAX_CHUNK) -> li
 
 VALID = invoke_fragments()[0]
 PING = wire.encode_control(wire.MsgType.PING, 7, KEY, RID, TS, NONCE)
+CANCEL = wire.encode_control(wire.MsgType.CANCEL, 7, KEY, RID, TS, NONCE)
+RESEND = wire.encode_control(wire.MsgType.RESEND, 7, KEY, RID, TS, NONCE, arg=12)
 
 
 def raw_invoke(total: int, index: int, count: int, chunk: int, body_len: int) -> bytes:
@@ -104,9 +106,15 @@ def run(p: InvokeSteer, frame: bytes, **kw) -> tuple[int, dict[str, int]]:
 
 # --- the C headers and the Python mirrors agree with daemon/wire.py ---------------------------
 
-def test_wire_constants_mirror_the_daemon() -> None:
-    from_header = loader.header_defines(BPF_DIR / "zl_wire_consts.h")
-    assert from_header == loader.WIRE
+def test_wire_constants_have_one_source() -> None:
+    """bpf/wire_consts.py is the only place the numbers are written: the program's source
+    gets them rendered, daemon/wire.py imports them, and no header copy exists."""
+    from zerolayer.bpf import wire_consts
+    assert not (BPF_DIR / "zl_wire_consts.h").exists()
+    text = loader.source_text()
+    assert wire_consts.c_header() in text and text.count("#define ZL_MAGIC ") == 1
+    assert loader.header_defines(wire_consts.c_header()) == wire_consts.WIRE == loader.WIRE
+    assert wire.MAGIC_U32 == wire_consts.WIRE["ZL_MAGIC"] and wire.MAGIC == b"ZLYR"
     control = {wire.HEADER_LEN[t] for t in wire.CONTROL_TYPES}
     assert loader.WIRE == {
         "ZL_MAGIC": wire.MAGIC_U32,
@@ -171,6 +179,14 @@ def test_every_fragment_of_a_large_invoke_is_valid(xdp) -> None:
     assert len(frags) == 3 + 4
     for f in frags:
         assert run(xdp, udp4(f, PORT)) == (XDP_PASS, {"pass_no_xsk": 1})
+
+
+@pytest.mark.parametrize("options", [b"\x94\x04\x00\x00", bytes(40)],
+                         ids=["router_alert", "max_ihl"])
+def test_ipv4_options_are_stepped_over(xdp, options) -> None:
+    """PROTOCOL.md §10: options are legal IPv4; a valid invoke behind them is served."""
+    assert run(xdp, udp4(VALID, PORT, options=options)) == (XDP_PASS, {"pass_no_xsk": 1})
+    assert run(xdp, udp4(PING, PORT, options=options)) == (XDP_PASS, {"pass_no_xsk": 1})
 
 
 def test_ipv6_and_vlan(xdp) -> None:
@@ -285,6 +301,10 @@ PAYLOAD_DROPS = [
     ("frag_count_too_many", patch(VALID, 110, "<H", 2), "drop_bad_fragment"),
     ("frag_index_past_count", patch(VALID, 108, "<H", 1), "drop_bad_fragment"),
     ("body_len_vs_total", patch(VALID, 104, "<I", 101), "drop_bad_fragment"),
+    ("invoke_reserved", patch(VALID, 114, "<H", 1), "drop_bad_field"),
+    ("control_reserved", patch(PING, 76, "<I", 1 << 31), "drop_bad_field"),
+    ("ping_arg", patch(PING, 72, "<I", 5), "drop_bad_field"),
+    ("cancel_arg", patch(CANCEL, 72, "<I", 1), "drop_bad_field"),
 ]
 
 
@@ -320,10 +340,11 @@ FRAME_DROPS = [
     ("ipv4_tot_len_beyond_frame", udp4(VALID, PORT, tot_len=20 + 8 + len(VALID) + 4),
      "drop_truncated"),
     ("udp_length_under_header", eth(ipv4(udp(b"", 1, PORT) + VALID), 0x0800), "drop_truncated"),
-    ("ipv4_options", udp4(VALID, PORT, options=b"\x01\x01\x01\x00"), "drop_ip_options"),
     ("ipv4_first_fragment", udp4(VALID, PORT, more_fragments=True), "drop_ip_fragment"),
     ("ipv4_options_and_fragment", udp4(VALID, PORT, options=bytes(4), more_fragments=True),
-     "drop_ip_options"),
+     "drop_ip_fragment"),
+    ("ipv4_options_tot_len_short",
+     udp4(VALID, PORT, options=bytes(8), tot_len=28 + 8 + len(VALID) - 1), "drop_truncated"),
     ("ipv6_first_fragment", eth(ipv6(ipv6_frag_hdr(IPPROTO_UDP, 0) + udp(VALID, 1, PORT),
                                      nexthdr=IPV6_FRAG), 0x86DD), "drop_ip_fragment"),
     ("ipv6_payload_len_beyond_frame",
@@ -336,36 +357,64 @@ def test_bad_frame_is_dropped_with_its_reason(xdp, name, frame, reason) -> None:
     assert run(xdp, frame) == (XDP_DROP, {reason: 1})
 
 
-def test_never_drops_what_the_daemon_accepts(xdp) -> None:
-    """Random header mutations of valid datagrams: whenever the daemon's structural parser
-    accepts one, the program must let it through; whenever the program drops one, the
-    daemon must reject it (the XDP checks are a subset of parse_request's, but for
-    total_len > 1 MiB, see test_fragment_field_edges)."""
-    rng = random.Random(4)
-    seeds = [VALID, PING, *invoke_fragments(body_len=2000), *invoke_fragments(300, 256)]
-    dropped = accepted = 0
-    for _ in range(400):
+def _mutants(rng: random.Random, n: int) -> list[bytes]:
+    """Valid datagrams of every type with 1-3 header bytes overwritten (every fixed field
+    the parsers check, and some they don't), plus random and request-shaped random bytes."""
+    seeds = [VALID, PING, CANCEL, RESEND, *invoke_fragments(body_len=2000),
+             *invoke_fragments(300, 256)]
+    common = [0, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    invoke = [104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115]
+    control = [72, 73, 74, 75, 76, 77, 78, 79]
+    values = [0, 1, 2, 3, 4, 5, 0x20, 0x50, 0x70, 0x74, 0x81, 0xFF]
+    out = []
+    for i in range(n):
+        if i % 10 == 9:   # random bytes, half of them with a valid magic and version
+            d = bytearray(rng.randbytes(rng.choice([12, 31, 32, 80, 112, 148, 400, 1400])))
+            if i % 20 == 9 and len(d) >= 8:
+                d[0:5] = wire.MAGIC + bytes([wire.VERSION])
+                d[5] = rng.randint(1, 4)
+                struct.pack_into("<HH", d, 6, rng.choice([80, 116]), len(d))
+                d[10:12] = b"\0\0"
+            out.append(bytes(d))
+            continue
         d = bytearray(rng.choice(seeds))
+        offsets = common + (invoke if d[5] == wire.MsgType.INVOKE else control)
         for _ in range(rng.randint(1, 3)):
-            off = rng.choice([0, 4, 5, 6, 7, 8, 9, 10, 11, 104, 105, 106, 108, 109, 110, 112, 113])
-            d[min(off, len(d) - 1)] = rng.choice([0, 1, 2, 4, 0x20, 0x50, 0x74, 0x81, 0xFF,
-                                                  rng.randrange(256)])
-        d = bytes(d)
+            d[rng.choice(offsets)] = rng.choice(values + [rng.randrange(256)])
+        out.append(bytes(d))
+    return out
+
+
+def test_the_program_redirects_exactly_what_the_daemon_parses(xdp) -> None:
+    """Issue 14 §5, differential: the same frames through BPF_PROG_TEST_RUN and through
+    daemon/wire.py's parse_request. Every frame the program lets through parses, and every
+    frame that parses is let through; the one allowed difference is total_len > 1 MiB
+    (dropped in the kernel, PAYLOAD_TOO_LARGE from the daemon), see
+    test_fragment_field_edges. Half the frames go through IPv4 (some with options), half
+    through IPv6."""
+    rng = random.Random(14)
+    counts = {"agree_pass": 0, "agree_drop": 0}
+    for i, d in enumerate(_mutants(rng, 3000)):
         try:
             wire.parse_request(d)
             ok = True
         except MalformedError:
             ok = False
-        action = xdp.test_run(udp4(d, PORT)).action
-        if ok and struct.unpack_from("<I", d, 104)[0] > wire.MAX_MESSAGE_BYTES:
+        if i % 2:
+            frame = udp6(d, PORT)
+        else:
+            frame = udp4(d, PORT, options=bytes(4 * (i % 3)))
+        action = xdp.test_run(frame).action
+        huge = len(d) >= 108 and struct.unpack_from("<I", d, 104)[0] > wire.MAX_MESSAGE_BYTES
+        if ok and huge and d[5] == wire.MsgType.INVOKE:
+            assert action == XDP_DROP
             continue
-        if ok:
-            accepted += 1
-            assert action == XDP_PASS, d.hex()
-        if action == XDP_DROP:
-            dropped += 1
-            assert not ok, d.hex()
-    assert dropped > 100 and accepted > 10  # the mutations exercised both sides
+        assert (action == XDP_PASS) == ok, (d.hex(), action)
+        assert action in (XDP_PASS, XDP_DROP)
+        counts["agree_pass" if ok else "agree_drop"] += 1
+    # the mutations exercised both sides, and the new checks
+    assert counts["agree_pass"] > 100 and counts["agree_drop"] > 1500, counts
+    assert xdp.stats()["drop_bad_field"] > 20
 
 
 # --- rate limit ---------------------------------------------------------------------------------

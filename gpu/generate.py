@@ -87,6 +87,9 @@ def _refuse_what_cannot_fit(tokenizer: Tokenizer, prompt: str | None,
     if prompt is not None:
         if len(prompt) <= LONG_TEXT:
             return None
+        bound = tokenizer.plain_bound(prompt)
+        if bound > room:
+            refuse(bound)
         ids = tokenizer.encode_until(prompt, room)
         if len(ids) > room:
             refuse(len(ids))

@@ -4,6 +4,9 @@
     zerolayer invoke "text" [-v]         a signed invoke to zerolayerd, streamed to stdout
     zerolayer ping [--count N]           authenticated round trips and the daemon's state
     zerolayer keygen [--append PATH]     a new `<key_id> <secret_hex>` keys-file line
+    zerolayer ctl COMMAND [--socket P]   operate zerolayerd through its control socket:
+                                         status, drain, undrain, reload-keys, config,
+                                         cache-stats, cache-flush, kv-stats, xdp-status
 
 Where invoke and ping find the daemon and their key (flags win over the environment):
   address  --addr HOST:PORT, else $ZEROLAYER_ADDR, else 127.0.0.1:7433
@@ -11,13 +14,17 @@ Where invoke and ping find the daemon and their key (flags win over the environm
   secret   --secret HEX or --keys-file PATH, else $ZEROLAYER_SECRET or $ZEROLAYER_KEYS_FILE,
            else the daemon's default keys file (/etc/zerolayer/keys) if it exists.
 A secret on the command line is visible in `ps`; prefer the environment or a keys file.
+ctl finds the socket at --socket PATH, else $ZEROLAYER_CONTROL_SOCKET, else
+/run/zerolayer/control.sock (the systemd unit's); it needs no key, the socket's mode 0600 is
+the access control (run it as root or as the daemon's user). It prints the JSON result.
 
 Exit status:
   0 success · 2 usage (flags, address, credentials, keys file) · 3 the daemon answered with
   an error code, or the stream broke · 4 no answer (timeout, daemon unreachable) ·
   130 interrupted (an unfinished invoke is cancelled on the daemon).
 Errors are printed as `zerolayer: CODE: message`, CODE being a protocol error code
-(docs/PROTOCOL.md §7) or one of USAGE, KEYS_FILE, TIMEOUT, STREAM_RESTARTED.
+(docs/PROTOCOL.md §7), a control error code (ctl: BAD_ARGUMENT, UNAVAILABLE, ...) or one of
+USAGE, KEYS_FILE, TIMEOUT, STREAM_RESTARTED, NO_SOCKET.
 """
 from __future__ import annotations
 
@@ -433,7 +440,42 @@ def build_parser() -> argparse.ArgumentParser:
                         "or others can access is refused)")
     k.add_argument("--bytes", type=int, default=32, help="secret length (16..64, default: 32)")
     k.set_defaults(func=cmd_keygen)
+
+    from .control import COMMANDS
+    c = sub.add_parser("ctl", help="operate a running zerolayerd through its control socket")
+    c.add_argument("command", choices=COMMANDS)
+    c.add_argument("--socket", metavar="PATH",
+                   help="the control socket (default: $ZEROLAYER_CONTROL_SOCKET, else "
+                        f"{DEFAULT_CONTROL_SOCKET})")
+    c.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="wait this long for the answer (default: 10)")
+    c.set_defaults(func=cmd_ctl)
     return ap
+
+
+DEFAULT_CONTROL_SOCKET = "/run/zerolayer/control.sock"
+
+
+def cmd_ctl(args: argparse.Namespace) -> int:
+    import json
+
+    from .control import request
+    path = args.socket or os.environ.get("ZEROLAYER_CONTROL_SOCKET") or DEFAULT_CONTROL_SOCKET
+    try:
+        reply = request(path, args.command, timeout_s=args.timeout)
+    except FileNotFoundError:
+        print(f"zerolayer: NO_SOCKET: {path} does not exist (is zerolayerd running with "
+              f"[control] socket set?)", file=sys.stderr)
+        return EXIT_NO_ANSWER
+    except TimeoutError as e:
+        print(f"zerolayer: TIMEOUT: {e}", file=sys.stderr)
+        return EXIT_NO_ANSWER
+    if not reply.get("ok"):
+        err = reply.get("error", {})
+        print(f"zerolayer: {err.get('code', 'ERROR')}: {err.get('message', '')}", file=sys.stderr)
+        return EXIT_PROTOCOL
+    print(json.dumps(reply["result"], indent=2, sort_keys=True))
+    return EXIT_OK
 
 
 def _error_name(e: Exception) -> str:

@@ -89,6 +89,11 @@ class LifecycleSection:
 
 
 @dataclass
+class ControlSection:
+    socket: str = "auto"           # the control socket (ipc, mode 0600); "auto" = $RUNTIME_DIRECTORY/control.sock under systemd, else off; "" = off
+
+
+@dataclass
 class DaemonConfig:
     model: ModelSection = field(default_factory=ModelSection)
     network: NetworkSection = field(default_factory=NetworkSection)
@@ -98,6 +103,7 @@ class DaemonConfig:
     metrics: MetricsSection = field(default_factory=MetricsSection)
     cpu: CpuSection = field(default_factory=CpuSection)
     lifecycle: LifecycleSection = field(default_factory=LifecycleSection)
+    control: ControlSection = field(default_factory=ControlSection)
 
 
 def _convert(value: Any, typ: type) -> Any:

@@ -157,6 +157,13 @@ class ResultCache:
         self._finished[key] = None
         self.stats["finished"] += 1
 
+    def flush_finished(self) -> int:
+        """Forget every finished entry (the operator's `cache-flush`); returns how many."""
+        n = len(self._finished)
+        for key in list(self._finished):
+            self._remove(key)
+        return n
+
     def discard(self, key: CacheKey) -> None:
         if key in self._entries:
             self._remove(key)

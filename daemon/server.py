@@ -27,7 +27,9 @@ import sys
 import time
 
 from . import config as config_mod
-from . import memory_bounds
+from . import control as control_mod
+from . import control_commands, memory_bounds
+from .control import ControlCall, ControlServer
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
 from .engine import Engine
 from .engine_thread import EngineThread
@@ -71,6 +73,10 @@ class Daemon:
         self._draining = False
         self.exit_code = 0
         self.admitted_bytes = 0     # body bytes handed to the engine thread (memory_bounds.py)
+        self.operator_drain = False  # `zerolayer ctl drain`: refuse new work, stay up
+        self.started = time.monotonic()
+        self.control: ControlServer | None = None
+        self.log = log
 
     # ---- start-up ------------------------------------------------------------------------
     def start(self) -> None:
@@ -94,6 +100,12 @@ class Daemon:
         self.udp = BatchedUDP(self.sock, batch=c.network.batch)
         self.xdp = self._open_xdp()
         self.metrics.serve(c.metrics.host, c.metrics.port)
+        self.ctl_calls: Handoff[ControlCall] = Handoff(64, "control")
+        path = control_mod.resolve_path(c.control.socket)
+        if path:
+            self.control = ControlServer(path, self.ctl_calls, log=log)
+            self.control.start()
+            log(f"control socket ipc://{path} (mode 0600)")
         self._pin_io(io_cpus)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
@@ -206,7 +218,8 @@ class Daemon:
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> int:
         next_house = 0.0
-        wait_fds = [self.sock, self.events] + (self.xdp.fileno_list() if self.xdp else [])
+        wait_fds = ([self.sock, self.events, self.ctl_calls]
+                    + (self.xdp.fileno_list() if self.xdp else []))
         busy = self.cfg.network.busy_poll
         xdp = self.xdp
         spin = 0
@@ -232,6 +245,8 @@ class Daemon:
             # once, turn after turn (a spinning I/O thread, competing with the kernels).
             for ev in self.events.drain():
                 self._on_event(ev)
+            for call in self.ctl_calls.drain():  # every turn, as the events (its eventfd)
+                control_commands.run(self, call)
             if self.out or (xdp is not None and xdp.tx_backlog):
                 self._flush()
             now = time.monotonic()
@@ -265,12 +280,7 @@ class Daemon:
     def _housekeeping(self, now: float) -> None:
         if self._reload:
             self._reload = False
-            ok = self.keys.reload()
-            self.metrics.key_reloads.labels("ok" if ok else "failed").inc()
-            if ok:
-                self.metrics.key_reload_success.set_to_current_time()
-            log(f"keys reloaded ({len(self.keys)} keys)" if ok
-                else f"keys reload failed, old keys kept: {self.keys.last_error}")
+            self.reload_keys()
         self.ingress.tick()
         for e in self.cache.expired_leases(self.cfg.cache.lease_s):
             if isinstance(e.handle, Request):
@@ -289,6 +299,16 @@ class Daemon:
         m.update_ingress(self.ingress)
         m.update_memory(memory_bounds.buffers(self))
         self._flush()
+
+    def reload_keys(self) -> bool:
+        """SIGHUP or `zerolayer ctl reload-keys`: a refused file keeps the old keys."""
+        ok = self.keys.reload()
+        self.metrics.key_reloads.labels("ok" if ok else "failed").inc()
+        if ok:
+            self.metrics.key_reload_success.set_to_current_time()
+        log(f"keys reloaded ({len(self.keys)} keys)" if ok
+            else f"keys reload failed, old keys kept: {self.keys.last_error}")
+        return ok
 
     def _on_term(self, *_):
         if not self._draining:
@@ -326,6 +346,8 @@ class Daemon:
             wait_tx_drained(self.xdp)
             self.xdp.close()  # detach: invoke traffic goes to the kernel stack from here on
         self.sock.close()
+        if self.control is not None:
+            self.control.stop()
         log("stopped" if not self.exit_code else f"stopped (exit {self.exit_code})")
 
     # ---- requests ------------------------------------------------------------------------

@@ -1,0 +1,115 @@
+"""What each control command does, run on the I/O thread (daemon/control.py hands them over).
+
+Every command is O(1) or a copy of counters, so running one between datagram batches costs
+the data plane microseconds. A command returns a JSON-able dict or raises ControlError.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from zerolayer.gpu import __version__
+
+from . import config as config_mod
+from .control import ControlCall, ControlError
+from .wire import ServerState
+
+if TYPE_CHECKING:
+    from .server import Daemon
+
+
+def run(d: "Daemon", call: ControlCall) -> None:
+    try:
+        call.answer(COMMANDS[call.cmd](d, call.args))
+    except ControlError as e:
+        call.fail(e.code, e.message)
+    except Exception as e:  # noqa: BLE001 - an operator's command must not end the daemon
+        call.fail("INTERNAL", f"{type(e).__name__}: {e}")
+
+
+def status(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    running, waiting, kv_held = d.engine_thread.stats
+    return {
+        "state": d.state.name.lower(), "version": __version__, "pid": os.getpid(),
+        "uptime_s": round(time.monotonic() - d.started, 3),
+        "drain": "stopping" if d._draining else "operator" if d.operator_drain else None,
+        "ingress": "udp" if d.xdp is None else "xdp",
+        "requests": {"in_flight": len(d.live), "running": running,
+                     "waiting": waiting + len(d.admissions)},
+        "keys": len(d.keys),
+    }
+
+
+def drain(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    """Refuse new work with DRAINING; keep serving what is in flight and every control
+    message; stay up. `undrain` ends it."""
+    if not d.operator_drain and not d._draining:
+        d.operator_drain = True
+        d.state = ServerState.DRAINING
+        d.ingress.draining = True
+        d.log(f"draining by the operator: {len(d.live)} requests in flight")
+    return {"state": d.state.name.lower(), "in_flight": len(d.live)}
+
+
+def undrain(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    if d._draining:
+        raise ControlError("UNAVAILABLE", "the daemon is stopping (SIGTERM); it cannot undrain")
+    if d.operator_drain:
+        d.operator_drain = False
+        d.state = ServerState.READY
+        d.ingress.draining = False
+        d.log("undrained by the operator: accepting new requests")
+    return {"state": d.state.name.lower()}
+
+
+def reload_keys(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    ok = d.reload_keys()
+    if not ok:
+        raise ControlError("BAD_ARGUMENT", f"keys file refused, old keys kept: "
+                                           f"{d.keys.last_error}")
+    return {"keys": len(d.keys)}
+
+
+def config(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    """The effective configuration (defaults < file < environment < flags). Nothing in it is
+    secret: the keys file is a path, its contents are never read out."""
+    return config_mod.as_dict(d.cfg)
+
+
+def cache_stats(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    c = d.cache
+    return {"entries": len(c), "running": c.running, "bytes": c.nbytes,
+            "max_entries": c.max_entries, "max_bytes": c.max_bytes, "ttl_s": c.ttl_s,
+            **c.stats}
+
+
+def cache_flush(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    """Forget every finished result (a duplicate of one then runs the model again); running
+    requests keep their entries, or they could not be resumed or cancelled."""
+    return {"flushed": d.cache.flush_finished(), "entries": len(d.cache)}
+
+
+def kv_stats(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    a = d.model.arena
+    prefix = d.engine_thread.engine.prefix
+    return {"blocks": a.n_blocks, "free_blocks": a.free_blocks,
+            "prefix_cache_blocks": prefix.blocks, "bytes_per_block": a.bytes_per_block,
+            "max_seq_len": a.max_seq_len}
+
+
+def xdp_status(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    if d.xdp is None:
+        return {"attached": False, "ingress": d.cfg.network.ingress}
+    io = d.xdp
+    return {"attached": True, "interface": io.settings.ifname, "zerocopy": io.zerocopy,
+            "queues": len(io.socks), "ports": sorted(io.prog.ports()),
+            "rate": dict(zip(("rate_pps", "burst"), io.prog.rate())),
+            "packets": io.packet_counts(), "pins": io.pins}
+
+
+COMMANDS: dict[str, Callable[["Daemon", dict[str, Any]], dict[str, Any]]] = {
+    "status": status, "drain": drain, "undrain": undrain, "reload-keys": reload_keys,
+    "config": config, "cache-stats": cache_stats, "cache-flush": cache_flush,
+    "kv-stats": kv_stats, "xdp-status": xdp_status,
+}

@@ -1,0 +1,198 @@
+"""The control socket (daemon/control.py) against a real zerolayerd: every command, its
+errors, the socket's permissions, `zerolayer ctl`, drain and undrain with traffic, and the
+data plane answering while the control socket is hammered. The engine is held inside a step
+(daemon/test_hooks.py) where a test needs a request to stay in flight, so nothing here bets
+on the machine's speed."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import zmq
+
+from daemon_proc import DaemonProc
+from zerolayer.daemon import control
+from zerolayer.daemon.client import Client
+from zerolayer.daemon.errors import DrainingError
+from zerolayer.daemon.wire import ChatMessage
+
+from test_dataplane import Hooks
+
+FRANCE = [ChatMessage("user", "What is the capital of France?")]
+
+
+@pytest.fixture(scope="module")
+def ctl_daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("zl-control")
+    hooks = Hooks(tmp / "hooks")
+    sock = tmp / "control.sock"
+    d = DaemonProc(tmp, "--control-socket", str(sock), "--cache-lease-s", "30",
+                   env={"ZEROLAYER_TEST_HOOKS": str(hooks.dir)})
+    try:
+        yield d, hooks, str(sock)
+    finally:
+        hooks.release()
+        assert d.stop() == 0
+    assert not sock.exists()  # removed on the way out
+
+
+def ctl(path: str, cmd: str, **args) -> dict:
+    reply = control.request(path, cmd, args)
+    assert reply["v"] == 1
+    return reply
+
+
+def ok(path: str, cmd: str) -> dict:
+    reply = ctl(path, cmd)
+    assert reply["ok"], reply
+    return reply["result"]
+
+
+def client(d: DaemonProc, **kw) -> Client:
+    return Client(d.addr, d.key_id, d.secret, timeout=kw.pop("timeout", 60), **kw)
+
+
+def test_the_socket_is_reachable_only_by_its_owner(ctl_daemon):
+    d, _, path = ctl_daemon
+    st = os.stat(path)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    assert st.st_uid == os.getuid()
+    assert "control socket ipc://" in "".join(d.log)
+
+
+def test_status_config_kv_and_xdp(ctl_daemon):
+    d, _, path = ctl_daemon
+    s = ok(path, "status")
+    assert s["state"] == "ready" and s["drain"] is None and s["pid"] == d.proc.pid
+    assert s["ingress"] == "udp" and s["keys"] == 1 and s["requests"]["in_flight"] == 0
+    c = ok(path, "config")
+    assert c["control"]["socket"] == path and c["model"]["max_seq_len"] == 2048
+    assert c["security"]["keys_file"] == str(d.keys_file)  # a path; the secret never
+    assert d.secret.hex() not in json.dumps(c)
+    kv = ok(path, "kv-stats")
+    assert kv["blocks"] > 0 and 0 <= kv["free_blocks"] <= kv["blocks"]
+    assert ok(path, "xdp-status") == {"attached": False, "ingress": "udp"}
+
+
+def test_errors_have_closed_codes(ctl_daemon):
+    _, _, path = ctl_daemon
+    assert ctl(path, "no-such")["error"]["code"] == "UNKNOWN_COMMAND"
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.connect(f"ipc://{path}")
+    try:
+        for raw in (b"not json", json.dumps({"v": 2, "cmd": "status"}).encode(),
+                    json.dumps({"v": 1, "cmd": 5}).encode(), json.dumps([1]).encode()):
+            s.send_multipart([b"", raw])
+            assert s.poll(10_000)
+            reply = json.loads(s.recv_multipart()[-1])
+            assert not reply["ok"] and reply["error"]["code"] == "BAD_REQUEST", raw
+    finally:
+        s.close(0)
+    assert set(control.ERROR_CODES) >= {"BAD_REQUEST", "UNKNOWN_COMMAND", "UNAVAILABLE"}
+
+
+def test_drain_refuses_new_work_finishes_in_flight_then_undrain(ctl_daemon):
+    d, hooks, path = ctl_daemon
+    (hooks.dir / "hold").touch()                               # held at its first step
+    try:
+        s = client(d).stream(messages=FRANCE, max_tokens=8)
+        d.wait_for(lambda: (hooks.dir / "held").exists(), timeout=120, what="engine held")
+        assert ok(path, "status")["requests"]["in_flight"] == 1
+        r = ok(path, "drain")
+        assert r == {"state": "draining", "in_flight": 1}
+        with pytest.raises(DrainingError):
+            client(d, max_attempts=1, timeout=10).invoke(messages=FRANCE, max_tokens=4)
+        assert client(d, timeout=10).ping() > 0               # control traffic still served
+        assert ok(path, "status")["drain"] == "operator"
+    finally:
+        hooks.release()
+    text = "".join(s)                                          # the in-flight one completes
+    assert "Paris" in text and s.result.finish_reason in ("stop", "length")
+    assert ok(path, "status")["state"] == "draining"           # and the daemon stays up
+    assert ok(path, "undrain") == {"state": "ready"}
+    assert "Paris" in client(d).invoke(messages=FRANCE, max_tokens=8).text
+
+
+def test_cache_stats_and_flush(ctl_daemon):
+    d, _, path = ctl_daemon
+    rid = secrets.token_bytes(16)
+    client(d).invoke(messages=FRANCE, max_tokens=4, request_id=rid)
+    st = ok(path, "cache-stats")
+    assert st["entries"] >= 1 and st["bytes"] > 0 and st["max_bytes"] == 256 << 20
+    runs = d.metric("zerolayer_model_runs_total")
+    client(d).invoke(messages=FRANCE, max_tokens=4, request_id=rid)    # served from the cache
+    assert d.metric("zerolayer_model_runs_total") == runs
+    assert ok(path, "cache-flush")["flushed"] >= 1
+    client(d).invoke(messages=FRANCE, max_tokens=4, request_id=rid)    # forgotten: runs again
+    assert d.metric("zerolayer_model_runs_total") == runs + 1
+
+
+def test_reload_keys(ctl_daemon):
+    d, _, path = ctl_daemon
+    original = d.keys_file.read_text()
+    extra = secrets.token_bytes(32)
+    try:
+        d.keys_file.write_text(original + f"8 {extra.hex()}\n")
+        assert ok(path, "reload-keys") == {"keys": 2}
+        assert Client(d.addr, 8, extra, timeout=20).ping() > 0
+        d.keys_file.write_text("# nothing\n")                   # refused, old keys kept
+        r = ctl(path, "reload-keys")
+        assert not r["ok"] and r["error"]["code"] == "BAD_ARGUMENT"
+        assert ok(path, "status")["keys"] == 2
+    finally:
+        d.keys_file.write_text(original)
+        ok(path, "reload-keys")
+
+
+def test_the_cli(ctl_daemon):
+    _, _, path = ctl_daemon
+    run = [sys.executable, "-m", "zerolayer.daemon.cli", "ctl"]
+    out = subprocess.run([*run, "status", "--socket", path], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and json.loads(out.stdout)["state"] == "ready"
+    env = {**os.environ, "ZEROLAYER_CONTROL_SOCKET": path}
+    out = subprocess.run([*run, "kv-stats"], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert out.returncode == 0 and json.loads(out.stdout)["blocks"] > 0
+    out = subprocess.run([*run, "status", "--socket", path + ".nope"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 4 and "NO_SOCKET" in out.stderr
+
+
+def test_a_hammered_control_socket_never_stops_the_data_plane(ctl_daemon):
+    d, _, path = ctl_daemon
+    stop = threading.Event()
+    served = [0]
+
+    def hammer():
+        while not stop.is_set():
+            assert ctl(path, "status")["ok"]
+            served[0] += 1
+
+    threads = [threading.Thread(target=hammer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        c = client(d, timeout=20)
+        for _ in range(20):
+            assert c.ping() > 0
+        assert "Paris" in c.invoke(messages=FRANCE, max_tokens=8).text
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert served[0] > 20
+
+
+def test_resolve_path() -> None:
+    assert control.resolve_path("auto", {}) == ""
+    assert control.resolve_path("auto", {"RUNTIME_DIRECTORY": "/run/zl"}) == "/run/zl/control.sock"
+    assert control.resolve_path("", {"RUNTIME_DIRECTORY": "/run/zl"}) == ""
+    assert control.resolve_path("/x/c.sock", {}) == "/x/c.sock"

@@ -60,6 +60,7 @@ class EngineThread(threading.Thread):
         self.ready = threading.Event()
         self.events_full_waits = 0
         self.taken_bytes = 0        # body bytes taken off the admissions queue
+        self.waiting_full = 0       # admissions refused OVERLOADED: the wait queue was full
         self.held_requests = 0
         self.held_tokens = 0
         self._stopping = False
@@ -123,6 +124,8 @@ class EngineThread(threading.Thread):
             req.body = None  # the ids are all the engine needs: don't hold up to 3 MiB per request
             self.engine.submit(req)
         except ZerolayerError as ex:
+            if ex.code is ErrorCode.OVERLOADED:
+                self.waiting_full += 1
             self._out.append(FailedEvent(req, ex.code or ErrorCode.INTERNAL, str(ex)))
         except RuntimeModelError as ex:  # ContextOverflowError, KVCacheFullError
             self._out.append(FailedEvent(req, ErrorCode[ex.code], str(ex)))

@@ -7,13 +7,25 @@ decode step on a GPU) live well below the 5 ms where default buckets begin.
 """
 from __future__ import annotations
 
+import socket
+import threading
+from collections.abc import Callable
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
-                               start_http_server)
+                               make_wsgi_app)
 
 from zerolayer.gpu import __version__
 
 from .errors import ErrorCode
 
+# What OVERLOADED can come from (docs/OPERATIONS.md "Error codes"): the nonce cache, one
+# key's share of it, reassembly memory or slots, one key's share of those, the result
+# cache, the hand-off to the engine thread, the engine's wait queue.
+OVERLOAD_BOUNDS = ("nonce_cache", "nonce_key_share", "reassembly", "reassembly_key_share",
+                   "result_cache", "admissions", "wait_queue")
+STATES = ("warming", "ready", "draining")
 LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -95,6 +107,27 @@ class Metrics:
                                   "The most each buffer can hold, from the configuration",
                                   ["buffer"], registry=r)
         ProcessCollector(registry=r)  # process_resident_memory_bytes & co.
+        self.state = Gauge("zerolayer_server_state",
+                           "1 for the daemon's current state (warming, ready, draining)",
+                           ["state"], registry=r)
+        self.overloaded = Counter("zerolayer_overloaded",
+                                  "OVERLOADED refusals by the bound that was full",
+                                  ["bound"], registry=r)
+        for bound in OVERLOAD_BOUNDS:
+            self.overloaded.labels(bound)
+        self.stage = Histogram("zerolayer_request_stage_seconds",
+                               "Per-request time in each stage, as sent in DONE's timings: "
+                               "queue (admitted to first scheduled), tokenize, prefill, "
+                               "decode (all steps)", ["stage"], buckets=LATENCY_BUCKETS,
+                               registry=r)
+        self.step_max = Histogram("zerolayer_decode_step_max_seconds",
+                                  "Slowest gap between two tokens of a request (jitter)",
+                                  buckets=LATENCY_BUCKETS, registry=r)
+        self.prefix_tokens = Counter("zerolayer_prefix_cache_tokens",
+                                     "Prompt tokens found in the prefix cache (hit) or run "
+                                     "through the model (miss)", ["result"], registry=r)
+        for result in ("hit", "miss"):
+            self.prefix_tokens.labels(result)
         self._ingress_last: dict = {}
         self._handoff_last: dict = {}
         self._xdp_last: dict = {}
@@ -119,6 +152,14 @@ class Metrics:
         for event, n in ingress.reassembler.stats.items():
             _advance(self.reassembly.labels(event), last, ("reassembly", event), n)
 
+    def update_overloaded(self, totals: dict[str, int]) -> None:
+        for bound, n in totals.items():
+            _advance(self.overloaded.labels(bound), self._ingress_last, ("overloaded", bound), n)
+
+    def set_state(self, state: str) -> None:
+        for s in STATES:
+            self.state.labels(s).set(1 if s == state else 0)
+
     def update_memory(self, buffers: dict[str, tuple[int, int]]) -> None:
         for name, (used, limit) in buffers.items():
             self.memory.labels(name).set(used)
@@ -138,9 +179,34 @@ class Metrics:
         for ring, n in io.ring_occupancy().items():
             self.xsk_ring_entries.labels(ring).set(n)
 
-    def serve(self, host: str, port: int) -> None:
-        if port:
-            start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, host: str, port: int,
+              ready: Callable[[], tuple[bool, str]] = lambda: (True, "ready")) -> None:
+        """The metrics port: /metrics (Prometheus text), /healthz (200 while the process
+        serves HTTP at all), /readyz (200 when READY, else 503 with the state: warming,
+        draining). Anything else is 404. One thread per connection, daemon threads."""
+        if not port:
+            return
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ, start_response):
+            path = environ.get("PATH_INFO", "")
+            if path == "/metrics":
+                return metrics_app(environ, start_response)
+            if path == "/healthz":
+                status, body = "200 OK", "ok\n"
+            elif path == "/readyz":
+                ok, why = ready()
+                status, body = ("200 OK", "ready\n") if ok else ("503 Service Unavailable",
+                                                                 f"{why}\n")
+            else:
+                status, body = "404 Not Found", "not found: /metrics, /healthz, /readyz\n"
+            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+            return [body.encode()]
+
+        server_cls = _Server6 if ":" in host else _Server
+        httpd = make_server(host, port, app, server_cls, handler_class=_QuietHandler)
+        threading.Thread(target=httpd.serve_forever, name="zerolayer-metrics",
+                         daemon=True).start()
 
 
 def _advance(counter, last: dict, key, total: int) -> None:
@@ -149,3 +215,16 @@ def _advance(counter, last: dict, key, total: int) -> None:
     if d > 0:
         counter.inc(d)
     last[key] = total
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args) -> None:  # scrapes every few seconds: no access log
+        pass

@@ -95,11 +95,15 @@ class Daemon:
                                                  is not None else None)
         self.admissions: Handoff[Request] = Handoff(c.engine.queue_depth, "admissions")
         self.events: Handoff[EngineEvent] = Handoff(EVENTS_CAPACITY, "events")
+        # /healthz and /readyz answer from here on, through the cold start's kernel builds
+        self.metrics.serve(c.metrics.host, c.metrics.port,
+                           ready=lambda: (self.state is ServerState.READY,
+                                          self.state.name.lower()))
+        self.metrics.set_state("warming")
         self._start_engine(engine_cpus)  # loads the model: a bad one fails the start here
         self.sock = self._open_socket()
         self.udp = BatchedUDP(self.sock, batch=c.network.batch)
         self.xdp = self._open_xdp()
-        self.metrics.serve(c.metrics.host, c.metrics.port)
         self.ctl_calls: Handoff[ControlCall] = Handoff(64, "control")
         path = control_mod.resolve_path(c.control.socket)
         if path:
@@ -298,6 +302,13 @@ class Daemon:
             self.metrics.update_xdp(self.xdp)
         m.update_ingress(self.ingress)
         m.update_memory(memory_bounds.buffers(self))
+        m.set_state(self.state.name.lower())
+        rs, ra = self.replay.stats, self.ingress.reassembler.stats
+        m.update_overloaded({
+            "nonce_cache": rs["full"], "nonce_key_share": rs["key_full"],
+            "reassembly": ra["refused_budget"], "reassembly_key_share": ra["refused_key_share"],
+            "result_cache": self.cache.stats["refused"], "admissions": self.admissions.full,
+            "wait_queue": self.engine_thread.waiting_full})
         self._flush()
 
     def reload_keys(self) -> bool:
@@ -512,6 +523,12 @@ class Daemon:
             m.ttft.observe(r.t_first - r.received_at)
         if usage.completion_tokens > 1 and fr is not FinishReason.CANCELLED:
             m.itl.observe(t.decode_per_token_us / 1e6)
+            m.step_max.observe(t.decode_step_max_us / 1e6)
+        for stage, us in (("queue", t.queue_us), ("tokenize", t.tokenize_us),
+                          ("prefill", t.prefill_us), ("decode", t.decode_us)):
+            m.stage.labels(stage).observe(us / 1e6)
+        m.prefix_tokens.labels("hit").inc(usage.cached_prompt_tokens)
+        m.prefix_tokens.labels("miss").inc(usage.prompt_tokens - usage.cached_prompt_tokens)
 
     def _fail(self, r: Request, code: ErrorCode, msg: str) -> None:
         self.metrics.errors.labels(code.name).inc()

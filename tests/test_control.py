@@ -196,3 +196,42 @@ def test_resolve_path() -> None:
     assert control.resolve_path("auto", {"RUNTIME_DIRECTORY": "/run/zl"}) == "/run/zl/control.sock"
     assert control.resolve_path("", {"RUNTIME_DIRECTORY": "/run/zl"}) == ""
     assert control.resolve_path("/x/c.sock", {}) == "/x/c.sock"
+
+
+def _http(d: DaemonProc, path: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_health_and_readiness_follow_the_state(ctl_daemon):
+    d, _, path = ctl_daemon
+    assert _http(d, "/healthz") == (200, "ok\n")
+    assert _http(d, "/readyz") == (200, "ready\n")
+    assert _http(d, "/nothing")[0] == 404
+    assert d.metric("zerolayer_server_state", 'state="ready"') == 1
+    ok(path, "drain")
+    try:
+        assert _http(d, "/readyz") == (503, "draining\n")
+        assert _http(d, "/healthz")[0] == 200
+        d.wait_for(lambda: d.metric("zerolayer_server_state", 'state="draining"') == 1,
+                   what="state gauge")
+    finally:
+        ok(path, "undrain")
+    assert _http(d, "/readyz") == (200, "ready\n")
+
+
+def test_stage_histograms_and_prefix_cache_counters(ctl_daemon):
+    d, _, _ = ctl_daemon
+    hit = d.metric("zerolayer_prefix_cache_tokens_total", 'result="hit"')
+    client(d).invoke(messages=FRANCE, max_tokens=4)
+    client(d).invoke(messages=FRANCE, max_tokens=4)        # the same prompt: its prefix reused
+    d.wait_for(lambda: d.metric("zerolayer_prefix_cache_tokens_total", 'result="hit"') > hit,
+               what="prefix hits counted")
+    for stage in ("queue", "tokenize", "prefill", "decode"):
+        assert d.metric("zerolayer_request_stage_seconds_count", f'stage="{stage}"') >= 2
+    assert d.metric("zerolayer_overloaded_total", 'bound="nonce_cache"') == 0

@@ -182,6 +182,9 @@ def test_admissions_beyond_the_queue_depth_get_overloaded(held_daemon):
         d.wait_for(lambda: d.metric("zerolayer_handoff_full_total", 'queue="admissions"')
                    >= full0 + 1, what="the full hand-off counted")
         assert d.metric("zerolayer_request_errors_total", 'code="OVERLOADED"') >= over0 + 1
+        # and which bound was full: the hand-off (issue 11)
+        d.wait_for(lambda: d.metric("zerolayer_overloaded_total", 'bound="admissions"')
+                   >= 2, what="the bound counted")
         a.cancel()
     finally:
         hooks.release()

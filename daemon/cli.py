@@ -441,6 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--bytes", type=int, default=32, help="secret length (16..64, default: 32)")
     k.set_defaults(func=cmd_keygen)
 
+    from .version import package_version
+    ap.add_argument("--version", action="version", version=f"zerolayer {package_version()}")
+
     from .control import COMMANDS
     c = sub.add_parser("ctl", help="operate a running zerolayerd through its control socket")
     c.add_argument("command", choices=COMMANDS)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
+import io
 import os
+import tokenize
 import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -106,14 +109,91 @@ class DaemonConfig:
     control: ControlSection = field(default_factory=ControlSection)
 
 
+class ConfigError(ValueError):
+    """Every problem found, each naming its setting and where the value came from."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
 def _convert(value: Any, typ: type) -> Any:
-    if typ is bool and isinstance(value, str):
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"not a boolean: {value!r}")
-    return typ(value)
+    """A value from TOML must already have the setting's type (`port = true` is not 1); one
+    from the environment or a flag is text and is parsed strictly."""
+    if isinstance(value, str) and typ is not str:
+        text = value.strip()
+        if typ is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"not a boolean: {value!r} (true/false, yes/no, on/off, 1/0)")
+        try:
+            return typ(text)
+        except ValueError:
+            raise ValueError(f"not {'an integer' if typ is int else 'a number'}: "
+                             f"{value!r}") from None
+    if typ is float and type(value) is int:
+        return float(value)
+    if type(value) is not typ:
+        raise ValueError(f"expected {typ.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _one_of(*choices: str):
+    return (lambda v: v in choices), f"one of {', '.join(map(repr, choices))}"
+
+
+def _between(lo: float, hi: float | None = None):
+    if hi is None:
+        return (lambda v: v >= lo), f">= {lo:g}"
+    return (lambda v: lo <= v <= hi), f"in {lo:g}..{hi:g}"
+
+
+def _cpus(v: str) -> bool:
+    try:
+        parse_cpus(v)
+        return True
+    except ValueError:
+        return False
+
+
+# What each setting may be, beyond its type. A value outside is refused before the model is
+# loaded, naming the setting (a negative max_running used to reach READY and hang).
+RULES: dict[str, tuple[Any, str]] = {
+    "model.max_seq_len": _between(16, 1 << 20),
+    "model.threads": _between(0, 1024),
+    "network.port": _between(0, 65535),
+    "network.ingress": _one_of("udp", "xdp", "auto"),
+    "network.xdp_attach": _one_of("native", "generic", "auto"),
+    "network.xsk_mode": _one_of("copy", "zerocopy", "auto"),
+    "network.xsk_ring_size": ((lambda v: 64 <= v <= 32768 and v & (v - 1) == 0),
+                              "a power of two in 64..32768"),
+    "network.xdp_rate_pps": _between(0),
+    "network.xdp_rate_burst": _between(0),
+    "network.rcvbuf_bytes": _between(65536, 1 << 31),
+    "network.batch": _between(1, 1024),
+    "engine.max_running": _between(1, 4096),
+    "engine.max_waiting": _between(1),
+    "engine.step_tokens": _between(1, 1 << 16),
+    "engine.kv_blocks": _between(0),
+    "engine.queue_depth": _between(1, 1 << 16),
+    "security.keys_file": ((lambda v: bool(v)), "a path"),
+    "security.max_skew_s": _between(1, 86400),
+    "security.nonce_capacity": _between(1),
+    "security.nonce_per_key": _between(0),
+    "cache.ttl_s": _between(0),
+    "cache.max_entries": _between(1),
+    "cache.max_bytes": _between(1 << 16),
+    "cache.lease_s": _between(0.1),
+    "metrics.port": _between(0, 65535),
+    "cpu.cpus": (_cpus, "a CPU list like \"2\" or \"0,2-3\""),
+    "cpu.io_cpu": (_cpus, "a CPU list like \"2\""),
+    "cpu.engine_cpus": (_cpus, "a CPU list like \"3-5\""),
+    "cpu.sched_fifo": _between(0, 99),
+    "lifecycle.drain_timeout_s": _between(0),
+    "lifecycle.drain_linger_s": _between(0),
+}
 
 
 def _types(section_cls) -> dict[str, type]:
@@ -121,43 +201,72 @@ def _types(section_cls) -> dict[str, type]:
     return {f.name: hints[f.type] for f in fields(section_cls)}
 
 
-def add_flags(ap: argparse.ArgumentParser) -> None:
+def add_flags(ap: argparse.ArgumentParser, comments: dict[str, str] | None = None) -> None:
+    """--config and one flag per setting, as text: the loader parses and checks it (so an
+    error names its source). `comments`: "section.name" -> its meaning, for --help."""
     ap.add_argument("--config", help="TOML file (default: $ZEROLAYER_CONFIG)")
     for sec in fields(DaemonConfig):
+        g = ap.add_argument_group(f"[{sec.name}]")
         for f in fields(sec.default_factory):
-            typ = _types(sec.default_factory)[f.name]
-            ap.add_argument(f"--{sec.name}-{f.name.replace('_', '-')}", dest=f"{sec.name}__{f.name}",
-                            type=(lambda v, t=typ: _convert(v, t)), default=None,
-                            help=f"default: {f.default!r}")
+            key = f"{sec.name}.{f.name}"
+            rule = RULES.get(key)
+            what = (comments or {}).get(key, "")
+            extra = f"; {rule[1]}" if rule else ""
+            g.add_argument(f"--{sec.name}-{f.name.replace('_', '-')}",
+                           dest=f"{sec.name}__{f.name}", default=None,
+                           metavar=_types(sec.default_factory)[f.name].__name__.upper(),
+                           help=f"{what} (default: {f.default!r}{extra})".lstrip())
 
 
 def load(args: argparse.Namespace | None = None, environ: dict[str, str] | None = None) -> DaemonConfig:
+    """The configuration from every source, checked: raises ConfigError listing every
+    problem (a bad value, an unknown section or setting), each with its source."""
     environ = os.environ if environ is None else environ
     cfg = DaemonConfig()
     path = getattr(args, "config", None) or environ.get("ZEROLAYER_CONFIG")
     data: dict[str, dict] = {}
+    problems: list[str] = []
     if path:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError([f"{path}: {e}"]) from None
         unknown = set(data) - {s.name for s in fields(DaemonConfig)}
         if unknown:
-            raise ValueError(f"{path}: unknown section(s) {sorted(unknown)}")
+            problems.append(f"{path}: unknown section(s) {sorted(unknown)}")
     for sec in fields(DaemonConfig):
         obj = getattr(cfg, sec.name)
         types = _types(type(obj))
         table = data.get(sec.name, {})
+        if not isinstance(table, dict):
+            problems.append(f"{path}: [{sec.name}] must be a table")
+            table = {}
         bad = set(table) - set(types)
         if bad:
-            raise ValueError(f"{path}: unknown setting(s) [{sec.name}] {sorted(bad)}")
+            problems.append(f"{path}: unknown setting(s) [{sec.name}] {sorted(bad)}")
         for name, typ in types.items():
-            value = table.get(name, getattr(obj, name))
-            env = environ.get(f"ZEROLAYER_{sec.name}_{name}".upper())
-            if env is not None:
-                value = env
+            value, source = getattr(obj, name), "default"
+            if name in table:
+                value, source = table[name], f"{path} [{sec.name}] {name}"
+            env_name = f"ZEROLAYER_{sec.name}_{name}".upper()
+            if env_name in environ:
+                value, source = environ[env_name], f"${env_name}"
             flag = getattr(args, f"{sec.name}__{name}", None) if args is not None else None
             if flag is not None:
-                value = flag
-            setattr(obj, name, _convert(value, typ))
+                value, source = flag, f"--{sec.name}-{name.replace('_', '-')}"
+            try:
+                value = _convert(value, typ)
+            except ValueError as e:
+                problems.append(f"{sec.name}.{name} ({source}): {e}")
+                continue
+            rule = RULES.get(f"{sec.name}.{name}")
+            if rule is not None and not rule[0](value):
+                problems.append(f"{sec.name}.{name} ({source}): {value!r} is not {rule[1]}")
+                continue
+            setattr(obj, name, value)
+    if problems:
+        raise ConfigError(problems)
     return cfg
 
 
@@ -167,6 +276,21 @@ def parse_cpus(spec: str) -> set[int]:
     for part in filter(None, (p.strip() for p in spec.split(","))):
         a, _, b = part.partition("-")
         out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def setting_comments() -> dict[str, str]:
+    """"section.name" -> the `# comment` on its line above: the meaning of each setting,
+    for --help and for the settings table in docs/OPERATIONS.md (scripts/settings_table.py)."""
+    out: dict[str, str] = {}
+    for sec in fields(DaemonConfig):
+        src = inspect.getsource(sec.default_factory)
+        line_name: dict[int, str] = {}
+        for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+            if tok.type == tokenize.NAME and tok.start[1] == 4 and tok.start[0] not in line_name:
+                line_name[tok.start[0]] = tok.string
+            if tok.type == tokenize.COMMENT and tok.start[0] in line_name:
+                out[f"{sec.name}.{line_name[tok.start[0]]}"] = tok.string.lstrip("# ").strip()
     return out
 
 

@@ -37,6 +37,7 @@ from .errors import ERROR_INFO, ErrorCode, OverloadedError
 from .handoff import Handoff
 from .ingress import ControlRequest, Ingress, InvokeRequest, Rejected
 from .metrics import Metrics
+from .version import package_version
 from .reassembly import Reassembler
 from .request import (CancelReason, DoneEvent, EngineDied, EngineEvent, FailedEvent, Request,
                       TextEvent)
@@ -95,14 +96,16 @@ class Daemon:
                                                  is not None else None)
         self.admissions: Handoff[Request] = Handoff(c.engine.queue_depth, "admissions")
         self.events: Handoff[EngineEvent] = Handoff(EVENTS_CAPACITY, "events")
+        # A port in use or a bad address fails the start now, not after the model loads;
+        # datagrams that arrive meanwhile wait in the socket buffer.
+        self.sock = self._open_socket()
+        self.udp = BatchedUDP(self.sock, batch=c.network.batch)
         # /healthz and /readyz answer from here on, through the cold start's kernel builds
         self.metrics.serve(c.metrics.host, c.metrics.port,
                            ready=lambda: (self.state is ServerState.READY,
                                           self.state.name.lower()))
         self.metrics.set_state("warming")
         self._start_engine(engine_cpus)  # loads the model: a bad one fails the start here
-        self.sock = self._open_socket()
-        self.udp = BatchedUDP(self.sock, batch=c.network.batch)
         self.xdp = self._open_xdp()
         self.ctl_calls: Handoff[ControlCall] = Handoff(64, "control")
         path = control_mod.resolve_path(c.control.socket)
@@ -554,10 +557,23 @@ def _sd_notify(msg: bytes) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="zerolayerd", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    config_mod.add_flags(ap)
+    ap.add_argument("--version", action="version", version=f"zerolayerd {package_version()}")
+    ap.add_argument("--check", action="store_true",
+                    help="dry run: check the configuration, keys file, model (one forward "
+                         "pass) and XDP program (verifier, not attached), print a summary, "
+                         "exit 0 or 2 with every problem listed")
+    config_mod.add_flags(ap, config_mod.setting_comments())
     args = ap.parse_args(argv)
+    if args.check:
+        from . import check
+        return check.run(args)
     try:
         cfg = config_mod.load(args)
+    except config_mod.ConfigError as e:
+        for p in e.problems:
+            log(f"bad configuration: {p}")
+        return 2
+    try:
         d = Daemon(cfg)
         d.start()
     except (KeyFileError, ValueError, OSError) as e:

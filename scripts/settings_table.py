@@ -13,11 +13,8 @@ gives a reason rather than a meaning).
 from __future__ import annotations
 
 import argparse
-import inspect
-import io
 import re
 import sys
-import tokenize
 from dataclasses import MISSING, fields
 from pathlib import Path
 
@@ -45,19 +42,6 @@ NOTES = {
 }
 
 
-def _comments(cls: type) -> dict[str, str]:
-    """name → the `# comment` on its line in the dataclass source."""
-    out: dict[str, str] = {}
-    src = inspect.getsource(cls)
-    line_name: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
-        if tok.type == tokenize.NAME and tok.start[1] == 4 and tok.start[0] not in line_name:
-            line_name[tok.start[0]] = tok.string
-        if tok.type == tokenize.COMMENT and tok.start[0] in line_name:
-            out[line_name[tok.start[0]]] = tok.string.lstrip("# ").strip()
-    return out
-
-
 def _default(f) -> str:
     v = f.default if f.default is not MISSING else f.default_factory()
     if isinstance(v, bool):
@@ -71,14 +55,14 @@ def rows() -> list[tuple[str, ...]]:
     """(section, setting, type, default, environment variable, flag, description) per setting,
     in config.py order."""
     sys.path.insert(0, str(ROOT))
-    from zerolayer.daemon.config import DaemonConfig
+    from zerolayer.daemon.config import DaemonConfig, setting_comments
+    notes = setting_comments()
     out = []
     for sec in fields(DaemonConfig):
         cls = sec.default_factory
-        notes = _comments(cls)
         for f in fields(cls):
             key = f"{sec.name}.{f.name}"
-            desc = (NOTES.get(key) or notes.get(f.name, "")).replace("|", "\\|")
+            desc = (NOTES.get(key) or notes.get(key, "")).replace("|", "\\|")
             out.append((f"[{sec.name}]", f"`{f.name}`", f.type, _default(f),
                         f"`ZEROLAYER_{sec.name.upper()}_{f.name.upper()}`",
                         f"`--{sec.name}-{f.name.replace('_', '-')}`", desc))

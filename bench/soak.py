@@ -244,6 +244,8 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(a.out) if a.out else RESULTS / f"soak-{stamp}.json"
+    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True).stdout.strip()  # the code that runs
     lock = open(LOCK_PATH, "w")
     log(f"waiting for {LOCK_PATH}")
     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -290,8 +292,7 @@ def main() -> int:
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
                     "python": platform.python_version()},
-        "git": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True).stdout.strip(),
+        "git": git,
         "args": vars(a), "rss_before_load": rss0, "daemon_exit": code, "load": counts,
         "datagrams_received": last.get("zerolayer_ingress_datagrams_total"),
         "requests_finished": last.get("zerolayer_requests_total"),

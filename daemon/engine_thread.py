@@ -64,6 +64,7 @@ class EngineThread(threading.Thread):
         self.held_requests = 0
         self.held_tokens = 0
         self._stopping = False
+        self.beat = time.monotonic()  # the last turn of the loop (sd_notify.Watchdog reads it)
         self._out: list[EngineEvent] = []
         # what the I/O thread reads for metrics: one tuple, replaced whole (atomic)
         self.stats = (0, 0, 0)  # running, waiting, KV blocks held by requests
@@ -95,6 +96,7 @@ class EngineThread(threading.Thread):
     def _loop(self) -> None:
         eng = self.engine
         while not self._stopping:
+            self.beat = time.monotonic()
             for req in self.admissions.drain():
                 self._admit(req)
             self._flush()

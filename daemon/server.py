@@ -37,6 +37,7 @@ from .errors import ERROR_INFO, ErrorCode, OverloadedError
 from .handoff import Handoff
 from .ingress import ControlRequest, Ingress, InvokeRequest, Rejected
 from .metrics import Metrics
+from .sd_notify import Notifier, Watchdog
 from .version import package_version
 from .reassembly import Reassembler
 from .request import (CancelReason, DoneEvent, EngineDied, EngineEvent, FailedEvent, Request,
@@ -48,6 +49,7 @@ from .wire import (MAX_TEXT, NO_SEQ, FinishReason, MsgType, RunState, ServerStat
                    Usage, split_utf8)
 
 HOUSEKEEPING_S = 0.25
+STATUS_S = 5.0            # STATUS= lines to systemd, at most this often
 # Receive batches drained before the engine's events are turned into frames: enough that a
 # flood of garbage can't fill the socket buffer meanwhile, bounded so that it can't starve
 # the streams either.
@@ -78,6 +80,11 @@ class Daemon:
         self.started = time.monotonic()
         self.control: ControlServer | None = None
         self.log = log
+        self.sd = Notifier(log=log)
+        self.watchdog: Watchdog | None = None
+        self._status_at = 0.0
+        self._status_tokens = 0
+        self.tokens_out = 0          # tokens generated, for the STATUS line's tok/s
 
     # ---- start-up ------------------------------------------------------------------------
     def start(self) -> None:
@@ -122,7 +129,8 @@ class Daemon:
         path = "udp" if self.xdp is None else f"xdp on {c.network.interface} + udp fallback"
         log(f"ready on {host}:{port}, ingress {path} "
             f"(metrics {c.metrics.host}:{c.metrics.port or 'off'})")
-        _sd_notify(b"READY=1")
+        self.sd.notify("READY=1", "STATUS=ready")
+        self.watchdog = Watchdog(self.sd, lambda: self.engine_thread.beat)
 
     def _cpu_plan(self) -> tuple[set[int] | None, set[int] | None]:
         """[cpu]: cpus = the whole process; io_cpu = the I/O thread; engine_cpus = the engine
@@ -169,7 +177,14 @@ class Daemon:
         t = self.engine_thread = EngineThread(load, self.admissions, self.events,
                                               cpus=engine_cpus, log=log)
         t.start()
-        t.ready.wait()
+        t0 = time.monotonic()
+        self.sd.notify("STATUS=warming: loading the model")
+        while not t.ready.wait(5.0):
+            # the first start in a fresh cache compiles kernels for about a minute: tell
+            # systemd the start is alive, 30 s at a time, as long as it goes on
+            self.sd.notify("EXTEND_TIMEOUT_USEC=30000000",
+                           f"STATUS=warming: loading the model and compiling kernels "
+                           f"({time.monotonic() - t0:.0f} s)")
         if t.start_error is not None:
             raise t.start_error
         if not t.is_alive():
@@ -303,6 +318,14 @@ class Daemon:
         m.update_handoff("events", self.engine_thread.events_full_waits)
         if self.xdp is not None:
             self.metrics.update_xdp(self.xdp)
+        if self.watchdog is not None:
+            self.watchdog.tick()
+        if self.sd.enabled and now >= self._status_at + STATUS_S:
+            toks = self.tokens_out
+            rate = (toks - self._status_tokens) / max(1e-9, now - self._status_at)
+            self.sd.notify(f"STATUS={self.state.name.lower()}: {running} running, "
+                           f"{waiting + len(self.admissions)} waiting, {rate:.1f} tok/s")
+            self._status_at, self._status_tokens = now, toks
         m.update_ingress(self.ingress)
         m.update_memory(memory_bounds.buffers(self))
         m.set_state(self.state.name.lower())
@@ -316,7 +339,10 @@ class Daemon:
 
     def reload_keys(self) -> bool:
         """SIGHUP or `zerolayer ctl reload-keys`: a refused file keeps the old keys."""
+        self.sd.reloading()
         ok = self.keys.reload()
+        self.sd.notify("READY=1", f"STATUS={self.state.name.lower()}: keys "
+                                  f"{'reloaded' if ok else 'reload failed, old keys kept'}")
         self.metrics.key_reloads.labels("ok" if ok else "failed").inc()
         if ok:
             self.metrics.key_reload_success.set_to_current_time()
@@ -331,6 +357,7 @@ class Daemon:
             self.ingress.draining = True
             self._stop_at = time.monotonic() + self.cfg.lifecycle.drain_timeout_s
             log(f"draining: {len(self.live)} requests in flight")
+            self.sd.notify("STOPPING=1", f"STATUS=draining: {len(self.live)} in flight")
         elif self._idle_since is not None:  # a second signal while lingering: exit now
             self._stop_at = time.monotonic()
 
@@ -521,6 +548,7 @@ class Daemon:
         m.requests.labels(fr.label).inc()
         m.prompt_tokens.inc(usage.prompt_tokens)
         m.generated_tokens.inc(usage.completion_tokens)
+        self.tokens_out += usage.completion_tokens
         m.e2e.observe(now - r.received_at)
         if r.t_first:
             m.ttft.observe(r.t_first - r.received_at)
@@ -538,20 +566,6 @@ class Daemon:
         self.metrics.requests.labels("error").inc()
         self._emit(r, r.signer.error(code, msg, r.next_seq, r.run_id))
         self._close(r, cacheable=ERROR_INFO[code].cacheable)
-
-
-def _sd_notify(msg: bytes) -> None:
-    """systemd readiness (Type=notify), without a libsystemd dependency."""
-    path = os.environ.get("NOTIFY_SOCKET")
-    if not path:
-        return
-    if path.startswith("@"):
-        path = "\0" + path[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        try:
-            s.sendto(msg, path)
-        except OSError as e:
-            log(f"sd_notify failed: {e}")
 
 
 def main(argv: list[str] | None = None) -> int:

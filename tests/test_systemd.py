@@ -1,0 +1,126 @@
+"""systemd integration under a fake NOTIFY_SOCKET (a Unix datagram socket of the test's):
+READY after warm-up, STATUS lines, WATCHDOG=1 from the engine's progress (they stop while a
+step is stuck, held by daemon/test_hooks.py, and come back after it), RELOADING around a
+keys reload, STOPPING on SIGTERM; and the shipped unit through `systemd-analyze verify`."""
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon_proc import DaemonProc
+from zerolayer.daemon.client import Client
+from zerolayer.daemon.sd_notify import Notifier, Watchdog
+from test_dataplane import COUNT, Hooks
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class FakeSystemd:
+    def __init__(self, path: Path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.1)
+        self.path = path
+        self.msgs: list[tuple[float, str]] = []
+        self._halt = threading.Event()
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self) -> None:
+        while not self._halt.is_set():
+            try:
+                data = self.sock.recv(4096)
+            except (TimeoutError, OSError):
+                continue
+            for line in data.decode().splitlines():
+                self.msgs.append((time.monotonic(), line))
+
+    def lines(self, prefix: str, since: float = 0.0) -> list[str]:
+        return [m for t, m in list(self.msgs) if m.startswith(prefix) and t >= since]
+
+    def close(self) -> None:
+        self._halt.set()
+        self.t.join(1)
+        self.sock.close()
+
+
+def test_notify_lifecycle_and_a_watchdog_that_follows_the_engine(tmp_path):
+    fake = FakeSystemd(tmp_path / "notify.sock")
+    hooks = Hooks(tmp_path / "hooks")
+    # WatchdogSec=2: pings when the engine's last turn is younger than 1 s, ~every 0.5 s
+    d = DaemonProc(tmp_path, env={"NOTIFY_SOCKET": str(fake.path), "WATCHDOG_USEC": "2000000",
+                                  "ZEROLAYER_TEST_HOOKS": str(hooks.dir)})
+    try:
+        d.wait_for(lambda: fake.lines("READY=1"), what="READY=1")
+        assert fake.lines("STATUS=warming") and fake.lines("STATUS=ready")
+        d.wait_for(lambda: len(fake.lines("WATCHDOG=1")) >= 3, what="watchdog pings")
+        # a stuck step: the engine is held inside a step for as long as the test likes
+        (hooks.dir / "hold").touch()
+        s = Client(d.addr, d.key_id, d.secret, timeout=120).stream(COUNT, max_tokens=8)
+        d.wait_for(lambda: (hooks.dir / "held").exists(), timeout=120, what="engine held")
+        # the engine's last turn is now frozen; 1 s later it is too old to vouch for it
+        quiet_from = time.monotonic() + 1.5
+        time.sleep(3.0)
+        assert fake.lines("WATCHDOG=1", since=quiet_from) == []   # systemd would restart it
+        hooks.release()
+        assert "".join(s) is not None and s.result is not None
+        d.wait_for(lambda: fake.lines("WATCHDOG=1", since=time.monotonic() - 1.0),
+                   what="pings again after the step")
+        # a keys reload is announced around the reload
+        d.signal(signal.SIGHUP)
+        d.wait_for(lambda: fake.lines("RELOADING=1"), what="RELOADING=1")
+        d.wait_for(lambda: len(fake.lines("READY=1")) >= 2, what="READY=1 after the reload")
+        assert fake.lines("MONOTONIC_USEC=")
+        d.wait_for(lambda: any("running" in m and "tok/s" in m for m in fake.lines("STATUS=")),
+                   timeout=30, what="a STATUS line with the load")
+    finally:
+        hooks.release()
+        code = d.stop()
+        fake.close()
+    assert code == 0 and fake.lines("STOPPING=1")
+
+
+def test_watchdog_logic_with_an_injected_clock():
+    sent: list[str] = []
+    n = Notifier(environ={"NOTIFY_SOCKET": "", "WATCHDOG_USEC": "10000000"})
+    n.notify = lambda *lines: sent.extend(lines)  # type: ignore[method-assign]
+    now = [100.0]
+    beat = [100.0]
+    w = Watchdog(n, lambda: beat[0], clock=lambda: now[0])
+    assert w.interval == 5.0
+    w.tick()
+    assert sent == ["WATCHDOG=1"]
+    now[0] += 1.0
+    w.tick()                       # too soon after the last ping
+    assert len(sent) == 1
+    now[0] += 2.0                  # 3 s since the engine's last turn: still fresh
+    w.tick()
+    assert len(sent) == 2
+    now[0] += 3.0                  # 6 s: a stuck step, no ping
+    w.tick()
+    assert len(sent) == 2
+    beat[0] = now[0]               # the step ended
+    w.tick()
+    assert len(sent) == 3
+    other = Notifier(environ={"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "10000000",
+                              "WATCHDOG_PID": "1"})
+    assert other.watchdog_s == 0.0  # meant for another process
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")
+def test_the_unit_verifies(tmp_path):
+    unit = (ROOT / "deploy" / "zerolayerd.service").read_text().replace("@VENV@", "/usr")
+    path = tmp_path / "zerolayerd.service"
+    path.write_text(unit)
+    r = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True,
+                       text=True, timeout=120)
+    problems = [line for line in (r.stdout + r.stderr).splitlines()
+                if "zerolayerd.service" in line and "/usr/bin/zerolayerd" not in line]
+    assert not problems, problems

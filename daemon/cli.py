@@ -6,7 +6,8 @@
     zerolayer keygen [--append PATH]     a new `<key_id> <secret_hex>` keys-file line
     zerolayer ctl COMMAND [--socket P]   operate zerolayerd through its control socket:
                                          status, drain, undrain, reload-keys, config,
-                                         cache-stats, cache-flush, kv-stats, xdp-status
+                                         cache-stats, cache-flush, kv-stats, xdp-status,
+                                         log-level [level=debug|info|warning|error]
 
 Where invoke and ping find the daemon and their key (flags win over the environment):
   address  --addr HOST:PORT, else $ZEROLAYER_ADDR, else 127.0.0.1:7433
@@ -447,6 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .control import COMMANDS
     c = sub.add_parser("ctl", help="operate a running zerolayerd through its control socket")
     c.add_argument("command", choices=COMMANDS)
+    c.add_argument("args", nargs="*", metavar="KEY=VALUE",
+                   help="the command's arguments, e.g. `log-level level=debug`")
     c.add_argument("--socket", metavar="PATH",
                    help="the control socket (default: $ZEROLAYER_CONTROL_SOCKET, else "
                         f"{DEFAULT_CONTROL_SOCKET})")
@@ -464,8 +467,14 @@ def cmd_ctl(args: argparse.Namespace) -> int:
 
     from .control import request
     path = args.socket or os.environ.get("ZEROLAYER_CONTROL_SOCKET") or DEFAULT_CONTROL_SOCKET
+    kv = {}
+    for a in args.args:
+        key, eq, value = a.partition("=")
+        if not eq or not key:
+            raise UsageError(f"argument {a!r} is not KEY=VALUE")
+        kv[key] = value
     try:
-        reply = request(path, args.command, timeout_s=args.timeout)
+        reply = request(path, args.command, kv, timeout_s=args.timeout)
     except FileNotFoundError:
         print(f"zerolayer: NO_SOCKET: {path} does not exist (is zerolayerd running with "
               f"[control] socket set?)", file=sys.stderr)

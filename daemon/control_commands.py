@@ -5,6 +5,7 @@ the data plane microseconds. A command returns a JSON-able dict or raises Contro
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from zerolayer.gpu import __version__
 
 from . import config as config_mod
+from . import logs
 from .control import ControlCall, ControlError
 from .wire import ServerState
 
@@ -108,8 +110,19 @@ def xdp_status(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
             "packets": io.packet_counts(), "pins": io.pins}
 
 
+def log_level(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    """The log level now; with args {"level": "debug|info|warning|error"} set it first."""
+    if "level" in args:
+        try:
+            logs.set_level(str(args["level"]))
+        except ValueError as e:
+            raise ControlError("BAD_ARGUMENT", str(e)) from None
+        d.log(f"log level {logs.level()} (set by the operator)", logging.WARNING)
+    return {"level": logs.level()}
+
+
 COMMANDS: dict[str, Callable[["Daemon", dict[str, Any]], dict[str, Any]]] = {
     "status": status, "drain": drain, "undrain": undrain, "reload-keys": reload_keys,
     "config": config, "cache-stats": cache_stats, "cache-flush": cache_flush,
-    "kv-stats": kv_stats, "xdp-status": xdp_status,
+    "kv-stats": kv_stats, "xdp-status": xdp_status, "log-level": log_level,
 }

@@ -19,6 +19,7 @@ so RESEND and duplicate requests are served from there and never run the model a
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import select
 import signal
@@ -28,7 +29,7 @@ import time
 
 from . import config as config_mod
 from . import control as control_mod
-from . import control_commands, memory_bounds
+from . import control_commands, logs, memory_bounds
 from .control import ControlCall, ControlServer
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
 from .engine import Engine
@@ -59,8 +60,8 @@ EVENTS_CAPACITY = 1 << 16  # engine → I/O events in flight (the engine waits w
 EXIT_ENGINE_DIED = 1
 
 
-def log(msg: str) -> None:
-    print(f"zerolayerd: {msg}", file=sys.stderr, flush=True)
+def log(msg: str, level: int = logging.INFO) -> None:
+    logs.LOGGER.log(level, msg)
 
 
 class Daemon:
@@ -155,7 +156,8 @@ class Daemon:
                 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(c.sched_fifo))
                 log(f"SCHED_FIFO priority {c.sched_fifo} (I/O thread)")
             except PermissionError:
-                log("SCHED_FIFO refused (needs CAP_SYS_NICE); running with normal scheduling")
+                log("SCHED_FIFO refused (needs CAP_SYS_NICE); running with normal scheduling",
+                logging.WARNING)
 
     def _start_engine(self, engine_cpus: set[int] | None) -> None:
         """Start the engine thread; it loads the model and warms it up itself (see
@@ -229,7 +231,8 @@ class Daemon:
         except (OSError, RuntimeError, ValueError) as e:
             if n.ingress == "xdp":
                 raise OSError(f"XDP ingress on {n.interface}: {e}") from e
-            log(f"ingress auto: XDP unavailable on {n.interface} ({e}); using udp")
+            log(f"ingress auto: XDP unavailable on {n.interface} ({e}); using udp",
+                logging.WARNING)
             return None
         log(f"XDP attached to {n.interface} ({n.xdp_attach}), {len(io.socks)} AF_XDP socket(s), "
             f"{'zero-copy' if io.zerocopy else 'copy mode'}; BCC compile (helper process) "
@@ -347,7 +350,8 @@ class Daemon:
         if ok:
             self.metrics.key_reload_success.set_to_current_time()
         log(f"keys reloaded ({len(self.keys)} keys)" if ok
-            else f"keys reload failed, old keys kept: {self.keys.last_error}")
+            else f"keys reload failed, old keys kept: {self.keys.last_error}",
+            logging.INFO if ok else logging.ERROR)
         return ok
 
     def _on_term(self, *_):
@@ -397,7 +401,7 @@ class Daemon:
 
     def _internal(self, where: str, e: Exception) -> None:
         self.metrics.errors.labels(ErrorCode.INTERNAL.name).inc()
-        log(f"internal error in {where}: {type(e).__name__}: {e}")
+        log(f"internal error in {where}: {type(e).__name__}: {e}", logging.ERROR)
 
     def _on_datagram(self, data: bytes, addr) -> None:
         try:
@@ -518,7 +522,8 @@ class Daemon:
     def _engine_died(self, msg: str) -> None:
         """The engine is gone: every request in flight ends with INTERNAL (never silence),
         and the daemon exits non-zero so that systemd restarts it; it never runs half-alive."""
-        log(f"engine failed ({msg}); failing {len(self.live)} request(s) and exiting")
+        log(f"engine failed ({msg}); failing {len(self.live)} request(s) and exiting",
+            logging.CRITICAL)
         for r in list(self.live.values()):
             self._fail(r, ErrorCode.INTERNAL, f"the engine failed: {msg}")
         self.exit_code = EXIT_ENGINE_DIED
@@ -578,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                          "exit 0 or 2 with every problem listed")
     config_mod.add_flags(ap, config_mod.setting_comments())
     args = ap.parse_args(argv)
+    logs.setup()
     if args.check:
         from . import check
         return check.run(args)
@@ -585,16 +591,16 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_mod.load(args)
     except config_mod.ConfigError as e:
         for p in e.problems:
-            log(f"bad configuration: {p}")
+            log(f"bad configuration: {p}", logging.ERROR)
         return 2
     try:
         d = Daemon(cfg)
         d.start()
     except (KeyFileError, ValueError, OSError) as e:
-        log(f"cannot start: {e}")
+        log(f"cannot start: {e}", logging.ERROR)
         return 2
     except Exception as e:  # noqa: BLE001 - a model error etc.: say it plainly
-        log(f"cannot start: {type(e).__name__}: {e}")
+        log(f"cannot start: {type(e).__name__}: {e}", logging.ERROR)
         return 2
     return d.run()
 

@@ -235,3 +235,38 @@ def test_stage_histograms_and_prefix_cache_counters(ctl_daemon):
     for stage in ("queue", "tokenize", "prefill", "decode"):
         assert d.metric("zerolayer_request_stage_seconds_count", f'stage="{stage}"') >= 2
     assert d.metric("zerolayer_overloaded_total", 'bound="nonce_cache"') == 0
+
+
+def test_log_level_at_run_time(ctl_daemon):
+    d, _, path = ctl_daemon
+    assert ok(path, "log-level") == {"level": "info"}
+    r = control.request(path, "log-level", {"level": "debug"})
+    assert r["ok"] and r["result"] == {"level": "debug"}
+    r = control.request(path, "log-level", {"level": "loud"})
+    assert not r["ok"] and r["error"]["code"] == "BAD_ARGUMENT"
+    out = subprocess.run([sys.executable, "-m", "zerolayer.daemon.cli", "ctl", "log-level",
+                          "level=info", "--socket", path], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and json.loads(out.stdout) == {"level": "info"}
+    assert any("log level debug (set by the operator)" in line for line in d.log)
+
+
+def test_journal_priorities():
+    import io
+    import logging
+
+    from zerolayer.daemon import logs
+    buf = io.StringIO()
+    logs.setup({"JOURNAL_STREAM": "8:123"}, stream=buf)
+    try:
+        logs.LOGGER.error("boom")
+        logs.LOGGER.info("fine")
+        logs.LOGGER.debug("hidden at info")
+        assert buf.getvalue().splitlines() == ["<3>zerolayerd: boom", "<6>zerolayerd: fine"]
+        buf2 = io.StringIO()
+        logs.setup({}, stream=buf2)
+        logs.LOGGER.warning("plain")
+        assert buf2.getvalue() == "zerolayerd: plain\n"
+    finally:
+        logs.setup()
+        logging.getLogger("zerolayerd").setLevel(logging.INFO)

@@ -10,10 +10,11 @@ PY=/usr/bin/python3
 need_apt=()
 $PY -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 command -v shellcheck >/dev/null || need_apt+=(shellcheck)  # tests lint the ops scripts
+command -v promtool >/dev/null || need_apt+=(prometheus)    # promtool: metrics and alert rules
 if ((${#need_apt[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq "${need_apt[@]}"
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
 fi
 
 # The XDP fast path: BCC and kernel headers. Not fatal where they can't be had (no root, no

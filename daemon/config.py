@@ -94,6 +94,8 @@ class LifecycleSection:
 @dataclass
 class ControlSection:
     socket: str = "auto"           # the control socket (ipc, mode 0600); "auto" = $RUNTIME_DIRECTORY/control.sock under systemd, else off; "" = off
+    events: str = ""               # publish request lifecycle events (ZeroMQ PUB, ipc path, mode 0600) for audit and tracing; "" = off
+    events_hwm: int = 10000        # events queued for a slow subscriber; beyond: dropped and counted
 
 
 @dataclass
@@ -191,6 +193,7 @@ RULES: dict[str, tuple[Any, str]] = {
     "cpu.io_cpu": (_cpus, "a CPU list like \"2\""),
     "cpu.engine_cpus": (_cpus, "a CPU list like \"3-5\""),
     "cpu.sched_fifo": _between(0, 99),
+    "control.events_hwm": _between(1),
     "lifecycle.drain_timeout_s": _between(0),
     "lifecycle.drain_linger_s": _between(0),
 }

@@ -128,6 +128,12 @@ class Metrics:
                                      "through the model (miss)", ["result"], registry=r)
         for result in ("hit", "miss"):
             self.prefix_tokens.labels(result)
+        self.events_out = Counter("zerolayer_lifecycle_events",
+                                  "Request lifecycle events on the [control] events feed, "
+                                  "by result: published, or dropped (a slow subscriber's "
+                                  "queue was full)", ["result"], registry=r)
+        for result in ("published", "dropped"):
+            self.events_out.labels(result)
         self._ingress_last: dict = {}
         self._handoff_last: dict = {}
         self._xdp_last: dict = {}
@@ -151,6 +157,9 @@ class Metrics:
         _advance(self.replies_suppressed, last, "suppressed", st["replies_suppressed"])
         for event, n in ingress.reassembler.stats.items():
             _advance(self.reassembly.labels(event), last, ("reassembly", event), n)
+
+    def update_events(self, result: str, total: int) -> None:
+        _advance(self.events_out.labels(result), self._ingress_last, ("events", result), total)
 
     def update_overloaded(self, totals: dict[str, int]) -> None:
         for bound, n in totals.items():

@@ -19,6 +19,7 @@ so RESEND and duplicate requests are served from there and never run the model a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import select
@@ -37,6 +38,7 @@ from .engine_thread import EngineThread
 from .errors import ERROR_INFO, ErrorCode, OverloadedError
 from .handoff import Handoff
 from .ingress import ControlRequest, Ingress, InvokeRequest, Rejected
+from .lifecycle_events import Publisher
 from .metrics import Metrics
 from .sd_notify import Notifier, Watchdog
 from .version import package_version
@@ -121,6 +123,10 @@ class Daemon:
             self.control = ControlServer(path, self.ctl_calls, log=log)
             self.control.start()
             log(f"control socket ipc://{path} (mode 0600)")
+        self.events_pub: Publisher | None = None
+        if c.control.events:
+            self.events_pub = Publisher(f"ipc://{c.control.events}", hwm=c.control.events_hwm)
+            log(f"lifecycle events on ipc://{c.control.events} (mode 0600)")
         self._pin_io(io_cpus)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
@@ -333,6 +339,9 @@ class Daemon:
         m.update_memory(memory_bounds.buffers(self))
         m.set_state(self.state.name.lower())
         rs, ra = self.replay.stats, self.ingress.reassembler.stats
+        if self.events_pub is not None:
+            m.update_events("published", self.events_pub.published)
+            m.update_events("dropped", self.events_pub.dropped)
         m.update_overloaded({
             "nonce_cache": rs["full"], "nonce_key_share": rs["key_full"],
             "reassembly": ra["refused_budget"], "reassembly_key_share": ra["refused_key_share"],
@@ -393,6 +402,8 @@ class Daemon:
         self.sock.close()
         if self.control is not None:
             self.control.stop()
+        if self.events_pub is not None:
+            self.events_pub.close()
         log("stopped" if not self.exit_code else f"stopped (exit {self.exit_code})")
 
     # ---- requests ------------------------------------------------------------------------
@@ -460,6 +471,8 @@ class Daemon:
                                         f"requests)"), addr)
             return
         self.admitted_bytes += req.body_bytes
+        if self.events_pub is not None:
+            self.events_pub.publish("admitted", **_ids(req), fragments=inv.fragments)
         self.live[key] = req
         self.metrics.model_runs.inc()
         self._send(inv.signer.ack(0, req.run_id, RunState.QUEUED, self._lease_ms()), addr)
@@ -509,6 +522,9 @@ class Daemon:
         if r.closed:
             return  # answered already (cancelled, lease, drain): the engine caught up
         if isinstance(ev, TextEvent):
+            if self.events_pub is not None and r.sent_tokens == 0 and ev.n_tokens:
+                self.events_pub.publish("first_token", **_ids(r),
+                                        ttft_s=round(time.monotonic() - r.received_at, 6))
             pieces = split_utf8(ev.text.encode("utf-8"), MAX_TEXT)
             for i, piece in enumerate(pieces):
                 n = ev.n_tokens if i == len(pieces) - 1 else 0
@@ -549,6 +565,10 @@ class Daemon:
                     decode_step_max_us=t.decode_step_max_us)
         self._emit(r, r.signer.done(r.next_seq, r.run_id, fr, usage, t))
         self._close(r, cacheable=True)
+        if self.events_pub is not None:
+            self.events_pub.publish("finished", **_ids(r), finish_reason=fr.label,
+                                    usage=dataclasses.asdict(usage),
+                                    timings=dataclasses.asdict(t))
         m = self.metrics
         m.requests.labels(fr.label).inc()
         m.prompt_tokens.inc(usage.prompt_tokens)
@@ -571,6 +591,12 @@ class Daemon:
         self.metrics.requests.labels("error").inc()
         self._emit(r, r.signer.error(code, msg, r.next_seq, r.run_id))
         self._close(r, cacheable=ERROR_INFO[code].cacheable)
+        if self.events_pub is not None:
+            self.events_pub.publish("failed", **_ids(r), code=code.name, message=msg)
+
+
+def _ids(r: Request) -> dict:
+    return {"key_id": r.key[0], "request_id": r.key[1].hex(), "run_id": r.run_id}
 
 
 def main(argv: list[str] | None = None) -> int:

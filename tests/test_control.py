@@ -270,3 +270,21 @@ def test_journal_priorities():
     finally:
         logs.setup()
         logging.getLogger("zerolayerd").setLevel(logging.INFO)
+
+
+def test_zl_status_script(ctl_daemon):
+    d, _, path = ctl_daemon
+    client(d).invoke(messages=FRANCE, max_tokens=4)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "ZEROLAYER_KEY_ID": str(d.key_id), "ZEROLAYER_SECRET": d.secret.hex(),
+           "ZEROLAYER_CONTROL_SOCKET": path,
+           "ZEROLAYER_BIN": str(Path(sys.executable).parent / "zerolayer")}
+    out = subprocess.run(["bash", str(root / "scripts" / "zl-status.sh"), "--addr",
+                          f"127.0.0.1:{d.port}", "--metrics",
+                          f"http://127.0.0.1:{d.metrics_port}/metrics", "--count", "2"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    assert "state            ready" in text and "requests         stop=" in text
+    assert "ttft             n=" in text and "p99" in text
+    assert f"control {path}" in text and '"state": "ready"' in text

@@ -1,26 +1,20 @@
 """systemd integration under a fake NOTIFY_SOCKET (a Unix datagram socket of the test's):
 READY after warm-up, STATUS lines, WATCHDOG=1 from the engine's progress (they stop while a
 step is stuck, held by daemon/test_hooks.py, and come back after it), RELOADING around a
-keys reload, STOPPING on SIGTERM; and the shipped unit through `systemd-analyze verify`."""
+keys reload, STOPPING on SIGTERM. (tests/test_deploy.py runs `systemd-analyze verify` on the
+shipped unit.)"""
 from __future__ import annotations
 
-import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
-
-import pytest
 
 from daemon_proc import DaemonProc
 from zerolayer.daemon.client import Client
 from zerolayer.daemon.sd_notify import Notifier, Watchdog
 from test_dataplane import COUNT, Hooks
-
-ROOT = Path(__file__).resolve().parent.parent
-
 
 class FakeSystemd:
     def __init__(self, path: Path):
@@ -112,15 +106,3 @@ def test_watchdog_logic_with_an_injected_clock():
     other = Notifier(environ={"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "10000000",
                               "WATCHDOG_PID": "1"})
     assert other.watchdog_s == 0.0  # meant for another process
-
-
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")
-def test_the_unit_verifies(tmp_path):
-    unit = (ROOT / "deploy" / "zerolayerd.service").read_text().replace("@VENV@", "/usr")
-    path = tmp_path / "zerolayerd.service"
-    path.write_text(unit)
-    r = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True,
-                       text=True, timeout=120)
-    problems = [line for line in (r.stdout + r.stderr).splitlines()
-                if "zerolayerd.service" in line and "/usr/bin/zerolayerd" not in line]
-    assert not problems, problems

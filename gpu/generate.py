@@ -157,8 +157,11 @@ class Generator:
         gen = cls(model, tok)
         if warmup:
             t1 = time.perf_counter()
-            gen.warmup()
-            log(f"kernels warm in {time.perf_counter() - t1:.2f} s")
+            from .jit_progress import report_compiles
+            with report_compiles(log) as built:
+                gen.warmup()
+            log(f"kernels warm in {time.perf_counter() - t1:.2f} s"
+                + (f" ({built.slow} compiled, the rest from the JIT cache)" if built.slow else ""))
         if backend.ON_DEVICE:
             from .cuda._cuda_shim import MEMORY
             log(f"CUDA graphs {model.graphs}; device memory: {MEMORY}")

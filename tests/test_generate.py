@@ -60,3 +60,26 @@ def test_stop_checker(pieces, stops, expected, stopped):
     s = StopChecker(stops)
     out = "".join(s.push(p) for p in pieces) + s.flush()
     assert out == expected and s.stopped == stopped
+
+
+def test_kernel_builds_are_reported_while_they_happen():
+    """issue 11 §9: a first start reports each kernel that takes a while to build, with a
+    running count (gpu/jit_progress.py), instead of compiling in silence."""
+    import numba
+
+    from zerolayer.gpu.jit_progress import report_compiles
+
+    @numba.njit(cache=False)
+    def _fresh_kernel(x):
+        return x * 2 + 1
+
+    lines: list[str] = []
+    with report_compiles(lines.append, min_s=0.0, prefix=__name__) as built:
+        assert _fresh_kernel(3) == 7
+        assert _fresh_kernel(4) == 9          # compiled once
+    assert built.done == 1 and built.slow == 1
+    assert len(lines) == 1 and "compiling kernels: 1 built" in lines[0]
+    assert "_fresh_kernel" in lines[0]
+    with report_compiles(lines.append, min_s=0.0, prefix=__name__):
+        _fresh_kernel(5)                      # nothing new to build: silent
+    assert len(lines) == 1

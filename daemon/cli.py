@@ -7,6 +7,7 @@
     zerolayer ctl COMMAND [--socket P]   operate zerolayerd through its control socket:
                                          status, drain, undrain, reload-keys, config,
                                          cache-stats, cache-flush, kv-stats, xdp-status,
+                                         rate-limit [rate_pps=N burst=M],
                                          log-level [level=debug|info|warning|error]
 
 Where invoke and ping find the daemon and their key (flags win over the environment):

@@ -37,7 +37,7 @@ POLL_MS = 200
 ERROR_CODES = ("BAD_REQUEST", "UNKNOWN_COMMAND", "BAD_ARGUMENT", "UNAVAILABLE", "BUSY",
                "TIMEOUT", "INTERNAL")
 COMMANDS = ("status", "drain", "undrain", "reload-keys", "config", "cache-stats",
-            "cache-flush", "kv-stats", "xdp-status", "log-level")
+            "cache-flush", "kv-stats", "xdp-status", "rate-limit", "log-level")
 
 
 class ControlError(Exception):

@@ -110,6 +110,27 @@ def xdp_status(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
             "packets": io.packet_counts(), "pins": io.pins}
 
 
+def rate_limit(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    """The XDP program's per-source token bucket, in the kernel: with args rate_pps (0 =
+    off) and optionally burst, set it first (at once, no restart; sources keep their
+    state). UNAVAILABLE without the XDP fast path."""
+    if d.xdp is None:
+        raise ControlError("UNAVAILABLE", "the XDP fast path is not attached (ingress udp)")
+    prog = d.xdp.prog
+    if "rate_pps" in args or "burst" in args:
+        try:
+            rate = int(args.get("rate_pps", prog.rate()[0]))
+            burst = int(args.get("burst", 0))
+            prog.set_rate(rate, burst)
+        except ValueError as e:
+            raise ControlError("BAD_ARGUMENT", f"rate_pps and burst: integers >= 0 ({e})") \
+                from None
+        d.log(f"XDP rate limit set to {rate}/s, burst {burst} (by the operator)",
+              logging.WARNING)
+    rate, burst = prog.rate()
+    return {"rate_pps": rate, "burst": burst}
+
+
 def log_level(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     """The log level now; with args {"level": "debug|info|warning|error"} set it first."""
     if "level" in args:
@@ -124,5 +145,6 @@ def log_level(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
 COMMANDS: dict[str, Callable[["Daemon", dict[str, Any]], dict[str, Any]]] = {
     "status": status, "drain": drain, "undrain": undrain, "reload-keys": reload_keys,
     "config": config, "cache-stats": cache_stats, "cache-flush": cache_flush,
-    "kv-stats": kv_stats, "xdp-status": xdp_status, "log-level": log_level,
+    "kv-stats": kv_stats, "xdp-status": xdp_status, "rate-limit": rate_limit,
+    "log-level": log_level,
 }

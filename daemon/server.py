@@ -30,7 +30,7 @@ import time
 
 from . import config as config_mod
 from . import control as control_mod
-from . import control_commands, logs, memory_bounds
+from . import control_commands, logs, memory_bounds, test_hooks
 from .control import ControlCall, ControlServer
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
 from .engine import Engine
@@ -171,6 +171,7 @@ class Daemon:
         m, e = self.cfg.model, self.cfg.engine
 
         def load() -> Engine:
+            test_hooks.before_load()
             from zerolayer.gpu import backend
             from zerolayer.gpu.generate import Generator
             gen = Generator.load(m.path or None, threads=m.threads or None,

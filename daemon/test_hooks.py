@@ -7,6 +7,11 @@ directory; then, before every step, the engine thread looks in it for:
   crash   the engine thread raises, outside any one request's handling (a bug in the
           engine itself): the daemon must fail every request with INTERNAL and exit non-zero.
 
+and, once, before it loads the model:
+
+  hold-load  while this file exists the load waits (creating `load-held`): the daemon is
+             WARMING for as long as the test needs (its /readyz, its systemd messages).
+
 Nothing here runs in production: with the variable unset, `before_step` is a no-op.
 """
 from __future__ import annotations
@@ -21,6 +26,20 @@ POLL_S = 0.002
 
 class EngineCrashHook(RuntimeError):
     """Raised by the crash hook: stands for any bug that escapes the engine's step."""
+
+
+def before_load() -> None:
+    if _DIR is None:
+        return
+    d = Path(_DIR)
+    if (d / "hold-load").exists():
+        held = d / "load-held"
+        held.touch()
+        try:
+            while (d / "hold-load").exists():
+                time.sleep(POLL_S)
+        finally:
+            held.unlink(missing_ok=True)
 
 
 def before_step() -> None:

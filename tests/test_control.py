@@ -79,6 +79,7 @@ def test_status_config_kv_and_xdp(ctl_daemon):
     kv = ok(path, "kv-stats")
     assert kv["blocks"] > 0 and 0 <= kv["free_blocks"] <= kv["blocks"]
     assert ok(path, "xdp-status") == {"attached": False, "ingress": "udp"}
+    assert ctl(path, "rate-limit", rate_pps=5)["error"]["code"] == "UNAVAILABLE"
 
 
 def test_errors_have_closed_codes(ctl_daemon):
@@ -288,3 +289,29 @@ def test_zl_status_script(ctl_daemon):
     assert "state            ready" in text and "requests         stop=" in text
     assert "ttft             n=" in text and "p99" in text
     assert f"control {path}" in text and '"state": "ready"' in text
+
+
+def test_readyz_says_warming_until_the_model_is_loaded(tmp_path):
+    """The model load held by a test hook: /healthz answers, /readyz is 503 "warming", the
+    state gauge says warming; released, the daemon becomes ready."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "hold-load").touch()
+    d = DaemonProc(tmp_path, env={"ZEROLAYER_TEST_HOOKS": str(hooks)}, wait_ready=False)
+    try:
+        d.wait_for(lambda: (hooks / "load-held").exists(), timeout=120, what="load held")
+
+        def http_up() -> bool:
+            try:
+                return _http(d, "/healthz")[0] == 200
+            except OSError:
+                return False
+        d.wait_for(http_up, timeout=60, what="/healthz")
+        assert _http(d, "/readyz") == (503, "warming\n")
+        assert d.metric("zerolayer_server_state", 'state="warming"') == 1
+        (hooks / "hold-load").unlink()
+        d.wait_for(lambda: _http(d, "/readyz")[0] == 200, timeout=300, what="ready")
+        assert any("ready on" in line for line in d.log)
+    finally:
+        (hooks / "hold-load").unlink(missing_ok=True)
+        assert d.stop() == 0

@@ -39,7 +39,10 @@ def bed():
 @pytest.fixture(scope="module")
 def daemon(bed, tmp_path_factory):
     srv, _ = bed
-    d = DaemonProc(tmp_path_factory.mktemp("zlx"), *XDP_ARGS, netns=srv, host="::")
+    tmp = tmp_path_factory.mktemp("zlx")
+    d = DaemonProc(tmp, *XDP_ARGS, "--control-socket", str(tmp / "control.sock"), netns=srv,
+                   host="::")
+    d.control = str(tmp / "control.sock")
     yield d
     assert d.stop() == 0
     assert xdp_prog_on(srv) is None  # a clean stop detaches too
@@ -63,6 +66,21 @@ def test_daemon_says_it_serves_xdp(daemon, bed):
     assert any("ingress xdp on zl-s" in line for line in daemon.log)
     assert xdp_prog_on(bed[0]) == "xdp"
     daemon.wait_for(lambda: daemon.metric("zerolayer_xdp_attached") == 1, what="xdp gauge")
+
+
+def test_xdp_status_and_rate_limit_through_the_control_socket(daemon, bed):
+    from zerolayer.daemon import control
+    st = control.request(daemon.control, "xdp-status")["result"]
+    assert st["attached"] and st["interface"] == SRV_IF and st["ports"] == [daemon.port]
+    assert st["rate"] == {"rate_pps": 0, "burst": 0} and st["packets"]["redirect"] >= 0
+    r = control.request(daemon.control, "rate-limit", {"rate_pps": "1000", "burst": "50"})
+    assert r["ok"] and r["result"] == {"rate_pps": 1000, "burst": 50}
+    assert control.request(daemon.control, "xdp-status")["result"]["rate"] == r["result"]
+    bad = control.request(daemon.control, "rate-limit", {"rate_pps": "-1"})
+    assert bad["error"]["code"] == "BAD_ARGUMENT"
+    r = control.request(daemon.control, "rate-limit", {"rate_pps": "0"})
+    assert r["result"] == {"rate_pps": 0, "burst": 0}
+    assert in_netns(bed[1], lambda: client(daemon).ping()) > 0
 
 
 @pytest.mark.parametrize("host", [SRV_V4, SRV_V6], ids=["ipv4", "ipv6"])

@@ -7,6 +7,7 @@
     zerolayer ctl COMMAND [--socket P]   operate zerolayerd through its control socket:
                                          status, drain, undrain, reload-keys, config,
                                          cache-stats, cache-flush, kv-stats, xdp-status,
+                                         xdp-attach, xdp-detach,
                                          rate-limit [rate_pps=N burst=M],
                                          log-level [level=debug|info|warning|error]
 

@@ -37,7 +37,8 @@ POLL_MS = 200
 ERROR_CODES = ("BAD_REQUEST", "UNKNOWN_COMMAND", "BAD_ARGUMENT", "UNAVAILABLE", "BUSY",
                "TIMEOUT", "INTERNAL")
 COMMANDS = ("status", "drain", "undrain", "reload-keys", "config", "cache-stats",
-            "cache-flush", "kv-stats", "xdp-status", "rate-limit", "log-level")
+            "cache-flush", "kv-stats", "xdp-status", "xdp-attach", "xdp-detach", "rate-limit",
+            "log-level")
 
 
 class ControlError(Exception):
@@ -79,10 +80,13 @@ def resolve_path(setting: str, environ: dict[str, str] | None = None) -> str:
 
 
 class ControlServer(threading.Thread):
-    def __init__(self, path: str, calls: Handoff[ControlCall], log=print):
+    def __init__(self, path: str, calls: Handoff[ControlCall], log=print, prepare=None):
         super().__init__(name="zerolayer-control", daemon=True)
         self.path = path
         self.calls = calls
+        # (cmd, args) -> args: the slow part of a command (compiling and attaching XDP),
+        # done here on the control thread so that the I/O thread only adopts the result
+        self.prepare = prepare
         self.log = log
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -133,6 +137,13 @@ class ControlServer(threading.Thread):
             return _error("BAD_REQUEST", "\"cmd\" must be a string and \"args\" an object")
         if cmd not in COMMANDS:
             return _error("UNKNOWN_COMMAND", f"{cmd!r}; commands: {', '.join(COMMANDS)}")
+        if self.prepare is not None:
+            try:
+                args = self.prepare(cmd, args)
+            except ControlError as e:
+                return _error(e.code, e.message)
+            except Exception as e:  # noqa: BLE001 - an operator's command must not end us
+                return _error("INTERNAL", f"{type(e).__name__}: {e}")
         call = ControlCall(cmd, args)
         if not self.calls.put(call):
             return _error("BUSY", "the daemon has control calls queued; retry")

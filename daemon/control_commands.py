@@ -110,6 +110,51 @@ def xdp_status(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
             "packets": io.packet_counts(), "pins": io.pins}
 
 
+def prepare(d: "Daemon", cmd: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Run on the control thread before a command is handed to the I/O thread: the part
+    that takes long. xdp-attach compiles, loads and attaches the XDP program and opens the
+    AF_XDP sockets here (a second or so: BCC runs in a helper process), so the data plane
+    never waits for it; the I/O thread then only adopts them."""
+    if cmd != "xdp-attach":
+        return args
+    if d.xdp is not None:
+        raise ControlError("UNAVAILABLE", f"already attached to {d.xdp.settings.ifname}")
+    try:
+        io = d._open_xdp("xdp")
+    except (OSError, ValueError) as e:
+        raise ControlError("UNAVAILABLE", str(e)) from None
+    return {**args, "_io": io}
+
+
+def xdp_attach(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    """Adopt the XDP program and AF_XDP sockets that prepare() opened, as at start with
+    ingress = "xdp". The UDP socket kept serving meanwhile."""
+    io = args.get("_io")
+    if io is None:
+        raise ControlError("BAD_REQUEST", "xdp-attach was not prepared")
+    if d.xdp is not None:  # attached meanwhile by another call: keep that one
+        io.close()
+        raise ControlError("UNAVAILABLE", f"already attached to {d.xdp.settings.ifname}")
+    d.xdp, d.io_changed = io, True
+    return xdp_status(d, {})
+
+
+def xdp_detach(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    """Detach the program and close the AF_XDP sockets: invoke traffic goes to the kernel's
+    UDP path, which the daemon serves too; replies to clients that came over XDP go back
+    through the UDP socket."""
+    if d.xdp is None:
+        raise ControlError("UNAVAILABLE", "the XDP fast path is not attached")
+    from .xdp_io import wait_tx_drained
+    io, d.xdp, d.io_changed = d.xdp, None, True
+    wait_tx_drained(io)
+    io.close()
+    d.metrics.xdp_attached.set(0)
+    d.log(f"XDP detached from {io.settings.ifname} by the operator; serving over UDP",
+          logging.WARNING)
+    return {"attached": False}
+
+
 def rate_limit(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     """The XDP program's per-source token bucket, in the kernel: with args rate_pps (0 =
     off) and optionally burst, set it first (at once, no restart; sources keep their
@@ -145,6 +190,7 @@ def log_level(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
 COMMANDS: dict[str, Callable[["Daemon", dict[str, Any]], dict[str, Any]]] = {
     "status": status, "drain": drain, "undrain": undrain, "reload-keys": reload_keys,
     "config": config, "cache-stats": cache_stats, "cache-flush": cache_flush,
-    "kv-stats": kv_stats, "xdp-status": xdp_status, "rate-limit": rate_limit,
+    "kv-stats": kv_stats, "xdp-status": xdp_status, "xdp-attach": xdp_attach,
+    "xdp-detach": xdp_detach, "rate-limit": rate_limit,
     "log-level": log_level,
 }

@@ -80,6 +80,7 @@ class Daemon:
         self.exit_code = 0
         self.admitted_bytes = 0     # body bytes handed to the engine thread (memory_bounds.py)
         self.operator_drain = False  # `zerolayer ctl drain`: refuse new work, stay up
+        self.io_changed = False      # `xdp-attach` / `xdp-detach`: the loop re-reads its fds
         self.started = time.monotonic()
         self.control: ControlServer | None = None
         self.log = log
@@ -120,7 +121,9 @@ class Daemon:
         self.ctl_calls: Handoff[ControlCall] = Handoff(64, "control")
         path = control_mod.resolve_path(c.control.socket)
         if path:
-            self.control = ControlServer(path, self.ctl_calls, log=log)
+            self.control = ControlServer(
+                path, self.ctl_calls, log=log,
+                prepare=lambda cmd, args: control_commands.prepare(self, cmd, args))
             self.control.start()
             log(f"control socket ipc://{path} (mode 0600)")
         self.events_pub: Publisher | None = None
@@ -214,17 +217,19 @@ class Daemon:
         s.setblocking(False)
         return s
 
-    def _open_xdp(self):
-        """The AF_XDP fast path (network.ingress xdp|auto). The UDP socket stays open either
-        way: it serves whatever the XDP program passes on (no socket registered yet, another
-        device, a host without XDP), so both paths always answer."""
+    def _open_xdp(self, ingress: str | None = None):
+        """The AF_XDP fast path (network.ingress xdp|auto; `ingress` overrides it for the
+        operator's `xdp-attach`). The UDP socket stays open either way: it serves whatever
+        the XDP program passes on (no socket registered yet, another device, a host without
+        XDP), so both paths always answer."""
         n = self.cfg.network
-        if n.ingress not in ("udp", "xdp", "auto"):
-            raise ValueError(f"network.ingress must be udp, xdp or auto, not {n.ingress!r}")
-        if n.ingress == "udp":
+        ingress = ingress or n.ingress
+        if ingress not in ("udp", "xdp", "auto"):
+            raise ValueError(f"network.ingress must be udp, xdp or auto, not {ingress!r}")
+        if ingress == "udp":
             return None
         if not n.interface:
-            if n.ingress == "xdp":
+            if ingress == "xdp":
                 raise ValueError("network.ingress = xdp needs network.interface")
             log("ingress auto: no network.interface set, using udp")
             return None
@@ -236,7 +241,7 @@ class Daemon:
                                         rate_pps=n.xdp_rate_pps, rate_burst=n.xdp_rate_burst,
                                         pin_dir=n.xdp_pin_dir))
         except (OSError, RuntimeError, ValueError) as e:
-            if n.ingress == "xdp":
+            if ingress == "xdp":
                 raise OSError(f"XDP ingress on {n.interface}: {e}") from e
             log(f"ingress auto: XDP unavailable on {n.interface} ({e}); using udp",
                 logging.WARNING)
@@ -279,6 +284,11 @@ class Daemon:
                 self._on_event(ev)
             for call in self.ctl_calls.drain():  # every turn, as the events (its eventfd)
                 control_commands.run(self, call)
+            if self.io_changed:  # the operator attached or detached XDP: before any select
+                self.io_changed = False
+                xdp = self.xdp
+                wait_fds = ([self.sock, self.events, self.ctl_calls]
+                            + (xdp.fileno_list() if xdp else []))
             if self.out or (xdp is not None and xdp.tx_backlog):
                 self._flush()
             now = time.monotonic()
@@ -300,7 +310,10 @@ class Daemon:
         if not self.out:
             return
         if self.xdp is None:
-            self.udp.send_batch(self.out)
+            out = self.out
+            if any(type(a) is Peer for _, a in out):  # came over XDP, now detached
+                out = [(f, self._udp_addr(a) if type(a) is Peer else a) for f, a in out]
+            self.udp.send_batch(out)
         else:  # each frame goes back the way its request came
             xo = [item for item in self.out if type(item[1]) is Peer]
             if xo:
@@ -308,6 +321,12 @@ class Daemon:
             if len(xo) < len(self.out):
                 self.udp.send_batch([item for item in self.out if type(item[1]) is not Peer])
         self.out = []
+
+    def _udp_addr(self, peer: Peer) -> tuple:
+        """Where the kernel's UDP path reaches an AF_XDP client (after `xdp-detach`)."""
+        if self.sock.family == socket.AF_INET6 and not peer.ipv6:
+            return ("::ffff:" + peer.host, peer.port)
+        return (peer.host, peer.port)
 
     def _housekeeping(self, now: float) -> None:
         if self._reload:

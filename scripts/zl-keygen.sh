@@ -56,7 +56,16 @@ if $created && ((EUID == 0)) && id -u "$user" >/dev/null 2>&1; then
   echo "zl-keygen: created $keys_file (mode 0600, owner $user)" >&2
 fi
 
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$unit" 2>/dev/null; then
+sock=${ZEROLAYER_CONTROL_SOCKET:-/run/zerolayer/control.sock}
+if [[ -S $sock && -w $sock ]]; then
+  # the control socket answers whether the daemon took the new file (and why not)
+  if "$zerolayer" ctl reload-keys --socket "$sock" >/dev/null; then
+    echo "zl-keygen: the daemon reloaded its keys" >&2
+  else
+    echo "zl-keygen: the daemon refused the keys file and kept its old keys (see above)" >&2
+    exit 3
+  fi
+elif command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$unit" 2>/dev/null; then
   systemctl reload "$unit"
   echo "zl-keygen: $unit reloaded; check it took the keys: journalctl -u $unit -n 3" >&2
 else

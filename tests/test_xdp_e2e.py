@@ -219,3 +219,35 @@ def test_ingress_auto_falls_back_to_udp_and_xdp_refuses_to_start(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2
     assert "cannot start: XDP ingress on zl-nosuchdev" in p.stderr and "no network device" in p.stderr
+
+
+def test_detach_and_attach_xdp_at_run_time(daemon, bed):
+    """`zerolayer ctl xdp-detach`: the program leaves the interface and the daemon serves
+    the same clients over the kernel's UDP path; `xdp-attach` brings it back, no restart."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from zerolayer.daemon import control
+    srv, cli = bed
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "ZEROLAYER_CONTROL_SOCKET": daemon.control,
+           "ZEROLAYER_BIN": str(Path(sys.executable).parent / "zerolayer")}
+    out = subprocess.run(["bash", str(root / "scripts" / "zl-xdp.sh"), "detach"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and json.loads(out.stdout) == {"attached": False}, out.stderr
+    assert xdp_prog_on(srv) is None
+    assert control.request(daemon.control, "xdp-detach")["error"]["code"] == "UNAVAILABLE"
+    res = in_netns(cli, lambda: client(daemon).invoke(messages=FRANCE, max_tokens=8))
+    assert "Paris" in res.text                       # over UDP now
+    daemon.wait_for(lambda: daemon.metric("zerolayer_xdp_attached") == 0, what="gauge 0")
+    r = control.request(daemon.control, "xdp-attach", timeout_s=60)
+    assert r["ok"] and r["result"]["attached"], r
+    out = subprocess.run(["bash", str(root / "scripts" / "zl-xdp.sh"), "status"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and json.loads(out.stdout)["interface"] == SRV_IF
+    assert xdp_prog_on(srv) == "xdp"
+    before = redirected(daemon)
+    res = in_netns(cli, lambda: client(daemon).invoke(messages=FRANCE, max_tokens=8))
+    assert "Paris" in res.text
+    daemon.wait_for(lambda: redirected(daemon) > before, what="redirected again")

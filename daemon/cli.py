@@ -457,7 +457,18 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{DEFAULT_CONTROL_SOCKET})")
     c.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                    help="wait this long for the answer (default: 10)")
+    c.add_argument("--connect", metavar="tcp://HOST:PORT",
+                   help="a remote daemon's [control] tcp endpoint (CURVE), instead of --socket")
+    c.add_argument("--curve-dir", metavar="DIR",
+                   help="with --connect: DIR/server.key and DIR/operator.key_secret "
+                        "(see ctl-keys; default: $ZEROLAYER_CURVE_DIR)")
     c.set_defaults(func=cmd_ctl)
+
+    ck = sub.add_parser("ctl-keys", help="make CURVE keys for the remote control socket")
+    ck.add_argument("dir", help="directory: server.key(_secret), clients/, NAME.key_secret")
+    ck.add_argument("--client", default="operator",
+                    help="the operator key to make (default: operator)")
+    ck.set_defaults(func=cmd_ctl_keys)
     return ap
 
 
@@ -475,8 +486,17 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         if not eq or not key:
             raise UsageError(f"argument {a!r} is not KEY=VALUE")
         kv[key] = value
+    curve = None
+    if args.connect:
+        path = args.connect
+        d = args.curve_dir or os.environ.get("ZEROLAYER_CURVE_DIR", "")
+        if not d:
+            raise UsageError("--connect needs --curve-dir (or $ZEROLAYER_CURVE_DIR)")
+        curve = (os.path.join(d, "operator.key_secret"), os.path.join(d, "server.key"))
+        if not all(os.path.isfile(f) for f in curve):
+            raise UsageError(f"{d} lacks operator.key_secret or server.key (ctl-keys)")
     try:
-        reply = request(path, args.command, kv, timeout_s=args.timeout)
+        reply = request(path, args.command, kv, timeout_s=args.timeout, curve=curve)
     except FileNotFoundError:
         print(f"zerolayer: NO_SOCKET: {path} does not exist (is zerolayerd running with "
               f"[control] socket set?)", file=sys.stderr)
@@ -489,6 +509,28 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         print(f"zerolayer: {err.get('code', 'ERROR')}: {err.get('message', '')}", file=sys.stderr)
         return EXIT_PROTOCOL
     print(json.dumps(reply["result"], indent=2, sort_keys=True))
+    return EXIT_OK
+
+
+def cmd_ctl_keys(args: argparse.Namespace) -> int:
+    """The daemon's keypair (once) and one operator keypair; the operator's public key goes
+    into clients/, which the daemon reads at start ([control] curve_dir)."""
+    import shutil
+
+    from zmq.auth import create_certificates
+    d = args.dir
+    os.makedirs(os.path.join(d, "clients"), mode=0o700, exist_ok=True)
+    old = os.umask(0o077)
+    try:
+        if not os.path.exists(os.path.join(d, "server.key_secret")):
+            create_certificates(d, "server")
+        if os.path.exists(os.path.join(d, f"{args.client}.key_secret")):
+            raise UsageError(f"{d}/{args.client}.key_secret exists already")
+        pub, _ = create_certificates(d, args.client)
+        shutil.copy(pub, os.path.join(d, "clients", f"{args.client}.key"))
+    finally:
+        os.umask(old)
+    print(f"{d}: server.key(_secret), {args.client}.key_secret, clients/{args.client}.key")
     return EXIT_OK
 
 

@@ -94,6 +94,8 @@ class LifecycleSection:
 @dataclass
 class ControlSection:
     socket: str = "auto"           # the control socket (ipc, mode 0600); "auto" = $RUNTIME_DIRECTORY/control.sock under systemd, else off; "" = off
+    tcp: str = ""                  # also serve remote operators on this ZeroMQ endpoint, e.g. "tcp://10.0.0.5:7434", CURVE-encrypted and only for the keys in curve_dir/clients; "" = off
+    curve_dir: str = ""            # server.key_secret and clients/*.key for [control] tcp (zerolayer ctl-keys makes them)
     events: str = ""               # publish request lifecycle events (ZeroMQ PUB, ipc path, mode 0600) for audit and tracing; "" = off
     events_hwm: int = 10000        # events queued for a slow subscriber; beyond: dropped and counted
 

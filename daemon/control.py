@@ -80,7 +80,8 @@ def resolve_path(setting: str, environ: dict[str, str] | None = None) -> str:
 
 
 class ControlServer(threading.Thread):
-    def __init__(self, path: str, calls: Handoff[ControlCall], log=print, prepare=None):
+    def __init__(self, path: str, calls: Handoff[ControlCall], log=print, prepare=None,
+                 tcp: str = "", curve_dir: str = ""):
         super().__init__(name="zerolayer-control", daemon=True)
         self.path = path
         self.calls = calls
@@ -89,18 +90,47 @@ class ControlServer(threading.Thread):
         self.prepare = prepare
         self.log = log
         self.ctx = zmq.Context.instance()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        if os.path.exists(path):      # a stale socket of an earlier run
-            os.unlink(path)
-        old = os.umask(0o177)         # created 0600: no window where others could connect
-        try:
-            self.sock.bind(f"ipc://{path}")
-        finally:
-            os.umask(old)
-        os.chmod(path, 0o600)
+        self.socks: list[zmq.Socket] = []
+        self.auth = None
+        if path:
+            s = self._router()
+            if os.path.exists(path):      # a stale socket of an earlier run
+                os.unlink(path)
+            old = os.umask(0o177)         # created 0600: no window where others could connect
+            try:
+                s.bind(f"ipc://{path}")
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o600)
+        if tcp:
+            self._bind_curve(tcp, curve_dir)
         self._halt = threading.Event()
         self.served = 0
+
+    def _router(self) -> zmq.Socket:
+        s = self.ctx.socket(zmq.ROUTER)
+        s.setsockopt(zmq.LINGER, 0)
+        self.socks.append(s)
+        return s
+
+    def _bind_curve(self, endpoint: str, curve_dir: str) -> None:
+        """Remote operators: TCP with CURVE (encrypted, and only the public keys in
+        CURVE_DIR/clients may connect; ZeroMQ's ZAP handler refuses the rest). Never TCP
+        without it: the control socket can drain the daemon."""
+        from zmq.auth import load_certificate
+        from zmq.auth.thread import ThreadAuthenticator
+        secret = os.path.join(curve_dir, "server.key_secret")
+        clients = os.path.join(curve_dir, "clients")
+        if not curve_dir or not os.path.isfile(secret) or not os.path.isdir(clients):
+            raise ValueError(f"[control] tcp needs [control] curve_dir with server.key_secret "
+                             f"and clients/ (zerolayer ctl-keys makes them), not {curve_dir!r}")
+        public, private = load_certificate(secret)
+        self.auth = ThreadAuthenticator(self.ctx)
+        self.auth.start()
+        self.auth.configure_curve(domain="*", location=clients)
+        s = self._router()
+        s.curve_secretkey, s.curve_publickey, s.curve_server = private, public, True
+        s.bind(endpoint)
 
     def stop(self) -> None:
         self._halt.set()
@@ -108,22 +138,26 @@ class ControlServer(threading.Thread):
 
     def run(self) -> None:
         poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
+        for s in self.socks:
+            poller.register(s, zmq.POLLIN)
         try:
             while not self._halt.is_set():
-                if not dict(poller.poll(POLL_MS)):
-                    continue
-                frames = self.sock.recv_multipart()
-                envelope, payload = frames[:-1], frames[-1]
-                reply = self._serve(payload)
-                self.sock.send_multipart([*envelope, json.dumps(reply).encode()])
-                self.served += 1
+                for s, _ in poller.poll(POLL_MS):
+                    frames = s.recv_multipart()
+                    envelope, payload = frames[:-1], frames[-1]
+                    reply = self._serve(payload)
+                    s.send_multipart([*envelope, json.dumps(reply).encode()])
+                    self.served += 1
         finally:
-            self.sock.close(0)
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+            for s in self.socks:
+                s.close(0)
+            if self.auth is not None:
+                self.auth.stop()
+            if self.path:
+                try:
+                    os.unlink(self.path)
+                except OSError:
+                    pass
 
     def _serve(self, payload: bytes) -> dict[str, Any]:
         try:
@@ -154,16 +188,26 @@ class ControlServer(threading.Thread):
 
 
 def request(path: str, cmd: str, args: dict[str, Any] | None = None,
-            timeout_s: float = 10.0) -> dict[str, Any]:
-    """One call (the client side, for `zerolayer ctl`). Returns the reply object; raises
-    TimeoutError when nothing answers, FileNotFoundError when the socket is not there."""
-    if not os.path.exists(path):
+            timeout_s: float = 10.0, curve: tuple[str, str] | None = None) -> dict[str, Any]:
+    """One call (the client side, for `zerolayer ctl`). `path` is the ipc socket's path, or
+    a tcp:// endpoint with `curve` = (the client's key_secret file, the server's public key
+    file). Returns the reply object; raises TimeoutError when nothing answers (a client
+    whose key the server does not know gets no answer at all), FileNotFoundError when an ipc
+    socket is not there."""
+    tcp = path.startswith("tcp://")
+    if not tcp and not os.path.exists(path):
         raise FileNotFoundError(path)
     ctx = zmq.Context.instance()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     try:
-        s.connect(f"ipc://{path}")
+        if tcp:
+            from zmq.auth import load_certificate
+            if curve is None:
+                raise ValueError("a tcp:// control endpoint needs CURVE keys")
+            s.curve_publickey, s.curve_secretkey = load_certificate(curve[0])
+            s.curve_serverkey = load_certificate(curve[1])[0]
+        s.connect(path if tcp else f"ipc://{path}")
         s.send_multipart([b"", json.dumps({"v": VERSION, "cmd": cmd,
                                            "args": args or {}}).encode()])
         if not s.poll(int(timeout_s * 1000)):

@@ -120,12 +120,16 @@ class Daemon:
         self.xdp = self._open_xdp()
         self.ctl_calls: Handoff[ControlCall] = Handoff(64, "control")
         path = control_mod.resolve_path(c.control.socket)
-        if path:
+        if path or c.control.tcp:
             self.control = ControlServer(
                 path, self.ctl_calls, log=log,
-                prepare=lambda cmd, args: control_commands.prepare(self, cmd, args))
+                prepare=lambda cmd, args: control_commands.prepare(self, cmd, args),
+                tcp=c.control.tcp, curve_dir=c.control.curve_dir)
             self.control.start()
-            log(f"control socket ipc://{path} (mode 0600)")
+            if path:
+                log(f"control socket ipc://{path} (mode 0600)")
+            if c.control.tcp:
+                log(f"control socket {c.control.tcp} (CURVE, keys in {c.control.curve_dir})")
         self.events_pub: Publisher | None = None
         if c.control.events:
             self.events_pub = Publisher(f"ipc://{c.control.events}", hwm=c.control.events_hwm)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import socket
 import stat
 import subprocess
 import sys
@@ -315,3 +316,36 @@ def test_readyz_says_warming_until_the_model_is_loaded(tmp_path):
     finally:
         (hooks / "hold-load").unlink(missing_ok=True)
         assert d.stop() == 0
+
+
+def test_remote_control_over_tcp_needs_a_known_curve_key(tmp_path):
+    """[control] tcp: encrypted (CURVE), and only operators whose public key is in
+    curve_dir/clients get answers; an unknown key gets none. Plain TCP is refused."""
+    from daemon_proc import free_port
+    keys = tmp_path / "curve"
+    run = [sys.executable, "-m", "zerolayer.daemon.cli"]
+    assert subprocess.run([*run, "ctl-keys", str(keys)], timeout=60).returncode == 0
+    stranger = tmp_path / "stranger"
+    assert subprocess.run([*run, "ctl-keys", str(stranger)], timeout=60).returncode == 0
+    assert stat.S_IMODE(os.stat(keys / "server.key_secret").st_mode) & 0o077 == 0
+    endpoint = f"tcp://127.0.0.1:{free_port(socket.SOCK_STREAM)}"
+    d = DaemonProc(tmp_path, "--control-socket", "", "--control-tcp", endpoint,
+                   "--control-curve-dir", str(keys))
+    try:
+        r = control.request(endpoint, "status", curve=(str(keys / "operator.key_secret"),
+                                                      str(keys / "server.key")))
+        assert r["ok"] and r["result"]["state"] == "ready"
+        out = subprocess.run([*run, "ctl", "kv-stats", "--connect", endpoint, "--curve-dir",
+                              str(keys)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and json.loads(out.stdout)["blocks"] > 0
+        with pytest.raises(TimeoutError):              # its key is not in clients/
+            control.request(endpoint, "status", timeout_s=3,
+                            curve=(str(stranger / "operator.key_secret"),
+                                   str(keys / "server.key")))
+    finally:
+        assert d.stop() == 0
+    bad = subprocess.run([sys.executable, "-m", "zerolayer.daemon.server",
+                          "--security-keys-file", str(d.keys_file), "--control-socket", "",
+                          "--control-tcp", endpoint, "--network-port", "0",
+                          "--metrics-port", "0"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "curve_dir" in bad.stderr

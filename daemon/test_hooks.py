@@ -29,17 +29,8 @@ class EngineCrashHook(RuntimeError):
 
 
 def before_load() -> None:
-    if _DIR is None:
-        return
-    d = Path(_DIR)
-    if (d / "hold-load").exists():
-        held = d / "load-held"
-        held.touch()
-        try:
-            while (d / "hold-load").exists():
-                time.sleep(POLL_S)
-        finally:
-            held.unlink(missing_ok=True)
+    if _DIR is not None:
+        _hold_while(Path(_DIR), "hold-load", "load-held")
 
 
 def before_step() -> None:
@@ -48,11 +39,16 @@ def before_step() -> None:
     d = Path(_DIR)
     if (d / "crash").exists():
         raise EngineCrashHook("test hook: the engine thread crashes")
-    if (d / "hold").exists():
-        held = d / "held"
-        held.touch()
+    _hold_while(d, "hold", "held")
+
+
+def _hold_while(d: Path, hold: str, held: str) -> None:
+    """Wait while `hold` exists, with `held` there meanwhile so the test knows."""
+    if (d / hold).exists():
+        mark = d / held
+        mark.touch()
         try:
-            while (d / "hold").exists():
+            while (d / hold).exists():
                 time.sleep(POLL_S)
         finally:
-            held.unlink(missing_ok=True)
+            mark.unlink(missing_ok=True)

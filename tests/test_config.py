@@ -122,3 +122,11 @@ def test_version_is_the_package_metadata():
     r = subprocess.run([sys.executable, "-m", "zerolayer.daemon.cli", "--version"],
                        capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == f"zerolayer {__version__}"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="loading BPF programs needs root")
+def test_check_loads_the_xdp_program_through_the_verifier(tmp_path):
+    r = _zerolayerd("--check", "--security-keys-file", _keys(tmp_path), "--network-ingress",
+                    "xdp", "--network-interface", "lo")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok   xdp: loaded through the verifier" in r.stdout and "not attached" in r.stdout

@@ -120,6 +120,10 @@ class Metrics:
                                "queue (admitted to first scheduled), tokenize, prefill, "
                                "decode (all steps)", ["stage"], buckets=LATENCY_BUCKETS,
                                registry=r)
+        self.token_gap = Histogram("zerolayer_token_gap_seconds",
+                                   "Time between one token's text and the next of the same "
+                                   "request, as framed for the client (every token)",
+                                   buckets=LATENCY_BUCKETS, registry=r)
         self.step_max = Histogram("zerolayer_decode_step_max_seconds",
                                   "Slowest gap between two tokens of a request (jitter)",
                                   buckets=LATENCY_BUCKETS, registry=r)

@@ -58,6 +58,7 @@ class Request:
     next_seq: int = 0
     closed: bool = False                  # its last frame (DONE/ERROR) was emitted
     sent_tokens: int = 0                  # tokens whose text was framed (usage on CANCEL)
+    t_text: float = 0.0                   # when its last text was framed (token gaps)
     # -- both: written once by the I/O thread, read by the engine
     cancel: CancelReason | None = None
     # -- the engine thread's

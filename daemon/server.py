@@ -549,6 +549,13 @@ class Daemon:
             if self.events_pub is not None and r.sent_tokens == 0 and ev.n_tokens:
                 self.events_pub.publish("first_token", **_ids(r),
                                         ttft_s=round(time.monotonic() - r.received_at, 6))
+            now = time.monotonic()
+            if r.t_text and ev.n_tokens:
+                gap = (now - r.t_text) / ev.n_tokens
+                for _ in range(ev.n_tokens):
+                    self.metrics.token_gap.observe(gap)
+            if ev.n_tokens:
+                r.t_text = now
             pieces = split_utf8(ev.text.encode("utf-8"), MAX_TEXT)
             for i, piece in enumerate(pieces):
                 n = ev.n_tokens if i == len(pieces) - 1 else 0

@@ -236,6 +236,7 @@ def test_stage_histograms_and_prefix_cache_counters(ctl_daemon):
                what="prefix hits counted")
     for stage in ("queue", "tokenize", "prefill", "decode"):
         assert d.metric("zerolayer_request_stage_seconds_count", f'stage="{stage}"') >= 2
+    assert d.metric("zerolayer_token_gap_seconds_count") >= 2     # 4 tokens each, 3 gaps
     assert d.metric("zerolayer_overloaded_total", 'bound="nonce_cache"') == 0
 
 

@@ -81,19 +81,19 @@ def _refuse_what_cannot_fit(tokenizer: Tokenizer, prompt: str | None,
     def refuse(n: int):
         raise ContextOverflowError(n + max_seq_len - room, max_seq_len, at_least=True)
 
-    bound = tokenizer.min_tokens(prompt, messages)
-    if bound > room:
-        refuse(bound)
     if prompt is not None:
         if len(prompt) <= LONG_TEXT:
             return None
-        bound = tokenizer.plain_bound(prompt)
+        bound = tokenizer.plain_bound(prompt)  # >= min_tokens(prompt), one pass either way
         if bound > room:
             refuse(bound)
         ids = tokenizer.encode_until(prompt, room)
         if len(ids) > room:
             refuse(len(ids))
         return ids if ids else None
+    bound = tokenizer.min_tokens(None, messages)
+    if bound > room:
+        refuse(bound)
     # A chat: its control tokens, plus the tokens of each long content's interior (from its
     # first word start to its last), which no template glue can touch.
     n = tokenizer.control_tokens(messages or ())

@@ -157,19 +157,12 @@ class Tokenizer:
         # sum(1 / longest[byte]) <= tokens: the bound that lets an over-long prompt of any
         # shape be refused before it is tokenized (a run of "a" needs >= 1 token per 8
         # bytes, not per 81). Digits are isolated by the pre-tokenizer: one token each.
-        longest = [1] * 256
-        for b in self._bytes:
-            for c in set(b):
-                if longest[c] < len(b):
-                    longest[c] = len(b)
-        share = 1.0 / np.array(longest, np.float64)
-        share[ord("0"):ord("9") + 1] = 1.0
-        self._byte_share = share
-        # For plain_bound(): each token's bytes as a 256-bit set, and its length.
         lens = np.array([len(b) for b in self._bytes], np.int64)
-        sets = np.zeros((len(self._bytes), 256), np.bool_)
+        sets = np.zeros((len(self._bytes), 256), np.bool_)  # which bytes each token holds
         for i, b in enumerate(self._bytes):
             sets[i, list(b)] = True
+        self._byte_share = _byte_share(sets, lens, range(256))
+        # kept packed for plain_bound(), which redoes this over a text's own byte set
         self._token_len, self._token_sets = lens, np.packbits(sets, axis=1)
 
         eog = {eos_id}
@@ -308,29 +301,15 @@ class Tokenizer:
         spaces then needs a token per 64 bytes (the longest all-space token), not per 81
         (a newline and 80 spaces). It matters for texts of few distinct bytes (long runs,
         which the pre-tokenizer cannot split); for others it is the cheap bound (< 5 ms)."""
-        data = np.frombuffer(text.encode("utf-8", "surrogatepass"), np.uint8)
-        counts = np.bincount(data, minlength=256)
+        counts = _byte_counts(text)
         if np.count_nonzero(counts) > 16:
-            return max(0, math.ceil(float(counts @ self._byte_share) - 1e-6))
-        outside = np.packbits(counts == 0)
-        usable = ~np.any(self._token_sets & outside, axis=1)
-        longest = np.ones(256)
+            return _bound(counts, self._byte_share)
+        usable = ~np.any(self._token_sets & np.packbits(counts == 0), axis=1)
         sets = np.unpackbits(self._token_sets[usable], axis=1).astype(np.bool_)
-        lens = self._token_len[usable]
-        for c in np.flatnonzero(counts):
-            having = lens[sets[:, c]]
-            if having.size:
-                longest[c] = having.max()
-        share = 1.0 / longest
-        share[ord("0"):ord("9") + 1] = 1.0
-        return max(0, math.ceil(float(counts @ share) - 1e-6))
+        return _bound(counts, _byte_share(sets, self._token_len[usable], np.flatnonzero(counts)))
 
     def _bytes_bound(self, text: str) -> int:
-        if not text:
-            return 0
-        data = np.frombuffer(text.encode("utf-8", "surrogatepass"), np.uint8)
-        return max(0, math.ceil(float(np.bincount(data, minlength=256) @ self._byte_share)
-                                - 1e-6))
+        return _bound(_byte_counts(text), self._byte_share)
 
     def control_tokens(self, messages: Sequence[dict[str, Any]]) -> int:
         """The control tokens the template adds for these messages, at least."""
@@ -461,6 +440,29 @@ class Tokenizer:
 
 # Where the GPT-2 pre-tokenizer pattern (` ?\p{L}+`) must start a new piece: a space after a
 # non-space, before a letter.
+def _byte_share(sets: np.ndarray, lens: np.ndarray, columns) -> np.ndarray:
+    """Per byte value, 1 / the longest of these tokens holding it (1 where none does, and
+    for ASCII digits, which the pre-tokenizer isolates: one token each)."""
+    longest = np.ones(256)
+    for c in columns:
+        having = lens[sets[:, c]]
+        if having.size:
+            longest[c] = having.max()
+    share = 1.0 / longest
+    share[ord("0"):ord("9") + 1] = 1.0
+    return share
+
+
+def _byte_counts(text: str) -> np.ndarray:
+    return np.bincount(np.frombuffer(text.encode("utf-8", "surrogatepass"), np.uint8),
+                       minlength=256)
+
+
+def _bound(counts: np.ndarray, share: np.ndarray) -> int:
+    """ceil(sum(count x share)), rounded down by a hair against float error."""
+    return max(0, math.ceil(float(counts @ share) - 1e-6))
+
+
 _WORD_START = re.compile(r"(?<=\S) (?=[^\W\d_])")
 
 

@@ -259,8 +259,7 @@ class Daemon:
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> int:
         next_house = 0.0
-        wait_fds = ([self.sock, self.events, self.ctl_calls]
-                    + (self.xdp.fileno_list() if self.xdp else []))
+        wait_fds = self._wait_fds()
         busy = self.cfg.network.busy_poll
         xdp = self.xdp
         spin = 0
@@ -291,8 +290,7 @@ class Daemon:
             if self.io_changed:  # the operator attached or detached XDP: before any select
                 self.io_changed = False
                 xdp = self.xdp
-                wait_fds = ([self.sock, self.events, self.ctl_calls]
-                            + (xdp.fileno_list() if xdp else []))
+                wait_fds = self._wait_fds()
             if self.out or (xdp is not None and xdp.tx_backlog):
                 self._flush()
             now = time.monotonic()
@@ -307,6 +305,10 @@ class Daemon:
                 select.select(wait_fds, [], [], max(0.0, next_house - now))
         self._shutdown()
         return self.exit_code
+
+    def _wait_fds(self) -> list:
+        return ([self.sock, self.events, self.ctl_calls]
+                + (self.xdp.fileno_list() if self.xdp else []))
 
     def _flush(self) -> None:
         if self.xdp is not None and self.xdp.tx_backlog:

@@ -136,6 +136,7 @@ def xdp_attach(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
         io.close()
         raise ControlError("UNAVAILABLE", f"already attached to {d.xdp.settings.ifname}")
     d.xdp, d.io_changed = io, True
+    d.metrics.new_xdp_program()
     return xdp_status(d, {})
 
 

@@ -178,6 +178,11 @@ class Metrics:
             self.memory.labels(name).set(used)
             self.memory_limit.labels(name).set(limit)
 
+    def new_xdp_program(self) -> None:
+        """A freshly loaded program (xdp-attach) counts from 0 again: forget the old totals,
+        or its first packets would be taken for the old program's and never counted."""
+        self._xdp_last.clear()
+
     def update_xdp(self, io) -> None:
         """Copy the kernel's counters (the program's per-CPU array, XDP_STATISTICS) into
         Prometheus as increments. Called from the daemon's loop, so scrapes never touch the

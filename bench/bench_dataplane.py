@@ -30,7 +30,7 @@ Metrics (each side in turn; with --rounds > 1 the order alternates A B / B A per
    theirs: usage of the final SSE chunk, "stream_options": {"include_usage": true}, else
    timings.predicted_n) / wall time from a common start line to the last stream's end.
 5. Datagrams lost in the kernel (ours only; llama-server has no UDP path): --flood-rate
-   datagrams/s (half signed PINGs from zerolayer.daemon.wire.encode_control, half garbage) for
+   datagrams/s (half signed PINGs from zerolayer.client.wire.encode_control, half garbage) for
    --flood-s seconds while 8 streams decode. lost = datagrams sent to the daemon (the flood,
    plus every datagram the SDK sent, counted by wrapping the SDK's send) - the delta of the
    daemon's zerolayer_ingress_datagrams_total. Also the delta of Udp RcvbufErrors in
@@ -141,10 +141,10 @@ def scrape(port: int) -> dict[str, float]:
 
 
 class SendCounter:
-    """Counts every datagram the SDK sends (wraps zerolayer.daemon.client._send)."""
+    """Counts every datagram the SDK sends (wraps zerolayer.client._send)."""
 
     def __init__(self):
-        import zerolayer.daemon.client as cm
+        import zerolayer.client as cm
         self.n = 0
         self._lock = threading.Lock()
         orig = getattr(cm, "_send", None)
@@ -196,7 +196,7 @@ def take_lock(max_wait: float, command: str):
 
 class ZlSide:
     def __init__(self, daemon: ZeroLayerDaemon, name: str = "zl"):
-        from zerolayer.daemon.client import Client
+        from zerolayer.client import Client
         self.name = name
         self.d = daemon
         self.client = Client(daemon.addr, daemon.key_id, daemon.secret, timeout=60)
@@ -219,7 +219,7 @@ class ZlSide:
         return r
 
     def probe(self, content: str, max_tokens: int, cancel: bool) -> dict:
-        from zerolayer.daemon.wire import ChatMessage
+        from zerolayer.client.wire import ChatMessage
         out: dict = {"ttft_s": None}
         t0 = time.perf_counter()
         s = self.client.stream(messages=[ChatMessage("user", content)], max_tokens=max_tokens,
@@ -440,8 +440,8 @@ def loadgen_main(spec: dict) -> int:
     tot = {"tokens": 0, "finished": 0, "stopped": 0, "errors": [], "chunks": 0}
     counter = None
     if spec["side"] == "zl":
-        from zerolayer.daemon.client import Client
-        from zerolayer.daemon.wire import ChatMessage
+        from zerolayer.client import Client
+        from zerolayer.client.wire import ChatMessage
         counter = SendCounter()
         client = Client(("127.0.0.1", spec["port"]), spec["key_id"], bytes.fromhex(spec["secret"]),
                         timeout=60)
@@ -688,7 +688,7 @@ class Bench:
 
     def flood(self) -> dict:
         """Metric 5: datagrams to the daemon while 8 streams decode; lost in the kernel."""
-        from zerolayer.daemon.wire import Mac, MsgType, encode_control
+        from zerolayer.client.wire import Mac, MsgType, encode_control
         a, d = self.a, self.zl
         n = int(a.flood_rate * a.flood_s)
         mac = Mac(d.secret)

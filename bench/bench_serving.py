@@ -271,7 +271,7 @@ class Bench:
                           "ping_endpoint": "GET /v1/models"},
                 "zl": {"cmd": shlex.join(self.zl.cmd), "ready_s": self.zl.ready_s,
                        "ping_endpoint": "Client.ping() (PING/PONG)"}}
-            from zerolayer.daemon.client import Client
+            from zerolayer.client import Client
             self.client = Client(self.zl.addr, self.zl.key_id, self.zl.secret, timeout=60)
             self.watch = CpuWatch({"llama": self.llama.pid, "zl": self.zl.pid})
             self._measure(r)

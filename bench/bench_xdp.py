@@ -175,8 +175,8 @@ def stop_proc(p) -> None:
 # ---------------------------------------------------------------------------- clients
 
 def signed_pings(key_id: int, secret: bytes, n: int) -> list[bytes]:
-    from zerolayer.daemon import wire
-    from zerolayer.daemon.wire import MsgType
+    from zerolayer.client import wire
+    from zerolayer.client.wire import MsgType
     now = time.time_ns() // 1000
     return [wire.encode_control(MsgType.PING, key_id, secret, secrets.token_bytes(16), now,
                                 secrets.token_bytes(32)) for _ in range(n)]
@@ -219,8 +219,8 @@ def http_rtts(ns: str, host: str, n: int, warm: int) -> list[float]:
 def ttfts(ns: str, d: Daemon, n: int, interval: float = 0.0) -> list[float]:
     """TTFT of n chat questions, one after another; with `interval`, each starts `interval`
     seconds after the previous one started (a fixed request rate)."""
-    from zerolayer.daemon.client import Client
-    from zerolayer.daemon.wire import ChatMessage
+    from zerolayer.client import Client
+    from zerolayer.client.wire import ChatMessage
 
     def run():
         c = Client((SRV_V4, PORT), d.key_id, d.secret, timeout=30)

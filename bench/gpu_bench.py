@@ -566,7 +566,7 @@ def daemon_ttft(c: dict, sim: bool) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from tiny_gguf import write_tiny_llama
 
-    from zerolayer.daemon.client import Client
+    from zerolayer.client import Client
     tmp = Path(tempfile.mkdtemp(prefix="zl-gpu-ttft-"))
     model = tmp / "synthetic.gguf"
     layers = {k: QT.Q4_1 for k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",

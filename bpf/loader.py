@@ -16,8 +16,9 @@ pastes the local `#include "..."` headers into one source text (with #line marke
 compiler errors still name the right header and line) before compiling. System headers (`<linux/ip.h>`) come from /lib/modules/$(uname -r)/build, which
 scripts/install-bcc.sh provides.
 
-This module never imports zerolayer.daemon: daemon/wire.py imports the protocol's numbers
-from bpf/wire_consts.py, not the other way round.
+This module never imports zerolayer.daemon. The protocol's numbers come from
+zerolayer.client.wire_consts, the protocol package every room builds on (the SDK, the
+daemon's parser and this program all read the same file).
 
 Only bcc (Debian's python3-bpfcc) and the kernel's bpf(2) are needed. BCC is used to compile
 and load, nothing else: maps are driven through bpf(2) (bpf_maps.RawMap), and the syscalls
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from . import wire_consts
+from zerolayer.client import wire_consts
 from .bpf_maps import RawMap, bpf
 
 BPF_DIR = Path(__file__).resolve().parent
@@ -63,7 +64,7 @@ REASONS: tuple[str, ...] = (
     "drop_rate_limited",
 )
 
-# Protocol constants the program checks: one source, bpf/wire_consts.py (daemon/wire.py
+# Protocol constants the program checks: one source, client/wire_consts.py (client/wire.py
 # imports the same dict); source_text() renders them as the header zl_wire_consts.h.
 WIRE = wire_consts.WIRE
 GENERATED = {"zl_wire_consts.h": wire_consts.c_header}

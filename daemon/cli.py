@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
-import secrets
 import stat
 import sys
 import time
@@ -101,7 +100,7 @@ def _add_target_args(p: argparse.ArgumentParser, timeout: float, timeout_help: s
 
 @dataclass(frozen=True)
 class Target:
-    address: tuple[str, int]
+    address: tuple[str, int] | str     # (host, port), or "shm:///path" (same host)
     key_id: int
     secret: bytes = field(repr=False)
 
@@ -149,7 +148,7 @@ def resolve_target(args: argparse.Namespace, environ: Mapping[str, str] | None =
     """Address, key id and secret from flags, then the environment, then defaults."""
     env = os.environ if environ is None else environ
     addr = args.addr or env.get(ENV_ADDR) or f"{DEFAULT_HOST}:{DEFAULT_PORT}"
-    address = parse_address(addr)
+    address: tuple[str, int] | str = addr if addr.startswith("shm://") else parse_address(addr)
     kid_s = args.key_id if args.key_id is not None else env.get(ENV_KEY_ID)
     key_id = parse_key_id(kid_s) if kid_s else None
 
@@ -190,12 +189,14 @@ def resolve_target(args: argparse.Namespace, environ: Mapping[str, str] | None =
 
 
 def _client(args: argparse.Namespace):
-    from .client import Client
+    from zerolayer.client import Client
     t = resolve_target(args)
     return Client(t.address, t.key_id, t.secret, timeout=args.timeout)
 
 
 def _addr(client) -> str:
+    if isinstance(client.address, str):
+        return f"shm://{client.address}"
     host, port = client.address
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -233,7 +234,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 # --- invoke --------------------------------------------------------------------------------
 
 def cmd_invoke(args: argparse.Namespace) -> int:
-    from .wire import ChatMessage
+    from zerolayer.client.wire import ChatMessage
     text = sys.stdin.read() if args.text == "-" else args.text
     client = _client(args)
     payload = {"prompt": text} if args.raw else {"messages": [ChatMessage("user", text)]}
@@ -284,30 +285,8 @@ def _print_invoke_stats(r) -> None:
 
 # --- ping ----------------------------------------------------------------------------------
 
-def _probe(client):
-    """One PING, one wait: (round trip in s, PongFrame). Client.ping() retries and returns
-    only the time; a ping tool wants every probe counted and the daemon's state. The SDK's
-    _recv applies its trust rules (tag check, request id, which unsigned errors count)."""
-    from .client import _now_us, _open_socket, _send
-    from .errors import ZerolayerTimeoutError, error_for
-    from .wire import NONCE_LEN, REQUEST_ID_LEN, ErrorFrame, MsgType, PongFrame, encode_control
-    rid = secrets.token_bytes(REQUEST_ID_LEN)
-    with _open_socket(client.address) as sock:
-        sent = time.monotonic()
-        _send(sock, encode_control(MsgType.PING, client.key_id, client._secret, rid, _now_us(),
-                                   secrets.token_bytes(NONCE_LEN)))
-        deadline = sent + client.timeout
-        while (left := deadline - time.monotonic()) > 0:
-            frame = client._recv(sock, left, rid)
-            if isinstance(frame, PongFrame):
-                return time.monotonic() - sent, frame
-            if isinstance(frame, ErrorFrame):
-                raise error_for(frame.code, frame.message, request_id=rid)
-    raise ZerolayerTimeoutError(f"no PONG within {client.timeout} s", request_id=rid)
-
-
 def cmd_ping(args: argparse.Namespace) -> int:
-    from .errors import ZerolayerTimeoutError
+    from zerolayer.client.errors import ZerolayerTimeoutError
     if args.count < 1:
         raise UsageError("--count must be at least 1")
     client = _client(args)
@@ -317,7 +296,7 @@ def cmd_ping(args: argparse.Namespace) -> int:
         if i:
             time.sleep(args.interval)
         try:
-            rtt, pong = _probe(client)
+            rtt, pong = client.probe()
         except ZerolayerTimeoutError:
             print(f"no answer from {addr}: seq={i} (timeout {args.timeout} s)")
             continue
@@ -535,7 +514,7 @@ def cmd_ctl_keys(args: argparse.Namespace) -> int:
 
 
 def _error_name(e: Exception) -> str:
-    from .errors import StreamRestartedError, ZerolayerTimeoutError
+    from zerolayer.client.errors import StreamRestartedError, ZerolayerTimeoutError
     code = getattr(e, "code", None)
     if code is not None:
         return code.name
@@ -547,7 +526,7 @@ def _error_name(e: Exception) -> str:
 
 
 def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    from .errors import ZerolayerError, ZerolayerTimeoutError
+    from zerolayer.client.errors import ZerolayerError, ZerolayerTimeoutError
     try:
         return func(args)
     except UsageError as e:

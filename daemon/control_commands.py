@@ -15,7 +15,7 @@ from zerolayer.gpu import __version__
 from . import config as config_mod
 from . import logs
 from .control import ControlCall, ControlError
-from .wire import ServerState
+from zerolayer.client.wire import ServerState
 
 if TYPE_CHECKING:
     from .server import Daemon

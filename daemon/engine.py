@@ -35,13 +35,13 @@ import numpy as np
 from zerolayer.gpu.errors import KVCacheFullError
 from zerolayer.gpu.model_api import Draw, Model, PendingTokens, StepInput
 from zerolayer.gpu.prefix_cache import PrefixCache
-from zerolayer.gpu.sampling_params import check_context
+from zerolayer.gpu.context_rule import check_context
 from zerolayer.gpu.stopping import StopChecker
 from zerolayer.gpu.tokenizer import Tokenizer
 
-from .errors import ErrorCode, OverloadedError
+from zerolayer.client.errors import ErrorCode, OverloadedError
 from .request import CancelReason, DoneEvent, EngineEvent, FailedEvent, Request, TextEvent
-from .wire import FinishReason, Timings, Usage
+from zerolayer.client.wire import FinishReason, Timings, Usage
 
 Emit = Callable[[EngineEvent], None]
 

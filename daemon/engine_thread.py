@@ -34,7 +34,7 @@ from zerolayer.gpu.generate import encode_prompt
 
 from . import test_hooks
 from .engine import Engine
-from .errors import ErrorCode, ZerolayerError
+from zerolayer.client.errors import ErrorCode, ZerolayerError
 from .handoff import Handoff
 from .request import EngineDied, EngineEvent, FailedEvent, Request
 

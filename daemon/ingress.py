@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from .auth import KeyStore, ReplayGuard
-from .errors import (DrainingError, ErrorCode, ExpiredNonceError,
+from zerolayer.client.errors import (DrainingError, ErrorCode, ExpiredNonceError,
                      MalformedError, PayloadTooLargeError, UnknownKeyError, ZerolayerError)
 from .reassembly import Reassembler
-from .wire import (COMMON_LEN, MAGIC, MAX_MESSAGE_BYTES, REQUEST_TYPES, VERSION,
+from zerolayer.client.wire import (COMMON_LEN, MAGIC, MAX_MESSAGE_BYTES, REQUEST_TYPES, VERSION,
                    ControlMessage, InvokeBody, InvokeFragment, Mac, MsgType, ResponseSigner,
                    decode_invoke_body, encode_error, parse_request, verify_tag)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .wire import MAX_CHAT_MESSAGES, MAX_MESSAGE_BYTES, InvokeBody
+from zerolayer.client.wire import MAX_CHAT_MESSAGES, MAX_MESSAGE_BYTES, InvokeBody
 
 if TYPE_CHECKING:
     from .server import Daemon

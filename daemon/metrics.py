@@ -18,7 +18,7 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Pro
 
 from zerolayer.gpu import __version__
 
-from .errors import ErrorCode
+from zerolayer.client.errors import ErrorCode
 
 # What OVERLOADED can come from (docs/OPERATIONS.md "Error codes"): the nonce cache, one
 # key's share of it, reassembly memory or slots, one key's share of those, the result

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
-from zerolayer.gpu.sampling_params import SamplingParams
+from zerolayer.client.sampling_params import SamplingParams
 
-from .errors import ErrorCode
-from .wire import FinishReason, InvokeBody, ResponseSigner, Timings, Usage
+from zerolayer.client.errors import ErrorCode
+from zerolayer.client.wire import FinishReason, InvokeBody, ResponseSigner, Timings, Usage
 
 if TYPE_CHECKING:
     from zerolayer.gpu.kv_cache import Sequence

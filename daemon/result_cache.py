@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .errors import OverloadedError
+from zerolayer.client.errors import OverloadedError
 
 CacheKey = tuple[int, bytes]  # (key id, request id)
 

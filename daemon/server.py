@@ -35,7 +35,7 @@ from .control import ControlCall, ControlServer
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
 from .engine import Engine
 from .engine_thread import EngineThread
-from .errors import ERROR_INFO, ErrorCode, OverloadedError
+from zerolayer.client.errors import ERROR_INFO, ErrorCode, OverloadedError
 from .handoff import Handoff
 from .ingress import ControlRequest, Ingress, InvokeRequest, Rejected
 from .lifecycle_events import Publisher
@@ -48,7 +48,7 @@ from .request import (CancelReason, DoneEvent, EngineDied, EngineEvent, FailedEv
 from .result_cache import EntryStatus, ResultCache
 from .udp_io import BatchedUDP
 from .xdp_frames import Peer
-from .wire import (MAX_TEXT, NO_SEQ, FinishReason, MsgType, RunState, ServerState, Timings,
+from zerolayer.client.wire import (MAX_TEXT, NO_SEQ, FinishReason, MsgType, RunState, ServerState, Timings,
                    Usage, split_utf8)
 
 HOUSEKEEPING_S = 0.25

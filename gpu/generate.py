@@ -20,7 +20,9 @@ import numpy as np
 from . import backend
 from .model import LlamaModel, set_threads
 from .model_api import GREEDY, Draw, Model, StepInput
-from .sampling_params import SamplingParams, check_context  # noqa: F401 (SamplingParams: API)
+from zerolayer.client.sampling_params import SamplingParams  # noqa: F401 (API)
+
+from .context_rule import check_context
 from .stopping import StopChecker
 from .tokenizer import Tokenizer
 

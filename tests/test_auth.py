@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from zerolayer.daemon.auth import (KeyFileError, KeyStore, ReplayConfig, ReplayGuard,
                                    format_key_line, generate_secret, load_keys, parse_keys)
-from zerolayer.daemon.errors import ExpiredNonceError, InvalidTimestampError, OverloadedError
+from zerolayer.client.errors import ExpiredNonceError, InvalidTimestampError, OverloadedError
 
 S1 = "11" * 32
 S2 = "22" * 32

@@ -1,6 +1,7 @@
 """Client SDK mechanics against a tiny in-test UDP responder: retries with backoff (same
 request id, fresh nonce), RESEND gap recovery, keepalives, error → exception mapping,
-spoof resistance. The responder uses the real Ingress and ResultCache; the real daemon and
+spoof resistance. Every scenario runs twice: with the sync Client and with the asyncio
+AsyncClient (through tests/async_driven.py), which must behave the same. The responder uses the real Ingress and ResultCache; the real daemon and
 model are exercised by the end-to-end tests, not here.
 """
 from __future__ import annotations
@@ -14,14 +15,16 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from zerolayer.daemon import errors, wire
+from async_driven import AsyncDriven
+
+from zerolayer.client import errors, wire
 from zerolayer.daemon.auth import KeyStore, ReplayGuard
-from zerolayer.daemon.client import Client, InvokeResult
-from zerolayer.daemon.errors import ErrorCode
+from zerolayer.client import AsyncClient, Client, InvokeResult
+from zerolayer.client.errors import ErrorCode
 from zerolayer.daemon.ingress import ControlRequest, Ingress, InvokeRequest, Rejected
 from zerolayer.daemon.reassembly import Reassembler
 from zerolayer.daemon.result_cache import EntryStatus, ResultCache
-from zerolayer.daemon.wire import ChatMessage, FinishReason, MsgType, RunState, ServerState
+from zerolayer.client.wire import ChatMessage, FinishReason, MsgType, RunState, ServerState
 
 KEY_ID = 11
 SECRET = secrets.token_bytes(32)
@@ -195,10 +198,22 @@ class FakeDaemon(threading.Thread):
             self.send(r.signer.ack(e.next_seq, e.run_id, state, self.script.lease_ms), addr)
 
 
+FLAVOUR = ["sync"]
+
+
+@pytest.fixture(autouse=True, params=["sync", "async"])
+def flavour(request: pytest.FixtureRequest) -> None:
+    """Which SDK _client() builds for this run of a scenario."""
+    FLAVOUR[0] = request.param
+
+
 def _client(d: FakeDaemon, **kw: object) -> Client:
     opts = dict(timeout=5.0, ack_timeout_s=0.05, backoff_initial_s=0.01, backoff_max_s=0.2,
                 probe_interval_s=0.05, contact_timeout_s=1.0)
     opts.update(kw)
+    if FLAVOUR[0] == "async":
+        return AsyncDriven(AsyncClient(d.address, KEY_ID, SECRET.hex(),  # type: ignore[return-value]
+                                       **opts))  # type: ignore[arg-type]
     return Client(d.address, KEY_ID, SECRET.hex(), **opts)  # type: ignore[arg-type]
 
 

@@ -20,9 +20,9 @@ import zmq
 
 from daemon_proc import DaemonProc
 from zerolayer.daemon import control
-from zerolayer.daemon.client import Client
-from zerolayer.daemon.errors import DrainingError
-from zerolayer.daemon.wire import ChatMessage
+from zerolayer.client import Client
+from zerolayer.client.errors import DrainingError
+from zerolayer.client.wire import ChatMessage
 
 from test_dataplane import Hooks
 

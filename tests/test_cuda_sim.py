@@ -309,7 +309,7 @@ def _child() -> None:
         from zerolayer.daemon.request import CancelReason, Request, TextEvent
         from zerolayer.gpu.generate import on_backend
         from zerolayer.gpu.model import LlamaModel
-        from zerolayer.gpu.sampling_params import SamplingParams
+        from zerolayer.client.sampling_params import SamplingParams
 
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "tiny.gguf")
@@ -374,7 +374,7 @@ def _child() -> None:
         TX frame, which the host reads in place. Returns the fraction of wrong ids."""
         from fixtures.packets import udp4
 
-        from zerolayer.daemon import wire
+        from zerolayer.client import wire
         from zerolayer.gpu.cuda import mapped_ring as mr
 
         umem = shim.cuda.mapped_array(4 * 4096, dtype=np.uint8)

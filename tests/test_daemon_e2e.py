@@ -12,12 +12,12 @@ import time
 import pytest
 
 from daemon_proc import DaemonProc
-from zerolayer.daemon import wire
-from zerolayer.daemon.client import Client
-from zerolayer.daemon.errors import ErrorCode
-from zerolayer.daemon.errors import (ContextOverflowError, InvalidSignatureError,
+from zerolayer.client import wire
+from zerolayer.client import Client
+from zerolayer.client.errors import ErrorCode
+from zerolayer.client.errors import (ContextOverflowError, InvalidSignatureError,
                                      UnknownKeyError)
-from zerolayer.daemon.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
+from zerolayer.client.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
 
 FRANCE = [ChatMessage("user", "What is the capital of France?")]
 

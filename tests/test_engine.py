@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 
 from zerolayer.daemon.engine import Engine
-from zerolayer.daemon.errors import OverloadedError
+from zerolayer.client.errors import OverloadedError
 from zerolayer.daemon.request import (CancelReason, DoneEvent, FailedEvent, Request,
                                       TextEvent)
 from zerolayer.gpu.errors import ContextOverflowError
-from zerolayer.gpu.sampling_params import SamplingParams, check_context
+from zerolayer.client.sampling_params import SamplingParams
+from zerolayer.gpu.context_rule import check_context
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -17,7 +17,7 @@ import pytest
 
 from daemon_proc import DaemonProc
 from tiny_gguf import write_tiny_llama
-from zerolayer.daemon.client import Client
+from zerolayer.client import Client
 
 
 def fresh(code: str, **env_values: str | None) -> list[str]:

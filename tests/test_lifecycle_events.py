@@ -8,8 +8,8 @@ import json
 import zmq
 
 from daemon_proc import DaemonProc
-from zerolayer.daemon.client import Client
-from zerolayer.daemon.errors import ContextOverflowError
+from zerolayer.client import Client
+from zerolayer.client.errors import ContextOverflowError
 from zerolayer.daemon.lifecycle_events import Publisher
 
 

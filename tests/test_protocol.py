@@ -1,4 +1,4 @@
-"""Wire format v1 codec (daemon/wire.py) and the error table (daemon/errors.py).
+"""Wire format v1 codec (client/wire.py) and the error table (client/errors.py).
 
 Round trips, the fixed offsets the XDP program will rely on, and property tests: the parsers
 turn any bytes into either a value or a typed ZerolayerError, never another exception.
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zerolayer.daemon import errors, wire
-from zerolayer.daemon.errors import (ErrorCode, InvalidSignatureError, MalformedError,
+from zerolayer.client import errors, wire
+from zerolayer.client.errors import (ErrorCode, InvalidSignatureError, MalformedError,
                                      ZerolayerError)
-from zerolayer.daemon.wire import (ChatMessage, FinishReason, MsgType, PayloadKind, RunState,
+from zerolayer.client.wire import (ChatMessage, FinishReason, MsgType, PayloadKind, RunState,
                                    SamplingParams, ServerState, Timings, Usage)
 
 SECRET = bytes(range(32))
@@ -99,7 +99,7 @@ def test_prompt_chat_and_token_id_payloads_round_trip() -> None:
     b = wire.decode_invoke_body(wire.encode_invoke_body(
         SamplingParams(), PayloadKind.TOKEN_IDS, wire.encode_token_ids([1, 2, 0xFFFFFFFF])))
     assert b.token_ids is not None and b.token_ids.tolist() == [1, 2, 0xFFFFFFFF]
-    assert b.token_ids.dtype == np.dtype("<u4")
+    assert b.token_ids.typecode == "I" and b.token_ids.itemsize == 4
 
 
 @given(max_tokens=st.integers(1, 2**32 - 1),
@@ -381,7 +381,7 @@ def test_protocol_doc_lists_every_code_and_type() -> None:
 
 
 def test_a_chat_has_at_most_max_chat_messages():
-    from zerolayer.daemon.errors import PayloadTooLargeError
+    from zerolayer.client.errors import PayloadTooLargeError
     ok = [wire.ChatMessage("user", "x")] * wire.MAX_CHAT_MESSAGES
     assert len(wire._decode_chat(wire.encode_chat(ok))) == wire.MAX_CHAT_MESSAGES
     with pytest.raises(PayloadTooLargeError):

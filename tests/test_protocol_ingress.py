@@ -13,13 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zerolayer.daemon import wire
+from zerolayer.client import wire
 from zerolayer.daemon.auth import KeyStore, ReplayConfig, ReplayGuard
-from zerolayer.daemon.errors import ErrorCode
+from zerolayer.client.errors import ErrorCode
 from zerolayer.daemon.ingress import (ControlRequest, Ingress, InvokeRequest, Pending,
                                       Rejected)
 from zerolayer.daemon.reassembly import Reassembler
-from zerolayer.daemon.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
+from zerolayer.client.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
 
 KEY_ID = 3
 SECRET = secrets.token_bytes(32)

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from zerolayer.daemon.errors import MalformedError, OverloadedError
+from zerolayer.client.errors import MalformedError, OverloadedError
 from zerolayer.daemon.reassembly import Reassembler
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from zerolayer.daemon.errors import OverloadedError
+from zerolayer.client.errors import OverloadedError
 from zerolayer.daemon.result_cache import (ENTRY_OVERHEAD, FRAME_OVERHEAD, EntryStatus,
                                            ResultCache)
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from daemon_proc import DaemonProc
-from zerolayer.daemon.client import Client
+from zerolayer.client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from daemon_proc import DaemonProc
-from zerolayer.daemon.client import Client
+from zerolayer.client import Client
 from zerolayer.daemon.sd_notify import Notifier, Watchdog
 from test_dataplane import COUNT, Hooks
 

@@ -17,10 +17,10 @@ import pytest
 
 from daemon_proc import DaemonProc
 from netns import CLI_V4, SRV_IF, SRV_V4, SRV_V6, in_netns, xdp_testbed
-from zerolayer.daemon import wire
-from zerolayer.daemon.client import Client
-from zerolayer.daemon.errors import ContextOverflowError, ZerolayerTimeoutError
-from zerolayer.daemon.wire import ChatMessage, MsgType
+from zerolayer.client import wire
+from zerolayer.client import Client
+from zerolayer.client.errors import ContextOverflowError, ZerolayerTimeoutError
+from zerolayer.client.wire import ChatMessage, MsgType
 
 if os.geteuid() != 0:  # pragma: no cover - CI runs as root
     pytest.skip("XDP and network namespaces need root", allow_module_level=True)

@@ -1,9 +1,10 @@
 """The one SamplingParams: what a request asks of the sampler and the stopping rules.
 
-The wire format (daemon/wire.py) encodes exactly these fields, the Generator and the
-daemon's engine run them, and `validate` is the one rule set for all of them. It lives in
-the runtime because the runtime uses it and must not import the daemon; the daemon turns
-InvalidSamplingParams into its MALFORMED error.
+The wire format (client/wire.py) encodes exactly these fields, the runtime's Generator and
+the daemon's engine run them, and `validate` is the one rule set for all of them. It lives
+in the protocol package because every side uses it (the SDK validates before sending, the
+daemon after parsing, the runtime when generating); the daemon turns InvalidSamplingParams
+into its MALFORMED error.
 """
 from __future__ import annotations
 
@@ -45,12 +46,3 @@ class SamplingParams:
         for s in self.stop:
             if not 1 <= len(s.encode("utf-8")) <= MAX_STOP_BYTES:
                 raise InvalidSamplingParams(f"stop strings must be 1..{MAX_STOP_BYTES} UTF-8 bytes")
-
-
-def check_context(prompt_tokens: int, max_tokens: int, max_seq_len: int) -> None:
-    """The CONTEXT_OVERFLOW rule, the one place it is written: the prompt plus the whole
-    requested completion must fit the context. Deterministic, so the error can be cached.
-    Admission reserves exactly this much KV, so an admitted request never overflows later."""
-    from .errors import ContextOverflowError
-    if prompt_tokens + max_tokens > max_seq_len:
-        raise ContextOverflowError(prompt_tokens + max_tokens, max_seq_len)

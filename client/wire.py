@@ -29,22 +29,24 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import operator
 import struct
+import sys
+from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Union
+from typing import TypedDict, Union
 
-import numpy as np
-
-from zerolayer.gpu.sampling_params import (MAX_STOP, MAX_STOP_BYTES, MAX_TEMPERATURE,  # noqa: F401
+from .sampling_params import (MAX_STOP, MAX_STOP_BYTES, MAX_TEMPERATURE,  # noqa: F401
                                            InvalidSamplingParams, SamplingParams)
 
-from zerolayer.bpf.wire_consts import WIRE
+from .wire_consts import WIRE
 
 from .errors import ErrorCode, InvalidSignatureError, MalformedError, PayloadTooLargeError
 
 # --- constants (docs/PROTOCOL.md §2) -------------------------------------------------------
-# The numbers the XDP program checks too come from bpf/wire_consts.py, the one source; the
+# The numbers the XDP program checks too come from client/wire_consts.py, the one source; the
 # struct formats below must agree with them (checked at import, after the formats).
 
 MAGIC_U32 = WIRE["ZL_MAGIC"]   # 0x52594C5A, what a u32 load at offset 0 sees
@@ -123,7 +125,7 @@ CHAT_MSG_HDR = struct.Struct("<BI")    # role, content length
 
 
 def _agree_with_the_xdp_program() -> None:
-    """The layouts above against bpf/wire_consts.py: a mismatch is a build error."""
+    """The layouts above against client/wire_consts.py: a mismatch is a build error."""
     derived = {
         "ZL_COMMON_LEN": COMMON_LEN, "ZL_HLEN_INVOKE": HEADER_LEN[MsgType.INVOKE],
         "ZL_HLEN_CONTROL": HEADER_LEN[MsgType.PING],
@@ -132,7 +134,7 @@ def _agree_with_the_xdp_program() -> None:
     }
     wrong = {k: (v, WIRE[k]) for k, v in derived.items() if WIRE[k] != v}
     if wrong or len({HEADER_LEN[t] for t in CONTROL_TYPES}) != 1:
-        raise RuntimeError(f"daemon/wire.py disagrees with bpf/wire_consts.py: {wrong}")
+        raise RuntimeError(f"client/wire.py disagrees with client/wire_consts.py: {wrong}")
 
 
 _agree_with_the_xdp_program()
@@ -190,9 +192,8 @@ class InvokeBody:
     payload: bytes                                   # the payload bytes as sent
     prompt: str | None = None
     messages: tuple[ChatMessage, ...] | None = None
-    # Read-only little-endian u32 view over `payload`, no copy: ready for the tokenizer-free
-    # path and, later, for device memory.
-    token_ids: np.ndarray | None = field(default=None, compare=False)
+    # The ids as u32 (array('I'): a buffer, so np.asarray views it without a copy).
+    token_ids: array[int] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,13 +395,21 @@ def encode_chat(messages: "list[ChatMessage] | tuple[ChatMessage, ...]") -> byte
     return bytes(out)
 
 
-def encode_token_ids(ids: "list[int] | tuple[int, ...] | np.ndarray") -> bytes:
-    arr = np.asarray(ids)
-    if arr.ndim != 1 or arr.size == 0:
+def encode_token_ids(ids: Iterable[int]) -> bytes:
+    """Little-endian u32s. Any iterable of integers (a list, a 1-D numpy array); floats and
+    nested sequences are refused rather than truncated."""
+    try:
+        vals = [operator.index(i) for i in ids]
+    except TypeError:
+        raise MalformedError("token_ids must be a non-empty 1-D sequence of integers") from None
+    if not vals:
         raise MalformedError("token_ids must be a non-empty 1-D sequence")
-    if arr.dtype.kind not in "iu" or (arr.size and (arr.min() < 0 or arr.max() > 0xFFFFFFFF)):
+    if min(vals) < 0 or max(vals) > 0xFFFFFFFF:
         raise MalformedError("token ids must be integers in 0..2^32-1")
-    return arr.astype("<u4").tobytes()
+    arr = array("I", vals)
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return arr.tobytes()
 
 
 def validate_params(params: SamplingParams) -> None:
@@ -464,7 +473,9 @@ def decode_invoke_body(body: bytes) -> InvokeBody:
     if pkind is PayloadKind.TOKEN_IDS:
         if not payload or len(payload) % 4:
             raise MalformedError("token id payload must be a non-empty multiple of 4 bytes")
-        ids = np.frombuffer(payload, dtype="<u4")
+        ids = array("I", payload)
+        if sys.byteorder == "big":
+            ids.byteswap()
         return InvokeBody(params, pkind, payload, token_ids=ids)
     return InvokeBody(params, pkind, payload, messages=_decode_chat(payload))
 
@@ -541,6 +552,12 @@ def encode_control(msg_type: MsgType, key_id: int, secret: Secret, request_id: b
     return _finish(buf, secret)
 
 
+class _ErrCtx(TypedDict, total=False):
+    """What a parse error knows about the request so far (the ERROR reply echoes it)."""
+    request_id: bytes
+    key_id: int
+
+
 def _parse_common(datagram: bytes) -> tuple[MsgType, int, int, bytes]:
     """The fixed 32-byte header checks, in the order the XDP program does them.
     Returns (type, flags, key_id, request_id)."""
@@ -551,7 +568,7 @@ def _parse_common(datagram: bytes) -> tuple[MsgType, int, int, bytes]:
     if magic != MAGIC:
         raise MalformedError("bad magic")
     # From here the request id is known, so errors can be addressed to it.
-    ctx = {"request_id": rid, "key_id": key_id}
+    ctx: _ErrCtx = {"request_id": rid, "key_id": key_id}
     if version != VERSION:
         raise MalformedError(f"unsupported version {version}", **ctx)
     try:
@@ -571,7 +588,7 @@ def parse_request(datagram: bytes) -> Request:
     """Structural parse of a request datagram, no key needed (cheap, and the same checks the
     XDP program makes). Raises MalformedError, with request_id/key_id set once known."""
     mt, flags, key_id, rid = _parse_common(datagram)
-    ctx = {"request_id": rid, "key_id": key_id}
+    ctx: _ErrCtx = {"request_id": rid, "key_id": key_id}
     if mt not in REQUEST_TYPES:
         raise MalformedError(f"{mt.name} is not a request", **ctx)
     if flags:

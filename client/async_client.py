@@ -1,0 +1,236 @@
+"""The asyncio SDK: `AsyncClient.invoke()`, `.stream()` and `.ping()`.
+
+    from zerolayer.client import AsyncClient, ChatMessage
+    async with AsyncClient(("127.0.0.1", 7700), key_id=1, secret="…hex…") as c:
+        print((await c.invoke(prompt="The capital of France is", max_tokens=8)).text)
+        async with await c.stream(messages=[ChatMessage("user", "Hi")]) as s:
+            async for chunk in s:
+                print(chunk, end="")
+        print(s.result.usage)
+
+The same reliability semantics as the sync Client, because both drive the one protocol state
+machine in client/request_machine.py: retries with the same request id, the recovery window,
+resends of missing frames, keepalives, CANCEL when a stream is left early. Many streams run
+concurrently on one event loop; each has its own channel (over UDP its own socket).
+"""
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from types import TracebackType
+
+from .errors import ERROR_INFO, ZerolayerError, ZerolayerTimeoutError, error_for
+from .invoke_body import build_invoke_body, request_id_bytes
+from .request_machine import AuditHook, InvokeResult, RequestMachine, authenticate
+from .sync_client import make_policy
+from .transport import Address, AsyncChannel, AsyncConnector, async_connector_for, parse_address
+from .wire import MAX_CHUNK, REQUEST_ID_LEN, ChatMessage, ErrorFrame, MsgType, PongFrame
+
+
+class AsyncClient:
+    """An asyncio client of one daemon address; the arguments are the sync Client's."""
+
+    def __init__(self, address: Address, key_id: int, secret: bytes | str,
+                 timeout: float = 45.0, *, audit_log_hook: AuditHook | None = None,
+                 max_attempts: int | None = None, ack_timeout_s: float = 0.2,
+                 backoff_initial_s: float = 0.05, backoff_max_s: float = 2.0,
+                 resend_interval_s: float = 0.03, probe_interval_s: float = 0.25,
+                 contact_timeout_s: float = 2.0, total_timeout: float | None = None,
+                 chunk_len: int = MAX_CHUNK,
+                 pace_burst: int = 64, pace_gap_s: float = 0.0002) -> None:
+        self.policy = make_policy(key_id, secret, timeout, audit_log_hook, max_attempts,
+                                  ack_timeout_s, backoff_initial_s, backoff_max_s,
+                                  resend_interval_s, probe_interval_s, contact_timeout_s,
+                                  total_timeout, chunk_len, pace_burst, pace_gap_s)
+        self.address = parse_address(address)[1]
+        self._target = address
+        self._connector: AsyncConnector | None = None
+
+    @property
+    def key_id(self) -> int:
+        return self.policy.key_id
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"AsyncClient(address={self._target!r}, key_id={self.key_id})"
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._connector is not None:
+            connector, self._connector = self._connector, None
+            await connector.aclose()
+
+    async def invoke(self, prompt: str | None = None,
+                     messages: Sequence[ChatMessage] | None = None,
+                     token_ids: Iterable[int] | None = None, *, max_tokens: int = 256,
+                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                     seed: int | None = None, stop: Sequence[str] = (),
+                     request_id: bytes | str | None = None) -> InvokeResult:
+        """Run one request to completion and return its text, usage and timings."""
+        s = await self.stream(prompt, messages, token_ids, max_tokens=max_tokens,
+                              temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                              stop=stop, request_id=request_id)
+        s._m.restartable = True  # the caller sees no text until the end
+        async with s:
+            async for _ in s:
+                pass
+        assert s.result is not None
+        return s.result
+
+    async def stream(self, prompt: str | None = None,
+                     messages: Sequence[ChatMessage] | None = None,
+                     token_ids: Iterable[int] | None = None, *, max_tokens: int = 256,
+                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                     seed: int | None = None, stop: Sequence[str] = (),
+                     request_id: bytes | str | None = None) -> "AsyncStream":
+        """Send the request's first attempt and return the AsyncStream; iterate it with
+        `async for` for text chunks. Errors raise subclasses of ZerolayerError."""
+        body = build_invoke_body(prompt, messages, token_ids, max_tokens=max_tokens,
+                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                 stop=stop)
+        rid = request_id_bytes(request_id)
+        s = AsyncStream(RequestMachine(self.policy, body, rid), await self._open(rid))
+        try:
+            await s._send(s._m.start())
+        except BaseException:       # e.g. the audit hook refused: release the channel
+            s._release()
+            raise
+        return s
+
+    async def ping(self) -> float:
+        """Round-trip time of an authenticated PING/PONG, in seconds, retried like the sync
+        Client.ping() within the recovery window."""
+        p = self.policy
+        rid = secrets.token_bytes(REQUEST_ID_LEN)
+        deadline = time.monotonic() + p.timeout
+        refusal: ZerolayerError | None = None
+        ch = await self._open(rid)
+        try:
+            attempt = 0
+            while p.may_retry(attempt):
+                attempt += 1
+                sent = time.monotonic()
+                ch.send(p.control(MsgType.PING, rid))
+                wait_until = min(deadline, sent + p.ack_wait(attempt - 1))
+                while (left := wait_until - time.monotonic()) > 0:
+                    dg = await ch.recv(left)
+                    frame = authenticate(dg, p.mac, rid) if dg is not None else None
+                    if isinstance(frame, PongFrame):
+                        return time.monotonic() - sent
+                    if isinstance(frame, ErrorFrame):
+                        exc = error_for(frame.code, frame.message, request_id=rid)
+                        assert exc.code is not None
+                        if not (frame.signed and ERROR_INFO[exc.code].retryable):
+                            raise exc
+                        refusal = exc
+                if time.monotonic() >= deadline:
+                    break
+        finally:
+            ch.close()
+        if refusal is not None:
+            raise refusal
+        raise ZerolayerTimeoutError("no PONG", request_id=rid)
+
+    async def _open(self, request_id: bytes) -> AsyncChannel:
+        if self._connector is None:
+            self._connector = async_connector_for(self._target)
+        return await self._connector.open(request_id)
+
+
+class AsyncStream(AsyncIterator[str]):
+    """One request in flight. `async for` yields text chunks; then `.result` is set. Use as
+    an async context manager (or await aclose()) so that leaving early sends CANCEL. If the
+    task iterating it is cancelled, the stream sends CANCEL too (via aclose in __aexit__)."""
+
+    def __init__(self, machine: RequestMachine, channel: AsyncChannel) -> None:
+        self._m = machine
+        self._ch: AsyncChannel | None = channel
+        self.request_id = machine.request_id
+
+    @property
+    def result(self) -> InvokeResult | None:
+        return self._m.result
+
+    @property
+    def attempts(self) -> int:
+        return self._m.attempts
+
+    def __aiter__(self) -> "AsyncStream":
+        return self
+
+    async def __anext__(self) -> str:
+        m = self._m
+        while True:
+            if m.finished:
+                self._release()
+                raise StopAsyncIteration
+            chunk = m.pop_ready()
+            if chunk is not None:
+                return chunk
+            if m.result is not None:
+                continue
+            try:
+                wait = m.wait_s()
+                dg = await self._ch.recv(wait) if wait > 0 and self._ch is not None else None
+                await self._send(m.on_datagram(dg) if dg is not None else m.on_timer())
+            except ZerolayerError:
+                self._release()
+                raise
+
+    async def cancel(self) -> InvokeResult | None:
+        """Ask the daemon to stop; wait for the final DONE (finish_reason "cancelled", or
+        "stop"/"length" if it had already ended) and return the result."""
+        if not self._m.finished:
+            await self._send(self._m.cancel())
+            try:
+                async for _ in self:
+                    pass
+            except ZerolayerTimeoutError:
+                pass
+        await self.aclose()
+        return self.result
+
+    async def aclose(self) -> None:
+        """Release the channel; if the request is unfinished, send one best-effort CANCEL."""
+        try:
+            self._send_now(self._m.close())
+        except OSError:
+            pass
+        self._release()
+
+    async def __aenter__(self) -> "AsyncStream":
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def _send(self, datagrams: list[bytes]) -> None:
+        policy = self._m._p
+        for i, dg in enumerate(datagrams):
+            pause = policy.pause_before(i)
+            if pause:
+                await asyncio.sleep(pause)
+            if self._ch is not None:
+                self._ch.send(dg)
+
+    def _send_now(self, datagrams: list[bytes]) -> None:
+        # No await: aclose must send its CANCEL even while the task is being cancelled.
+        for dg in datagrams:
+            if self._ch is not None:
+                self._ch.send(dg)
+
+    def _release(self) -> None:
+        if self._ch is not None:
+            self._ch.close()
+            self._ch = None
+
+
+__all__ = ["AsyncClient", "AsyncStream"]

@@ -1,0 +1,296 @@
+"""The synchronous SDK: `Client.invoke()`, `Client.stream()` and `Client.ping()`.
+
+    from zerolayer.client import Client
+    c = Client(("127.0.0.1", 7700), key_id=1, secret="…hex…", timeout=30)
+    print(c.invoke(prompt="The capital of France is", max_tokens=8).text)
+
+    with c.stream(messages=[ChatMessage("user", "Hi")]) as s:
+        for chunk in s:          # str chunks, in order, each valid text
+            print(chunk, end="")
+    print(s.result.usage)        # InvokeResult, set once the iteration ended
+
+The address is a UDP ("host", port) / "host:port", or "shm:///path/shm.sock" for the
+same-host shared-memory carrier (client/transport.py). The reliability rules (retries,
+recovery window, resends, keepalives, which frames are believed) live in one place,
+client/request_machine.py, which this client and the asyncio AsyncClient both drive.
+
+audit_log_hook(payload, signature, timestamp) is called before every INVOKE attempt is sent:
+payload = SHA-256 (32 bytes) of the signed INVOKE body (sampling parameters, stop strings and
+payload, exactly as sent), signature = the HMAC-SHA256 tag of fragment 0 (which covers the
+timestamp, the nonce and that SHA-256), timestamp = the request timestamp in unix µs. If the
+hook raises, nothing is sent and the exception propagates: no audit record, no request.
+"""
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from types import TracebackType
+
+from .errors import ERROR_INFO, ZerolayerError, ZerolayerTimeoutError, error_for
+from .invoke_body import build_invoke_body, request_id_bytes
+from .request_machine import AuditHook, InvokeResult, RequestMachine, RetryPolicy, authenticate
+from .transport import Address, Channel, Connector, connector_for, parse_address
+from .wire import MAX_CHUNK, REQUEST_ID_LEN, ChatMessage, ErrorFrame, Mac, MsgType, PongFrame
+
+
+class Client:
+    """A client of one daemon address. Thread-safe: each call has its own channel (over UDP
+    its own socket), so concurrent calls from threads do not see each other's datagrams.
+
+    address: ("host", port), "host:port", or "shm:///path/shm.sock". key_id / secret: an
+    entry of the daemon's keys file (secret as bytes or hex). timeout: the recovery window,
+    seconds without any authenticated answer before a call fails; total_timeout: optional
+    cap on a whole call; max_attempts: optional cap on INVOKE/PING attempts (None: as many
+    as fit in the window). The remaining knobs are the retry timers of docs/PROTOCOL.md §8.6.
+    """
+
+    def __init__(self, address: Address, key_id: int, secret: bytes | str,
+                 timeout: float = 45.0, *, audit_log_hook: AuditHook | None = None,
+                 max_attempts: int | None = None, ack_timeout_s: float = 0.2,
+                 backoff_initial_s: float = 0.05, backoff_max_s: float = 2.0,
+                 resend_interval_s: float = 0.03, probe_interval_s: float = 0.25,
+                 contact_timeout_s: float = 2.0, total_timeout: float | None = None,
+                 chunk_len: int = MAX_CHUNK,
+                 pace_burst: int = 64, pace_gap_s: float = 0.0002) -> None:
+        self.policy = make_policy(key_id, secret, timeout, audit_log_hook, max_attempts,
+                                  ack_timeout_s, backoff_initial_s, backoff_max_s,
+                                  resend_interval_s, probe_interval_s, contact_timeout_s,
+                                  total_timeout, chunk_len, pace_burst, pace_gap_s)
+        self.address = parse_address(address)[1]
+        self._target = address
+        self._connector: Connector | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def key_id(self) -> int:
+        return self.policy.key_id
+
+    @property
+    def timeout(self) -> float:
+        return self.policy.timeout
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"Client(address={self._target!r}, key_id={self.key_id})"
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the carrier (an shm ring pair); UDP holds nothing between calls."""
+        with self._lock:
+            if self._connector is not None:
+                self._connector.close()
+                self._connector = None
+
+    # -- public API -----------------------------------------------------------------------
+
+    def invoke(self, prompt: str | None = None, messages: Sequence[ChatMessage] | None = None,
+               token_ids: Iterable[int] | None = None, *, max_tokens: int = 256,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+               seed: int | None = None, stop: Sequence[str] = (),
+               request_id: bytes | str | None = None) -> InvokeResult:
+        """Run one request to completion and return its text, usage and timings."""
+        with self.stream(prompt, messages, token_ids, max_tokens=max_tokens,
+                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                         stop=stop, request_id=request_id) as s:
+            s._m.restartable = True  # the caller sees no text until the end
+            for _ in s:
+                pass
+        assert s.result is not None
+        return s.result
+
+    def stream(self, prompt: str | None = None, messages: Sequence[ChatMessage] | None = None,
+               token_ids: Iterable[int] | None = None, *, max_tokens: int = 256,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+               seed: int | None = None, stop: Sequence[str] = (),
+               request_id: bytes | str | None = None) -> "Stream":
+        """Start a request; iterate the returned Stream for text chunks (str). When the
+        iteration ends, `stream.result` holds the InvokeResult. Exactly one of prompt,
+        messages, token_ids. Errors raise subclasses of ZerolayerError."""
+        body = build_invoke_body(prompt, messages, token_ids, max_tokens=max_tokens,
+                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                 stop=stop)
+        return Stream(self, body, request_id_bytes(request_id))
+
+    def ping(self) -> float:
+        """Round-trip time of an authenticated PING/PONG, in seconds (no model involved).
+        Retried like an INVOKE within the recovery window."""
+        p = self.policy
+        rid = secrets.token_bytes(REQUEST_ID_LEN)
+        deadline = time.monotonic() + p.timeout
+        refusal: ZerolayerError | None = None  # the last retryable one, raised if none follows
+        ch = self._open(rid)
+        try:
+            attempt = 0
+            while p.may_retry(attempt):
+                attempt += 1
+                sent = time.monotonic()
+                ch.send(p.control(MsgType.PING, rid))
+                wait_until = min(deadline, sent + p.ack_wait(attempt - 1))
+                while (left := wait_until - time.monotonic()) > 0:
+                    frame = _frame(ch, left, p.mac, rid)
+                    if isinstance(frame, PongFrame):
+                        return time.monotonic() - sent
+                    if isinstance(frame, ErrorFrame):
+                        exc = error_for(frame.code, frame.message, request_id=rid)
+                        assert exc.code is not None
+                        if not (frame.signed and ERROR_INFO[exc.code].retryable):
+                            raise exc
+                        refusal = exc
+                if time.monotonic() >= deadline:
+                    break
+        finally:
+            ch.close()
+        if refusal is not None:
+            raise refusal
+        raise ZerolayerTimeoutError("no PONG", request_id=rid)
+
+    def probe(self, wait_s: float | None = None) -> tuple[float, PongFrame]:
+        """One PING, one wait, no retry: (round trip in s, the PONG with the daemon's state
+        and clock). For ping tools, which count every probe."""
+        p = self.policy
+        rid = secrets.token_bytes(REQUEST_ID_LEN)
+        ch = self._open(rid)
+        try:
+            sent = time.monotonic()
+            ch.send(p.control(MsgType.PING, rid))
+            deadline = sent + (p.timeout if wait_s is None else wait_s)
+            while (left := deadline - time.monotonic()) > 0:
+                frame = _frame(ch, left, p.mac, rid)
+                if isinstance(frame, PongFrame):
+                    return time.monotonic() - sent, frame
+                if isinstance(frame, ErrorFrame):
+                    raise error_for(frame.code, frame.message, request_id=rid)
+        finally:
+            ch.close()
+        raise ZerolayerTimeoutError(f"no PONG within {deadline - sent:.3g} s", request_id=rid)
+
+    def _open(self, request_id: bytes) -> Channel:
+        with self._lock:
+            if self._connector is None:
+                self._connector = connector_for(self._target)
+            connector = self._connector
+        return connector.open(request_id)
+
+
+def make_policy(key_id: int, secret: bytes | str, timeout: float,
+                audit_log_hook: AuditHook | None, max_attempts: int | None,
+                ack_timeout_s: float, backoff_initial_s: float, backoff_max_s: float,
+                resend_interval_s: float, probe_interval_s: float, contact_timeout_s: float,
+                total_timeout: float | None, chunk_len: int, pace_burst: int,
+                pace_gap_s: float) -> RetryPolicy:
+    if not 1 <= key_id <= 0xFFFFFFFF:
+        raise ValueError("key_id must be in 1..2^32-1")
+    raw = bytes.fromhex(secret) if isinstance(secret, str) else bytes(secret)
+    return RetryPolicy(key_id=key_id, mac=Mac(raw),    # the raw secret is not kept
+                       timeout=timeout, total_timeout=total_timeout,
+                       max_attempts=None if max_attempts is None else max(1, max_attempts),
+                       ack_timeout_s=ack_timeout_s, backoff_initial_s=backoff_initial_s,
+                       backoff_max_s=backoff_max_s, resend_interval_s=resend_interval_s,
+                       probe_interval_s=probe_interval_s, contact_timeout_s=contact_timeout_s,
+                       chunk_len=chunk_len, pace_burst=pace_burst, pace_gap_s=pace_gap_s,
+                       audit_log_hook=audit_log_hook)
+
+
+def _frame(ch: Channel, wait_s: float, mac: Mac, rid: bytes) -> PongFrame | ErrorFrame | None:
+    dg = ch.recv(wait_s)
+    frame = authenticate(dg, mac, rid) if dg is not None else None
+    return frame if isinstance(frame, (PongFrame, ErrorFrame)) else None
+
+
+class Stream(Iterator[str]):
+    """One request in flight. Iterate for text chunks; then `.result` is the InvokeResult.
+    Use as a context manager (or call close()) so that leaving early sends CANCEL."""
+
+    def __init__(self, client: Client, body: bytes, request_id: bytes) -> None:
+        self._m = RequestMachine(client.policy, body, request_id)
+        self.request_id = request_id
+        self._ch: Channel | None = client._open(request_id)
+        try:
+            self._send(self._m.start())
+        except BaseException:       # e.g. the audit hook refused: release the channel
+            self._release()
+            raise
+
+    @property
+    def result(self) -> InvokeResult | None:
+        return self._m.result
+
+    @property
+    def attempts(self) -> int:
+        return self._m.attempts
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> str:
+        m = self._m
+        while True:
+            if m.finished:
+                self._release()
+                raise StopIteration
+            chunk = m.pop_ready()
+            if chunk is not None:
+                return chunk
+            if m.result is not None:
+                continue
+            try:
+                wait = m.wait_s()
+                dg = self._ch.recv(wait) if wait > 0 and self._ch is not None else None
+                self._send(m.on_datagram(dg) if dg is not None else m.on_timer())
+            except ZerolayerError:
+                self._release()
+                raise
+
+    def cancel(self) -> InvokeResult | None:
+        """Ask the daemon to stop generating. Waits (up to the call's timeout) for the final
+        DONE with finish_reason "cancelled" (or "stop"/"length" if it had already ended)
+        and returns the result, text so far included."""
+        if not self._m.finished:
+            self._send(self._m.cancel())
+            try:
+                for _ in self:
+                    pass
+            except ZerolayerTimeoutError:
+                pass
+        self.close()
+        return self.result
+
+    def close(self) -> None:
+        """Release the channel; if the request is unfinished, send one best-effort CANCEL."""
+        try:
+            self._send(self._m.close())
+        except OSError:
+            pass
+        self._release()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _send(self, datagrams: list[bytes]) -> None:
+        if self._ch is None:
+            return
+        policy = self._m._p
+        for i, dg in enumerate(datagrams):
+            pause = policy.pause_before(i)
+            if pause:
+                time.sleep(pause)
+            self._ch.send(dg)
+
+    def _release(self) -> None:
+        if self._ch is not None:
+            self._ch.close()
+            self._ch = None
+
+
+__all__ = ["AuditHook", "ChatMessage", "Client", "InvokeResult", "Stream"]

@@ -1,0 +1,11 @@
+"""The CONTEXT_OVERFLOW rule (prompt + requested completion must fit the context)."""
+from __future__ import annotations
+
+
+def check_context(prompt_tokens: int, max_tokens: int, max_seq_len: int) -> None:
+    """The CONTEXT_OVERFLOW rule, the one place it is written: the prompt plus the whole
+    requested completion must fit the context. Deterministic, so the error can be cached.
+    Admission reserves exactly this much KV, so an admitted request never overflows later."""
+    from .errors import ContextOverflowError
+    if prompt_tokens + max_tokens > max_seq_len:
+        raise ContextOverflowError(prompt_tokens + max_tokens, max_seq_len)

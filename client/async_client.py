@@ -25,7 +25,8 @@ from .errors import ERROR_INFO, ZerolayerError, ZerolayerTimeoutError, error_for
 from .invoke_body import build_invoke_body, request_id_bytes
 from .request_machine import AuditHook, InvokeResult, RequestMachine, authenticate
 from .sync_client import make_policy
-from .transport import Address, AsyncChannel, AsyncConnector, async_connector_for, parse_address
+from .transport import (Address, AsyncChannel, AsyncConnector, Routed, async_connector_for,
+                        parse_address)
 from .wire import MAX_CHUNK, REQUEST_ID_LEN, ChatMessage, ErrorFrame, MsgType, PongFrame
 
 
@@ -39,11 +40,13 @@ class AsyncClient:
                  resend_interval_s: float = 0.03, probe_interval_s: float = 0.25,
                  contact_timeout_s: float = 2.0, total_timeout: float | None = None,
                  chunk_len: int = MAX_CHUNK,
-                 pace_burst: int = 64, pace_gap_s: float = 0.0002) -> None:
+                 pace_burst: int = 64, pace_gap_s: float = 0.0002,
+                 failover_after_s: float = 1.0) -> None:
         self.policy = make_policy(key_id, secret, timeout, audit_log_hook, max_attempts,
                                   ack_timeout_s, backoff_initial_s, backoff_max_s,
                                   resend_interval_s, probe_interval_s, contact_timeout_s,
-                                  total_timeout, chunk_len, pace_burst, pace_gap_s)
+                                  total_timeout, chunk_len, pace_burst, pace_gap_s,
+                                  failover_after_s)
         self.address = parse_address(address)[1]
         self._target = address
         self._connector: AsyncConnector | None = None
@@ -96,7 +99,9 @@ class AsyncClient:
                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                                  stop=stop)
         rid = request_id_bytes(request_id)
-        s = AsyncStream(RequestMachine(self.policy, body, rid), await self._open(rid))
+        ch = await self._open(rid)
+        route = ch if isinstance(ch, Routed) else None
+        s = AsyncStream(RequestMachine(self.policy, body, rid, route=route), ch)
         try:
             await s._send(s._m.start())
         except BaseException:       # e.g. the audit hook refused: release the channel

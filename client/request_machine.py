@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from .errors import (ERROR_INFO, ErrorCode, StreamRestartedError, ZerolayerError,
                      ZerolayerTimeoutError, error_for)
+from .transport import Routed
 from .wire import (MAX_CHUNK, NO_SEQ, NONCE_LEN, AckFrame, DoneFrame, ErrorFrame, Mac,
                    MsgType, PongFrame, Response, Timings, TokenFrame, Usage, decode_response,
                    encode_control, encode_invoke)
@@ -60,6 +61,8 @@ class InvokeResult:
     ttft_s: float | None             # client-measured: first send → first text chunk
     elapsed_s: float                 # client-measured: first send → DONE
     attempts: int                    # INVOKE attempts sent (1 = no retry)
+    restarts: int = 0                # times a new run replaced one (a restarted or other node)
+    node: str | None = None          # the fleet node that answered (None: a single daemon)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,7 @@ class RetryPolicy:
     pace_burst: int = 64
     pace_gap_s: float = 0.0002
     audit_log_hook: AuditHook | None = None
+    failover_after_s: float = 1.0    # a fleet node silent this long: try the next one
 
     def may_retry(self, attempts: int) -> bool:
         """Whether another attempt may follow `attempts` sent (the window is the caller's)."""
@@ -135,8 +139,9 @@ class RequestMachine:
     ZerolayerError when the request has failed; the machine is then closed."""
 
     def __init__(self, policy: RetryPolicy, body: bytes, request_id: bytes,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic, route: Routed | None = None) -> None:
         self._p = policy
+        self._route = route            # a fleet channel: the request may move to the next node
         self._clock = clock
         self._body = body
         self._digest = hashlib.sha256(body).digest()
@@ -169,6 +174,9 @@ class RequestMachine:
         self._last_resend = -1.0
         self._lease_s = 10.0
         self._cancel_sent_at: float | None = None
+        self._node_since = self._t0    # when the request moved to its current node
+        self.restarts = 0
+        self.failovers = 0
 
     # -- what the driver calls ------------------------------------------------------------
 
@@ -221,6 +229,8 @@ class RequestMachine:
             return []
         if not self._accepted:
             if now >= self._attempt_sent + p.ack_wait(self.attempts - 1):
+                if now - max(self._last_heard, self._node_since) >= p.failover_after_s:
+                    self._failover()           # this node is silent: the next one, if any
                 return self._retry_or_wait()
             return []
         if now - self._last_heard >= p.contact_timeout_s:
@@ -259,7 +269,18 @@ class RequestMachine:
     def _finish(self, d: DoneFrame) -> None:
         self.result = InvokeResult("".join(self._chunks), d.usage, d.timings,
                                    d.finish_reason.label, self.request_id, self._ttft,
-                                   self._clock() - self._t0, self.attempts)
+                                   self._clock() - self._t0, self.attempts, self.restarts,
+                                   self._route.node if self._route is not None else None)
+
+    def _failover(self) -> bool:
+        """Move the request to the next node of its rendezvous order (fleet channels only).
+        Every later attempt goes there; its result cache is empty for this request, so it
+        runs it afresh, under a new run id the client notices."""
+        if self._route is None or self._route.failover() is None:
+            return False
+        self.failovers += 1
+        self._node_since = self._clock()
+        return True
 
     def _gap(self) -> bool:
         return self._next_seq < self._known_end and self._next_seq not in self._frames
@@ -303,6 +324,7 @@ class RequestMachine:
             if self._run_id is None:
                 self._run_id = run_id
             elif run_id != self._run_id:
+                self.restarts += 1
                 if self._delivered and self.restartable:
                     # invoke(): nothing reached the caller, start over on the new run
                     self._chunks.clear()
@@ -346,6 +368,9 @@ class RequestMachine:
             self._frames.clear()
             self._known_end = 0
             self._run_id = None
+            if code is ErrorCode.DRAINING and self._failover():
+                self._next_attempt_at = self._clock()   # the next node, at once
+                return
             self._next_attempt_at = self._clock() + self._p.backoff(self.attempts - 1)
             return
         self._fail(exc)

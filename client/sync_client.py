@@ -31,7 +31,7 @@ from types import TracebackType
 from .errors import ERROR_INFO, ZerolayerError, ZerolayerTimeoutError, error_for
 from .invoke_body import build_invoke_body, request_id_bytes
 from .request_machine import AuditHook, InvokeResult, RequestMachine, RetryPolicy, authenticate
-from .transport import Address, Channel, Connector, connector_for, parse_address
+from .transport import Address, Channel, Connector, Routed, connector_for, parse_address
 from .wire import MAX_CHUNK, REQUEST_ID_LEN, ChatMessage, ErrorFrame, Mac, MsgType, PongFrame
 
 
@@ -53,11 +53,13 @@ class Client:
                  resend_interval_s: float = 0.03, probe_interval_s: float = 0.25,
                  contact_timeout_s: float = 2.0, total_timeout: float | None = None,
                  chunk_len: int = MAX_CHUNK,
-                 pace_burst: int = 64, pace_gap_s: float = 0.0002) -> None:
+                 pace_burst: int = 64, pace_gap_s: float = 0.0002,
+                 failover_after_s: float = 1.0) -> None:
         self.policy = make_policy(key_id, secret, timeout, audit_log_hook, max_attempts,
                                   ack_timeout_s, backoff_initial_s, backoff_max_s,
                                   resend_interval_s, probe_interval_s, contact_timeout_s,
-                                  total_timeout, chunk_len, pace_burst, pace_gap_s)
+                                  total_timeout, chunk_len, pace_burst, pace_gap_s,
+                                  failover_after_s)
         self.address = parse_address(address)[1]
         self._target = address
         self._connector: Connector | None = None
@@ -184,7 +186,7 @@ def make_policy(key_id: int, secret: bytes | str, timeout: float,
                 ack_timeout_s: float, backoff_initial_s: float, backoff_max_s: float,
                 resend_interval_s: float, probe_interval_s: float, contact_timeout_s: float,
                 total_timeout: float | None, chunk_len: int, pace_burst: int,
-                pace_gap_s: float) -> RetryPolicy:
+                pace_gap_s: float, failover_after_s: float = 1.0) -> RetryPolicy:
     if not 1 <= key_id <= 0xFFFFFFFF:
         raise ValueError("key_id must be in 1..2^32-1")
     raw = bytes.fromhex(secret) if isinstance(secret, str) else bytes(secret)
@@ -195,7 +197,7 @@ def make_policy(key_id: int, secret: bytes | str, timeout: float,
                        backoff_max_s=backoff_max_s, resend_interval_s=resend_interval_s,
                        probe_interval_s=probe_interval_s, contact_timeout_s=contact_timeout_s,
                        chunk_len=chunk_len, pace_burst=pace_burst, pace_gap_s=pace_gap_s,
-                       audit_log_hook=audit_log_hook)
+                       audit_log_hook=audit_log_hook, failover_after_s=failover_after_s)
 
 
 def _frame(ch: Channel, wait_s: float, mac: Mac, rid: bytes) -> PongFrame | ErrorFrame | None:
@@ -209,9 +211,10 @@ class Stream(Iterator[str]):
     Use as a context manager (or call close()) so that leaving early sends CANCEL."""
 
     def __init__(self, client: Client, body: bytes, request_id: bytes) -> None:
-        self._m = RequestMachine(client.policy, body, request_id)
         self.request_id = request_id
         self._ch: Channel | None = client._open(request_id)
+        self._m = RequestMachine(client.policy, body, request_id,
+                                 route=self._ch if isinstance(self._ch, Routed) else None)
         try:
             self._send(self._m.start())
         except BaseException:       # e.g. the audit hook refused: release the channel

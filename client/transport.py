@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from typing import Protocol, Union
+from collections.abc import Sequence
+from typing import Protocol, Union, runtime_checkable
 from urllib.parse import urlsplit
 
-# ("127.0.0.1", 7700), or a string "host:port" / "udp://host:port" / "shm:///path.sock"
-Address = Union[tuple[str, int], str]
+# ("127.0.0.1", 7700), or a string "host:port" / "udp://host:port" / "shm:///path.sock";
+# a fleet of daemons: a list of those UDP addresses, or "fleet://dns-name:port" (fleet.py)
+Address = Union[tuple[str, int], str, Sequence[Union[tuple[str, int], str]]]
 RECV_BUF = 2048
 
 
@@ -30,6 +32,14 @@ class Channel(Protocol):
     def send(self, datagram: bytes) -> None: ...
     def recv(self, timeout_s: float) -> bytes | None: ...
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Routed(Protocol):
+    """A channel that can move its request to the next daemon of a fleet (fleet.py)."""
+    @property
+    def node(self) -> str: ...
+    def failover(self) -> str | None: ...
 
 
 class Connector(Protocol):
@@ -49,10 +59,17 @@ class AsyncConnector(Protocol):
 
 
 def parse_address(address: Address) -> tuple[str, tuple[str, int] | str]:
-    """("udp", (host, port)) or ("shm", socket_path)."""
+    """("udp", (host, port)), ("shm", socket_path), or ("fleet", the address as given)."""
+    if isinstance(address, str) and address.startswith("fleet://"):
+        return "fleet", address
+    if isinstance(address, list) or (isinstance(address, tuple) and address
+                                     and not isinstance(address[0], str)):
+        return "fleet", repr(address)
     if isinstance(address, tuple):
         host, port = address
         return "udp", (str(host), int(port))
+    if not isinstance(address, str):
+        raise ValueError(f"not an address: {address!r}")
     if "://" not in address:
         address = "udp://" + address
     u = urlsplit(address)
@@ -68,6 +85,10 @@ def parse_address(address: Address) -> tuple[str, tuple[str, int] | str]:
 
 
 def connector_for(address: Address) -> Connector:
+    from .fleet import FleetConnector, parse_fleet
+    nodes = parse_fleet(address)
+    if nodes is not None:
+        return FleetConnector(nodes)
     kind, where = parse_address(address)
     if kind == "shm":
         from .shm_transport import ShmConnector
@@ -78,6 +99,10 @@ def connector_for(address: Address) -> Connector:
 
 
 def async_connector_for(address: Address) -> AsyncConnector:
+    from .fleet import AsyncFleetConnector, parse_fleet
+    nodes = parse_fleet(address)
+    if nodes is not None:
+        return AsyncFleetConnector(nodes)
     kind, where = parse_address(address)
     if kind == "shm":
         from .shm_transport import AsyncShmConnector

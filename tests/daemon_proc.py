@@ -48,8 +48,12 @@ class DaemonProc:
                                      text=True, env={**os.environ, **(env or {})})
         self._ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
+        if wait_ready:
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = 300) -> None:
         # generous: the first start in a fresh environment compiles the kernels
-        if wait_ready and not self._ready.wait(300):
+        if not self._ready.wait(timeout):
             self.stop()
             raise RuntimeError("zerolayerd did not become ready:\n" + "".join(self.log))
 

@@ -59,3 +59,44 @@ def xdp_testbed(queues: int = 1):
         yield f"{name}-srv", f"{name}-cli"
     finally:
         subprocess.run(["bash", str(TESTBED), "down", name], check=False)
+
+
+FLEET_NET = "10.202.0"           # node i at 10.202.0.i, the client at .254; inside namespaces
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, stdout=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def fleet_testbed(nodes: int):
+    """A client namespace with a bridge, and `nodes` node namespaces each joined to it by a
+    veth pair: (client namespace, [node namespaces], [node addresses]). Everything lives in
+    namespaces this creates, and deleting them (always, in teardown) removes the veths."""
+    tag = uuid.uuid4().hex[:6]
+    cli = f"zlf{tag}-cli"
+    made: list[str] = []
+    try:
+        _ip("netns", "add", cli)
+        made.append(cli)
+        _ip("-n", cli, "link", "set", "lo", "up")
+        _ip("-n", cli, "link", "add", "br0", "type", "bridge")
+        _ip("-n", cli, "addr", "add", f"{FLEET_NET}.254/24", "dev", "br0")
+        _ip("-n", cli, "link", "set", "br0", "up")
+        names, addrs = [], []
+        for i in range(1, nodes + 1):
+            ns = f"zlf{tag}-n{i}"
+            _ip("netns", "add", ns)
+            made.append(ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+            a, b = f"zf{tag}a{i}", f"zf{tag}b{i}"       # <= 15 characters
+            _ip("-n", cli, "link", "add", a, "type", "veth", "peer", "name", b, "netns", ns)
+            _ip("-n", cli, "link", "set", a, "master", "br0", "up")
+            _ip("-n", ns, "addr", "add", f"{FLEET_NET}.{i}/24", "dev", b)
+            _ip("-n", ns, "link", "set", b, "up")
+            names.append(ns)
+            addrs.append(f"{FLEET_NET}.{i}")
+        yield cli, names, addrs
+    finally:
+        for ns in reversed(made):
+            subprocess.run(["ip", "netns", "del", ns], check=False)

@@ -1,0 +1,295 @@
+"""OpenAI's API: POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
+
+Request fields are translated into one AsyncClient.stream call (generation.GenParams);
+responses and stream chunks follow OpenAI's shapes field for field, so the official SDK
+parses them. Supported: max_tokens / max_completion_tokens, temperature, top_p, stop, seed,
+stream, stream_options.include_usage; llama.cpp's top_k as an extension. Parameters that
+would change the answer in ways the daemon cannot (n > 1, logprobs, tools, penalties ...)
+are refused with 400 rather than ignored.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from zerolayer.client import ChatMessage, InvokeResult, ZerolayerError
+from zerolayer.client.sampling_params import MAX_STOP
+
+from .common import Fields, key_id_for, read_json
+from .errors import ApiError, bad_request, not_found
+from .generation import ClientGone, Generation, GenParams, daemon_error, until_disconnect
+from .state import EdgeState, edge
+from .streaming import GenerationSSE, data_event
+
+# OpenAI's roles -> the daemon's chat roles. "developer" is OpenAI's newer name for system.
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_TOKENS_LIMIT = 0xFFFFFFFF
+NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+           # llama.cpp server extensions some clients send (bench/_serving_clients.py does)
+           "min_p": (0, 0.0), "repeat_penalty": (1, 1.0)}
+
+
+@dataclass(frozen=True)
+class OpenAIRequest:
+    params: GenParams
+    stream: bool
+    include_usage: bool
+
+
+def _model(f: Fields, cfg_model: str) -> None:
+    model = f.string("model", required=True)
+    if model != cfg_model:
+        raise not_found(f"The model '{model}' does not exist (this server serves "
+                        f"'{cfg_model}')", "model", "model_not_found")
+
+
+def _common(f: Fields, st: EdgeState, max_tokens_names: tuple[str, ...]) -> dict[str, Any]:
+    """The sampling fields chat and completions share."""
+    _model(f, st.cfg.model_name)
+    max_tokens = None
+    for name in max_tokens_names:
+        v = f.integer(name, 1, MAX_TOKENS_LIMIT)
+        if v is not None:
+            max_tokens = v
+    f.neutral("n", 1)
+    f.neutral("logit_bias", {})
+    for name, values in NEUTRAL.items():
+        f.neutral(name, *values)
+    f.ignore("user", "metadata", "store", "service_tier")
+    seed = f.integer("seed", 0, (1 << 64) - 1)
+    return {"max_tokens": max_tokens or st.cfg.default_max_tokens,
+            "temperature": f.number("temperature", 0.0, 2.0, 1.0),
+            "top_p": f.number("top_p", 0.0, 1.0, 1.0, lo_open=True),
+            "top_k": f.integer("top_k", 0, 0xFFFFFFFF, default=0) or 0,
+            "seed": seed, "stop": f.stop_list("stop", MAX_STOP)}
+
+
+def _stream_flags(f: Fields) -> tuple[bool, bool]:
+    stream = f.boolean("stream")
+    opts = f.raw("stream_options")
+    include_usage = False
+    if opts is not None:
+        if not stream:
+            raise bad_request("'stream_options' is only allowed when 'stream' is true",
+                              "stream_options")
+        if not isinstance(opts, dict) or set(opts) - {"include_usage"}:
+            raise bad_request("'stream_options' supports only include_usage", "stream_options")
+        include_usage = opts.get("include_usage") is True
+    return stream, include_usage
+
+
+def _text_content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(
+                    p.get("text"), str):
+                raise bad_request(f"{where}: only text content parts are supported", where)
+            parts.append(p["text"])
+        return "".join(parts)
+    raise bad_request(f"{where}: content must be a string or a list of text parts", where)
+
+
+def parse_chat(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
+    f = Fields(body)
+    common = _common(f, st, ("max_tokens", "max_completion_tokens"))
+    f.neutral("logprobs", False)
+    f.neutral("parallel_tool_calls", True, False)
+    f.refuse("top_logprobs", "tools", "tool_choice", "functions", "function_call",
+             "audio", "modalities", "prediction", "reasoning_effort", "web_search_options")
+    fmt = f.raw("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise bad_request("'response_format' other than text is not supported",
+                          "response_format", "unsupported_parameter")
+    raw = f.raw("messages")
+    if not isinstance(raw, list) or not raw:
+        raise bad_request("'messages' must be a non-empty list", "messages")
+    msgs = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(f"{where} must be an object", where)
+        role = ROLES.get(m.get("role"))  # type: ignore[arg-type]
+        if role is None:
+            raise bad_request(f"{where}: role {m.get('role')!r} is not supported "
+                              f"(supported: {', '.join(ROLES)})", where)
+        if m.get("tool_calls") or m.get("function_call"):
+            raise bad_request(f"{where}: tool calls are not supported", where)
+        extra = set(m) - {"role", "content", "name", "refusal", "tool_calls", "function_call"}
+        if extra:
+            raise bad_request(f"{where}: unsupported field(s) {sorted(extra)}", where)
+        content = m.get("content")
+        msgs.append(ChatMessage(role, "" if content is None and role == "assistant"
+                                else _text_content(content, where)))
+    stream, include_usage = _stream_flags(f)
+    f.refuse_unknown()
+    return OpenAIRequest(GenParams(prompt=None, messages=tuple(msgs), **common), stream,
+                         include_usage)
+
+
+def parse_completion(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
+    f = Fields(body)
+    common = _common(f, st, ("max_tokens",))
+    f.neutral("echo", False)
+    f.neutral("best_of", 1)
+    f.neutral("suffix", "")
+    f.refuse("logprobs")
+    prompt = f.raw("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise bad_request("'prompt' must be a string (one prompt; token arrays and batches "
+                          "are not supported)", "prompt")
+    stream, include_usage = _stream_flags(f)
+    f.refuse_unknown()
+    return OpenAIRequest(GenParams(prompt=prompt, messages=None, **common), stream,
+                         include_usage)
+
+
+def finish_reason(r: InvokeResult | None) -> str:
+    # "cancelled" only happens when the edge cancels, and then nobody reads the answer.
+    return "length" if r is not None and r.finish_reason == "length" else "stop"
+
+
+def usage(r: InvokeResult) -> dict[str, Any]:
+    u = r.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens}}
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.openai_body(), status_code=e.status, headers=e.headers())
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _serve(request, "chat_completions")
+
+
+async def completions(request: Request) -> Response:
+    return await _serve(request, "completions")
+
+
+async def _serve(request: Request, api: str) -> Response:
+    st = edge(request)
+    t0 = time.monotonic()
+    status = 500
+    streaming = False
+    try:
+        kid = key_id_for(request, st.tokens, x_api_key=False)
+        body = await read_json(request)
+        req = (parse_chat if api == "chat_completions" else parse_completion)(body, st)
+        gen = await Generation.open(request, st.backend.client(kid), req.params, api,
+                                    st.metrics, t0)
+        created = int(time.time())
+        if req.stream:
+            status, streaming = 200, True
+            return GenerationSSE(_events(gen, req, api, st, created), gen, st.metrics, api)
+        try:
+            text = await until_disconnect(request, gen.text)
+        except ZerolayerError as e:
+            raise daemon_error(e, st.metrics) from None
+        finally:
+            await gen.finish()
+        r = gen.result
+        assert r is not None
+        status = 200
+        return JSONResponse(_full_body(api, r, text, st.cfg.model_name, created))
+    except ApiError as e:
+        status = e.status
+        return error_response(e)
+    except ClientGone:
+        status = 499            # nginx's "client closed request": nobody reads this
+        return Response(status_code=499)
+    finally:
+        st.metrics.requests.labels(api, str(status)).inc()
+        if not streaming:
+            st.metrics.duration.labels(api).observe(time.monotonic() - t0)
+
+
+def _full_body(api: str, r: InvokeResult, text: str, model: str, created: int) -> dict[str, Any]:
+    if api == "chat_completions":
+        return {"id": "chatcmpl-" + r.request_id.hex(), "object": "chat.completion",
+                "created": created, "model": model, "system_fingerprint": None,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
+                                                     "refusal": None},
+                             "logprobs": None, "finish_reason": finish_reason(r)}],
+                "usage": usage(r)}
+    return {"id": "cmpl-" + r.request_id.hex(), "object": "text_completion",
+            "created": created, "model": model, "system_fingerprint": None,
+            "choices": [{"index": 0, "text": text, "logprobs": None,
+                         "finish_reason": finish_reason(r)}],
+            "usage": usage(r)}
+
+
+async def _events(gen: Generation, req: OpenAIRequest, api: str, st: EdgeState,
+                  created: int) -> AsyncIterator[bytes]:
+    chat = api == "chat_completions"
+    base: dict[str, Any] = {
+        "id": ("chatcmpl-" if chat else "cmpl-") + gen.stream.request_id.hex(),
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created, "model": st.cfg.model_name, "system_fingerprint": None}
+    if req.include_usage:
+        base["usage"] = None    # OpenAI: null on every chunk but the last one
+
+    def chunk(text: str | None, finish: str | None = None,
+              role: bool = False) -> bytes:
+        if chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text or ""}
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish
+        return data_event({**base, "choices": [choice]})
+
+    if chat:
+        yield chunk("", role=True)
+    try:
+        async for text in gen.chunks():
+            yield chunk(text)
+    except ZerolayerError as e:
+        # The status line went out with the first chunk: report in-band, OpenAI's way.
+        st.metrics.stream_errors.labels(api).inc()
+        yield data_event(daemon_error(e, st.metrics).openai_body())
+        return
+    r = gen.result
+    yield chunk(None, finish_reason(r))
+    if req.include_usage and r is not None:
+        yield data_event({**base, "choices": [], "usage": usage(r)})
+    yield b"data: [DONE]\n\n"
+
+
+async def list_models(request: Request) -> Response:
+    """One model. The entries carry OpenAI's fields and Anthropic's, so both SDKs' model
+    listing parses the same answer (the two APIs share the path)."""
+    st = edge(request)
+    status = 200
+    try:
+        key_id_for(request, st.tokens, x_api_key=True)
+        name = request.path_params.get("model")
+        if name is not None and name != st.cfg.model_name:
+            raise not_found(f"The model '{name}' does not exist", "model", "model_not_found")
+        entry = {"id": st.cfg.model_name, "object": "model", "created": 0,
+                 "owned_by": "zerolayer", "type": "model",
+                 "display_name": st.cfg.model_name, "created_at": "1970-01-01T00:00:00Z"}
+        if name is not None:
+            return JSONResponse(entry)
+        return JSONResponse({"object": "list", "data": [entry], "has_more": False,
+                             "first_id": st.cfg.model_name, "last_id": st.cfg.model_name})
+    except ApiError as e:
+        status = e.status
+        return error_response(e)
+    finally:
+        st.metrics.requests.labels("models", str(status)).inc()

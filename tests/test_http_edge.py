@@ -1,0 +1,563 @@
+"""zerolayer-http end to end: a real zerolayerd (the bundled model) and the edge as its own
+process on a loopback port, driven with the official `openai` and `anthropic` packages.
+
+One daemon and one edge for the module (start-ups are the expensive part on 2 cores). The
+daemon runs with the test hooks (daemon/test_hooks.py) and an admission queue of 1, so the
+OVERLOADED and drain tests put it in a known state instead of betting on the machine's
+speed; the edge runs with --max-attempts 1 so that a refusal reaches the HTTP client at
+once. The last test drains the daemon (SIGTERM): keep it last.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from daemon_proc import DaemonProc, free_port
+from zerolayer.client import ChatMessage, Client
+from zerolayer.client.errors import (ErrorCode, StreamRestartedError, ZerolayerError,
+                                     ZerolayerTimeoutError, error_for)
+from zerolayer.daemon.http_edge import errors as edge_errors
+from zerolayer.daemon.http_edge.config import load as load_config
+from zerolayer.daemon.http_edge.tokens import TokenFileError, digest, parse_tokens
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "smollm2-test"
+TOKEN = "zl-test-token-0123456789abcdef"
+TOKEN_UNKNOWN_KEY = "zl-test-token-for-a-key-the-daemon-lacks"
+QUESTION = "What is the capital of France?"
+COUNT = "Count from one to one thousand: one, two, three,"
+
+
+class Hooks:
+    def __init__(self, path: Path):
+        self.dir = path
+        path.mkdir()
+
+    def hold(self, d: DaemonProc) -> None:
+        (self.dir / "hold").touch()
+        d.wait_for(lambda: (self.dir / "held").exists(), timeout=120, what="engine held")
+
+    def release(self) -> None:
+        (self.dir / "hold").unlink(missing_ok=True)
+
+
+class EdgeProc:
+    def __init__(self, tmp: Path, d: DaemonProc, *extra: str):
+        keys = tmp / "edge-keys"     # the daemon's key 7, and key 9 the daemon never heard of
+        keys.write_text(d.keys_file.read_text() + "9 " + "ab" * 32 + "\n")
+        os.chmod(keys, 0o600)
+        tokens = tmp / "http-tokens"
+        tokens.write_text(f"# test tokens\n{d.key_id} sha256:{digest(TOKEN).hex()}\n"
+                          f"9 {TOKEN_UNKNOWN_KEY}\n")
+        os.chmod(tokens, 0o600)
+        self.port = free_port(socket.SOCK_STREAM)
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / "edge.log"
+        self._log = open(self.log, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "zerolayer.daemon.http_edge.app",
+             "--daemon", f"{d.addr[0]}:{d.addr[1]}", "--keys", str(keys),
+             "--tokens", str(tokens), "--listen", f"127.0.0.1:{self.port}",
+             "--model-name", MODEL, "--max-attempts", "1", "--daemon-timeout-s", "30", *extra],
+            stdout=self._log, stderr=subprocess.STDOUT)
+        end = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(self.base + "/metrics", timeout=2).read()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError("edge did not start:\n" + self.log.read_text())
+                time.sleep(0.05)
+
+    def metrics_text(self) -> str:
+        return urllib.request.urlopen(self.base + "/metrics", timeout=5).read().decode()
+
+    def metric(self, name: str, labels: str = "") -> float:
+        pat = re.escape(name + (("{" + labels + "}") if labels else "")) + r" ([0-9.e+-]+)"
+        m = re.search("^" + pat + "$", self.metrics_text(), re.M)
+        return float(m.group(1)) if m else 0.0
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("zl-http")
+    hooks = Hooks(tmp / "hooks")
+    d = DaemonProc(tmp, "--engine-queue-depth", "1", "--cache-lease-s", "30",
+                   "--lifecycle-drain-timeout-s", "1",
+                   env={"ZEROLAYER_TEST_HOOKS": str(hooks.dir)})
+    edge = None
+    try:
+        edge = EdgeProc(tmp, d)
+        yield d, edge, hooks
+    finally:
+        hooks.release()
+        if edge is not None:
+            # SIGTERM: a clean shutdown; uvicorn re-raises the signal once it is done, which
+            # systemd counts as success too
+            assert edge.stop() in (0, -signal.SIGTERM), edge.log.read_text()
+            assert "Application shutdown complete" in edge.log.read_text()
+        d.stop()
+
+
+def oai(edge: EdgeProc, key: str = TOKEN) -> openai.OpenAI:
+    return openai.OpenAI(base_url=edge.base + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def anth(edge: EdgeProc, key: str = TOKEN) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=edge.base, api_key=key, max_retries=0, timeout=120)
+
+
+def direct(d: DaemonProc) -> Client:
+    return Client(d.addr, d.key_id, d.secret, timeout=60)
+
+
+def wait_idle(d: DaemonProc) -> None:
+    d.wait_for(lambda: d.metric("zerolayer_requests_running") == 0
+               and d.metric("zerolayer_requests_waiting") == 0, timeout=120, what="idle")
+
+
+# ---------------------------------------------------------------- no daemon needed
+
+
+def test_every_error_code_has_an_http_mapping():
+    expected = {ErrorCode.OVERLOADED: 429, ErrorCode.DRAINING: 503,
+                ErrorCode.CONTEXT_OVERFLOW: 400, ErrorCode.PAYLOAD_TOO_LARGE: 413,
+                ErrorCode.MALFORMED: 400, ErrorCode.INTERNAL: 500, ErrorCode.CANCELLED: 503,
+                ErrorCode.INVALID_SIGNATURE: 502, ErrorCode.UNKNOWN_KEY: 502,
+                ErrorCode.INVALID_TIMESTAMP: 502, ErrorCode.EXPIRED_NONCE: 502}
+    assert set(edge_errors.DAEMON_ERRORS) == set(ErrorCode) == set(expected)
+    for code in ErrorCode:
+        e = edge_errors.ApiError.from_daemon(error_for(code, "daemon says why"))
+        assert e.status == expected[code], code
+        ob = e.openai_body()["error"]
+        assert set(ob) == {"message", "type", "param", "code"} and ob["message"]
+        ab = e.anthropic_body()
+        assert ab["type"] == "error" and set(ab["error"]) == {"type", "message"}
+        retry = e.headers().get("Retry-After")
+        assert (retry is not None) == (e.status in (429, 503)), code
+        if e.status == 502:         # misconfiguration: the operator's fix, not the daemon's words
+            assert "misconfigured" in e.message and "daemon says why" not in e.message
+        else:
+            assert code.name in e.message and "daemon says why" in e.message
+    t = edge_errors.ApiError.from_daemon(ZerolayerTimeoutError("gave up"))
+    assert t.status == 504 and t.anthropic_body()["error"]["type"] == "timeout_error"
+    assert edge_errors.ApiError.from_daemon(StreamRestartedError("x")).status == 502
+    assert edge_errors.ApiError.from_daemon(ZerolayerError("?")).status == 500
+
+
+def test_tokens_file_lookup_and_syntax():
+    t = parse_tokens(f"# c\n7 {TOKEN}\n8 sha256:{digest('zl-another-token-xyz-123').hex()}\n")
+    assert t.lookup(TOKEN) == 7 and t.lookup("zl-another-token-xyz-123") == 8
+    assert t.lookup(TOKEN + "x") is None and t.lookup("") is None and t.lookup(None) is None
+    assert t.key_ids() == {7, 8}
+    for bad in ("7\n", "x tok-0123456789abcdef\n", "7 short\n", "7 sha256:abcd\n",
+                f"7 {TOKEN}\n8 {TOKEN}\n", "0 tok-0123456789abcdef\n", "# only a comment\n"):
+        with pytest.raises(TokenFileError):
+            parse_tokens(bad)
+
+
+def test_config_toml_under_flags(tmp_path):
+    p = tmp_path / "edge.toml"
+    p.write_text('daemon = "10.0.0.1:7433"\nmodel_name = "m"\nmax_attempts = 2\n')
+    cfg = load_config(["--config", str(p), "--model-name", "flag-wins"])
+    assert (cfg.daemon, cfg.model_name, cfg.max_attempts) == ("10.0.0.1:7433", "flag-wins", 2)
+    assert cfg.listen_host == "127.0.0.1" and cfg.listen_port == 8080
+    p.write_text('bogus = 1\n')
+    with pytest.raises(SystemExit):
+        load_config(["--config", str(p)])
+
+
+def test_refuses_a_tokens_file_others_can_read(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("7 " + "cd" * 32 + "\n")
+    os.chmod(keys, 0o600)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"7 {TOKEN}\n")
+    os.chmod(tokens, 0o644)
+    cmd = [sys.executable, "-m", "zerolayer.daemon.http_edge.app", "--keys", str(keys),
+           "--tokens", str(tokens), "--listen", f"127.0.0.1:{free_port(socket.SOCK_STREAM)}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "chmod 600" in r.stderr
+    os.chmod(tokens, 0o600)
+    tokens.write_text(f"8 {TOKEN}\n")   # a key id the keys file lacks
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not in" in r.stderr
+    # and it imports nothing heavy: no numba, no numpy (it must start fast)
+    out = subprocess.run([sys.executable, "-c", "import sys, zerolayer.daemon.http_edge.app; "
+                          "print(sorted({'numba', 'numpy', 'tokenizers'} & set(sys.modules)))"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_an_error_after_the_stream_started_is_an_error_event():
+    """Once the status line is out, a daemon error goes into the stream: Anthropic's
+    `event: error` (OpenAI's `data: {"error": ...}` is tested end to end, by the drain)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from zerolayer.client.errors import RequestCancelledError
+    from zerolayer.daemon.http_edge import anthropic_api
+    from zerolayer.daemon.http_edge.generation import Generation
+    from zerolayer.daemon.http_edge.metrics import EdgeMetrics
+
+    class CutStream:           # the daemon cuts the request after the first chunk
+        request_id = bytes(16)
+        result = None
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            raise RequestCancelledError("drain timeout")
+
+    st = SimpleNamespace(cfg=SimpleNamespace(model_name=MODEL), metrics=EdgeMetrics())
+    gen = Generation(CutStream(), "messages", st.metrics, 0.0)
+    gen.first = "Hello"
+
+    async def collect():
+        return [e async for e in anthropic_api._events(gen, st)]
+
+    events = asyncio.run(collect())
+    assert [e.split(b"\n")[0] for e in events] == [
+        b"event: message_start", b"event: content_block_start", b"event: ping",
+        b"event: content_block_delta", b"event: error"]
+    assert json.loads(events[-1].split(b"data: ", 1)[1]) == {"type": "error", "error": {
+        "type": "overloaded_error", "message": "CANCELLED: drain timeout"}}
+
+
+# ---------------------------------------------------------------- OpenAI
+
+
+def test_models_and_health(stack):
+    d, edge, _ = stack
+    assert [m.id for m in oai(edge).models.list()] == [MODEL]
+    assert oai(edge).models.retrieve(MODEL).id == MODEL
+    assert [m.id for m in anth(edge).models.list()] == [MODEL]
+    h = json.loads(urllib.request.urlopen(edge.base + "/healthz", timeout=10).read())
+    assert h["status"] == "ok" and h["daemon_rtt_ms"] > 0
+
+
+def test_chat_non_streaming_matches_the_sdk(stack):
+    d, edge, _ = stack
+    r = oai(edge).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=24,
+        temperature=0)
+    ref = direct(d).invoke(messages=[ChatMessage("user", QUESTION)], max_tokens=24)
+    c = r.choices[0]
+    assert c.message.role == "assistant" and c.message.content == ref.text and ref.text
+    assert c.finish_reason == ref.finish_reason
+    assert r.object == "chat.completion" and r.model == MODEL and r.id.startswith("chatcmpl-")
+    assert r.usage.prompt_tokens == ref.usage.prompt_tokens
+    assert r.usage.completion_tokens == ref.usage.completion_tokens
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_streaming_with_usage(stack):
+    d, edge, _ = stack
+    msgs = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": QUESTION}]
+    stream = oai(edge).chat.completions.create(model=MODEL, messages=msgs, max_tokens=24,
+                                               temperature=0, stream=True,
+                                               stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0] in ("stop", "length")
+    assert all(c.usage is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens > 0
+    assert all(c.object == "chat.completion.chunk" and c.id == last.id for c in chunks)
+    full = oai(edge).chat.completions.create(model=MODEL, messages=msgs, max_tokens=24,
+                                             temperature=0)
+    assert text == full.choices[0].message.content
+    assert last.usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_completions_plain_and_streamed(stack):
+    d, edge, _ = stack
+    c = oai(edge)
+    r = c.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8,
+                             temperature=0)
+    ref = direct(d).invoke(prompt="The capital of France is", max_tokens=8)
+    assert r.object == "text_completion" and r.choices[0].text == ref.text
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
+    parts = [ch.choices[0].text for ch in c.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0,
+        stream=True) if ch.choices]
+    assert "".join(parts) == ref.text
+
+
+def test_stop_string_and_length(stack):
+    d, edge, _ = stack
+    c = oai(edge)
+    prompt = "one, two, three, four, five, six, seven,"
+    full = c.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    text = full.choices[0].text
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 12
+    assert " nine" in text, text            # the greedy continuation counts on
+    cut = c.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                               stop=[" nine"])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == text[:text.index(" nine")]
+    one = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": COUNT}],
+                                    max_tokens=3, temperature=0, stop="zzz-never")
+    assert one.choices[0].finish_reason == "length" and one.usage.completion_tokens == 3
+
+
+def test_unsupported_parameters_are_refused(stack):
+    d, edge, _ = stack
+    c = oai(edge)
+    msgs = [{"role": "user", "content": "hi"}]
+    for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True}, "logprobs"),
+                          ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+                          ({"presence_penalty": 0.5}, "presence_penalty"),
+                          ({"temperature": 3}, "temperature"),
+                          ({"extra_body": {"frobnicate": 1}}, "frobnicate")]:
+        with pytest.raises(openai.BadRequestError) as ei:
+            c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, **kwargs)
+        assert ei.value.status_code == 400
+        err = ei.value.body
+        assert err["param"] == param and err["type"] == "invalid_request_error", err
+    with pytest.raises(openai.NotFoundError) as ei:
+        c.chat.completions.create(model="gpt-4o", messages=msgs, max_tokens=4)
+    assert ei.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model=MODEL, prompt="hi", n=2)
+
+
+def test_bad_or_missing_token_is_401(stack):
+    d, edge, _ = stack
+    with pytest.raises(openai.AuthenticationError) as ei:
+        oai(edge, key="zl-wrong-token-0123456789").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert ei.value.status_code == 401 and ei.value.body["code"] == "invalid_api_key"
+    r = httpx.post(edge.base + "/v1/chat/completions", json={"model": MODEL}, timeout=10)
+    assert r.status_code == 401 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    with pytest.raises(anthropic.AuthenticationError) as ai:
+        anth(edge, key="zl-wrong-token-0123456789").messages.create(
+            model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    assert ai.value.body["error"]["type"] == "authentication_error"
+    assert edge.metric("zerolayer_http_requests_total",
+                       'api="chat_completions",status="401"') >= 2
+
+
+def test_a_key_the_daemon_does_not_know_is_a_502_not_a_401(stack):
+    d, edge, _ = stack
+    with pytest.raises(openai.APIStatusError) as ei:
+        oai(edge, key=TOKEN_UNKNOWN_KEY).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert ei.value.status_code == 502 and "misconfigured" in ei.value.message
+
+
+def test_context_overflow_is_400(stack):
+    d, edge, _ = stack
+    with pytest.raises(openai.BadRequestError) as ei:
+        oai(edge).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5000)
+    assert ei.value.body["code"] == "context_length_exceeded"
+    assert "CONTEXT_OVERFLOW" in ei.value.message
+
+
+def test_disconnect_mid_stream_cancels_the_daemon_request(stack):
+    d, edge, _ = stack
+    cancels0 = edge.metric("zerolayer_http_cancels_total")
+    daemon0 = d.metric("zerolayer_requests_total", 'outcome="cancelled"')
+    stream = oai(edge).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": COUNT}], max_tokens=400,
+        temperature=0, stream=True)
+    got = 0
+    for ch in stream:
+        got += bool(ch.choices and ch.choices[0].delta.content)
+        if got >= 2:
+            break
+    assert edge.metric("zerolayer_http_active_streams") == 1
+    stream.close()                       # the HTTP connection goes away mid-stream
+    d.wait_for(lambda: edge.metric("zerolayer_http_cancels_total") >= cancels0 + 1,
+               what="the edge cancels")
+    d.wait_for(lambda: d.metric("zerolayer_requests_total", 'outcome="cancelled"')
+               >= daemon0 + 1, what="the daemon saw CANCEL")
+    assert edge.metric("zerolayer_http_active_streams") == 0
+    wait_idle(d)
+
+
+def test_disconnect_before_the_first_token_cancels_too(stack):
+    """The engine is held, so the edge is still waiting for the first token (no response
+    sent) when the HTTP client leaves: the edge notices and cancels anyway."""
+    d, edge, hooks = stack
+    first = direct(d).stream(COUNT, max_tokens=300)
+    next(iter(first))
+    hooks.hold(d)
+    try:
+        cancels0 = edge.metric("zerolayer_http_cancels_total")
+        waiting0 = d.metric("zerolayer_requests_waiting")
+        body = json.dumps({"model": MODEL, "max_tokens": 50, "stream": True,
+                           "messages": [{"role": "user", "content": "Say hello."}]}).encode()
+        sock = socket.create_connection(("127.0.0.1", edge.port), timeout=30)
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: edge\r\n"
+                     b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+                     b"Content-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        d.wait_for(lambda: d.metric("zerolayer_requests_waiting") >= waiting0 + 1,
+                   what="the edge's request admitted")
+        sock.close()                    # gone before the edge could answer anything
+        d.wait_for(lambda: edge.metric("zerolayer_http_cancels_total") >= cancels0 + 1,
+                   what="the edge cancels before any response")
+        first.cancel()
+    finally:
+        hooks.release()
+    wait_idle(d)
+
+
+def test_overloaded_is_429_with_retry_after(stack):
+    """Admission queue of 1 and the engine held: one request running, one queued, the
+    edge's is refused OVERLOADED by the daemon -> 429 + Retry-After."""
+    d, edge, hooks = stack
+    a = direct(d).stream(COUNT, max_tokens=200)
+    next(iter(a))
+    hooks.hold(d)
+    try:
+        b = direct(d).stream("Say hello.", max_tokens=4)
+        tb = threading.Thread(target=lambda: list(b))
+        tb.start()
+        d.wait_for(lambda: d.metric("zerolayer_requests_waiting") >= 1, what="B queued")
+        with pytest.raises(openai.RateLimitError) as ei:
+            oai(edge).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert ei.value.status_code == 429
+        assert ei.value.response.headers["retry-after"] == "1"
+        assert "OVERLOADED" in ei.value.message
+        with pytest.raises(anthropic.RateLimitError) as ai:
+            anth(edge).messages.create(model=MODEL, max_tokens=4,
+                                       messages=[{"role": "user", "content": "hi"}])
+        assert ai.value.response.headers["retry-after"] == "1"
+        a.cancel()
+    finally:
+        hooks.release()
+    tb.join(120)
+    assert not tb.is_alive() and b.result is not None
+    assert edge.metric("zerolayer_http_daemon_errors_total", 'code="OVERLOADED"') >= 2
+    wait_idle(d)
+
+
+# ---------------------------------------------------------------- Anthropic
+
+
+def test_anthropic_messages_plain_and_streamed(stack):
+    d, edge, _ = stack
+    c = anth(edge)
+    # temperature: not a keyword of this anthropic SDK any more; older clients send it
+    greedy = {"extra_body": {"temperature": 0}}
+    r = c.messages.create(model=MODEL, max_tokens=24, system="You are terse.",
+                          messages=[{"role": "user", "content": QUESTION}], **greedy)
+    ref = direct(d).invoke(messages=[ChatMessage("system", "You are terse."),
+                                     ChatMessage("user", QUESTION)], max_tokens=24)
+    assert r.type == "message" and r.role == "assistant" and r.model == MODEL
+    assert r.content[0].type == "text" and r.content[0].text == ref.text
+    assert r.stop_reason == ("max_tokens" if ref.finish_reason == "length" else "end_turn")
+    assert r.usage.output_tokens == ref.usage.completion_tokens
+    assert (r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0)
+            == ref.usage.prompt_tokens)
+    with c.messages.stream(model=MODEL, max_tokens=24, system="You are terse.",
+                           messages=[{"role": "user", "content": QUESTION}], **greedy) as s:
+        text = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert text == ref.text and final.content[0].text == ref.text
+    assert final.stop_reason == r.stop_reason and final.usage.output_tokens == r.usage.output_tokens
+    # the raw event sequence, in Anthropic's order
+    with httpx.stream("POST", edge.base + "/v1/messages", timeout=60,
+                      headers={"x-api-key": TOKEN, "anthropic-version": "2023-06-01"},
+                      json={"model": MODEL, "max_tokens": 3, "stream": True,
+                            "messages": [{"role": "user", "content": COUNT}]}) as resp:
+        events = [line[7:] for line in resp.iter_lines() if line.startswith("event: ")]
+    assert events[:3] == ["message_start", "content_block_start", "ping"]
+    assert set(events[3:-3]) == {"content_block_delta"}
+    assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+
+
+def test_anthropic_errors(stack):
+    d, edge, _ = stack
+    c = anth(edge)
+    with pytest.raises(anthropic.BadRequestError) as ei:   # max_tokens is required
+        c.post("/v1/messages", cast_to=object,
+               body={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    assert ei.value.body == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "'max_tokens' is required"}}
+    with pytest.raises(anthropic.BadRequestError):
+        c.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "hi"}],
+                          tools=[{"name": "f", "input_schema": {"type": "object"}}])
+    with pytest.raises(anthropic.NotFoundError):
+        c.messages.create(model="claude-x", max_tokens=4,
+                          messages=[{"role": "user", "content": "hi"}])
+    r = c.messages.create(model=MODEL, max_tokens=3, extra_body={"temperature": 0},
+                          messages=[{"role": "user", "content": COUNT}])
+    assert r.stop_reason == "max_tokens" and r.usage.output_tokens == 3
+
+
+def test_metrics_are_documented_and_counted(stack):
+    d, edge, _ = stack
+    from zerolayer.daemon.http_edge.metrics import EdgeMetrics
+    documented = {fam.name + "_total" if fam.type == "counter" else fam.name
+                  for fam in EdgeMetrics().registry.collect()}
+    ops = (ROOT / "docs" / "OPERATIONS.md").read_text()
+    missing = sorted(n for n in documented if f"`{n}`" not in ops)
+    assert not missing, f"edge metrics not documented in docs/OPERATIONS.md: {missing}"
+    assert edge.metric("zerolayer_http_requests_total", 'api="chat_completions",status="200"') > 0
+    assert edge.metric("zerolayer_http_time_to_first_token_seconds_count",
+                       'api="messages"') > 0
+    assert edge.metric("zerolayer_http_completion_tokens_total", 'api="completions"') > 0
+
+
+# ---------------------------------------------------------------- last: drains the daemon
+
+
+def test_drain_is_503_and_a_cut_stream_ends_with_an_sse_error(stack):
+    """SIGTERM with a stream in flight and the engine held: new requests get DRAINING
+    (503 + Retry-After); the drain timeout (1 s) then ends the stream with CANCELLED,
+    which arrives as OpenAI's in-stream error event."""
+    d, edge, hooks = stack
+    stream = oai(edge).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": COUNT}], max_tokens=400,
+        temperature=0, stream=True)
+    it = iter(stream)
+    while not (ch := next(it)).choices[0].delta.content:
+        pass
+    hooks.hold(d)
+    d.signal()
+    d.wait_for(lambda: any("draining" in line for line in d.log), what="draining")
+    with pytest.raises(openai.InternalServerError) as ei:
+        oai(edge).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert ei.value.status_code == 503 and ei.value.response.headers["retry-after"] == "2"
+    with pytest.raises(openai.APIError, match="CANCELLED"):
+        for _ in it:
+            pass
+    hooks.release()
+    assert d.wait(60) == 0
+    assert edge.metric("zerolayer_http_stream_errors_total", 'api="chat_completions"') == 1

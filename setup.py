@@ -35,7 +35,7 @@ EXTRAS = {
     "http": HTTP,
     # the edge is tested with the real OpenAI and Anthropic SDKs; the client with mypy
     "test": ["pytest>=8", "hypothesis>=6", "mypy>=1.10", "openai>=1.40", "anthropic>=0.30",
-             "httpx>=0.27", *HTTP],
+             "httpx>=0.27", "kubernetes-validate>=1.30", *HTTP],
     "bench": ["matplotlib>=3.8"],
     "gpu": ["numba-cuda[cu12]>=0.30", "cupy-cuda12x>=14"],
 }

@@ -1,21 +1,37 @@
 """Quantized weight formats: GGUF block layouts repacked into kernel-friendly arrays.
 
-GGUF stores blocks of 32 weights with their scales interleaved (Q4_1: f16 d, f16 m, 16 bytes
-of nibbles). The kernels want the scales apart from the nibbles, as float32, so the inner loop
-streams one contiguous byte array. Repacking is exact: every weight the kernels see equals the
-ggml dequantization of the file.
+GGUF stores blocks of weights with their scales interleaved (Q4_1: f16 d, f16 m, 16 bytes
+of nibbles; K-quants: 256-weight super-blocks with packed 6-bit sub-block scales). The
+kernels want the scales apart from the quantized values, as float32, so the inner loop
+streams one contiguous byte array. Repacking is exact: every weight the kernels see equals
+the ggml dequantization of the file (tested bit for bit against ``gguf.quants.dequantize``).
 
-Three internal formats cover the supported GGUF types:
+Four internal formats cover the supported GGUF types; every one is ``w = d * q + m`` with
+one float32 (d, m) per block, so one kernel family serves them all:
 
-* ``FMT_Q4`` nibbles + (d, m) per block:  w = d * q + m        (Q4_1; Q4_0 as m = -8 d)
-* ``FMT_Q8`` bytes + (d, m) per block:    w = d * u + m        (Q8_0 as u = q + 128, m = -128 d)
-* ``FMT_F32`` plain float32 rows                                 (F32, F16)
+* ``FMT_Q4``    nibbles, (d, m) per 32 weights   Q4_1; Q4_0 (m = -8 d);
+                                                 Q4_K (d = d_sb * sc, m = -dmin_sb * min)
+* ``FMT_Q8``    bytes, (d, m) per 32 weights     Q8_0 (u = q + 128, m = -128 d);
+                                                 Q5_0 (m = -16 d), Q5_1, Q5_K (as Q4_K)
+* ``FMT_Q8_16`` bytes, (d, m) per 16 weights     Q6_K (d = d_sb * sc, u = q6, m = -32 d)
+* ``FMT_F32``   plain float32 rows               F32, F16, BF16
+
+Why these, and not one format per GGUF type: the K-quants' sub-block scales are small
+integers times an f16 super-block scale, so expanding them at load time to one float32
+(d, m) per sub-block is exact (d_sb * sc has at most 11 + 7 significant bits, and times a
+6-bit q still fits float32's 24), and then Q4_K *is* our Q4 layout and the existing kernels
+apply unchanged, at the same cost as Q4_1. 5- and 6-bit values are stored as whole bytes:
+the byte kernel already exists, needs no bit-plane logic (which Numba would widen to int64,
+see gpu/ops/matmul.py), and is exact. The price is memory traffic: 10 bits a weight for the
+5-bit types (a nibble + high-bit-plane layout would be 6) and 12 for Q6_K (two floats per 16
+weights; 6.6 in the file). Q6_K's scales are per 16 weights, so it gets the byte layout with
+16-weight blocks; the byte kernels read the block length from the array's shape.
 
 Quantized weights are then *row-interleaved* for the kernels: rows are padded to a multiple
 of LANES and grouped, and within a group the bytes of one (block, position) of all LANES rows
 are contiguous, so the matmul's innermost loop runs across rows (see gpu/ops/matmul.py):
 
-    qs[g, b, j, l]  = byte j of block b of row g*LANES + l     (Q4: j < 16, Q8: j < 32)
+    qs[g, b, j, l]  = byte j of block b of row g*LANES + l   (Q4: j < 16, Q8: j < 32, Q8_16: j < 16)
     d[g, b, l], m[g, b, l]
 
 A weight is a ``Weight`` tuple ``(fmt, qs, d, m, w)`` of arrays with a leading layer axis, so
@@ -31,27 +47,43 @@ from gguf import GGMLQuantizationType as QT
 
 from .errors import UnsupportedModelError
 
-QK = 32  # weights per block, for every supported quantized type
+QK = 32  # weights per block of FMT_Q4 and FMT_Q8
+QK_16 = 16  # weights per block of FMT_Q8_16
+QK_K = 256  # weights per K-quant super-block in the file
 LANES = 64  # rows per interleaved group: 64 floats = 8 AVX2 registers of independent work
-FMT_Q4, FMT_Q8, FMT_F32 = 0, 1, 2
+FMT_Q4, FMT_Q8, FMT_F32, FMT_Q8_16 = 0, 1, 2, 3
 
-# bytes per block in the file
-_BLOCK_BYTES = {QT.Q4_0: 18, QT.Q4_1: 20, QT.Q8_0: 34}
-SUPPORTED_TYPES = (QT.F32, QT.F16, QT.Q8_0, QT.Q4_0, QT.Q4_1)
+# (weights, bytes) per block in the file
+_BLOCK = {QT.Q4_0: (32, 18), QT.Q4_1: (32, 20), QT.Q8_0: (32, 34), QT.Q5_0: (32, 22),
+          QT.Q5_1: (32, 24), QT.Q4_K: (QK_K, 144), QT.Q5_K: (QK_K, 176), QT.Q6_K: (QK_K, 210)}
+# Q8_K is not here on purpose: it is ggml's *activation* type for K-quant dot products, which
+# llama.cpp's quantizer never writes into a model file (and `gguf` cannot dequantize it).
+SUPPORTED_TYPES = (QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1,
+                   QT.Q4_K, QT.Q5_K, QT.Q6_K)
+
+
+def block_weights(fmt: int) -> int:
+    """Weights per (d, m) block of an internal quantized format."""
+    return QK_16 if fmt == FMT_Q8_16 else QK
+
+
+def block_bytes(fmt: int) -> int:
+    """Bytes of qs per block and row of an internal quantized format."""
+    return {FMT_Q4: QK // 2, FMT_Q8: QK, FMT_Q8_16: QK_16}[fmt]
 
 
 class Weight(NamedTuple):
     fmt: int
-    qs: np.ndarray  # uint8 [L, G, K/32, 16|32, LANES]
-    d: np.ndarray   # float32 [L, G, K/32, LANES]
-    m: np.ndarray   # float32 [L, G, K/32, LANES]
+    qs: np.ndarray  # uint8 [L, G, nb, bytes per block, LANES]
+    d: np.ndarray   # float32 [L, G, nb, LANES]
+    m: np.ndarray   # float32 [L, G, nb, LANES]
     w: np.ndarray   # float32 [L, R, K]
 
     @property
     def cols(self) -> int:
         if self.fmt == FMT_F32:
             return self.w.shape[2]
-        return self.d.shape[2] * QK
+        return self.d.shape[2] * block_weights(self.fmt)
 
     def layer(self, i: int) -> tuple:
         return (self.fmt, self.qs[i], self.d[i], self.m[i], self.w[i])
@@ -70,14 +102,48 @@ def check_type(name: str, ttype: int) -> QT:
 
 
 def _blocks(raw: np.ndarray, rows: int, cols: int, qt: QT) -> np.ndarray:
-    if cols % QK:
-        raise UnsupportedModelError(f"row length {cols} is not a multiple of {QK}")
-    nb = cols // QK
-    need = rows * nb * _BLOCK_BYTES[qt]
+    n, size = _BLOCK[qt]
+    if cols % n:
+        raise UnsupportedModelError(f"{qt.name} row length {cols} is not a multiple of {n}")
+    nb = cols // n
+    need = rows * nb * size
     flat = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
     if flat.size != need:
         raise UnsupportedModelError(f"{qt.name} tensor holds {flat.size} bytes, expected {need}")
-    return flat.reshape(rows, nb, _BLOCK_BYTES[qt])
+    return flat.reshape(rows, nb, size)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """Two bytes (last axis) -> their little-endian f16 value as float32."""
+    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _bits(b: np.ndarray, n: int) -> np.ndarray:
+    """Bytes [..., k] -> their bits, least significant first: uint8 [..., 8 k][:n]."""
+    return np.unpackbits(b, axis=-1, bitorder="little")[..., :n]
+
+
+def _nibbles_q4(q: np.ndarray) -> np.ndarray:
+    """Values 0..15 [..., 32] -> our Q4 block bytes [..., 16]: byte j = q[j] | q[16 + j] << 4."""
+    return (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)
+
+
+def _k_scales(sc12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 12 bytes of packed 6-bit (scale, min) pairs of a Q4_K/Q5_K super-block -> two
+    uint8 [..., 8]. Sub-blocks 0-3 take the low 6 bits of bytes 0-3 (scales) and 4-7 (mins);
+    sub-blocks 4-7 take a nibble of bytes 8-11 (low: scale, high: min) for their low 4 bits
+    and the top 2 bits of bytes 0-3 (scale) or 4-7 (min) for their high 2."""
+    a, b, c = sc12[..., 0:4], sc12[..., 4:8], sc12[..., 8:12]
+    sc = np.concatenate([a & 63, (c & 15) | ((a >> 6) << 4)], axis=-1)
+    mn = np.concatenate([b & 63, (c >> 4) | ((b >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def _k_low_nibbles(qs: np.ndarray) -> np.ndarray:
+    """Q4_K/Q5_K's 128 nibble bytes [..., 128] -> values [..., 8, 32]: each run of 32 bytes
+    holds two sub-blocks, the first in the low nibbles, the second in the high ones."""
+    p = qs.reshape(qs.shape[:-1] + (4, 32))
+    return np.stack([p & 15, p >> 4], axis=-2).reshape(qs.shape[:-1] + (8, 32))
 
 
 def repack(raw: np.ndarray, rows: int, cols: int, qt: QT) -> tuple[int, dict[str, np.ndarray]]:
@@ -86,20 +152,68 @@ def repack(raw: np.ndarray, rows: int, cols: int, qt: QT) -> tuple[int, dict[str
         return FMT_F32, {"w": np.ascontiguousarray(raw, dtype=np.float32).reshape(rows, cols)}
     if qt == QT.F16:
         return FMT_F32, {"w": np.asarray(raw).view(np.float16).reshape(rows, cols).astype(np.float32)}
+    if qt == QT.BF16:  # the top half of a float32: exact
+        u = np.ascontiguousarray(raw).reshape(-1).view(np.uint16).astype(np.uint32) << 16
+        return FMT_F32, {"w": u.view(np.float32).reshape(rows, cols)}
     blk = _blocks(raw, rows, cols, qt)
-    d = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if qt in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
+        return _repack_k(blk, rows, cols, qt)
+    d = _f16(blk[:, :, 0:2])
     if qt == QT.Q8_0:
         # int8 -> uint8 (q + 128): numba converts uint8 to float in vector registers, while
         # int8 arithmetic is widened to int64 first, which AVX2 can't convert
         u = (np.ascontiguousarray(blk[:, :, 2:34]).reshape(rows, cols) ^ np.uint8(0x80))
         return FMT_Q8, {"qs": u, "d": d, "m": (-128.0 * d).astype(np.float32)}
+    if qt in (QT.Q5_0, QT.Q5_1):
+        # [d, (m,) qh: 32 high bits (bit j: weight j), qs: byte j = weight j | weight 16+j << 4]
+        o = 2 if qt == QT.Q5_0 else 4
+        m = (-16.0 * d).astype(np.float32) if qt == QT.Q5_0 else _f16(blk[:, :, 2:4])
+        hi = _bits(blk[:, :, o:o + 4], 32)
+        qs = blk[:, :, o + 4:o + 20]
+        q = np.concatenate([qs & 15, qs >> 4], axis=2) | (hi << 4)
+        return FMT_Q8, {"qs": q.reshape(rows, cols), "d": d, "m": m}
     if qt == QT.Q4_1:
-        m = blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        m = _f16(blk[:, :, 2:4])
         qs = blk[:, :, 4:20]
     else:  # Q4_0: w = d * (q - 8) = d * q + (-8 d)
         m = (-8.0 * d).astype(np.float32)
         qs = blk[:, :, 2:18]
     return FMT_Q4, {"qs": np.ascontiguousarray(qs).reshape(rows, cols // 2), "d": d, "m": m}
+
+
+def _repack_k(blk: np.ndarray, rows: int, cols: int, qt: QT) -> tuple[int, dict[str, np.ndarray]]:
+    """K-quant super-blocks -> per-sub-block float32 (d, m), exact (see the module docstring).
+
+    Q4_K: [d f16, dmin f16, 12 bytes of 6-bit (scale, min) x 8, 128 bytes of nibbles];
+          sub-block s: w = d * sc[s] * q - dmin * min[s].
+    Q5_K: as Q4_K, then 32 bytes qh before the nibbles: bit s of qh[j] is bit 4 of weight j
+          of sub-block s.
+    Q6_K: [128 bytes ql, 64 bytes qh, 16 int8 scales, d f16]; weight i = 128 h + 32 s + j
+          (half h, quarter s) takes its low 4 bits from ql[64 h + 32 (s % 2) + j] (low nibble
+          for s < 2, else high) and its top 2 from bits 2s, 2s+1 of qh[32 h + j];
+          w = d * scale[i // 16] * (q - 32).
+    """
+    nsb = cols // QK_K
+    if qt == QT.Q6_K:
+        ql = blk[:, :, 0:128].reshape(rows, nsb, 2, 2, 32)     # [h, s % 2, j]
+        qh = blk[:, :, 128:192].reshape(rows, nsb, 2, 1, 32)   # [h, -, j]
+        lo = np.concatenate([ql & 15, ql >> 4], axis=3)        # [h, s, j]
+        hi = (qh >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 1, 4, 1)) & 3
+        q = (lo | (hi << 4)).reshape(rows, cols)               # 0..63: the weight is q - 32
+        sc = blk[:, :, 192:208].view(np.int8).astype(np.float32)
+        d = (_f16(blk[:, :, 208:210])[..., None] * sc).reshape(rows, cols // QK_16)
+        return FMT_Q8_16, {"qs": q, "d": d, "m": (-32.0 * d).astype(np.float32)}
+    dsb = _f16(blk[:, :, 0:2])[..., None]
+    dmin = _f16(blk[:, :, 2:4])[..., None]
+    sc, mn = _k_scales(blk[:, :, 4:16])
+    d = (dsb * sc.astype(np.float32)).reshape(rows, cols // QK)
+    m = (-(dmin * mn.astype(np.float32))).reshape(rows, cols // QK)
+    if qt == QT.Q4_K:
+        q = _k_low_nibbles(blk[:, :, 16:144])
+        return FMT_Q4, {"qs": _nibbles_q4(q).reshape(rows, cols // 2), "d": d, "m": m}
+    q = _k_low_nibbles(blk[:, :, 48:176])
+    hi = _bits(blk[:, :, 16:48], 256).reshape(rows, nsb, 32, 8).transpose(0, 1, 3, 2)  # [s, j]
+    return FMT_Q8, {"qs": (q | (hi << 4)).reshape(rows, cols), "d": d, "m": m}
 
 
 def interleave(fmt: int, a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -118,23 +232,48 @@ def interleave(fmt: int, a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         axes = (0, 2, 3, 1) if inner else (0, 2, 1)
         return np.ascontiguousarray(arr.transpose(axes))
 
-    return {"qs": grouped(a["qs"], 16 if fmt == FMT_Q4 else QK), "d": grouped(a["d"], 0),
+    return {"qs": grouped(a["qs"], block_bytes(fmt)), "d": grouped(a["d"], 0),
             "m": grouped(a["m"], 0)}
+
+
+# Widening order: a tensor of one format converts exactly into any later one (nibbles to
+# bytes; 32-weight blocks to two 16-weight blocks with the same d, m; anything to float32).
+_WIDTH = {FMT_Q4: 0, FMT_Q8: 1, FMT_Q8_16: 2, FMT_F32: 3}
+
+
+def widen(fmt: int, a: dict[str, np.ndarray], to: int) -> dict[str, np.ndarray]:
+    """Natural arrays of ``fmt`` -> the same weights, exactly, in the wider format ``to``."""
+    if fmt == to:
+        return a
+    if to == FMT_F32:
+        return {"w": dequantize(fmt, a)}
+    assert _WIDTH[to] > _WIDTH[fmt], (fmt, to)
+    rows, nb = a["d"].shape
+    qs, d, m = a["qs"], a["d"], a["m"]
+    if fmt == FMT_Q4:
+        b = qs.reshape(rows, nb, QK // 2)
+        qs = np.concatenate([b & 15, b >> 4], axis=2).reshape(rows, nb * QK)
+    if to == FMT_Q8_16:
+        d, m = np.repeat(d, 2, axis=1), np.repeat(m, 2, axis=1)
+    return {"qs": qs, "d": d, "m": m}
+
+
+def common_format(fmts) -> int:
+    """The narrowest format that holds every one of ``fmts`` exactly."""
+    return max(fmts, key=_WIDTH.__getitem__)
 
 
 def stack(parts: list[tuple[int, dict[str, np.ndarray]]]) -> Weight:
     """Stack per-layer repacked tensors (already concatenated by rows) into one Weight.
 
     Layers share one compiled kernel, so they share one format: a stack of mixed formats
-    widens to float32, which is exact for every source format.
+    widens to the narrowest common one (e.g. Q4_K_M files mix Q4_K and Q6_K layers), which
+    is exact for every source format.
     """
-    fmts = {f for f, _ in parts}
-    fmt = fmts.pop() if len(fmts) == 1 else FMT_F32
+    fmt = common_format({f for f, _ in parts})
     arrays: dict[str, list[np.ndarray]] = {"qs": [], "d": [], "m": [], "w": []}
     for pfmt, a in parts:
-        if pfmt != fmt:
-            a = {"w": dequantize(pfmt, a)}
-        a = interleave(fmt, a)
+        a = interleave(fmt, widen(pfmt, a, fmt))
         for k in arrays:
             if k in a:
                 arrays[k].append(a[k])
@@ -151,24 +290,26 @@ def stack(parts: list[tuple[int, dict[str, np.ndarray]]]) -> Weight:
 
 
 def concat_rows(parts: list[tuple[int, dict[str, np.ndarray]]]) -> tuple[int, dict[str, np.ndarray]]:
-    """Concatenate tensors of one layer by rows (fused Q|K|V or gate|up). Mixed formats widen."""
-    fmt = parts[0][0]
-    if any(p[0] != fmt for p in parts):
-        return FMT_F32, {"w": np.concatenate([dequantize(f, a) for f, a in parts])}
-    keys = parts[0][1].keys()
-    return fmt, {k: np.concatenate([a[k] for _, a in parts]) for k in keys}
+    """Concatenate tensors of one layer by rows (fused Q|K|V or gate|up). Mixed formats widen
+    to the narrowest common one."""
+    fmt = common_format({f for f, _ in parts})
+    parts = [widen(f, a, fmt) for f, a in parts]
+    return fmt, {k: np.concatenate([a[k] for a in parts]) for k in parts[0]}
 
 
 def dequantize(fmt: int, a: dict[str, np.ndarray], dtype=np.float32) -> np.ndarray:
-    """Internal arrays -> dense weights (used to widen mixed stacks, and by tests)."""
+    """Internal arrays -> dense weights: d * q + m (used to widen mixed stacks, and by tests).
+
+    In float32 this rounds exactly as ggml does (d * q is exact; one rounding for + m), so it
+    equals ``gguf.quants.dequantize`` bit for bit; in float64 it is the exact value."""
     if fmt == FMT_F32:
         return a["w"].astype(dtype)
     d = a["d"].astype(dtype)
     rows, nb = d.shape
-    if fmt == FMT_Q8:
-        q = a["qs"].reshape(rows, nb, QK).astype(dtype)
-        return (q * d[..., None] + a["m"].astype(dtype)[..., None]).reshape(rows, nb * QK)
-    qs = a["qs"].reshape(rows, nb, QK // 2)
-    q = np.concatenate([qs & 15, qs >> 4], axis=2).astype(dtype)
-    return (q * d[..., None] + a["m"].astype(dtype)[..., None]).reshape(rows, nb * QK)
-
+    bw = block_weights(fmt)
+    if fmt == FMT_Q4:
+        qs = a["qs"].reshape(rows, nb, QK // 2)
+        q = np.concatenate([qs & 15, qs >> 4], axis=2).astype(dtype)
+    else:
+        q = a["qs"].reshape(rows, nb, bw).astype(dtype)
+    return (q * d[..., None] + a["m"].astype(dtype)[..., None]).reshape(rows, nb * bw)

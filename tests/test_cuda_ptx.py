@@ -63,6 +63,13 @@ def test_module_kernels_compile_for_sm90_without_float64(ptx_results, module):
     assert not bad, "\n".join(bad)
 
 
+def test_quant_format_kernels_are_compiled(ptx_results):
+    """The byte-matmul variants of issue 15's formats (FMT_Q8_16: Q6_K's 16-weight blocks) are
+    in the compile list: Q4_K, Q5_* and Q8_0 share the Q4 / 32-byte-block kernels checked above."""
+    for name in ("matmul._q8b16_tt1", "matmul._q8b16_tt8", "matmul._q8_tt1", "matmul._q4_tt1"):
+        assert name in ptx_results["kernels"], name
+
+
 def test_float64_check_catches_a_float_literal(ptx_results):
     """Negative control: the usual slip (a bare 1.0 in a float32 kernel) does show as .f64."""
     assert ptx_results["control_f64"], "the .f64 check did not see a known float64 kernel"

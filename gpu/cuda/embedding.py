@@ -2,7 +2,7 @@
 row-interleaved layout of gpu/quant.py; twin of gpu/ops/embedding.py.
 
 Q4: element 32b + j of a row is the low nibble of byte j (j < 16) or the high nibble of byte
-j - 16; Q8: byte j. w = d * q + m with d, m per (row, block).
+j - 16; Q8 / Q8_16: byte j of blocks of 32 / 16. w = d * q + m with d, m per (row, block).
 """
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ def _embed_q8(qs, d, m, tokens, x):
         r = tokens[t]
         g = r // LANES
         l = r % LANES
-        b = k // QK
-        x[t, k] = float32(qs[g, b, k % QK, l]) * d[g, b, l] + m[g, b, l]
+        bs = qs.shape[2]  # 32 (FMT_Q8) or 16 (FMT_Q8_16)
+        b = k // bs
+        x[t, k] = float32(qs[g, b, k % bs, l]) * d[g, b, l] + m[g, b, l]
 
 
 @kernel(["void(float32[:, ::1], int32[::1], float32[:, ::1])"])

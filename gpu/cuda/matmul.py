@@ -3,12 +3,16 @@ gpu/ops/matmul.py over the same row-interleaved arrays (gpu/quant.py):
 
     qs[g, b, j, l], d[g, b, l], m[g, b, l]      row g*LANES + l, block b, w = d*q + m
 
-Quantized (Q4, Q8): a block of LANES x KSPLIT threads owns one row group g and TT tokens.
+Quantized (Q4, Q8, Q8_16): a block of LANES x KSPLIT threads owns one row group g and TT tokens.
 Thread (l, s) owns row g*LANES + l and the blocks b = s, s + KSPLIT, ...: for a fixed
 (g, b, j) the LANES bytes are contiguous, so a warp's loads are coalesced. Per block b it
 accumulates sum_j q_j x_j and sum_j x_j, applies d and m once, and the KSPLIT partial sums
 meet in shared memory. TT (tokens per thread block) is a compile-time constant so the
 per-token accumulators stay in registers: TT=1 for decode, TT=8 otherwise.
+
+The byte kernel serves FMT_Q8 (Q8_0, Q5_0, Q5_1, Q5_K: 32-byte blocks) and FMT_Q8_16 (Q6_K:
+16-byte blocks); the block length BS is a compile-time constant too (one variant each), so
+the j loop unrolls as before. Q4_K is FMT_Q4 and runs the Q4 kernel.
 
 F32: one warp per row, lanes striding over K (coalesced); the lanes' partial sums meet in
 shared memory, where lane tt adds up token tt (one barrier, no shuffles).
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 from numba import float32
 
-from ..quant import FMT_F32, FMT_Q4, LANES, QK
+from ..quant import FMT_F32, FMT_Q4, LANES, QK, QK_16
 
 from ._cuda_shim import WARP, cuda, device, kernel
 
@@ -70,8 +74,8 @@ def _make_q4(TT):
     return q4
 
 
-def _make_q8(TT):
-    @kernel([_QSIG], name=f"matmul._q8_tt{TT}")
+def _make_q8(TT, BS):
+    @kernel([_QSIG], name=f"matmul._q8_tt{TT}" if BS == QK else f"matmul._q8b{BS}_tt{TT}")
     def q8(qs, d, m, x, y):
         g = cuda.blockIdx.x
         t0 = cuda.blockIdx.y * TT
@@ -89,11 +93,11 @@ def _make_q8(TT):
             for tt in range(TT):
                 qa[tt] = float32(0.0)
                 xsum[tt] = float32(0.0)
-            for j in range(QK):
+            for j in range(BS):  # BS == qs.shape[2]
                 q = float32(qs[g, b, j, l])
                 for tt in range(TT):
                     t = min(t0 + tt, T - 1)
-                    xv = x[t, b * QK + j]
+                    xv = x[t, b * BS + j]
                     qa[tt] += q * xv
                     xsum[tt] += xv
             db = d[g, b, l]
@@ -157,7 +161,7 @@ def _make_f32(TT):
 
 
 _Q4 = {TT: _make_q4(TT) for TT in TOKEN_TILES}
-_Q8 = {TT: _make_q8(TT) for TT in TOKEN_TILES}
+_Q8 = {(TT, BS): _make_q8(TT, BS) for TT in TOKEN_TILES for BS in (QK, QK_16)}
 _F32 = {TT: _make_f32(TT) for TT in TOKEN_TILES}
 
 
@@ -175,4 +179,4 @@ def matmul(fmt, qs, d, m, w, x, y, stream=0):
     elif fmt == FMT_Q4:
         _Q4[TT][(d.shape[0], nt), (LANES, KSPLIT), stream](qs, d, m, x, y)
     else:
-        _Q8[TT][(d.shape[0], nt), (LANES, KSPLIT), stream](qs, d, m, x, y)
+        _Q8[TT, qs.shape[2]][(d.shape[0], nt), (LANES, KSPLIT), stream](qs, d, m, x, y)

@@ -10,6 +10,10 @@ Nibbles are split with float arithmetic (hi = floor(v/16), lo = v - 16 hi) rathe
 integer shifts, because numba widens small-integer arithmetic to int64, whose conversion to
 float has no AVX2 instruction.
 
+Byte formats (FMT_Q8: Q8_0, Q5_0, Q5_1, Q5_K; FMT_Q8_16: Q6_K) share one kernel: the block
+length is the qs array's block axis (32 or 16 bytes), so Q6_K's 16-weight scales need no
+code of their own. Q4_K is FMT_Q4 (its sub-block scales are expanded at load time).
+
 * decode (T small): per block, each row's partial sum over the 32 weights accumulates in
   ``bacc``; the block scale d and offset m (times the block sum of x) are applied once per
   block. The dequantized block is reused for every token of the batch.
@@ -27,15 +31,16 @@ TILE_MIN_TOKENS = 32  # at and above this many tokens, dequantize to a tile firs
 
 
 @njit(fastmath=True, cache=True, nogil=True)
-def _block_sums(x):
+def _block_sums(x, bs):
+    """Sums of x over each block of bs weights."""
     T, K = x.shape
-    nb = K // QK
+    nb = K // bs
     xs = np.zeros((T, nb), np.float32)
     for t in range(T):
         for b in range(nb):
             s = np.float32(0.0)
-            for j in range(QK):
-                s += x[t, b * QK + j]
+            for j in range(bs):
+                s += x[t, b * bs + j]
             xs[t, b] = s
     return xs
 
@@ -93,14 +98,15 @@ def _q4_group1(qs, d, m, g, x, xs, out, bacc):
 @njit(fastmath=True, cache=True, nogil=True)
 def _q8_group1(qs, d, m, g, x, xs, out, bacc):
     nb = d.shape[1]
+    bs = qs.shape[2]  # 32 (FMT_Q8) or 16 (FMT_Q8_16): a multiple of 4
     out[:] = 0
     for b in range(nb):
         bacc[:] = 0
-        for j in range(0, QK, 4):  # 4 rows of bytes per pass: one bacc load/store per 4 FMAs
-            x0 = x[b * QK + j]
-            x1 = x[b * QK + j + 1]
-            x2 = x[b * QK + j + 2]
-            x3 = x[b * QK + j + 3]
+        for j in range(0, bs, 4):  # 4 rows of bytes per pass: one bacc load/store per 4 FMAs
+            x0 = x[b * bs + j]
+            x1 = x[b * bs + j + 1]
+            x2 = x[b * bs + j + 2]
+            x3 = x[b * bs + j + 3]
             q0 = qs[g, b, j]
             q1 = qs[g, b, j + 1]
             q2 = qs[g, b, j + 2]
@@ -115,13 +121,14 @@ def _q8_group1(qs, d, m, g, x, xs, out, bacc):
 def _q8_group(qs, d, m, g, x, xs, out, bacc):
     T = x.shape[0]
     nb = d.shape[1]
+    bs = qs.shape[2]
     out[:, :] = 0
     for b in range(nb):
         bacc[:, :] = 0
-        for j in range(QK):
+        for j in range(bs):
             q = qs[g, b, j]
             for t in range(T):
-                xv = x[t, b * QK + j]
+                xv = x[t, b * bs + j]
                 acc = bacc[t]
                 for l in range(LANES):
                     acc[l] += np.float32(q[l]) * xv
@@ -142,8 +149,9 @@ def dequant_lane(fmt, qs, d, m, g, l, row):
                 row[b * QK + j] = (v - np.float32(16.0) * h) * db + mb
                 row[b * QK + 16 + j] = h * db + mb
         else:
-            for j in range(QK):
-                row[b * QK + j] = np.float32(qs[g, b, j, l]) * db + mb
+            bs = qs.shape[2]
+            for j in range(bs):
+                row[b * bs + j] = np.float32(qs[g, b, j, l]) * db + mb
 
 
 @njit(fastmath=True, cache=True, nogil=True)
@@ -236,7 +244,7 @@ def matmul(fmt, qs, d, m, w, x, y):
             r0 = g * LANES
             _tile_dots(tile, min(R, r0 + LANES) - r0, r0, x, y)
         return
-    xs = _block_sums(x)
+    xs = _block_sums(x, QK if fmt == FMT_Q4 else qs.shape[2])
     if T == 1:
         x0 = x[0]
         xs0 = xs[0]

@@ -100,6 +100,19 @@ class ControlSection:
     events_hwm: int = 10000        # events queued for a slow subscriber; beyond: dropped and counted
 
 
+# -- [shm]: the same-host shared-memory carrier (daemon/shm_ingress.py) ----------------------
+@dataclass
+class ShmSection:
+    socket: str = ""               # Unix socket of the same-host shared-memory carrier (docs/PROTOCOL.md); "auto" = $RUNTIME_DIRECTORY/shm.sock under systemd, else off; "" = off
+    mode: str = "0660"             # the socket file's permissions (octal): who may connect at all
+    group: str = ""                # the socket file's group (members connect with mode 0660); "" = the daemon's
+    allowed_uids: str = ""         # also check the peer's uid (SO_PEERCRED), e.g. "0,1001"; both lists "" = anyone the file mode lets in
+    allowed_gids: str = ""         # primary gids allowed by SO_PEERCRED, e.g. "1002" (a peer passes if its uid or its gid is listed)
+    ring_bytes: int = 1 << 20      # bytes of each ring (requests, responses) per client; a power of two
+    max_clients: int = 64          # connections at once; beyond: refused
+# -- end [shm] ---------------------------------------------------------------------------------
+
+
 @dataclass
 class DaemonConfig:
     model: ModelSection = field(default_factory=ModelSection)
@@ -111,6 +124,7 @@ class DaemonConfig:
     cpu: CpuSection = field(default_factory=CpuSection)
     lifecycle: LifecycleSection = field(default_factory=LifecycleSection)
     control: ControlSection = field(default_factory=ControlSection)
+    shm: ShmSection = field(default_factory=ShmSection)
 
 
 class ConfigError(ValueError):
@@ -162,6 +176,17 @@ def _cpus(v: str) -> bool:
         return False
 
 
+def _octal_mode(v: str) -> bool:   # [shm] mode
+    try:
+        return 0 <= int(v, 8) <= 0o777
+    except ValueError:
+        return False
+
+
+def _id_list(v: str) -> bool:      # [shm] allowed_uids / allowed_gids
+    return all(p.strip().isdigit() for p in v.split(",") if p.strip())
+
+
 # What each setting may be, beyond its type. A value outside is refused before the model is
 # loaded, naming the setting (a negative max_running used to reach READY and hang).
 RULES: dict[str, tuple[Any, str]] = {
@@ -198,6 +223,13 @@ RULES: dict[str, tuple[Any, str]] = {
     "control.events_hwm": _between(1),
     "lifecycle.drain_timeout_s": _between(0),
     "lifecycle.drain_linger_s": _between(0),
+    # [shm]
+    "shm.mode": (_octal_mode, "an octal file mode like \"0660\""),
+    "shm.allowed_uids": (_id_list, "a list of numeric ids like \"0,1001\""),
+    "shm.allowed_gids": (_id_list, "a list of numeric ids like \"0,1001\""),
+    "shm.ring_bytes": ((lambda v: 1 << 12 <= v <= 1 << 26 and v & (v - 1) == 0),
+                       "a power of two in 4096..67108864"),
+    "shm.max_clients": _between(1, 4096),
 }
 
 

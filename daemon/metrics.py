@@ -138,6 +138,26 @@ class Metrics:
                                   "queue was full)", ["result"], registry=r)
         for result in ("published", "dropped"):
             self.events_out.labels(result)
+        # -- the same-host shared-memory carrier (daemon/shm_ingress.py) --
+        from .shm_ingress import CONNECT_RESULTS, RING_ERRORS
+        self.shm_open = Gauge("zerolayer_shm_connections_open",
+                              "Same-host clients connected over shared memory", registry=r)
+        self.shm_connections = Counter("zerolayer_shm_connections",
+                                       "Shared-memory connection attempts by result: accepted, "
+                                       "refused_peer (SO_PEERCRED), refused_full "
+                                       "([shm] max_clients), failed", ["result"], registry=r)
+        self.shm_ring_full = Counter("zerolayer_shm_ring_full_drops",
+                                     "Reply frames lost because a client's response ring was "
+                                     "full (the client recovers them with RESEND)", registry=r)
+        self.shm_ring_errors = Counter("zerolayer_shm_ring_errors",
+                                       "Shared-memory connections dropped for breaking the "
+                                       "ring protocol, by reason: bad_index, bad_length, "
+                                       "protocol", ["reason"], registry=r)
+        for result in CONNECT_RESULTS:
+            self.shm_connections.labels(result)
+        for reason in RING_ERRORS:
+            self.shm_ring_errors.labels(reason)
+        # -- end shm --
         self._ingress_last: dict = {}
         self._handoff_last: dict = {}
         self._xdp_last: dict = {}
@@ -161,6 +181,17 @@ class Metrics:
         _advance(self.replies_suppressed, last, "suppressed", st["replies_suppressed"])
         for event, n in ingress.reassembler.stats.items():
             _advance(self.reassembly.labels(event), last, ("reassembly", event), n)
+
+    def update_shm(self, shm) -> None:
+        """Copy the shm ingress's own counts (plain ints on the I/O thread) into Prometheus."""
+        from .shm_ingress import CONNECT_RESULTS, RING_ERRORS
+        last, st = self._ingress_last, shm.stats
+        self.shm_open.set(len(shm.conns))
+        for result in CONNECT_RESULTS:
+            _advance(self.shm_connections.labels(result), last, ("shm", result), st[result])
+        for reason in RING_ERRORS:
+            _advance(self.shm_ring_errors.labels(reason), last, ("shm", reason), st[reason])
+        _advance(self.shm_ring_full, last, ("shm", "full"), st["ring_full_drops"])
 
     def update_events(self, result: str, total: int) -> None:
         _advance(self.events_out.labels(result), self._ingress_last, ("events", result), total)

@@ -31,6 +31,7 @@ import time
 from . import config as config_mod
 from . import control as control_mod
 from . import control_commands, logs, memory_bounds, test_hooks
+from . import shm_ingress  # [shm]: the same-host shared-memory carrier
 from .control import ControlCall, ControlServer
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
 from .engine import Engine
@@ -83,6 +84,7 @@ class Daemon:
         self.io_changed = False      # `xdp-attach` / `xdp-detach`: the loop re-reads its fds
         self.started = time.monotonic()
         self.control: ControlServer | None = None
+        self.shm: shm_ingress.ShmIngress | None = None   # [shm]
         self.log = log
         self.sd = Notifier(log=log)
         self.watchdog: Watchdog | None = None
@@ -111,6 +113,11 @@ class Daemon:
         # datagrams that arrive meanwhile wait in the socket buffer.
         self.sock = self._open_socket()
         self.udp = BatchedUDP(self.sock, batch=c.network.batch)
+        # [shm]: same-host clients over shared-memory rings, same protocol (shm_ingress.py);
+        # opened before the model loads, like the UDP socket, so a bad path fails the start now
+        self.shm = shm_ingress.open_from_config(c.shm, batch=c.network.batch, log=log)
+        if self.shm is not None:
+            log(f"shared-memory carrier on {self.shm.path} (mode {c.shm.mode})")
         # /healthz and /readyz answer from here on, through the cold start's kernel builds
         self.metrics.serve(c.metrics.host, c.metrics.port,
                            ready=lambda: (self.state is ServerState.READY,
@@ -262,12 +269,15 @@ class Daemon:
         wait_fds = self._wait_fds()
         busy = self.cfg.network.busy_poll
         xdp = self.xdp
+        shm = self.shm
         spin = 0
         while True:
             spin += 1
             # With XDP serving, the UDP socket only gets what the program passes on: a
             # busy-polling loop checks it every 8th turn, not paying a syscall per turn.
             poll_udp = xdp is None or not busy or not spin & 7
+            if shm is not None and (not busy or not spin & 7):
+                shm.poll_events()  # [shm] accept, hang-ups, doorbells: one epoll_wait(0)
             for _ in range(MAX_RX_BATCHES):
                 batch = self.udp.recv_batch() if poll_udp else []
                 more = len(batch) == self.udp.batch
@@ -275,6 +285,9 @@ class Daemon:
                     xb = xdp.recv_batch()
                     more = more or len(xb) >= xdp.batch
                     batch += xb
+                if shm is not None:  # [shm] the request rings: memory reads, no syscall
+                    batch += shm.recv_batch()
+                    more = more or shm.more
                 for data, addr in batch:
                     self._on_datagram(data, addr)
                 if not more:
@@ -302,17 +315,25 @@ class Daemon:
             if self._draining and self._drained(now):
                 break
             if not busy:
-                select.select(wait_fds, [], [], max(0.0, next_house - now))
+                # [shm] arm(): clients ring the doorbell only while we sleep; True = records
+                # arrived meanwhile, so look again instead of sleeping
+                pending = shm is not None and shm.arm()
+                select.select(wait_fds, [], [], 0.0 if pending else max(0.0, next_house - now))
         self._shutdown()
         return self.exit_code
 
     def _wait_fds(self) -> list:
         return ([self.sock, self.events, self.ctl_calls]
-                + (self.xdp.fileno_list() if self.xdp else []))
+                + (self.xdp.fileno_list() if self.xdp else [])
+                + ([self.shm] if self.shm is not None else []))  # [shm] its epoll fd
 
     def _flush(self) -> None:
         if self.xdp is not None and self.xdp.tx_backlog:
             self.xdp.poll_tx()  # frames a busy kernel left on a TX ring last time
+        if self.shm is not None and self.out:
+            # [shm] into response rings (frames for a client gone since are dropped there,
+            # even with no client left); the rest below
+            self.out = self.shm.send_batch(self.out)
         if not self.out:
             return
         if self.xdp is None:
@@ -353,6 +374,8 @@ class Daemon:
         m.update_handoff("events", self.engine_thread.events_full_waits)
         if self.xdp is not None:
             self.metrics.update_xdp(self.xdp)
+        if self.shm is not None:
+            self.metrics.update_shm(self.shm)  # [shm]
         if self.watchdog is not None:
             self.watchdog.tick()
         if self.sd.enabled and now >= self._status_at + STATUS_S:
@@ -426,6 +449,8 @@ class Daemon:
             wait_tx_drained(self.xdp)
             self.xdp.close()  # detach: invoke traffic goes to the kernel stack from here on
         self.sock.close()
+        if self.shm is not None:
+            self.shm.close()  # [shm] frees every client's rings, removes the socket file
         if self.control is not None:
             self.control.stop()
         if self.events_pub is not None:

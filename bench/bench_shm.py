@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 
 from zerolayer.client import ChatMessage, Client
-from zerolayer.client.shm_transport import ShmConnector
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -144,9 +143,8 @@ def main() -> int:
         clients = {"udp": Client(("127.0.0.1", d.port), KEY_ID, secret, timeout=60),
                    "shm": Client(f"shm://{d.shm_path}", KEY_ID, secret, timeout=60)}
         if a.busy_poll_us:
-            busy = Client(f"shm://{d.shm_path}", KEY_ID, secret, timeout=60)
-            # the address form has no knob for it yet: hand the Client its connector
-            busy._connector = ShmConnector(d.shm_path, busy_poll_us=a.busy_poll_us)
+            busy = Client(f"shm://{d.shm_path}?busy_poll_us={a.busy_poll_us}", KEY_ID, secret,
+                          timeout=60)
             clients["shm_busy"] = busy
         names = list(clients)
         log(f"warming: {a.warm_pings} pings each, 2 questions each")

@@ -110,6 +110,7 @@ class ShmSection:
     allowed_gids: str = ""         # primary gids allowed by SO_PEERCRED, e.g. "1002" (a peer passes if its uid or its gid is listed)
     ring_bytes: int = 1 << 20      # bytes of each ring (requests, responses) per client; a power of two
     max_clients: int = 64          # connections at once; beyond: refused
+    poll_us: int = 200             # while the engine is idle, the I/O thread looks at the request rings this long (memory reads, no syscall) before it sleeps: a client's next datagram needs no wake-up; 0 = sleep at once
 # -- end [shm] ---------------------------------------------------------------------------------
 
 
@@ -230,6 +231,7 @@ RULES: dict[str, tuple[Any, str]] = {
     "shm.ring_bytes": ((lambda v: 1 << 12 <= v <= 1 << 26 and v & (v - 1) == 0),
                        "a power of two in 4096..67108864"),
     "shm.max_clients": _between(1, 4096),
+    "shm.poll_us": _between(0, 10_000),
 }
 
 

@@ -606,3 +606,13 @@ def test_async_connector_demultiplexes_and_reconnects(tmp_path) -> None:
         fake.stop.set()
         fake.join(10)
         fake.listener.close()
+
+
+def test_the_shm_address_carries_the_busy_poll_knob():
+    from zerolayer.client.transport import connector_for, parse_address, shm_busy_poll_us
+    assert shm_busy_poll_us("shm:///run/zl/shm.sock?busy_poll_us=50") == 50
+    assert shm_busy_poll_us("shm:///run/zl/shm.sock") == 0
+    assert parse_address("shm:///run/zl/shm.sock?busy_poll_us=50") == ("shm", "/run/zl/shm.sock")
+    assert connector_for("shm:///run/zl/shm.sock?busy_poll_us=7").busy_poll_us == 7
+    with pytest.raises(ValueError):
+        shm_busy_poll_us("shm:///x.sock?busy_poll_us=lots")

@@ -8,7 +8,7 @@ invocations a step makes; the kernels themselves are parallel (numba prange, Ope
 
     x = embed(tokens)
     for each layer:
-        qkv = rmsnorm(x) @ [Wq|Wk|Wv]^T ; rope(q), rope(k) ; write k, v to the KV arena
+        qkv = rmsnorm(x) @ [Wq|Wk|Wv]^T (+ [bq|bk|bv]) ; rope(q), rope(k) ; write k, v to the KV arena
         x  += attention(q, K, V) @ Wo^T
         x  += swiglu(rmsnorm(x) @ [Wgate|Wup]^T) @ Wdown^T
     logits = rmsnorm(x[last token of each sequence]) @ Wout^T
@@ -42,8 +42,16 @@ def _add(x, y):
 
 
 @njit(fastmath=True, cache=True, nogil=True)
+def _add_row(x, b):
+    """x[t] += b for every row t (a bias)."""
+    for t in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[t, i] += b[i]
+
+
+@njit(fastmath=True, cache=True, nogil=True)
 def forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_pool,
-            emb, wqkv, wo, wgu, wdown, attn_norm, ffn_norm, out_norm, outw, cos, sin,
+            emb, wqkv, wo, wgu, wdown, attn_norm, ffn_norm, out_norm, outw, qkv_bias, cos, sin,
             n_head, n_kv, hd, n_ff, eps, splits, logits):
     T = tokens.shape[0]
     D = attn_norm.shape[1]
@@ -59,6 +67,8 @@ def forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_pool,
     for layer in range(L):
         rmsnorm(x, attn_norm[layer], eps, xn)
         matmul(wqkv[0], wqkv[1][layer], wqkv[2][layer], wqkv[3][layer], wqkv[4][layer], xn, qkv)
+        if qkv_bias.shape[1] != 0:  # [L, 0]: no biases (llama)
+            _add_row(qkv, qkv_bias[layer])
         rope(qkv, 0, tok_pos, cos, sin, n_head + n_kv, hd)  # Q and K heads are adjacent
         kv_write(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head, n_kv, hd)
         attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head, n_kv, hd,
@@ -95,9 +105,15 @@ class LlamaModel:
         if kv_blocks is None:  # room for 16 full-length sequences; lazily backed by the OS
             kv_blocks = 16 * -(-self.max_seq_len // BLOCK_TOKENS)
         self.arena = KVArena(cfg.n_layer, cfg.n_kv, cfg.head_dim, kv_blocks, self.max_seq_len)
-        self.cos, self.sin = rope_tables(self.max_seq_len, cfg.head_dim, cfg.rope_base)
+        # RoPE scaling (linear, Llama 3.1's frequency factors) lives in the tables alone
+        self.cos, self.sin = rope_tables(self.max_seq_len, cfg.head_dim, cfg.rope_base,
+                                         cfg.rope_freq_scale, weights.rope_freqs,
+                                         cfg.rope_attn_factor)
+        self.qkv_bias = (weights.qkv_bias if weights.qkv_bias is not None
+                         else np.zeros((cfg.n_layer, 0), np.float32))
         self._wargs = (weights.emb, weights.wqkv, weights.wo, weights.wgu, weights.wdown,
-                       weights.attn_norm, weights.ffn_norm, weights.out_norm, weights.output)
+                       weights.attn_norm, weights.ffn_norm, weights.out_norm, weights.output,
+                       self.qkv_bias)
 
     @classmethod
     def load(cls, path: str | None = None, *, use_cache: bool = True, **kw) -> "LlamaModel":

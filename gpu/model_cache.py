@@ -24,6 +24,7 @@ from .quant import Weight
 
 _WEIGHTS = ("emb", "wqkv", "wo", "wgu", "wdown", "output")
 _ARRAYS = ("attn_norm", "ffn_norm", "out_norm")
+_OPTIONAL = ("qkv_bias", "rope_freqs")  # ModelWeights fields that may be None
 
 
 def cache_dir(path: str) -> str:
@@ -46,6 +47,7 @@ def load(path: str):
 
     weights = {n: Weight(meta["fmt"][n], *(arr(f"{n}.{k}") for k in ("qs", "d", "m", "w"))) for n in _WEIGHTS}
     weights.update({n: arr(n) for n in _ARRAYS})
+    weights.update({n: arr(n) for n in _OPTIONAL if os.path.exists(os.path.join(d, n + ".npy"))})
     return ModelConfig(**meta["config"]), ModelWeights(**weights), meta["tokenizer"]
 
 
@@ -60,6 +62,9 @@ def save(path: str, cfg: ModelConfig, w: ModelWeights, tokenizer_meta: dict) -> 
                 np.save(os.path.join(tmp, f"{n}.{k}.npy"), getattr(wt, k))
         for n in _ARRAYS:
             np.save(os.path.join(tmp, n + ".npy"), getattr(w, n))
+        for n in _OPTIONAL:
+            if getattr(w, n) is not None:
+                np.save(os.path.join(tmp, n + ".npy"), getattr(w, n))
         meta = {"config": dataclasses.asdict(cfg), "tokenizer": tokenizer_meta,
                 "fmt": {n: getattr(w, n).fmt for n in _WEIGHTS}, "source": path}
         with open(os.path.join(tmp, "meta.json"), "w") as f:

@@ -3,6 +3,11 @@
 It shares nothing with the kernels but the file: weights are dequantized by the `gguf`
 package itself (not by our repacking), attention is recomputed over every position, and all
 arithmetic is float64. Slow, plain, and easy to check by eye.
+
+Architectures as llama.cpp runs them: Q/K/V biases when the file has them; RoPE on adjacent
+pairs (`llama`) or on the halves of each head (`qwen2`, ggml's neox mode) of the file's own
+Q and K (the runtime reorders rows instead; this does not), with the angle
+pos * freq_scale * base^(-2i/hd) / rope_freqs[i] and cos, sin x attn_factor.
 """
 from __future__ import annotations
 
@@ -23,6 +28,13 @@ class ReferenceLlama:
             return dequantize(x.data, x.tensor_type).astype(np.float64).reshape(
                 [int(s) for s in reversed(x.shape)])
 
+        self.bias = {}  # (layer, "attn_q") -> bias vector, where the file has one
+        for i in range(cfg.n_layer):
+            for k in ("attn_q", "attn_k", "attn_v"):
+                if f"blk.{i}.{k}.bias" in t:
+                    self.bias[(i, k)] = dense(f"blk.{i}.{k}.bias")
+        self.rope_freqs = dense("rope_freqs.weight") if "rope_freqs.weight" in t else None
+        self.neox = cfg.arch == "qwen2"
         self.emb = dense("token_embd.weight")
         self.out = dense("output.weight") if "output.weight" in t else self.emb
         self.out_norm = dense("output_norm.weight")
@@ -40,11 +52,24 @@ class ReferenceLlama:
         return x / np.sqrt((x * x).mean() + self.cfg.eps) * w
 
     def _rope(self, x: np.ndarray, n_heads: int, pos: int) -> np.ndarray:
-        hd = self.cfg.head_dim
+        c = self.cfg
+        hd = c.head_dim
+        inv = c.rope_base ** (-np.arange(0, hd, 2) / hd)
+        if self.rope_freqs is not None:
+            inv = inv / self.rope_freqs
+        ang = pos * c.rope_freq_scale * inv
+        co, si = c.rope_attn_factor * np.cos(ang), c.rope_attn_factor * np.sin(ang)
+        if self.neox:  # pairs (i, i + hd/2)
+            x = x.reshape(n_heads, 2, hd // 2)
+            a, b = x[:, 0], x[:, 1]
+            return np.concatenate([a * co - b * si, a * si + b * co], -1).reshape(-1)
         x = x.reshape(n_heads, hd // 2, 2)
-        ang = pos * self.cfg.rope_base ** (-np.arange(0, hd, 2) / hd)
-        c, s = np.cos(ang), np.sin(ang)
-        return np.stack([x[..., 0] * c - x[..., 1] * s, x[..., 0] * s + x[..., 1] * c], -1).reshape(-1)
+        return np.stack([x[..., 0] * co - x[..., 1] * si, x[..., 0] * si + x[..., 1] * co], -1).reshape(-1)
+
+    def _proj(self, i: int, L: dict, k: str, h: np.ndarray) -> np.ndarray:
+        y = L[k] @ h
+        b = self.bias.get((i, k))
+        return y if b is None else y + b
 
     def step(self, token: int) -> np.ndarray:
         """Feed one token at the next position; return its logits (float64)."""
@@ -53,9 +78,9 @@ class ReferenceLlama:
         x = self.emb[token].copy()
         for i, L in enumerate(self.layers):
             h = self._norm(x, L["attn_norm"])
-            q = self._rope(L["attn_q"] @ h, c.n_head, self.pos).reshape(c.n_head, hd)
-            self.k[i].append(self._rope(L["attn_k"] @ h, c.n_kv, self.pos).reshape(c.n_kv, hd))
-            self.v[i].append((L["attn_v"] @ h).reshape(c.n_kv, hd))
+            q = self._rope(self._proj(i, L, "attn_q", h), c.n_head, self.pos).reshape(c.n_head, hd)
+            self.k[i].append(self._rope(self._proj(i, L, "attn_k", h), c.n_kv, self.pos).reshape(c.n_kv, hd))
+            self.v[i].append(self._proj(i, L, "attn_v", h).reshape(c.n_kv, hd))
             K, V = np.stack(self.k[i]), np.stack(self.v[i])  # [S, n_kv, hd]
             att = np.empty((c.n_head, hd))
             for hh in range(c.n_head):

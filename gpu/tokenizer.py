@@ -2,7 +2,8 @@
 
 The GGUF file is the single source of truth (promise 6: no tokenizer service, no tokenizer.json
 on the side). The BPE itself runs in HuggingFace `tokenizers` (Rust); the pre-tokenizer is set
-up to reproduce llama.cpp's `smollm` pre-tokenizer so ids match llama.cpp token for token.
+up to reproduce llama.cpp's pre-tokenizer named by `tokenizer.ggml.pre` (`smollm`, `qwen2`)
+so ids match llama.cpp token for token; other names are refused.
 
 Special tokens are never matched inside user text: `encode` only splits on control tokens when
 the caller asks (`parse_special=True`), and `encode_chat` only lets the *template* emit them.
@@ -32,6 +33,20 @@ from .errors import ModelFormatError, UnsupportedModelError
 # as their own pieces (Split "isolated" does the same), then each piece is byte-level BPE'd.
 _SMOLLM_DIGITS = r"\p{N}"
 _GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+# llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2: one pass of Qwen2's tokenizer.json pattern, its
+# case-insensitive contractions spelled out. Digits are single pieces here too.
+_QWEN2_PATTERN = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+                  r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                  r"|\s+(?!\S)|\s+")
+# tokenizer.ggml.pre -> the regexes applied one after the other (Split "isolated" each)
+_PRE_PATTERNS = {"smollm": (_SMOLLM_DIGITS, _GPT2_PATTERN), "qwen2": (_QWEN2_PATTERN,)}
+
+# ChatML, for a qwen2 GGUF without tokenizer.chat_template (llama.cpp's default template):
+# no system prompt of its own.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 # gguf token_type values (llama.cpp's llama_token_type).
 _TOKEN_CONTROL = 3
@@ -110,9 +125,11 @@ class Tokenizer:
         chat_template: str | None,
         pre: str = "smollm",
     ) -> None:
-        if pre != "smollm":
+        if pre not in _PRE_PATTERNS:
             # Other pre-tokenizers need other regexes; refuse rather than silently drift.
-            raise UnsupportedModelError(f"unsupported tokenizer.ggml.pre={pre!r}")
+            raise UnsupportedModelError(
+                f"unsupported tokenizer.ggml.pre={pre!r} (supported: {', '.join(_PRE_PATTERNS)})")
+        self.pre = pre
         self._tokens = list(tokens)
         self._types = list(token_types)
         self._bos_id = bos_id
@@ -123,12 +140,9 @@ class Tokenizer:
         pairs = [tuple(m.split(" ", 1)) for m in merges]
         hf = _HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
         hf.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(_SMOLLM_DIGITS), behavior="isolated"),
-                pre_tokenizers.Split(Regex(_GPT2_PATTERN), behavior="isolated"),
-                # Regex already applied above; ByteLevel only maps bytes to its alphabet.
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
+            [pre_tokenizers.Split(Regex(p), behavior="isolated") for p in _PRE_PATTERNS[pre]]
+            # Regex already applied above; ByteLevel only maps bytes to its alphabet.
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )
         # No added tokens are registered: HF would then match them inside any text.
         self._hf = hf
@@ -216,13 +230,16 @@ class Tokenizer:
         eos = _field_int(reader, "tokenizer.ggml.eos_token_id")
         if bos is None or eos is None:
             raise ModelFormatError("GGUF lacks bos/eos token ids")
+        template = _field_str(reader, "tokenizer.chat_template")
+        if template is None and _field_str(reader, "general.architecture") == "qwen2":
+            template = CHATML_TEMPLATE
         return dict(
             tokens=tokens,
             token_types=types,
             merges=merges,
             bos_id=bos,
             eos_id=eos,
-            chat_template=_field_str(reader, "tokenizer.chat_template"),
+            chat_template=template,
             pre=_field_str(reader, "tokenizer.ggml.pre") or "smollm",
         )
 

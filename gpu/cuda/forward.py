@@ -3,7 +3,7 @@ launches over device-resident weights, and ``CudaModel``, a drop-in for ``LlamaM
 
     x = embed(tokens)
     for each layer:
-        qkv = rmsnorm(x) @ [Wq|Wk|Wv]^T ; rope(q), rope(k) ; write k, v to the KV arena
+        qkv = rmsnorm(x) @ [Wq|Wk|Wv]^T (+ [bq|bk|bv]) ; rope(q), rope(k) ; write k, v to the KV arena
         x  += attention(q, K, V) @ Wo^T
         x  += swiglu(rmsnorm(x) @ [Wgate|Wup]^T) @ Wdown^T
     logits = rmsnorm(x[last token of each sequence]) @ Wout^T
@@ -13,6 +13,9 @@ with per-layer views prepared up front so a step only launches. Activations live
 sized for the largest step seen so far. The KV pools are device arrays with the host arena's
 shape; block bookkeeping (which sequence owns which block) stays with the host KVArena, so
 the engine's admission and release logic is unchanged.
+
+RoPE scaling is in the cos/sin tables (the host model's), so it needs nothing here; Q/K/V
+biases (qwen2) add one launch per layer.
 
 ``CudaForward.launch`` is the step as 4 + 13 per layer kernel launches (~395 for SmolLM2's 30
 layers), with no allocation or copy, so that graph.py can capture a decode step as one CUDA
@@ -55,6 +58,22 @@ def _gather_rows(x, rows, out):
     n = out.shape[0] * D
     for e in range(cuda.grid(1), n, cuda.gridsize(1)):
         out[e // D, e % D] = x[rows[e // D], e % D]
+
+
+@kernel(["void(float32[:, ::1], float32[::1])"])
+def _add_bias(x, b):
+    """x[t, i] += b[i] (the Q/K/V biases, after the QKV matmul)."""
+    W = x.shape[1]
+    n = x.shape[0] * W
+    for e in range(cuda.grid(1), n, cuda.gridsize(1)):
+        x[e // W, e % W] += b[e % W]
+
+
+def add_bias(x, b, stream) -> None:
+    n = x.shape[0] * x.shape[1]
+    if n:
+        blocks, threads = grid_1d(n)
+        _add_bias[blocks, threads, stream](x, b)
 
 
 @kernel(["void(int32[::1], int32[::1], int32[::1])"])
@@ -140,6 +159,11 @@ class CudaForward:
         self.attn_norm = [attn_norm[i] for i in range(cfg.n_layer)]
         self.ffn_norm = [ffn_norm[i] for i in range(cfg.n_layer)]
         self.out_norm = cuda.to_device(np.ascontiguousarray(weights.out_norm), stream=s)
+        self.qkv_bias = None  # per layer, where the model has Q/K/V biases
+        qb = getattr(weights, "qkv_bias", None)
+        if qb is not None and qb.shape[1]:
+            d_qb = cuda.to_device(np.ascontiguousarray(qb, np.float32), stream=s)
+            self.qkv_bias = [d_qb[i] for i in range(cfg.n_layer)]
         self.cos = cuda.to_device(cos, stream=s)
         self.sin = cuda.to_device(sin, stream=s)
         BT = _att.BLOCK_TOKENS
@@ -214,6 +238,8 @@ class CudaForward:
         for layer in range(c.n_layer):
             _rms.rmsnorm(x, self.attn_norm[layer], eps, xn, stream=s)
             _mm.matmul(self.wqkv[0], *self.wqkv[1][layer], xn, qkv, stream=s)
+            if self.qkv_bias is not None:
+                add_bias(qkv, self.qkv_bias[layer], s)
             _rope.rope(qkv, 0, d_pos, self.cos, self.sin, nh + nkv, hd, stream=s)  # Q, K adjacent
             _att.kv_write(qkv, self.k_pool, self.v_pool, layer, d_seq, d_pos, d_tab, nh, nkv, hd, stream=s)
             _att.attention(qkv, self.k_pool, self.v_pool, layer, d_seq, d_pos, d_tab, nh, nkv, hd,

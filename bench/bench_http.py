@@ -11,8 +11,9 @@ Three sides, the same GGUF and the same number of threads (--threads, 2), all st
 - the same zerolayerd through the async SDK, no HTTP (the edge's baseline).
 
 1. TTFT, sequential: the chat question, greedy, max_tokens --seq-tokens (32). The three
-   sides take turns request by request (llama, edge, sdk, llama, ...) so drift in the
-   machine's speed is shared; p50/p99 per side. The HTTP sides use one stdlib client
+   sides take turns request by request, in an order that rotates every round, each request
+   after --gap-ms (50) of quiet, so drift in the machine's speed is shared and no side always
+   follows the same other one; p50/p99 per side. The HTTP sides use one stdlib client
    (bench/_serving_clients.http_stream_chat: keep-alive, SSE read line by line; TTFT = just
    before the request is sent -> first non-empty content delta); the SDK side
    zl_stream_chat (same clock points).
@@ -138,9 +139,14 @@ class Bench:
             for _ in range(self.a.warmup):
                 fn()
         out: dict[str, list[dict]] = {k: [] for k in sides}
-        for _ in range(self.a.seq):
-            for name, fn in sides.items():
-                out[name].append(fn())
+        names = list(sides)
+        for i in range(self.a.seq):
+            # The order rotates, so each side follows each other side equally often (a server
+            # may still be tidying up after its answer), and each request starts after a
+            # short quiet gap.
+            for name in names[i % 3:] + names[:i % 3]:
+                time.sleep(self.a.gap_ms / 1e3)
+                out[name].append(sides[name]())
         return out
 
     # -- concurrency ---------------------------------------------------------------------------
@@ -359,6 +365,8 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=16, help="llama-server slots")
     ap.add_argument("--seq", type=int, default=50, help="sequential requests per side")
     ap.add_argument("--seq-tokens", type=int, default=32)
+    ap.add_argument("--gap-ms", type=float, default=50.0,
+                    help="quiet time before each sequential request")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--conc", type=int, default=16)
     ap.add_argument("--conc-tokens", type=int, default=64)

@@ -16,47 +16,23 @@ concurrently on one event loop; each has its own channel (over UDP its own socke
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from types import TracebackType
 
-from .errors import ERROR_INFO, ZerolayerError, ZerolayerTimeoutError, error_for
+from .client_config import ClientConfig
+from .errors import ZerolayerError, ZerolayerTimeoutError
 from .invoke_body import build_invoke_body, request_id_bytes
-from .request_machine import AuditHook, InvokeResult, RequestMachine, authenticate
-from .sync_client import make_policy
-from .transport import (Address, AsyncChannel, AsyncConnector, Routed, async_connector_for,
-                        parse_address)
-from .wire import MAX_CHUNK, REQUEST_ID_LEN, ChatMessage, ErrorFrame, MsgType, PongFrame
+from .request_machine import InvokeResult, PingAttempts, RequestMachine
+from .transport import AsyncChannel, AsyncConnector, Routed, async_connector_for
+from .wire import ChatMessage
 
 
-class AsyncClient:
-    """An asyncio client of one daemon address; the arguments are the sync Client's."""
+class AsyncClient(ClientConfig):
+    """An asyncio client of one daemon (or a fleet); the arguments are ClientConfig's, as
+    for the sync Client."""
 
-    def __init__(self, address: Address, key_id: int, secret: bytes | str,
-                 timeout: float = 45.0, *, audit_log_hook: AuditHook | None = None,
-                 max_attempts: int | None = None, ack_timeout_s: float = 0.2,
-                 backoff_initial_s: float = 0.05, backoff_max_s: float = 2.0,
-                 resend_interval_s: float = 0.03, probe_interval_s: float = 0.25,
-                 contact_timeout_s: float = 2.0, total_timeout: float | None = None,
-                 chunk_len: int = MAX_CHUNK,
-                 pace_burst: int = 64, pace_gap_s: float = 0.0002,
-                 failover_after_s: float = 1.0) -> None:
-        self.policy = make_policy(key_id, secret, timeout, audit_log_hook, max_attempts,
-                                  ack_timeout_s, backoff_initial_s, backoff_max_s,
-                                  resend_interval_s, probe_interval_s, contact_timeout_s,
-                                  total_timeout, chunk_len, pace_burst, pace_gap_s,
-                                  failover_after_s)
-        self.address = parse_address(address)[1]
-        self._target = address
-        self._connector: AsyncConnector | None = None
-
-    @property
-    def key_id(self) -> int:
-        return self.policy.key_id
-
-    def __repr__(self) -> str:  # never print the secret
-        return f"AsyncClient(address={self._target!r}, key_id={self.key_id})"
+    _connector: AsyncConnector | None = None
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -112,36 +88,19 @@ class AsyncClient:
     async def ping(self) -> float:
         """Round-trip time of an authenticated PING/PONG, in seconds, retried like the sync
         Client.ping() within the recovery window."""
-        p = self.policy
-        rid = secrets.token_bytes(REQUEST_ID_LEN)
-        deadline = time.monotonic() + p.timeout
-        refusal: ZerolayerError | None = None
-        ch = await self._open(rid)
+        att = PingAttempts(self.policy)
+        ch = await self._open(att.request_id)
         try:
-            attempt = 0
-            while p.may_retry(attempt):
-                attempt += 1
-                sent = time.monotonic()
-                ch.send(p.control(MsgType.PING, rid))
-                wait_until = min(deadline, sent + p.ack_wait(attempt - 1))
+            while (nxt := att.next()) is not None:
+                datagram, wait_until = nxt
+                ch.send(datagram)
                 while (left := wait_until - time.monotonic()) > 0:
-                    dg = await ch.recv(left)
-                    frame = authenticate(dg, p.mac, rid) if dg is not None else None
-                    if isinstance(frame, PongFrame):
-                        return time.monotonic() - sent
-                    if isinstance(frame, ErrorFrame):
-                        exc = error_for(frame.code, frame.message, request_id=rid)
-                        assert exc.code is not None
-                        if not (frame.signed and ERROR_INFO[exc.code].retryable):
-                            raise exc
-                        refusal = exc
-                if time.monotonic() >= deadline:
-                    break
+                    got = await ch.recv(left)
+                    if got is not None and (rtt := att.on_datagram(got)) is not None:
+                        return rtt
         finally:
             ch.close()
-        if refusal is not None:
-            raise refusal
-        raise ZerolayerTimeoutError("no PONG", request_id=rid)
+        raise att.give_up()
 
     async def _open(self, request_id: bytes) -> AsyncChannel:
         if self._connector is None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from .errors import (ERROR_INFO, ErrorCode, StreamRestartedError, ZerolayerError,
                      ZerolayerTimeoutError, error_for)
 from .transport import Routed
-from .wire import (MAX_CHUNK, NO_SEQ, NONCE_LEN, AckFrame, DoneFrame, ErrorFrame, Mac,
+from .wire import (MAX_CHUNK, NO_SEQ, NONCE_LEN, REQUEST_ID_LEN, AckFrame, DoneFrame, ErrorFrame, Mac,
                    MsgType, PongFrame, Response, Timings, TokenFrame, Usage, decode_response,
                    encode_control, encode_invoke)
 
@@ -131,6 +131,47 @@ def authenticate(datagram: bytes, mac: Mac, request_id: bytes) -> Response | Non
         except ValueError:
             return None
     return frame
+
+
+class PingAttempts:
+    """Client.ping()'s rule, for both drivers: attempts at the ack-wait intervals within the
+    recovery window; a PONG ends it with the round trip, a final error raises, a retryable
+    one (signed) is remembered and raised if nothing better follows."""
+
+    def __init__(self, policy: RetryPolicy, clock: Clock = time.monotonic) -> None:
+        self._p = policy
+        self._clock = clock
+        self.request_id = secrets.token_bytes(REQUEST_ID_LEN)
+        self._deadline = clock() + policy.timeout
+        self._refusal: ZerolayerError | None = None
+        self._attempt = 0
+        self._sent = 0.0
+
+    def next(self) -> tuple[bytes, float] | None:
+        """The next PING to send and when to stop waiting for its answer; None: give up."""
+        now = self._clock()
+        if not self._p.may_retry(self._attempt) or (self._attempt and now >= self._deadline):
+            return None
+        self._attempt += 1
+        self._sent = now
+        return (self._p.control(MsgType.PING, self.request_id),
+                min(self._deadline, now + self._p.ack_wait(self._attempt - 1)))
+
+    def on_datagram(self, datagram: bytes) -> float | None:
+        """The round trip in seconds if this is our PONG; raises a final error."""
+        frame = authenticate(datagram, self._p.mac, self.request_id)
+        if isinstance(frame, PongFrame):
+            return self._clock() - self._sent
+        if isinstance(frame, ErrorFrame):
+            exc = error_for(frame.code, frame.message, request_id=self.request_id)
+            assert exc.code is not None
+            if not (frame.signed and ERROR_INFO[exc.code].retryable):
+                raise exc
+            self._refusal = exc
+        return None
+
+    def give_up(self) -> ZerolayerError:
+        return self._refusal or ZerolayerTimeoutError("no PONG", request_id=self.request_id)
 
 
 class RequestMachine:

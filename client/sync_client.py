@@ -23,58 +23,24 @@ hook raises, nothing is sent and the exception propagates: no audit record, no r
 from __future__ import annotations
 
 import secrets
-import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 
-from .errors import ERROR_INFO, ZerolayerError, ZerolayerTimeoutError, error_for
+from .client_config import ClientConfig
+from .errors import ZerolayerError, ZerolayerTimeoutError, error_for
 from .invoke_body import build_invoke_body, request_id_bytes
-from .request_machine import AuditHook, InvokeResult, RequestMachine, RetryPolicy, authenticate
-from .transport import Address, Channel, Connector, Routed, connector_for, parse_address
-from .wire import MAX_CHUNK, REQUEST_ID_LEN, ChatMessage, ErrorFrame, Mac, MsgType, PongFrame
+from .request_machine import AuditHook, InvokeResult, PingAttempts, RequestMachine, authenticate
+from .transport import Channel, Connector, Routed, connector_for
+from .wire import REQUEST_ID_LEN, ChatMessage, ErrorFrame, Mac, MsgType, PongFrame
 
 
-class Client:
-    """A client of one daemon address. Thread-safe: each call has its own channel (over UDP
-    its own socket), so concurrent calls from threads do not see each other's datagrams.
+class Client(ClientConfig):
+    """A client of one daemon (or a fleet; arguments: ClientConfig). Thread-safe: each call
+    has its own channel (over UDP its own socket), so concurrent calls from threads do not
+    see each other's datagrams."""
 
-    address: ("host", port), "host:port", or "shm:///path/shm.sock". key_id / secret: an
-    entry of the daemon's keys file (secret as bytes or hex). timeout: the recovery window,
-    seconds without any authenticated answer before a call fails; total_timeout: optional
-    cap on a whole call; max_attempts: optional cap on INVOKE/PING attempts (None: as many
-    as fit in the window). The remaining knobs are the retry timers of docs/PROTOCOL.md §8.6.
-    """
-
-    def __init__(self, address: Address, key_id: int, secret: bytes | str,
-                 timeout: float = 45.0, *, audit_log_hook: AuditHook | None = None,
-                 max_attempts: int | None = None, ack_timeout_s: float = 0.2,
-                 backoff_initial_s: float = 0.05, backoff_max_s: float = 2.0,
-                 resend_interval_s: float = 0.03, probe_interval_s: float = 0.25,
-                 contact_timeout_s: float = 2.0, total_timeout: float | None = None,
-                 chunk_len: int = MAX_CHUNK,
-                 pace_burst: int = 64, pace_gap_s: float = 0.0002,
-                 failover_after_s: float = 1.0) -> None:
-        self.policy = make_policy(key_id, secret, timeout, audit_log_hook, max_attempts,
-                                  ack_timeout_s, backoff_initial_s, backoff_max_s,
-                                  resend_interval_s, probe_interval_s, contact_timeout_s,
-                                  total_timeout, chunk_len, pace_burst, pace_gap_s,
-                                  failover_after_s)
-        self.address = parse_address(address)[1]
-        self._target = address
-        self._connector: Connector | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def key_id(self) -> int:
-        return self.policy.key_id
-
-    @property
-    def timeout(self) -> float:
-        return self.policy.timeout
-
-    def __repr__(self) -> str:  # never print the secret
-        return f"Client(address={self._target!r}, key_id={self.key_id})"
+    _connector: Connector | None = None
 
     def __enter__(self) -> "Client":
         return self
@@ -123,35 +89,19 @@ class Client:
     def ping(self) -> float:
         """Round-trip time of an authenticated PING/PONG, in seconds (no model involved).
         Retried like an INVOKE within the recovery window."""
-        p = self.policy
-        rid = secrets.token_bytes(REQUEST_ID_LEN)
-        deadline = time.monotonic() + p.timeout
-        refusal: ZerolayerError | None = None  # the last retryable one, raised if none follows
-        ch = self._open(rid)
+        att = PingAttempts(self.policy)
+        ch = self._open(att.request_id)
         try:
-            attempt = 0
-            while p.may_retry(attempt):
-                attempt += 1
-                sent = time.monotonic()
-                ch.send(p.control(MsgType.PING, rid))
-                wait_until = min(deadline, sent + p.ack_wait(attempt - 1))
+            while (nxt := att.next()) is not None:
+                datagram, wait_until = nxt
+                ch.send(datagram)
                 while (left := wait_until - time.monotonic()) > 0:
-                    frame = _frame(ch, left, p.mac, rid)
-                    if isinstance(frame, PongFrame):
-                        return time.monotonic() - sent
-                    if isinstance(frame, ErrorFrame):
-                        exc = error_for(frame.code, frame.message, request_id=rid)
-                        assert exc.code is not None
-                        if not (frame.signed and ERROR_INFO[exc.code].retryable):
-                            raise exc
-                        refusal = exc
-                if time.monotonic() >= deadline:
-                    break
+                    got = ch.recv(left)
+                    if got is not None and (rtt := att.on_datagram(got)) is not None:
+                        return rtt
         finally:
             ch.close()
-        if refusal is not None:
-            raise refusal
-        raise ZerolayerTimeoutError("no PONG", request_id=rid)
+        raise att.give_up()
 
     def probe(self, wait_s: float | None = None) -> tuple[float, PongFrame]:
         """One PING, one wait, no retry: (round trip in s, the PONG with the daemon's state
@@ -179,25 +129,6 @@ class Client:
                 self._connector = connector_for(self._target)
             connector = self._connector
         return connector.open(request_id)
-
-
-def make_policy(key_id: int, secret: bytes | str, timeout: float,
-                audit_log_hook: AuditHook | None, max_attempts: int | None,
-                ack_timeout_s: float, backoff_initial_s: float, backoff_max_s: float,
-                resend_interval_s: float, probe_interval_s: float, contact_timeout_s: float,
-                total_timeout: float | None, chunk_len: int, pace_burst: int,
-                pace_gap_s: float, failover_after_s: float = 1.0) -> RetryPolicy:
-    if not 1 <= key_id <= 0xFFFFFFFF:
-        raise ValueError("key_id must be in 1..2^32-1")
-    raw = bytes.fromhex(secret) if isinstance(secret, str) else bytes(secret)
-    return RetryPolicy(key_id=key_id, mac=Mac(raw),    # the raw secret is not kept
-                       timeout=timeout, total_timeout=total_timeout,
-                       max_attempts=None if max_attempts is None else max(1, max_attempts),
-                       ack_timeout_s=ack_timeout_s, backoff_initial_s=backoff_initial_s,
-                       backoff_max_s=backoff_max_s, resend_interval_s=resend_interval_s,
-                       probe_interval_s=probe_interval_s, contact_timeout_s=contact_timeout_s,
-                       chunk_len=chunk_len, pace_burst=pace_burst, pace_gap_s=pace_gap_s,
-                       audit_log_hook=audit_log_hook, failover_after_s=failover_after_s)
 
 
 def _frame(ch: Channel, wait_s: float, mac: Mac, rid: bytes) -> PongFrame | ErrorFrame | None:

@@ -101,3 +101,23 @@ class DaemonProc:
                 return
             time.sleep(0.05)
         raise AssertionError(f"timed out waiting for {what}")
+
+
+class Hooks:
+    """The engine test hooks (daemon/test_hooks.py) of one daemon: pass
+    env={"ZEROLAYER_TEST_HOOKS": str(hooks.dir)} to DaemonProc."""
+
+    def __init__(self, path):
+        self.dir = path
+        path.mkdir()
+
+    def hold(self, d: DaemonProc) -> None:
+        """Hold the engine at its next step boundary and wait until it is there."""
+        (self.dir / "hold").touch()
+        d.wait_for(lambda: (self.dir / "held").exists(), timeout=120, what="engine held")
+
+    def release(self) -> None:
+        (self.dir / "hold").unlink(missing_ok=True)
+
+    def crash(self) -> None:
+        (self.dir / "crash").touch()

@@ -12,34 +12,16 @@ import signal
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from daemon_proc import DaemonProc
+from daemon_proc import DaemonProc, Hooks
 from zerolayer.client import wire
 from zerolayer.client import Client
 from zerolayer.client.errors import (ErrorCode, InternalServerError, OverloadedError,
                                      UnknownKeyError)
 
 COUNT = "Count from one to one thousand: one, two, three,"
-
-
-class Hooks:
-    def __init__(self, path: Path):
-        self.dir = path
-        path.mkdir()
-
-    def hold(self, d: DaemonProc) -> None:
-        """Hold the engine at its next step boundary and wait until it is there."""
-        (self.dir / "hold").touch()
-        d.wait_for(lambda: (self.dir / "held").exists(), timeout=120, what="engine held")
-
-    def release(self) -> None:
-        (self.dir / "hold").unlink(missing_ok=True)
-
-    def crash(self) -> None:
-        (self.dir / "crash").touch()
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +123,7 @@ def test_a_removed_key_still_serves_the_requests_admitted_under_it(held_daemon):
                    what="key 8 removed")
         with pytest.raises(UnknownKeyError):
             c8.invoke("Say hi.", max_tokens=2)
-        s._send_control(wire.MsgType.RESEND, 0)  # its frames again, verified with key 8
+        s._send([c8.policy.control(wire.MsgType.RESEND, s.request_id, 0)])  # frames again, key 8
         r = s.cancel()
         assert r is not None and r.finish_reason == "cancelled"
     finally:

@@ -26,7 +26,7 @@ import httpx
 import openai
 import pytest
 
-from daemon_proc import DaemonProc, free_port
+from daemon_proc import DaemonProc, Hooks, free_port
 from zerolayer.client import ChatMessage, Client
 from zerolayer.client.errors import (ErrorCode, StreamRestartedError, ZerolayerError,
                                      ZerolayerTimeoutError, error_for)
@@ -41,18 +41,6 @@ TOKEN_UNKNOWN_KEY = "zl-test-token-for-a-key-the-daemon-lacks"
 QUESTION = "What is the capital of France?"
 COUNT = "Count from one to one thousand: one, two, three,"
 
-
-class Hooks:
-    def __init__(self, path: Path):
-        self.dir = path
-        path.mkdir()
-
-    def hold(self, d: DaemonProc) -> None:
-        (self.dir / "hold").touch()
-        d.wait_for(lambda: (self.dir / "held").exists(), timeout=120, what="engine held")
-
-    def release(self) -> None:
-        (self.dir / "hold").unlink(missing_ok=True)
 
 
 class EdgeProc:

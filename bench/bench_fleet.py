@@ -1,0 +1,142 @@
+#!/usr/bin/env python
+"""A fleet under load, one node SIGKILLed: what completed, what was lost, what re-ran, and
+the p99 TTFT before, during and after.
+
+    sudo .venv/bin/python bench/bench_fleet.py [--workers 6] [--before 20] [--during 10] [--after 20]
+
+Three zerolayerd in three network namespaces on one bridge (tests/netns.fleet_testbed, the
+same testbed as tests/test_fleet.py), one key. --workers client threads in a fourth namespace
+each send invoke() after invoke() (the chat question, max_tokens --tokens, a fresh request id
+each), through one SDK Client given all three nodes (rendezvous hashing, failover). After
+--before seconds node 3 is SIGKILLed; "during" is the --during seconds after the kill;
+"after" the rest. Every request is counted by the phase it started in: completed (and of
+those, re-run on another node: InvokeResult.restarts > 0), or lost (an exception). TTFT is
+the client's (InvokeResult.ttft_s: first send to first text).
+
+Needs root (namespaces). Holds /tmp/zl-bench.lock. Results: JSON under bench/results/ and a
+markdown table on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import secrets
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
+from bench_dataplane import machine_info, take_lock  # noqa: E402
+from daemon_proc import DaemonProc  # noqa: E402  (the tests' daemon and testbed helpers)
+from netns import fleet_testbed, in_netns  # noqa: E402
+
+from zerolayer.client import ChatMessage, Client  # noqa: E402
+
+QUESTION = [ChatMessage("user", "What is the capital of France?")]
+
+
+def p99(xs: list[float]) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=6)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--before", type=float, default=20.0)
+    ap.add_argument("--during", type=float, default=10.0)
+    ap.add_argument("--after", type=float, default=20.0)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    lock = take_lock(3600, " ".join(sys.argv))
+    secret = secrets.token_bytes(32)
+    samples: list[dict] = []
+    with fleet_testbed(3) as (cli, names, addrs), tempfile.TemporaryDirectory() as tmp:
+        nodes = []
+        for i, (ns, ip) in enumerate(zip(names, addrs)):
+            d = Path(tmp) / f"n{i}"
+            d.mkdir()
+            nodes.append(DaemonProc(d, netns=ns, host=ip, port=7433, secret=secret,
+                                    wait_ready=False))
+        try:
+            for n in nodes:
+                n.wait_ready()
+            client = Client([n.addr for n in nodes], nodes[0].key_id, secret, timeout=60)
+            for _ in range(3):                      # warm every node's prefix cache
+                for n in nodes:
+                    in_netns(cli, lambda n=n: Client(n.addr, n.key_id, secret).invoke(
+                        messages=QUESTION, max_tokens=a.tokens))
+            t0 = time.monotonic()
+            kill_at = t0 + a.before
+            end = kill_at + a.during + a.after
+            killed: list[float] = []
+
+            def worker() -> None:
+                def loop() -> None:
+                    while time.monotonic() < end:
+                        s = {"start": time.monotonic() - t0}
+                        try:
+                            r = client.invoke(messages=QUESTION, max_tokens=a.tokens)
+                            s.update(ok=True, ttft_s=r.ttft_s, restarts=r.restarts,
+                                     node=r.node, attempts=r.attempts)
+                        except Exception as e:  # noqa: BLE001 - a lost request, counted
+                            s.update(ok=False, error=repr(e))
+                        s["end"] = time.monotonic() - t0
+                        samples.append(s)
+                in_netns(cli, loop)
+
+            ts = [threading.Thread(target=worker) for _ in range(a.workers)]
+            for t in ts:
+                t.start()
+            time.sleep(max(0.0, kill_at - time.monotonic()))
+            nodes[2].proc.kill()                    # SIGKILL node 3
+            killed.append(time.monotonic() - t0)
+            for t in ts:
+                t.join()
+        finally:
+            for n in nodes:
+                n.stop()
+    lock.close()
+
+    k = killed[0]
+    phases = {"before": (0, k), "during": (k, k + a.during), "after": (k + a.during, 1e9)}
+    rows = {}
+    for name, (lo, hi) in phases.items():
+        ss = [s for s in samples if lo <= s["start"] < hi]
+        ok = [s for s in ss if s["ok"]]
+        rows[name] = {"started": len(ss), "completed": len(ok),
+                      "lost": len(ss) - len(ok),
+                      "rerun": sum(1 for s in ok if s["restarts"]),
+                      "ttft_p50_ms": (statistics.median(s["ttft_s"] for s in ok if s["ttft_s"])
+                                      * 1e3 if ok else None),
+                      "ttft_p99_ms": ((p99([s["ttft_s"] for s in ok if s["ttft_s"]]) or 0)
+                                      * 1e3 if ok else None)}
+    stamp = _dt.datetime.now(_dt.timezone.utc)
+    out = Path(a.out or REPO / "bench" / "results" / f"fleet-{stamp:%Y%m%d-%H%M%S}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"date": stamp.isoformat(), "args": vars(a), "kill_at_s": k,
+                               "machine": machine_info(), "phases": rows,
+                               "samples": samples}, indent=1))
+    print(f"### Fleet: 3 nodes, node 3 SIGKILLed at {k:.1f} s ({stamp:%Y-%m-%d %H:%M} UTC)\n")
+    print("| phase | started | completed | lost | re-run on another node | TTFT p50 (ms) "
+          "| TTFT p99 (ms) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        f = (lambda v: f"{v:.1f}" if v is not None else "-")
+        print(f"| {name} | {r['started']} | {r['completed']} | {r['lost']} | {r['rerun']} "
+              f"| {f(r['ttft_p50_ms'])} | {f(r['ttft_p99_ms'])} |")
+    print(f"\nCommand: `{' '.join(sys.argv)}`; JSON: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -25,6 +25,7 @@ from .gguf_loader import ModelConfig, ModelWeights
 from .kv_cache import KVArena, Sequence
 from .model_api import Draw, ReadyTokens, StepInput, step_arrays  # noqa: F401 (StepInput: API)
 from .ops.attention import BLOCK_TOKENS, attention, kv_write
+from .ops import int8_matmul  # issue 15: int8 CPU kernels
 from .ops.embedding import embed
 from .ops.matmul import matmul
 from .ops.rmsnorm import rmsnorm
@@ -111,9 +112,14 @@ class LlamaModel:
                                          cfg.rope_attn_factor)
         self.qkv_bias = (weights.qkv_bias if weights.qkv_bias is not None
                          else np.zeros((cfg.n_layer, 0), np.float32))
-        self._wargs = (weights.emb, weights.wqkv, weights.wo, weights.wgu, weights.wdown,
-                       weights.attn_norm, weights.ffn_norm, weights.out_norm, weights.output,
+        # --- int8 CPU kernels (issue 15; gpu/ops/int8_matmul.py): the matmul weights re-laid
+        # out once for the kernel set chosen at import (gpu/ops/cpu_features.py); self.w keeps
+        # the original layout (the CUDA forward reads it)
+        mw = int8_matmul.prepare_model(weights)
+        self._wargs = (weights.emb, mw.wqkv, mw.wo, mw.wgu, mw.wdown,
+                       weights.attn_norm, weights.ffn_norm, weights.out_norm, mw.output,
                        self.qkv_bias)
+        # --- end int8
 
     @classmethod
     def load(cls, path: str | None = None, *, use_cache: bool = True, **kw) -> "LlamaModel":

@@ -7,6 +7,7 @@ import pytest
 from zerolayer.gpu import gguf_loader
 from zerolayer.gpu.errors import ContextOverflowError
 from zerolayer.gpu.model import LlamaModel, StepInput
+from zerolayer.gpu.ops.int8_matmul import kernel_set
 from zerolayer.gpu.reference import ReferenceLlama
 
 REL_TOL = 1e-3  # max |ours - ref| / max |ref|, per step (the issue's bound)
@@ -16,8 +17,11 @@ def _rel(a, b) -> float:
     return float(np.abs(np.asarray(a, np.float64) - b).max() / np.abs(b).max())
 
 
-def _compare(path: str, prompt: list[int], steps: int = 16) -> list[float]:
-    model = LlamaModel.load(path, max_seq_len=256, use_cache=False)
+def _compare(path: str, prompt: list[int], steps: int = 16, isa: int = 0) -> list[float]:
+    """Per-step relative logit errors; the float kernels unless isa says otherwise (the int8
+    kernels quantize activations: tests/test_int8_matmul.py bounds them)."""
+    with kernel_set(isa):
+        model = LlamaModel.load(path, max_seq_len=256, use_cache=False)
     ref = ReferenceLlama(model.reader, model.cfg)
     seq = model.new_sequence()
     logits = model.step([StepInput(seq, np.array(prompt, np.int32))])[0]  # batched prefill

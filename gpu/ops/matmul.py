@@ -19,6 +19,10 @@ code of their own. Q4_K is FMT_Q4 (its sub-block scales are expanded at load tim
   block. The dequantized block is reused for every token of the batch.
 * prefill (T large): a group's rows are dequantized once into a float32 tile, then dotted
   with every token, four tokens per pass so each weight load feeds four FMAs.
+
+Weights prepared for the int8 kernels (format codes >= int8_matmul.FMT_I8, see
+gpu/ops/int8_matmul.py and gpu/ops/cpu_features.py) go to ``int8_matmul`` instead: the
+activations are quantized to 8 bits per block and multiplied with integer dot products.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..quant import FMT_F32, FMT_Q4, LANES, QK
+from .int8_matmul import FMT_I8, int8_matmul
 
 TILE_MIN_TOKENS = 32  # at and above this many tokens, dequantize to a tile first (measured crossover)
 
@@ -233,6 +238,9 @@ def matmul(fmt, qs, d, m, w, x, y):
     """
     if fmt == FMT_F32:
         _matmul_f32(w, x, y)
+        return
+    if fmt >= FMT_I8:
+        int8_matmul(fmt, qs, d, m, x, y)
         return
     T, K = x.shape
     R = y.shape[1]

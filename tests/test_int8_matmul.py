@@ -1,0 +1,138 @@
+"""The int8 CPU matmul (gpu/ops/int8_matmul.py): every kernel set this CPU runs, against
+exact integer sums (numpy int64) and float64 references, the kernel-set dispatch, and the
+model's logits with the int8 weights against the float kernels."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zerolayer.gpu import quant
+from zerolayer.gpu.ops import cpu_features, int8_matmul as im
+from zerolayer.gpu.ops.matmul import matmul
+from zerolayer.gpu.quant import FMT_Q4, FMT_Q8, FMT_Q8_16, LANES
+
+ISAS = im.ISAS
+NAMES = {cpu_features.ISA_VNNI512: "vnni512", cpu_features.ISA_VNNI256: "vnni256",
+         cpu_features.ISA_AVX2: "avx2"}
+
+
+def _weight(fmt, R, K, rng, qmax):
+    bw = quant.block_weights(fmt)
+    nb = K // bw
+    q = rng.integers(0, qmax + 1, (R, K)).astype(np.uint8)
+    if fmt == FMT_Q4:
+        qb = q.reshape(R, nb, 32)
+        qs = (qb[..., :16] | (qb[..., 16:] << 4)).reshape(R, K // 2)
+    else:
+        qs = q
+    d = rng.uniform(0.001, 0.02, (R, nb)).astype(np.float32)
+    m = (-d * rng.uniform(0, qmax, (R, nb))).astype(np.float32)
+    nat = {"qs": qs, "d": d, "m": m}
+    return quant.stack([(fmt, nat)]), q.astype(np.int64), d.astype(np.float64), m.astype(np.float64)
+
+
+CASES = [(FMT_Q4, 15), (FMT_Q8, 255), (FMT_Q8, 31), (FMT_Q8_16, 63)]
+
+
+@pytest.mark.skipif(not ISAS, reason="no int8 kernel set on this CPU")
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: NAMES[i])
+@pytest.mark.parametrize("fmt,qmax", CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("T", [1, 3, 4, 9])
+def test_kernel_exact(isa, fmt, qmax, T):
+    rng = np.random.default_rng(fmt * 100 + qmax + T)
+    R, K = 100, 128  # 100 rows: a padded second group
+    w, q, d, m = _weight(fmt, R, K, rng, qmax)
+    pw = im.prepare(w, isa)
+    assert im.is_int8(pw.fmt) and pw.qs.shape == w.qs.shape
+    assert np.array_equal(im.untranspose_blocks(pw.qs), w.qs)
+    if isa == cpu_features.ISA_AVX2 and qmax > 127:
+        assert pw.fmt == im.fmt_code(isa, im.KIND_Q8_SPLIT)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    x[0, :quant.block_weights(fmt)] = 0  # an all-zero block
+    bw = quant.block_weights(fmt)
+    nb = K // bw
+    xq = np.empty(T * K, np.int8)
+    sx = np.empty((T, nb), np.float32)
+    xsm = np.empty((T, nb), np.float32)
+    im.quantize(x, bw, xq, sx, xsm)
+    xqi = xq.reshape(T, K).astype(np.int64)
+    # the quantizer: x ~ s xq within half a step, |xq| <= 127, xsm = s sum(xq)
+    s64 = np.repeat(sx.astype(np.float64), bw, axis=1)
+    assert np.all(np.abs(x - s64 * xqi) <= s64 * 0.5 + 1e-6)
+    assert np.abs(xqi).max() <= 127
+    assert np.allclose(xsm, sx * xqi.reshape(T, nb, bw).sum(-1), rtol=1e-6)
+    # exact integer block sums
+    G = w.d.shape[1]
+    got = np.zeros((T, G * LANES, nb), np.int32)
+    im.int_block_sums(pw.fmt, pw.qs[0], nb, xq, T, K, got)
+    want = np.einsum("rbk,tbk->trb", q.reshape(R, nb, bw), xqi.reshape(T, nb, bw))
+    assert np.array_equal(got[:, :R].astype(np.int64), want)
+    assert not got[:, R:].any()  # padding rows
+    # the matmul against float64 over the same quantized activations (exact up to f32 rounding)
+    y = np.empty((T, R), np.float32)
+    matmul(pw.fmt, pw.qs[0], pw.d[0], pw.m[0], pw.w[0], x, y)
+    ref = np.einsum("trb,rb,tb->tr", want, d, sx) + np.einsum("rb,tb->tr", m, xsm.astype(np.float64))
+    scale = np.abs(ref).max()
+    assert np.abs(y - ref).max() <= 1e-5 * scale
+    # and against the exact float64 product: activation quantization error only
+    wd = (q.reshape(R, nb, bw) * d[..., None] + m[..., None]).reshape(R, K)
+    exact = x.astype(np.float64) @ wd.T
+    assert np.abs(y - exact).max() <= 0.02 * np.abs(exact).max()
+
+
+def test_dispatch():
+    sel = cpu_features.select
+    vnni = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512vnni"})
+    assert sel("", vnni)[0] in ("float", "vnni")  # the default: whatever DEFAULT says
+    assert sel("auto", vnni) == ("vnni", cpu_features.ISA_VNNI512)
+    assert sel("avx2", vnni) == ("avx2", cpu_features.ISA_AVX2)
+    assert sel("float", vnni) == ("float", 0)
+    assert sel("auto", frozenset({"avx2", "avxvnni"})) == ("vnni", cpu_features.ISA_VNNI256)
+    assert sel("auto", frozenset({"avx2"})) == ("avx2", cpu_features.ISA_AVX2)
+    assert sel("auto", frozenset({"sse4.2"})) == ("float", 0)
+    with pytest.warns(UserWarning):
+        assert sel("vnni", frozenset({"avx2"})) == ("avx2", cpu_features.ISA_AVX2)
+    with pytest.warns(UserWarning):
+        assert sel("bogus", frozenset()) == ("float", 0)
+    # prepare: isa 0 and float32 weights pass through; a set the CPU lacks is refused
+    w, *_ = _weight(FMT_Q4, 64, 64, np.random.default_rng(0), 15)
+    assert im.prepare(w, 0) is w
+    missing = [i for i in (1, 2, 3) if i not in ISAS]
+    if missing:
+        with pytest.raises(ValueError):
+            im.prepare(w, missing[0])
+
+
+@pytest.mark.skipif(not ISAS, reason="no int8 kernel set on this CPU")
+def test_model_logits_int8_vs_float(generator):
+    """The whole forward pass with each int8 kernel set against the float kernels: the
+    logits differ by activation quantization only, and the greedy token is the same."""
+    from zerolayer.gpu.model import LlamaModel, StepInput
+    base = generator.model
+    ids = np.array(generator.tokenizer.encode("The capital of France is"), np.int32)
+    runs = {}
+    for isa in (0,) + ISAS:
+        with im.kernel_set(isa):
+            mdl = LlamaModel(base.cfg, base.w, max_seq_len=256, kv_blocks=8, path=base.path)
+        seq = mdl.new_sequence()
+        runs[isa] = mdl.step([StepInput(seq, ids)])[0]
+        seq.release()
+    ref = runs[0]
+    for isa in ISAS:
+        diff = np.abs(runs[isa] - ref).max()
+        assert diff < 1.0, (NAMES[isa], diff)
+        assert runs[isa].argmax() == ref.argmax()
+
+
+@pytest.mark.skipif(not ISAS, reason="no int8 kernel set on this CPU")
+@pytest.mark.parametrize("prompt_len", [3, 40])  # 40: past the float kernels' tile crossover
+def test_tiny_model_int8_vs_float64_reference(tiny_path, prompt_len):
+    """17 steps of the tiny model with the best int8 set against the float64 reference."""
+    from test_model import _compare
+    prompt = list(np.random.default_rng(prompt_len).integers(0, 200, prompt_len))
+    errs = _compare(tiny_path, prompt, isa=ISAS[0])
+    print("int8 relative logit error per step:", ["%.1e" % e for e in errs])
+    assert max(errs) < INT8_REL_TOL, errs
+
+
+INT8_REL_TOL = 0.1  # max |ours - ref| / max |ref| per step (random tiny model: measured up to 4.5e-2)

@@ -8,7 +8,7 @@ Three zerolayerd in three network namespaces on one bridge (tests/netns.fleet_te
 same testbed as tests/test_fleet.py), one key. --workers client threads in a fourth namespace
 each send invoke() after invoke() (the chat question, max_tokens --tokens, a fresh request id
 each), through one SDK Client given all three nodes (rendezvous hashing, failover). After
---before seconds node 3 is SIGKILLed; "during" is the --during seconds after the kill;
+--before seconds node 3 is SIGKILLed, at the first moment it has a request in flight; "during" is the --during seconds after the kill;
 "after" the rest. Every request is counted by the phase it started in: completed (and of
 those, re-run on another node: InvokeResult.restarts > 0), or lost (an exception). TTFT is
 the client's (InvokeResult.ttft_s: first send to first text).
@@ -37,6 +37,7 @@ from daemon_proc import DaemonProc  # noqa: E402  (the tests' daemon and testbed
 from netns import fleet_testbed, in_netns  # noqa: E402
 
 from zerolayer.client import ChatMessage, Client  # noqa: E402
+from zerolayer.client.fleet import rendezvous_order  # noqa: E402
 
 QUESTION = [ChatMessage("user", "What is the capital of France?")]
 
@@ -57,7 +58,7 @@ def main() -> int:
     ap.add_argument("--after", type=float, default=20.0)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    lock = take_lock(3600, " ".join(sys.argv))
+    lock, _ = take_lock(3600, " ".join(sys.argv))
     secret = secrets.token_bytes(32)
     samples: list[dict] = []
     with fleet_testbed(3) as (cli, names, addrs), tempfile.TemporaryDirectory() as tmp:
@@ -79,17 +80,23 @@ def main() -> int:
             kill_at = t0 + a.before
             end = kill_at + a.during + a.after
             killed: list[float] = []
+            inflight: dict[bytes, float] = {}     # request id -> when it was sent
+            victim = nodes[2].addr
 
             def worker() -> None:
                 def loop() -> None:
                     while time.monotonic() < end:
                         s = {"start": time.monotonic() - t0}
+                        rid = secrets.token_bytes(16)
+                        inflight[rid] = time.monotonic()
                         try:
-                            r = client.invoke(messages=QUESTION, max_tokens=a.tokens)
+                            r = client.invoke(messages=QUESTION, max_tokens=a.tokens,
+                                              request_id=rid)
                             s.update(ok=True, ttft_s=r.ttft_s, restarts=r.restarts,
                                      node=r.node, attempts=r.attempts)
                         except Exception as e:  # noqa: BLE001 - a lost request, counted
                             s.update(ok=False, error=repr(e))
+                        inflight.pop(rid, None)
                         s["end"] = time.monotonic() - t0
                         samples.append(s)
                 in_netns(cli, loop)
@@ -98,6 +105,11 @@ def main() -> int:
             for t in ts:
                 t.start()
             time.sleep(max(0.0, kill_at - time.monotonic()))
+            # Kill node 3 while it is serving: at the first moment after --before when a
+            # request whose first node it is has been running for 0.3 s.
+            while not any(rendezvous_order(r, [n.addr for n in nodes])[0] == victim
+                          and time.monotonic() - t > 0.3 for r, t in list(inflight.items())):
+                time.sleep(0.005)
             nodes[2].proc.kill()                    # SIGKILL node 3
             killed.append(time.monotonic() - t0)
             for t in ts:

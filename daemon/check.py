@@ -6,7 +6,7 @@ In order, going on after a failure so that one run lists every problem:
   1. the configuration: every value typed and range-checked, each error naming the setting
      and its source (file, $ZEROLAYER_..., --flag) (config.load);
   2. the addresses: the UDP and metrics hosts resolve (nothing is bound: the daemon being
-     checked may be running);
+     checked may be running); with [[engines]], each engine's CPUs are the daemon's to use;
   3. the keys file: its mode, owner and lines (auth.KeyStore, as the daemon loads it);
   4. the model and its tokenizer: loaded, a chat prompt tokenized, one forward pass (the
      warm-up's dummy prefill and decode step);
@@ -92,7 +92,17 @@ def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
             prog.close()
         return f"loaded through the verifier ({n} instructions), not attached"
 
+    def check_engines() -> str:
+        from .engines import cpu_problems
+        bad = cpu_problems(c)
+        if bad:
+            raise config_mod.ConfigError(bad)
+        return f"{len(c.engines)} engines, CPUs " + ", ".join(
+            repr(e.cpus or "any") for e in c.engines)
+
     step("addresses", check_addresses)
+    if c.engines:
+        step("engines", check_engines)
     step("keys", check_keys)
     step("model", check_model)
     if c.network.ingress in ("xdp", "auto"):

@@ -52,6 +52,7 @@ class EngineSection:
     kv_blocks: int = 0             # KV arena blocks of 64 positions; 0 = 16 full contexts
     queue_depth: int = 64          # admissions handed to the engine thread, not yet taken; beyond: OVERLOADED
     overlap: bool = True           # GPU: stage step N+1 while step N runs (no effect on the CPU)
+    route_slack: int = 4           # several engines: a request goes to the engine that served its prefix unless that one has more than this many requests above the least loaded
 
 
 @dataclass
@@ -114,6 +115,20 @@ class ShmSection:
 # -- end [shm] ---------------------------------------------------------------------------------
 
 
+# -- [[engines]]: several engines in one daemon (docs/OPERATIONS.md "Several engines") -------
+@dataclass
+class EngineSpec:
+    cpus: str = ""                 # the engine thread and its kernel threads, e.g. "0-3"; "" = any
+    threads: int = 0               # kernel threads; 0 = [model] threads, else one per CPU of cpus
+    device: int = -1               # CUDA device ordinal; -1 = the backend's default device
+    kv_blocks: int = 0             # this engine's KV arena; 0 = [engine] kv_blocks
+
+
+ENGINE_RULES: dict[str, tuple[Any, str]] = {}  # filled below, after the helpers
+MAX_ENGINES = 64
+# -- end [[engines]] ----------------------------------------------------------------------------
+
+
 @dataclass
 class DaemonConfig:
     model: ModelSection = field(default_factory=ModelSection)
@@ -126,6 +141,14 @@ class DaemonConfig:
     lifecycle: LifecycleSection = field(default_factory=LifecycleSection)
     control: ControlSection = field(default_factory=ControlSection)
     shm: ShmSection = field(default_factory=ShmSection)
+    # [[engines]]: a list of tables, not a section; empty = one engine from [cpu]/[engine]/[model]
+    engines: list[EngineSpec] = field(default_factory=list)
+
+
+def sections() -> list:
+    """The DaemonConfig fields that are sections (one table of typed settings each): all but
+    the engines list."""
+    return [f for f in fields(DaemonConfig) if f.name != "engines"]
 
 
 class ConfigError(ValueError):
@@ -208,6 +231,7 @@ RULES: dict[str, tuple[Any, str]] = {
     "engine.step_tokens": _between(1, 1 << 16),
     "engine.kv_blocks": _between(0),
     "engine.queue_depth": _between(1, 1 << 16),
+    "engine.route_slack": _between(0, 1 << 20),
     "security.keys_file": ((lambda v: bool(v)), "a path"),
     "security.max_skew_s": _between(1, 86400),
     "security.nonce_capacity": _between(1),
@@ -235,6 +259,14 @@ RULES: dict[str, tuple[Any, str]] = {
 }
 
 
+ENGINE_RULES.update({
+    "cpus": (_cpus, "a CPU list like \"0-3\""),
+    "threads": _between(0, 1024),
+    "device": _between(-1, 1024),
+    "kv_blocks": _between(0),
+})
+
+
 def _types(section_cls) -> dict[str, type]:
     hints = {"int": int, "float": float, "str": str, "bool": bool}
     return {f.name: hints[f.type] for f in fields(section_cls)}
@@ -244,7 +276,11 @@ def add_flags(ap: argparse.ArgumentParser, comments: dict[str, str] | None = Non
     """--config and one flag per setting, as text: the loader parses and checks it (so an
     error names its source). `comments`: "section.name" -> its meaning, for --help."""
     ap.add_argument("--config", help="TOML file (default: $ZEROLAYER_CONFIG)")
-    for sec in fields(DaemonConfig):
+    ap.add_argument("--engines", dest="engines", default=None, metavar="TOML",
+                    help="several engines, as a TOML inline array of tables (overrides "
+                         "[[engines]] and $ZEROLAYER_ENGINES), e.g. "
+                         "'[{cpus=\"0\", threads=1}, {cpus=\"1\", threads=1}]'")
+    for sec in sections():
         g = ap.add_argument_group(f"[{sec.name}]")
         for f in fields(sec.default_factory):
             key = f"{sec.name}.{f.name}"
@@ -274,7 +310,7 @@ def load(args: argparse.Namespace | None = None, environ: dict[str, str] | None 
         unknown = set(data) - {s.name for s in fields(DaemonConfig)}
         if unknown:
             problems.append(f"{path}: unknown section(s) {sorted(unknown)}")
-    for sec in fields(DaemonConfig):
+    for sec in sections():
         obj = getattr(cfg, sec.name)
         types = _types(type(obj))
         table = data.get(sec.name, {})
@@ -304,9 +340,67 @@ def load(args: argparse.Namespace | None = None, environ: dict[str, str] | None 
                 problems.append(f"{sec.name}.{name} ({source}): {value!r} is not {rule[1]}")
                 continue
             setattr(obj, name, value)
+    cfg.engines = _load_engines(data.get("engines"), path, environ,
+                                getattr(args, "engines", None) if args is not None else None,
+                                problems)
+    if cfg.engines and cfg.cpu.engine_cpus:
+        problems.append("cpu.engine_cpus and [[engines]] are both set: give each engine its "
+                        "own cpus instead")
     if problems:
         raise ConfigError(problems)
     return cfg
+
+
+def _load_engines(table, path, environ, flag, problems: list[str]) -> list[EngineSpec]:
+    """[[engines]] from the file, or $ZEROLAYER_ENGINES / --engines (a TOML inline array of
+    tables, replacing the file's list whole). Every problem names the engine and source."""
+    source = f"{path} [[engines]]"
+    if flag is not None or "ZEROLAYER_ENGINES" in environ:
+        text, source = (flag, "--engines") if flag is not None else (
+            environ["ZEROLAYER_ENGINES"], "$ZEROLAYER_ENGINES")
+        try:
+            table = tomllib.loads(f"engines = {text}")["engines"]
+        except tomllib.TOMLDecodeError as e:
+            problems.append(f"engines ({source}): not a TOML array of tables: {e}")
+            return []
+    if table is None:
+        return []
+    if not isinstance(table, list) or not all(isinstance(t, dict) for t in table):
+        problems.append(f"engines ({source}): must be a list of tables ([[engines]])")
+        return []
+    if len(table) > MAX_ENGINES:
+        problems.append(f"engines ({source}): {len(table)} engines, at most {MAX_ENGINES}")
+        return []
+    out: list[EngineSpec] = []
+    types = _types(EngineSpec)
+    for i, t in enumerate(table):
+        spec = EngineSpec()
+        bad = set(t) - set(types)
+        if bad:
+            problems.append(f"engines[{i}] ({source}): unknown setting(s) {sorted(bad)}")
+        for name, typ in types.items():
+            if name not in t:
+                continue
+            try:
+                value = _convert(t[name], typ)
+            except ValueError as e:
+                problems.append(f"engines[{i}].{name} ({source}): {e}")
+                continue
+            ok, what = ENGINE_RULES[name]
+            if not ok(value):
+                problems.append(f"engines[{i}].{name} ({source}): {value!r} is not {what}")
+                continue
+            setattr(spec, name, value)
+        out.append(spec)
+    seen: dict[int, int] = {}
+    for i, spec in enumerate(out):  # two engines' OpenMP teams on one CPU: each halves the other
+        for cpu in (parse_cpus(spec.cpus) if spec.cpus else ()):
+            if cpu in seen:
+                problems.append(f"engines[{i}].cpus ({source}): CPU {cpu} is "
+                                f"engines[{seen[cpu]}]'s too; engines' CPUs must not overlap")
+                break
+            seen[cpu] = i
+    return out
 
 
 def parse_cpus(spec: str) -> set[int]:
@@ -322,7 +416,7 @@ def setting_comments() -> dict[str, str]:
     """"section.name" -> the `# comment` on its line above: the meaning of each setting,
     for --help and for the settings table in docs/OPERATIONS.md (scripts/settings_table.py)."""
     out: dict[str, str] = {}
-    for sec in fields(DaemonConfig):
+    for sec in sections():
         src = inspect.getsource(sec.default_factory)
         line_name: dict[int, str] = {}
         for tok in tokenize.generate_tokens(io.StringIO(src).readline):

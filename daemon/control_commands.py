@@ -30,15 +30,35 @@ def run(d: "Daemon", call: ControlCall) -> None:
         call.fail("INTERNAL", f"{type(e).__name__}: {e}")
 
 
+def _engines(d: "Daemon") -> list[dict[str, Any]]:
+    """Each engine's state, in the configuration's order ([[engines]]; one engine: one)."""
+    out = []
+    for s in d.engines:
+        running, waiting, kv_held = (0, 0, 0) if s.dead else s.thread.stats
+        _, blocks = s.held_blocks()
+        out.append({"engine": s.index, "state": "dead" if s.dead else "serving",
+                    "cpus": sorted(s.cpus) if s.cpus else None, "threads": s.threads,
+                    "device": None if s.spec is None or s.spec.device < 0 else s.spec.device,
+                    "running": running, "waiting": waiting + len(s.admissions),
+                    "in_flight": s.live,
+                    "kv_usage": round(kv_held / blocks, 4) if blocks and not s.dead else 0.0,
+                    **({"error": s.dead} if s.dead else {})})
+    return out
+
+
 def status(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
-    running, waiting, kv_held = d.engine_thread.stats
+    engines = _engines(d)
+    running = sum(e["running"] for e in engines)
+    waiting = sum(e["waiting"] for e in engines)
+    dead = [e["engine"] for e in engines if e["state"] == "dead"]
     return {
+        "engines": engines,
+        "degraded": bool(dead),
         "state": d.state.name.lower(), "version": __version__, "pid": os.getpid(),
         "uptime_s": round(time.monotonic() - d.started, 3),
         "drain": "stopping" if d._draining else "operator" if d.operator_drain else None,
         "ingress": "udp" if d.xdp is None else "xdp",
-        "requests": {"in_flight": len(d.live), "running": running,
-                     "waiting": waiting + len(d.admissions)},
+        "requests": {"in_flight": len(d.live), "running": running, "waiting": waiting},
         "keys": len(d.keys),
     }
 
@@ -93,11 +113,19 @@ def cache_flush(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
 
 
 def kv_stats(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
-    a = d.model.arena
-    prefix = d.engine_thread.engine.prefix
-    return {"blocks": a.n_blocks, "free_blocks": a.free_blocks,
-            "prefix_cache_blocks": prefix.blocks, "bytes_per_block": a.bytes_per_block,
-            "max_seq_len": a.max_seq_len}
+    """Summed over the engines; each engine's own under "engines" (its own arena and
+    prefix cache)."""
+    per = []
+    for s in d.engines:
+        a = s.model.arena
+        per.append({"engine": s.index, "blocks": a.n_blocks, "free_blocks": a.free_blocks,
+                    "prefix_cache_blocks": s.thread.engine.prefix.blocks})
+    a = d.engines[0].model.arena
+    return {"blocks": sum(e["blocks"] for e in per),
+            "free_blocks": sum(e["free_blocks"] for e in per),
+            "prefix_cache_blocks": sum(e["prefix_cache_blocks"] for e in per),
+            "bytes_per_block": a.bytes_per_block, "max_seq_len": a.max_seq_len,
+            "engines": per}
 
 
 def xdp_status(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:

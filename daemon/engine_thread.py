@@ -20,7 +20,12 @@ request, and the I/O thread's must not.
 The events of a step are queued together and the I/O thread is woken once. The events
 queue is bounded; when it is full the engine waits for room (counted), it never drops a
 token. An exception that escapes the loop (a bug in the engine, not in one request) ends
-the thread with an EngineDied event; the daemon then fails every request and exits non-zero.
+the thread with an EngineDied event; the daemon then fails that engine's requests (with one
+engine, every request) and exits non-zero when no engine is left.
+
+A daemon may run several of these ([[engines]]), each with its own hand-offs, CPUs, kernel
+thread count, KV arena, prefix cache and Engine; `index` tells them apart (thread name,
+test hooks).
 """
 from __future__ import annotations
 
@@ -48,8 +53,10 @@ class EngineThread(threading.Thread):
     the exception and the thread ends."""
 
     def __init__(self, load: Callable[[], Engine], admissions: Handoff[Request],
-                 events: Handoff[EngineEvent], *, cpus: set[int] | None = None, log=print):
-        super().__init__(name="zerolayer-engine", daemon=True)
+                 events: Handoff[EngineEvent], *, cpus: set[int] | None = None, log=print,
+                 index: int = 0, name: str = "zerolayer-engine"):
+        super().__init__(name=name, daemon=True)
+        self.index = index
         self.load = load
         self.engine: Engine | None = None
         self.start_error: BaseException | None = None
@@ -89,7 +96,8 @@ class EngineThread(threading.Thread):
             self._loop()
         except BaseException as e:  # noqa: BLE001 - report, never die silently
             msg = f"{type(e).__name__}: {e}"
-            self.log(f"engine thread died: {msg}")
+            self.log(f"engine thread died: {msg}" if self.name == "zerolayer-engine"
+                     else f"engine thread died ({self.name}): {msg}")
             self._out.clear()
             self._push(EngineDied(msg))
 
@@ -101,7 +109,7 @@ class EngineThread(threading.Thread):
                 self._admit(req)
             self._flush()
             if eng.has_work:
-                test_hooks.before_step()
+                test_hooks.before_step(self.index)
                 eng.step()
                 self._flush()
                 self._publish()

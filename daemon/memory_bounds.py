@@ -52,8 +52,10 @@ def buffers(d: "Daemon") -> dict[str, tuple[int, int]]:
     """buffer name → (bytes held now, bound in bytes)."""
     c = d.cfg
     r = d.ingress.reassembler
-    arena = d.model.arena
-    eng = d.engine_thread
+    slots = d.engines  # one per engine ([[engines]]): their sums
+    arenas = [s.model.arena for s in slots]
+    threads = [s.thread for s in slots]
+    n = len(slots)
     per_request = TOKEN_BYTES * c.model.max_seq_len + REQUEST_BYTES
     out = {
         "nonce_cache": (NONCE_ENTRY_BYTES * len(d.replay),
@@ -63,14 +65,16 @@ def buffers(d: "Daemon") -> dict[str, tuple[int, int]]:
         # Running streams may pass max_bytes by what they have emitted so far (a stream is
         # never cut); that part is bounded by the engine's requests below.
         "result_cache": (d.cache.nbytes, d.cache.max_bytes),
-        "admissions": (max(0, d.admitted_bytes - eng.taken_bytes),
-                       c.engine.queue_depth * MAX_BODY_BYTES),
-        "engine_requests": (eng.held_tokens * TOKEN_BYTES + REQUEST_BYTES * eng.held_requests,
-                            (c.engine.max_waiting + c.engine.max_running) * per_request),
-        "events": (EVENT_BYTES * len(d.events), EVENT_BYTES * d.events.capacity),
+        "admissions": (max(0, d.admitted_bytes - sum(t.taken_bytes for t in threads)),
+                       n * c.engine.queue_depth * MAX_BODY_BYTES),
+        "engine_requests": (sum(t.held_tokens * TOKEN_BYTES + REQUEST_BYTES * t.held_requests
+                                for t in threads),
+                            n * (c.engine.max_waiting + c.engine.max_running) * per_request),
+        "events": (sum(EVENT_BYTES * len(s.events) for s in slots),
+                   sum(EVENT_BYTES * s.events.capacity for s in slots)),
         # Allocated at start, backed by the OS as blocks are first written.
-        "kv_arena": ((arena.n_blocks - arena.free_blocks) * arena.bytes_per_block,
-                     arena.n_blocks * arena.bytes_per_block),
+        "kv_arena": (sum((a.n_blocks - a.free_blocks) * a.bytes_per_block for a in arenas),
+                     sum(a.n_blocks * a.bytes_per_block for a in arenas)),
     }
     if d.xdp is not None:
         n = d.xdp.umem.size

@@ -61,6 +61,22 @@ class Metrics:
         self.model_runs = Counter("zerolayer_model_runs", "Requests handed to the engine", registry=r)
         self.kv_usage = Gauge("zerolayer_kv_cache_usage_ratio", "Fraction of KV arena blocks in use",
                               registry=r)
+        # Per engine ([[engines]]; one engine is engine "0"): the label is the engine's index
+        self.engine_up = Gauge("zerolayer_engine_up",
+                               "1 while the engine serves, 0 once its thread died", ["engine"],
+                               registry=r)
+        self.engine_running = Gauge("zerolayer_engine_requests_running",
+                                    "Requests in this engine's batch", ["engine"], registry=r)
+        self.engine_waiting = Gauge("zerolayer_engine_requests_waiting",
+                                    "Requests handed to this engine, waiting for its batch",
+                                    ["engine"], registry=r)
+        self.engine_kv_usage = Gauge("zerolayer_engine_kv_cache_usage_ratio",
+                                     "Fraction of this engine's KV arena blocks in use",
+                                     ["engine"], registry=r)
+        self.engine_routed = Counter("zerolayer_engine_routed",
+                                     "Requests handed to each engine, by why it was chosen: "
+                                     "prefix (it served the payload's beginning) or load",
+                                     ["engine", "reason"], registry=r)
         # The XDP fast path (zero, and absent from nothing, when ingress is udp)
         self.xdp_attached = Gauge("zerolayer_xdp_attached",
                                   "1 while the XDP program is attached and AF_XDP sockets serve",
@@ -168,6 +184,14 @@ class Metrics:
         for kind in ("attached", "replayed"):
             self.idempotent.labels(kind)
 
+    def update_engine(self, index: int, running: int, waiting: int, kv_usage: float,
+                      up: bool) -> None:
+        e = str(index)
+        self.engine_up.labels(e).set(1 if up else 0)
+        self.engine_running.labels(e).set(running)
+        self.engine_waiting.labels(e).set(waiting)
+        self.engine_kv_usage.labels(e).set(kv_usage)
+
     def update_handoff(self, queue: str, total: int) -> None:
         """Copy a hand-off's own count of full queues into the counter (as an increment)."""
         _advance(self.handoff_full.labels(queue), self._handoff_last, queue, total)
@@ -244,9 +268,8 @@ class Metrics:
             if path == "/healthz":
                 status, body = "200 OK", "ok\n"
             elif path == "/readyz":
-                ok, why = ready()
-                status, body = ("200 OK", "ready\n") if ok else ("503 Service Unavailable",
-                                                                 f"{why}\n")
+                ok, why = ready()  # ok: "ready", or "degraded: ..." (an engine died)
+                status, body = ("200 OK" if ok else "503 Service Unavailable"), f"{why}\n"
             else:
                 status, body = "404 Not Found", "not found: /metrics, /healthz, /readyz\n"
             start_response(status, [("Content-Type", "text/plain; charset=utf-8")])

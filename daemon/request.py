@@ -59,6 +59,7 @@ class Request:
     closed: bool = False                  # its last frame (DONE/ERROR) was emitted
     sent_tokens: int = 0                  # tokens whose text was framed (usage on CANCEL)
     t_text: float = 0.0                   # when its last text was framed (token gaps)
+    engine: int = 0                       # the engine it was handed to ([[engines]])
     # -- both: written once by the I/O thread, read by the engine
     cancel: CancelReason | None = None
     # -- the engine thread's

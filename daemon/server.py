@@ -15,6 +15,11 @@ eventfd the other side sleeps on; no lock on the hot path. A full admissions que
 OVERLOADED (counted), never a silent drop. The I/O thread never waits for a step: a step in
 progress delays nothing it does. Frames are stored in the result cache before they are sent,
 so RESEND and duplicate requests are served from there and never run the model again.
+
+With [[engines]] there are several engine threads, each with its own pair of hand-offs: the
+I/O thread routes each admitted request to one (routing.py: prefix affinity, then load),
+waits on every events fd and drains them all. The result cache stays global, on this thread,
+so a duplicate request id attaches to its run whichever engine runs it.
 """
 from __future__ import annotations
 
@@ -36,6 +41,9 @@ from .control import ControlCall, ControlServer
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
 from .engine import Engine
 from .engine_thread import EngineThread
+from . import engines as engines_mod
+from .engines import EngineSlot, load_sibling
+from .routing import Router, boundary_hashes
 from zerolayer.client.errors import ERROR_INFO, ErrorCode, OverloadedError
 from .handoff import Handoff
 from .ingress import ControlRequest, Ingress, InvokeRequest, Rejected
@@ -96,6 +104,9 @@ class Daemon:
     def start(self) -> None:
         c = self.cfg
         io_cpus, engine_cpus = self._cpu_plan()
+        bad = engines_mod.cpu_problems(c)
+        if bad:
+            raise ValueError("; ".join(bad))
         self.keys = KeyStore(c.security.keys_file)  # refuses a group/world-readable or empty file
         self.metrics.key_reload_success.set_to_current_time()
         self.replay = ReplayGuard(ReplayConfig(skew_s=c.security.max_skew_s,
@@ -107,8 +118,18 @@ class Daemon:
         self.ingress.is_known = lambda key: self.cache.get(key) is not None
         self.ingress.admitted_mac = lambda key: (r.signer.mac if (r := self.live.get(key))
                                                  is not None else None)
-        self.admissions: Handoff[Request] = Handoff(c.engine.queue_depth, "admissions")
-        self.events: Handoff[EngineEvent] = Handoff(EVENTS_CAPACITY, "events")
+        # one engine ([cpu]/[engine]), or one per [[engines]] table, each with its hand-offs
+        specs = c.engines or [None]
+        multi = len(specs) > 1
+        self.engines: list[EngineSlot] = [
+            EngineSlot(i, spec, Handoff(c.engine.queue_depth,
+                                        f"admissions-{i}" if multi else "admissions"),
+                       Handoff(EVENTS_CAPACITY, f"events-{i}" if multi else "events"))
+            for i, spec in enumerate(specs)]
+        self.router = Router(len(self.engines), c.engine.route_slack) if multi else None
+        # engine 0's, for what reads one engine (older callers)
+        self.admissions = self.engines[0].admissions
+        self.events = self.engines[0].events
         # A port in use or a bad address fails the start now, not after the model loads;
         # datagrams that arrive meanwhile wait in the socket buffer.
         self.sock = self._open_socket()
@@ -119,11 +140,13 @@ class Daemon:
         if self.shm is not None:
             log(f"shared-memory carrier on {self.shm.path} (mode {c.shm.mode})")
         # /healthz and /readyz answer from here on, through the cold start's kernel builds
-        self.metrics.serve(c.metrics.host, c.metrics.port,
-                           ready=lambda: (self.state is ServerState.READY,
-                                          self.state.name.lower()))
+        self.metrics.serve(c.metrics.host, c.metrics.port, ready=self._readiness)
         self.metrics.set_state("warming")
-        self._start_engine(engine_cpus)  # loads the model: a bad one fails the start here
+        for slot in self.engines:  # loads the model: a bad one fails the start here
+            self._start_engine(slot, engine_cpus if slot.spec is None else
+                               (config_mod.parse_cpus(slot.spec.cpus) if slot.spec.cpus
+                                else None))
+        self.engine_thread = self.engines[0].thread
         self.xdp = self._open_xdp()
         self.ctl_calls: Handoff[ControlCall] = Handoff(64, "control")
         path = control_mod.resolve_path(c.control.socket)
@@ -151,7 +174,9 @@ class Daemon:
         log(f"ready on {host}:{port}, ingress {path} "
             f"(metrics {c.metrics.host}:{c.metrics.port or 'off'})")
         self.sd.notify("READY=1", "STATUS=ready")
-        self.watchdog = Watchdog(self.sd, lambda: self.engine_thread.beat)
+        # the slowest live engine's beat: any one stuck in a kernel stops the pings
+        self.watchdog = Watchdog(self.sd, lambda: min(
+            (s.thread.beat for s in self.engines if not s.dead), default=0.0))
 
     def _cpu_plan(self) -> tuple[set[int] | None, set[int] | None]:
         """[cpu]: cpus = the whole process; io_cpu = the I/O thread; engine_cpus = the engine
@@ -169,8 +194,14 @@ class Daemon:
         c = self.cfg.cpu
         if io_cpus:
             os.sched_setaffinity(0, io_cpus)  # this (the I/O) thread only, from here on
-        log(f"I/O thread on CPUs {sorted(os.sched_getaffinity(0))}, engine thread on "
-            f"{sorted(self.engine_thread.cpus) if self.engine_thread.cpus else 'the same'}")
+        if len(self.engines) == 1:
+            log(f"I/O thread on CPUs {sorted(os.sched_getaffinity(0))}, engine thread on "
+                f"{sorted(self.engine_thread.cpus) if self.engine_thread.cpus else 'the same'}")
+        else:
+            log(f"I/O thread on CPUs {sorted(os.sched_getaffinity(0))}; "
+                + "; ".join(f"engine {s.index} on "
+                            f"{sorted(s.cpus) if s.cpus else 'the same'} ({s.threads} threads)"
+                            for s in self.engines))
         if c.sched_fifo:
             try:  # the I/O thread's latency is the one that real-time priority buys
                 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(c.sched_fifo))
@@ -179,26 +210,47 @@ class Daemon:
                 log("SCHED_FIFO refused (needs CAP_SYS_NICE); running with normal scheduling",
                 logging.WARNING)
 
-    def _start_engine(self, engine_cpus: set[int] | None) -> None:
-        """Start the engine thread; it loads the model and warms it up itself (see
-        engine_thread.py: the kernels' threads must be that thread's), and this waits."""
+    def _start_engine(self, slot: EngineSlot, engine_cpus: set[int] | None) -> None:
+        """Start an engine thread; it loads the model and warms it up itself (see
+        engine_thread.py: the kernels' threads must be that thread's), and this waits.
+        Engines after the first share engine 0's weights (engines.py)."""
         m, e = self.cfg.model, self.cfg.engine
+        spec = slot.spec
+        threads = (spec.threads if spec else 0) or m.threads or None
+        kv_blocks = (spec.kv_blocks if spec else 0) or e.kv_blocks or None
 
         def load() -> Engine:
             test_hooks.before_load()
+            import numba
+
             from zerolayer.gpu import backend
             from zerolayer.gpu.generate import Generator
-            gen = Generator.load(m.path or None, threads=m.threads or None,
-                                 max_seq_len=m.max_seq_len, kv_blocks=e.kv_blocks or None,
-                                 warmup=self.cfg.lifecycle.warmup, log=log)
-            self.model = gen.model
-            self.metrics.backend.labels(backend.NAME, getattr(gen.model, "device", "cpu")).set(1)
+            if spec is not None and spec.device >= 0 and backend.ON_DEVICE:
+                from numba import cuda  # this thread's current device, before any upload
+                cuda.select_device(spec.device)
+            if slot.index == 0:
+                gen = Generator.load(m.path or None, threads=threads,
+                                     max_seq_len=m.max_seq_len, kv_blocks=kv_blocks,
+                                     warmup=self.cfg.lifecycle.warmup, log=log)
+                self.model = gen.model
+                self.metrics.backend.labels(backend.NAME,
+                                            getattr(gen.model, "device", "cpu")).set(1)
+            else:
+                gen = load_sibling(self.engines[0].model, threads=threads, kv_blocks=kv_blocks,
+                                   warmup=self.cfg.lifecycle.warmup,
+                                   log=lambda msg: log(f"engine {slot.index}: {msg}"))
+            slot.model, slot.threads = gen.model, numba.get_num_threads()
             return Engine(gen.model, gen.tokenizer, emit=lambda ev: None,
                           max_running=e.max_running, max_waiting=e.max_waiting,
                           step_tokens=e.step_tokens, overlap=e.overlap)
 
-        t = self.engine_thread = EngineThread(load, self.admissions, self.events,
-                                              cpus=engine_cpus, log=log)
+        multi = len(self.engines) > 1
+        slot.cpus = engine_cpus
+        t = slot.thread = EngineThread(
+            load, slot.admissions, slot.events, cpus=engine_cpus, log=log, index=slot.index,
+            name=f"zerolayer-engine-{slot.index}" if multi else "zerolayer-engine")
+        if slot.index == 0:
+            self.engine_thread = t
         t.start()
         t0 = time.monotonic()
         self.sd.notify("STATUS=warming: loading the model")
@@ -297,8 +349,9 @@ class Daemon:
             # after queueing its events, so this thread may take the events first and find
             # the fd still readable afterwards; left set, it would make select() return at
             # once, turn after turn (a spinning I/O thread, competing with the kernels).
-            for ev in self.events.drain():
-                self._on_event(ev)
+            for slot in self.engines:
+                for ev in slot.events.drain():
+                    self._on_event(ev, slot)
             for call in self.ctl_calls.drain():  # every turn, as the events (its eventfd)
                 control_commands.run(self, call)
             if self.io_changed:  # the operator attached or detached XDP: before any select
@@ -328,11 +381,27 @@ class Daemon:
 
     def _engine_idle(self) -> bool:
         """Nothing for the model to do: the I/O thread may spend the core on polling."""
-        running, waiting, _ = self.engine_thread.stats
-        return not (running or waiting or len(self.admissions))
+        for s in self.engines:
+            if s.dead:
+                continue
+            running, waiting, _ = s.thread.stats
+            if running or waiting or len(s.admissions):
+                return False
+        return True
+
+    def _readiness(self) -> tuple[bool, str]:
+        """/readyz: 200 in READY ("degraded: ..." while some engine is dead and others
+        serve), 503 with the state otherwise."""
+        if self.state is not ServerState.READY:
+            return False, self.state.name.lower()
+        dead = [s.index for s in self.engines if s.dead]
+        if dead:
+            return True, (f"degraded: engine(s) {', '.join(map(str, dead))} of "
+                          f"{len(self.engines)} dead")
+        return True, "ready"
 
     def _wait_fds(self) -> list:
-        return ([self.sock, self.events, self.ctl_calls]
+        return ([self.sock, *(s.events for s in self.engines), self.ctl_calls]
                 + (self.xdp.fileno_list() if self.xdp else [])
                 + ([self.shm] if self.shm is not None else []))  # [shm] its epoll fd
 
@@ -372,15 +441,29 @@ class Daemon:
         for e in self.cache.expired_leases(self.cfg.cache.lease_s):
             if isinstance(e.handle, Request):
                 self._cancel(e.handle, CancelReason.LEASE)
-        if not self.engine_thread.is_alive() and not self.exit_code:
-            self._on_event(EngineDied("the engine thread is gone"))
-        running, waiting, kv_held = self.engine_thread.stats
+        for slot in self.engines:
+            if not slot.dead and not slot.thread.is_alive() and not self.exit_code:
+                for ev in slot.events.drain():  # its last words (EngineDied) first
+                    self._on_event(ev, slot)
+                if not slot.dead and not self.exit_code:
+                    self._on_event(EngineDied("the engine thread is gone"), slot)
+        running = waiting = kv_held = kv_blocks = admissions_queued = 0
         m = self.metrics
+        for slot in self.engines:  # totals over the live engines, and each engine's own
+            if slot.dead:
+                m.update_engine(slot.index, 0, 0, 0.0, False)
+                continue
+            r, w, held = slot.thread.stats
+            q = len(slot.admissions)
+            _, blocks = slot.held_blocks()
+            running, waiting, admissions_queued = running + r, waiting + w, admissions_queued + q
+            kv_held, kv_blocks = kv_held + held, kv_blocks + blocks
+            m.update_engine(slot.index, r, w + q, held / blocks if blocks else 0.0, True)
         m.running.set(running)
-        m.waiting.set(waiting + len(self.admissions))
-        m.kv_usage.set(kv_held / self.model.arena.n_blocks)  # cached prefixes are reclaimable
-        m.update_handoff("admissions", self.admissions.full)
-        m.update_handoff("events", self.engine_thread.events_full_waits)
+        m.waiting.set(waiting + admissions_queued)
+        m.kv_usage.set(kv_held / kv_blocks if kv_blocks else 0.0)  # cached prefixes are reclaimable
+        m.update_handoff("admissions", sum(s.admissions.full for s in self.engines))
+        m.update_handoff("events", sum(s.thread.events_full_waits for s in self.engines))
         if self.xdp is not None:
             self.metrics.update_xdp(self.xdp)
         if self.shm is not None:
@@ -390,8 +473,10 @@ class Daemon:
         if self.sd.enabled and now >= self._status_at + STATUS_S:
             toks = self.tokens_out
             rate = (toks - self._status_tokens) / max(1e-9, now - self._status_at)
-            self.sd.notify(f"STATUS={self.state.name.lower()}: {running} running, "
-                           f"{waiting + len(self.admissions)} waiting, {rate:.1f} tok/s")
+            dead = sum(1 for s in self.engines if s.dead)
+            degraded = f" (degraded: {dead} of {len(self.engines)} engines dead)" if dead else ""
+            self.sd.notify(f"STATUS={self.state.name.lower()}{degraded}: {running} running, "
+                           f"{waiting + admissions_queued} waiting, {rate:.1f} tok/s")
             self._status_at, self._status_tokens = now, toks
         m.update_ingress(self.ingress)
         m.update_memory(memory_bounds.buffers(self))
@@ -403,8 +488,9 @@ class Daemon:
         m.update_overloaded({
             "nonce_cache": rs["full"], "nonce_key_share": rs["key_full"],
             "reassembly": ra["refused_budget"], "reassembly_key_share": ra["refused_key_share"],
-            "result_cache": self.cache.stats["refused"], "admissions": self.admissions.full,
-            "wait_queue": self.engine_thread.waiting_full})
+            "result_cache": self.cache.stats["refused"],
+            "admissions": sum(s.admissions.full for s in self.engines),
+            "wait_queue": sum(s.thread.waiting_full for s in self.engines)})
         self._flush()
 
     def reload_keys(self) -> bool:
@@ -451,8 +537,10 @@ class Daemon:
         for r in list(self.live.values()):
             self._cancel(r, CancelReason.DRAIN)  # tell, never vanish
         self._flush()
-        self.engine_thread.stop()
-        self.engine_thread.join(timeout=30)
+        for slot in self.engines:
+            slot.thread.stop()
+        for slot in self.engines:
+            slot.thread.join(timeout=30)
         if self.xdp is not None:
             from .xdp_io import wait_tx_drained
             wait_tx_drained(self.xdp)
@@ -520,7 +608,8 @@ class Daemon:
         entry.handle = req
         req.ingress_us = int((time.monotonic() - inv.received_at) * 1e6)
         req.body_bytes = memory_bounds.body_bytes(inv.body)
-        if not self.admissions.put(req):  # the engine is that far behind: say so, drop nothing
+        slot = self._route(req, inv.body)
+        if slot is None:  # the engine is that far behind: say so, drop nothing
             # refused at admission: no stream was started (no ACK), so the error carries no
             # place in one (seq 0xFFFFFFFF, run id 0, docs/PROTOCOL.md §5.3), and the entry
             # is dropped so that a retry of the same request id is admitted afresh
@@ -528,14 +617,41 @@ class Daemon:
             self.cache.finish(key, cacheable=False)
             self._send(inv.signer.error(ErrorCode.OVERLOADED,
                                         f"admission queue full ({self.admissions.capacity} "
-                                        f"requests)"), addr)
+                                        f"requests{' per engine' if self.router else ''})"),
+                       addr)
             return
+        slot.live += 1
         self.admitted_bytes += req.body_bytes
         if self.events_pub is not None:
             self.events_pub.publish("admitted", **_ids(req), fragments=inv.fragments)
         self.live[key] = req
         self.metrics.model_runs.inc()
         self._send(inv.signer.ack(0, req.run_id, RunState.QUEUED, self._lease_ms()), addr)
+
+    def _route(self, req: Request, body) -> EngineSlot | None:
+        """Hand the request to an engine: the router's choice (several engines), else the
+        next least loaded with room in its hand-off; None when every live one is full."""
+        if self.router is None:
+            slot = self.engines[0]
+            if not slot.admissions.put(req):
+                return None
+            self.metrics.engine_routed.labels("0", "load").inc()
+            return slot
+        hashes = boundary_hashes(body.payload)
+        load = [s.live for s in self.engines]
+        alive = [not s.dead for s in self.engines]
+        i, why = self.router.choose(hashes, load, alive)
+        order = ([i] if i >= 0 else []) + sorted(
+            (s.index for s in self.engines if not s.dead and s.index != i),
+            key=lambda j: (load[j], j))
+        for j in order:
+            slot = self.engines[j]
+            req.engine = j
+            if slot.admissions.put(req):
+                self.router.record(j, hashes)
+                self.metrics.engine_routed.labels(str(j), why if j == i else "load").inc()
+                return slot
+        return None
 
     def _on_control(self, c: ControlRequest, addr) -> None:
         if c.msg_type == MsgType.PING:
@@ -575,9 +691,9 @@ class Daemon:
         self._done(r, FinishReason.CANCELLED, usage, Timings(tokenize_us=r.tokenize_us))
 
     # ---- engine events -------------------------------------------------------------------
-    def _on_event(self, ev: EngineEvent) -> None:
+    def _on_event(self, ev: EngineEvent, slot: EngineSlot | None = None) -> None:
         if isinstance(ev, EngineDied):
-            return self._engine_died(ev.message)
+            return self._engine_died(ev.message, slot or self.engines[0])
         r = ev.req
         if r.closed:
             return  # answered already (cancelled, lease, drain): the engine caught up
@@ -602,9 +718,26 @@ class Daemon:
         elif isinstance(ev, FailedEvent):
             self._fail(r, ev.code, ev.message)
 
-    def _engine_died(self, msg: str) -> None:
-        """The engine is gone: every request in flight ends with INTERNAL (never silence),
-        and the daemon exits non-zero so that systemd restarts it; it never runs half-alive."""
+    def _engine_died(self, msg: str, slot: EngineSlot) -> None:
+        """An engine is gone: its requests in flight end with INTERNAL (never silence). With
+        other engines alive the daemon serves on with them (degraded: /readyz says so, the
+        dead engine is never routed to again); when none is left (with one engine: at
+        once) every request fails and the daemon exits non-zero so that systemd restarts
+        it; it never runs with no engine."""
+        if slot.dead:
+            return
+        slot.dead = msg
+        self.metrics.engine_up.labels(str(slot.index)).set(0)
+        alive = [s for s in self.engines if not s.dead]
+        if alive:
+            mine = [r for r in self.live.values() if r.engine == slot.index]
+            log(f"engine {slot.index} failed ({msg}); failing its {len(mine)} request(s); "
+                f"{len(alive)} of {len(self.engines)} engines serve on (degraded)",
+                logging.CRITICAL)
+            self.router.forget(slot.index)
+            for r in mine:
+                self._fail(r, ErrorCode.INTERNAL, f"the engine failed: {msg}")
+            return
         log(f"engine failed ({msg}); failing {len(self.live)} request(s) and exiting",
             logging.CRITICAL)
         for r in list(self.live.values()):
@@ -621,7 +754,8 @@ class Daemon:
     def _close(self, r: Request, cacheable: bool) -> None:
         r.closed = True
         self.cache.finish(r.key, cacheable=cacheable)
-        self.live.pop(r.key, None)
+        if self.live.pop(r.key, None) is not None:
+            self.engines[r.engine].live -= 1
 
     def _done(self, r: Request, fr: FinishReason, usage: Usage, t: Timings) -> None:
         now = time.monotonic()

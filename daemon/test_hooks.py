@@ -7,6 +7,10 @@ directory; then, before every step, the engine thread looks in it for:
   crash   the engine thread raises, outside any one request's handling (a bug in the
           engine itself): the daemon must fail every request with INTERNAL and exit non-zero.
 
+With several engines ([[engines]]), `hold` and `crash` apply to every engine, and
+`hold-<i>` / `crash-<i>` to engine i alone (0-based, in the configuration's order); engine
+i creates `held-<i>` while it waits (engine 0 also `held`, the single engine's old name).
+
 and, once, before it loads the model:
 
   hold-load  while this file exists the load waits (creating `load-held`): the daemon is
@@ -33,22 +37,27 @@ def before_load() -> None:
         _hold_while(Path(_DIR), "hold-load", "load-held")
 
 
-def before_step() -> None:
+def before_step(engine: int = 0) -> None:
     if _DIR is None:
         return
     d = Path(_DIR)
-    if (d / "crash").exists():
-        raise EngineCrashHook("test hook: the engine thread crashes")
-    _hold_while(d, "hold", "held")
+    if (d / "crash").exists() or (d / f"crash-{engine}").exists():
+        raise EngineCrashHook(f"test hook: the engine thread crashes (engine {engine})")
+    _hold_while(d, ("hold", f"hold-{engine}"),
+                (f"held-{engine}",) + (("held",) if engine == 0 else ()))
 
 
-def _hold_while(d: Path, hold: str, held: str) -> None:
-    """Wait while `hold` exists, with `held` there meanwhile so the test knows."""
-    if (d / hold).exists():
-        mark = d / held
-        mark.touch()
+def _hold_while(d: Path, hold: str | tuple[str, ...], held: str | tuple[str, ...]) -> None:
+    """Wait while a `hold` file exists, with the `held` files there meanwhile so the test
+    knows."""
+    holds = (hold,) if isinstance(hold, str) else hold
+    marks = [d / m for m in ((held,) if isinstance(held, str) else held)]
+    if any((d / h).exists() for h in holds):
+        for mark in marks:
+            mark.touch()
         try:
-            while (d / hold).exists():
+            while any((d / h).exists() for h in holds):
                 time.sleep(POLL_S)
         finally:
-            mark.unlink(missing_ok=True)
+            for mark in marks:
+                mark.unlink(missing_ok=True)

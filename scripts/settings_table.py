@@ -55,10 +55,10 @@ def rows() -> list[tuple[str, ...]]:
     """(section, setting, type, default, environment variable, flag, description) per setting,
     in config.py order."""
     sys.path.insert(0, str(ROOT))
-    from zerolayer.daemon.config import DaemonConfig, setting_comments
+    from zerolayer.daemon.config import sections, setting_comments
     notes = setting_comments()
     out = []
-    for sec in fields(DaemonConfig):
+    for sec in sections():  # [[engines]] is a list of tables: documented in prose (OPERATIONS)
         cls = sec.default_factory
         for f in fields(cls):
             key = f"{sec.name}.{f.name}"

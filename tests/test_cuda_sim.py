@@ -35,9 +35,10 @@ CASES = [
 ]
 # The daemon's engine on the simulated CUDA model: whole steps of a whole (tiny) model, which
 # the simulator runs slowly (minutes), so in a child of its own with its own time limit.
-ENGINE_CASES = ["engine_overlap"]
+ENGINE_CASES = ["engine_overlap", "engines_two_on_one_device"]
 TOL = {"kv_write": 0.0, "forward_tiny_model": 1e-4, "backend_prefix_tokens": 0.0,
-       "mapped_ring_token_ids": 0.0, "sample_greedy": 0.0, "engine_overlap": 0.0}
+       "mapped_ring_token_ids": 0.0, "sample_greedy": 0.0, "engine_overlap": 0.0,
+       "engines_two_on_one_device": 0.0}
 ELEMENTWISE = ("rope", "swiglu", "add", "embed_")
 CHILD_TIMEOUT_S = 900  # generous: the simulator is slow, more so on a busy machine
 ENGINE_CHILD_TIMEOUT_S = 1200
@@ -367,6 +368,59 @@ def _child() -> None:
                     kv_err = max(kv_err, float(np.abs(xa - xb).max()))
         return bad + kv_err
 
+    def case_engines_two_on_one_device():
+        """[[engines]] on the CUDA backend (issue 13): two engines on one simulated device,
+        each a CudaModel over its own copy of one host model (daemon/engines.py: the weights
+        shared, a KV arena each; the device selected first, as the daemon's engine threads
+        do), their steps interleaved so that any device state they shared would corrupt the
+        other's tokens. Each must give the tokens one engine alone gives; returns the number
+        of engines that differ. (Interleaved on one thread, not concurrent: the simulator
+        swaps module globals while a kernel runs, so two threads running kernels at once
+        disturb each other there, which a GPU, each engine on its own stream, does not.)"""
+        import tempfile
+
+        from tiny_gguf import write_tiny_llama
+
+        from zerolayer.client.sampling_params import SamplingParams
+        from zerolayer.daemon.engine import Engine
+        from zerolayer.daemon.engines import sibling_model
+        from zerolayer.daemon.request import Request
+        from zerolayer.gpu.generate import on_backend
+        from zerolayer.gpu.model import LlamaModel
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "tiny.gguf")
+            write_tiny_llama(path, tokenizer=True)
+            base = LlamaModel.load(path, use_cache=False, max_seq_len=64, kv_blocks=8)
+        tok = base.tokenizer()
+        tok._eos_ids = frozenset({-1})  # every request runs to its max_tokens
+        prompts = [rng.integers(3, 200, n).astype(np.int32) for n in (5, 9)]
+        params = [SamplingParams(max_tokens=3),
+                  SamplingParams(max_tokens=3, temperature=0.9, seed=7)]
+
+        def engine(model):
+            eng = Engine(model, tok, emit=lambda ev: None, max_running=2, step_tokens=16)
+            reqs = [Request.for_ids(k, p, sp) for k, (p, sp) in enumerate(zip(prompts, params))]
+            for r in reqs:
+                eng.submit(r)
+            return eng, reqs
+
+        shim.cuda.select_device(0)
+        eng, reqs = engine(on_backend(sibling_model(base, 8)))
+        while eng.has_work:
+            eng.step()
+        alone = [r.tokens for r in reqs]
+        models = [on_backend(sibling_model(base, 8)) for _ in range(2)]
+        assert models[0].arena is not models[1].arena
+        assert models[0].arena.k_pool is not models[1].arena.k_pool
+        assert models[0].model.w is models[1].model.w is base.w  # one host copy of the weights
+        pair = [engine(m) for m in models]
+        while any(e.has_work for e, _ in pair):
+            for e, _ in pair:
+                if e.has_work:
+                    e.step()
+        return sum([r.tokens for r in rs] != alone for _, rs in pair)
+
     def case_mapped_ring_token_ids():
         """The flow of issue 5's mapped ring, with cuda.mapped_array as the UMEM: an INVOKE
         carrying token ids arrives in a frame (Ethernet/IPv4/UDP, so the payload is not
@@ -449,7 +503,8 @@ def _child() -> None:
             "backend_prefix_tokens": case_backend_prefix_tokens,
             "mapped_ring_token_ids": case_mapped_ring_token_ids,
             "sample_greedy": case_sample_greedy, "sample_filtered": case_sample_filtered,
-            "engine_overlap": case_engine_overlap}
+            "engine_overlap": case_engine_overlap,
+            "engines_two_on_one_device": case_engines_two_on_one_device}
     for qt in ("q4_1", "q4_0", "q8_0", "f32"):
         runs[f"embed_{qt}"] = (lambda q: lambda: case_embed(q))(qt)
     for qt in ("q4_1", "q4_0", "q8_0", "f16"):

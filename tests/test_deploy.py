@@ -29,7 +29,7 @@ SCRIPTS = sorted((ROOT / "scripts").glob("*.sh"))
 
 
 def settings() -> set[str]:
-    return {f"{s.name}.{f.name}" for s in fields(config.DaemonConfig)
+    return {f"{s.name}.{f.name}" for s in config.sections()  # [[engines]] is a list, not a section
             for f in fields(s.default_factory)}
 
 

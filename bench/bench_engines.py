@@ -1,0 +1,159 @@
+#!/usr/bin/env python
+"""Several engines vs one, in one run, on the same model and CPUs ([[engines]], issue 13).
+
+    .venv/bin/python bench/bench_engines.py [--streams 16] [--tokens 200] [--rounds 3]
+                                            [--cpus 0,1] [--model PATH] [--out PATH]
+
+Two zerolayerd, both up for the whole run (only one has requests in flight at a time):
+  A  "engines": one engine per CPU of --cpus, 1 kernel thread each, pinned
+     (--engines '[{cpus="0", threads=1}, {cpus="1", threads=1}]');
+  B  "single":  one engine with one kernel thread per CPU of --cpus, pinned to all of them
+     (--cpu-engine-cpus 0-1 --model-threads 2).
+Each round runs --streams concurrent streams of --tokens tokens (distinct chat prompts "Write
+a long story about TOPIC.", greedy; a stream may stop early at EOS, so tokens are counted
+from DONE's usage) against A and B, alternating which goes first per round. Aggregate tok/s =
+completion tokens of all streams / wall time from a common start to the last stream's DONE.
+Reported: the median over rounds of each, and A/B. `--engine-max-running` is --streams for
+B and ceil(--streams / engines) for A, so both batch every stream at once.
+
+The bench lock (/tmp/zl-bench.lock, as bench_dataplane.py) is taken for the run; the
+machine should be otherwise idle. --quick: 4 streams x 16 tokens, 1 round (a smoke test).
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _serving_clients import ZeroLayerDaemon  # noqa: E402
+
+LOCK_PATH = "/tmp/zl-bench.lock"
+TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess", "coffee",
+          "lighthouses", "glaciers", "owls", "bridges", "deserts", "clocks", "whales", "maps"]
+
+
+def log(msg: str) -> None:
+    print(f"[bench_engines] {msg}", file=sys.stderr, flush=True)
+
+
+def parse_cpus(spec: str) -> list[int]:
+    from zerolayer.daemon.config import parse_cpus as p
+    return sorted(p(spec))
+
+
+def run_streams(d: ZeroLayerDaemon, streams: int, tokens: int) -> dict:
+    from zerolayer.client import Client
+    from zerolayer.client.wire import ChatMessage
+    start = threading.Barrier(streams + 1)
+    done: list[tuple[int, float]] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        c = Client(d.addr, d.key_id, d.secret, timeout=600)
+        start.wait()
+        try:
+            r = c.invoke(messages=[ChatMessage(
+                "user", f"Write a long story about {TOPICS[i % len(TOPICS)]}.")],
+                max_tokens=tokens)
+            with lock:
+                done.append((r.usage.completion_tokens, time.perf_counter()))
+        except Exception as e:  # noqa: BLE001 - reported, the round is then invalid
+            with lock:
+                errors.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(streams)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"{len(errors)} stream(s) failed: {errors[:3]}")
+    wall = max(t for _, t in done) - t0
+    toks = sum(n for n, _ in done)
+    return {"tokens": toks, "wall_s": round(wall, 4), "tok_s": round(toks / wall, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cpus", default="0,1", help="CPUs both configurations run on")
+    ap.add_argument("--model", default="", help="GGUF (default: the bundled model)")
+    ap.add_argument("--quick", action="store_true", help="4 streams x 16 tokens, 1 round")
+    ap.add_argument("--no-lock", action="store_true", help=f"don't take {LOCK_PATH}")
+    ap.add_argument("--out", help="write the JSON result here too")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.streams, a.tokens, a.rounds = 4, 16, 1
+    cpus = parse_cpus(a.cpus)
+    n = len(cpus)
+    if n < 2:
+        raise SystemExit("--cpus needs at least two CPUs")
+    lock = None
+    if not a.no_lock:
+        lock = open(LOCK_PATH, "a+")
+        log(f"waiting for {LOCK_PATH}")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    spec = "[" + ", ".join(f'{{cpus="{c}", threads=1}}' for c in cpus) + "]"
+    per_engine = -(-a.streams // n)
+    configs = {
+        "engines": (1, ["--engines", spec, "--engine-max-running", str(per_engine)]),
+        "single": (n, ["--cpu-engine-cpus", ",".join(map(str, cpus)),
+                       "--engine-max-running", str(a.streams)]),
+    }
+    tmp = Path(tempfile.mkdtemp(prefix="zl-bench-engines-"))
+    daemons: dict[str, ZeroLayerDaemon] = {}
+    result: dict = {"streams": a.streams, "tokens": a.tokens, "rounds": a.rounds,
+                    "cpus": cpus, "engines_spec": spec, "runs": {k: [] for k in configs}}
+    try:
+        for name, (threads, extra) in configs.items():
+            d = tmp / name
+            d.mkdir()
+            daemons[name] = ZeroLayerDaemon(sys.executable, a.model, threads, 2048, d,
+                                            d / "zerolayerd.log", extra=extra)
+        for dm in daemons.values():
+            dm.wait_ready()
+        log("both daemons ready; warming each with one round of 2 streams")
+        for dm in daemons.values():
+            run_streams(dm, 2, 8)
+        for rnd in range(a.rounds):
+            order = list(configs) if rnd % 2 == 0 else list(reversed(configs))
+            for name in order:
+                r = run_streams(daemons[name], a.streams, a.tokens)
+                result["runs"][name].append(r)
+                log(f"round {rnd + 1}/{a.rounds} {name}: {r['tok_s']} tok/s "
+                    f"({r['tokens']} tokens in {r['wall_s']} s)")
+    finally:
+        for dm in daemons.values():
+            dm.stop()
+        if lock is not None:
+            lock.close()
+    med = {k: statistics.median(x["tok_s"] for x in v) for k, v in result["runs"].items()}
+    result["median_tok_s"] = med
+    result["ratio_engines_over_single"] = (round(med["engines"] / med["single"], 3)
+                                           if med["single"] else None)
+    print(f"\n{'configuration':<34} {'median tok/s':>12}")
+    print(f"{f'{n} engines x 1 thread (engines)':<34} {med['engines']:>12.1f}")
+    print(f"{f'1 engine x {n} threads (single)':<34} {med['single']:>12.1f}")
+    print(f"{'ratio engines / single':<34} {result['ratio_engines_over_single']!s:>12}")
+    print(json.dumps(result))
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Several engines in one daemon ([[engines]]): what the I/O thread keeps per engine, and how
+an engine after the first gets its model without loading the weights again.
+
+Each engine is one EngineThread with its own admissions and events hand-offs, CPUs, kernel
+thread count (Numba's is per thread), KV arena, prefix cache and Engine. On the CPU backend
+the weights are loaded once, by engine 0; the others get a copy of its LlamaModel object
+sharing every read-only array (weights, repacked matmul layouts, RoPE tables, tokenizer
+metadata) with a KV arena of their own. On a GPU each engine wraps its own copy in a
+CudaModel, which uploads the weights to its device.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+
+from .config import DaemonConfig, EngineSpec, parse_cpus
+from .engine_thread import EngineThread
+from .handoff import Handoff
+from .request import EngineEvent, Request
+
+
+@dataclass(eq=False)
+class EngineSlot:
+    """One engine, as the I/O thread sees it. Every field is the I/O thread's, except
+    `thread` (its own) and `model`, `threads` (written once by the engine thread at load)."""
+    index: int
+    spec: EngineSpec | None                 # None: the single engine of [cpu]/[engine]
+    admissions: Handoff[Request]
+    events: Handoff[EngineEvent]
+    cpus: set[int] | None = None
+    thread: EngineThread | None = None
+    model: object = None
+    threads: int = 0                        # kernel threads of its thread
+    live: int = 0                           # requests handed to it and not yet closed
+    dead: str = ""                          # why it died; "" while it serves
+    routed: dict = field(default_factory=dict)
+
+    @property
+    def load(self) -> int:
+        return self.live
+
+    def held_blocks(self) -> tuple[int, int]:
+        """(KV blocks held by requests, blocks in the arena); (0, 0) before it loaded."""
+        if self.model is None:
+            return 0, 0
+        return self.thread.stats[2], self.model.arena.n_blocks
+
+
+def cpu_problems(cfg: DaemonConfig) -> list[str]:
+    """Each [[engines]] table whose cpus the daemon may not run on ([cpu] cpus, else this
+    process's affinity): refused before the model loads, naming the engine."""
+    avail = parse_cpus(cfg.cpu.cpus) if cfg.cpu.cpus else os.sched_getaffinity(0)
+    out = []
+    for i, spec in enumerate(cfg.engines):
+        missing = sorted(parse_cpus(spec.cpus) - avail) if spec.cpus else []
+        if missing:
+            out.append(f"engines[{i}].cpus {spec.cpus!r}: CPU(s) {missing} not available to "
+                       f"the daemon (it may run on {sorted(avail)})")
+    return out
+
+
+def sibling_model(base, kv_blocks: int | None):
+    """A host (CPU) LlamaModel sharing `base`'s read-only arrays, with its own KV arena.
+
+    What a LlamaModel holds per instance (gpu/model.py): `arena`, the only state a step
+    writes; everything else (cfg, w, cos/sin, qkv_bias, _wargs, tokenizer_meta, path,
+    max_seq_len) is read-only after __init__, so a shallow copy shares it safely. If a
+    per-instance scratch buffer is ever added there, it must be replaced here too."""
+    from zerolayer.gpu.kv_cache import KVArena
+    from zerolayer.gpu.model import LlamaModel
+    from zerolayer.gpu.ops.attention import BLOCK_TOKENS
+    host = base if isinstance(base, LlamaModel) else base.model  # a CudaModel wraps one
+    m = copy.copy(host)
+    cfg = m.cfg
+    if kv_blocks is None:  # as LlamaModel: room for 16 full-length sequences
+        kv_blocks = 16 * -(-m.max_seq_len // BLOCK_TOKENS)
+    m.arena = KVArena(cfg.n_layer, cfg.n_kv, cfg.head_dim, kv_blocks, m.max_seq_len)
+    return m
+
+
+def load_sibling(base, *, threads: int | None, kv_blocks: int | None, warmup: bool, log):
+    """Engine i > 0: set this thread's kernel threads, make its model over engine 0's
+    weights (on the chosen backend), warm it up on this thread. Returns a Generator."""
+    import time
+
+    from zerolayer.gpu.generate import Generator, on_backend
+    from zerolayer.gpu.model import set_threads
+    t0 = time.perf_counter()
+    n = set_threads(threads)
+    model = on_backend(sibling_model(base, kv_blocks))
+    gen = Generator(model, model.tokenizer())
+    if warmup:
+        gen.warmup()
+    log(f"engine model over the shared weights, {n} CPU threads, "
+        f"{model.arena.n_blocks} KV blocks, warm in {time.perf_counter() - t0:.2f} s")
+    return gen

@@ -49,7 +49,8 @@ ctl drain >/dev/null
 echo "zl-drain: draining (new requests get DRAINING)"
 deadline=$((SECONDS + timeout))
 while :; do
-  in_flight=$(ctl status | sed -n 's/.*"in_flight": \([0-9]*\).*/\1/p')
+  # the daemon's total (status also lists each engine's own): parsed as JSON, not grepped
+  in_flight=$(ctl status | python3 -c 'import json, sys; print(json.load(sys.stdin)["requests"]["in_flight"])')
   [[ $in_flight == 0 ]] && break
   if ((SECONDS >= deadline)); then
     echo "zl-drain: $in_flight request(s) still in flight after ${timeout} s" >&2

@@ -67,28 +67,36 @@ def parse_keys(text: str, source: str = "<keys>") -> dict[int, bytes]:
     return keys
 
 
-def load_keys(path: str | os.PathLike[str]) -> dict[int, bytes]:
-    """Read and check a keys file. The mode is checked on the opened descriptor (fstat), so
-    a file swapped between the check and the read cannot slip through."""
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+def read_private_file(path: str | os.PathLike[str], max_bytes: int, what: str,
+                      error: type[Exception]) -> bytes:
+    """A file holding secrets (`what`: "secrets", "tokens"), refused unless it is a regular
+    file no group or other may access, and at most max_bytes. The mode is checked on the
+    opened descriptor (fstat), so a file swapped between the check and the read cannot slip
+    through. Raises `error` with the path and the fix."""
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
-        raise KeyFileError(f"{path}: {e.strerror}") from None
+        raise error(f"{path}: {e.strerror}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise KeyFileError(f"{path}: not a regular file")
+            raise error(f"{path}: not a regular file")
         if st.st_mode & 0o077:
-            raise KeyFileError(
+            raise error(
                 f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets group/others access the "
-                f"secrets; run: chmod 600 {path}")
-        if st.st_size > MAX_KEYS_FILE_BYTES:
-            raise KeyFileError(f"{path}: larger than {MAX_KEYS_FILE_BYTES} bytes")
+                f"{what}; run: chmod 600 {path}")
         with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_KEYS_FILE_BYTES + 1)
+            data = f.read(max_bytes + 1)
     finally:
         os.close(fd)
+    if len(data) > max_bytes:
+        raise error(f"{path}: larger than {max_bytes} bytes")
+    return data
+
+
+def load_keys(path: str | os.PathLike[str]) -> dict[int, bytes]:
+    """Read and check a keys file (read_private_file's rules)."""
+    data = read_private_file(path, MAX_KEYS_FILE_BYTES, "secrets", KeyFileError)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import stat
 from collections.abc import Iterable
+
+from zerolayer.daemon.auth import read_private_file
 
 MAX_TOKENS_FILE_BYTES = 1 << 20
 MIN_TOKEN_CHARS = 16      # a token shorter than this is guessable; refuse to serve it
@@ -89,25 +90,8 @@ def parse_tokens(text: str, source: str = "<tokens>") -> TokenTable:
 
 
 def load_tokens(path: str | os.PathLike[str]) -> TokenTable:
-    """Read and check a tokens file; the mode is checked on the opened descriptor."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise TokenFileError(f"{path}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise TokenFileError(f"{path}: not a regular file")
-        if st.st_mode & 0o077:
-            raise TokenFileError(
-                f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets group/others access the "
-                f"tokens; run: chmod 600 {path}")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_TOKENS_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_TOKENS_FILE_BYTES:
-        raise TokenFileError(f"{path}: larger than {MAX_TOKENS_FILE_BYTES} bytes")
+    """Read and check a tokens file: the keys file's rules (daemon/auth.read_private_file)."""
+    data = read_private_file(path, MAX_TOKENS_FILE_BYTES, "tokens", TokenFileError)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

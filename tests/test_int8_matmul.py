@@ -25,8 +25,9 @@ def _weight(fmt, R, K, rng, qmax):
         qs = (qb[..., :16] | (qb[..., 16:] << 4)).reshape(R, K // 2)
     else:
         qs = q
-    d = rng.uniform(0.001, 0.02, (R, nb)).astype(np.float32)
-    m = (-d * rng.uniform(0, qmax, (R, nb))).astype(np.float32)
+    # scales representable in float16, as in the files (the int8 path keeps them as f16)
+    d = rng.uniform(0.001, 0.02, (R, nb)).astype(np.float16).astype(np.float32)
+    m = (-d * rng.uniform(0, qmax, (R, nb))).astype(np.float16).astype(np.float32)
     nat = {"qs": qs, "d": d, "m": m}
     return quant.stack([(fmt, nat)]), q.astype(np.int64), d.astype(np.float64), m.astype(np.float64)
 
@@ -43,8 +44,11 @@ def test_kernel_exact(isa, fmt, qmax, T):
     R, K = 100, 128  # 100 rows: a padded second group
     w, q, d, m = _weight(fmt, R, K, rng, qmax)
     pw = im.prepare(w, isa)
-    assert im.is_int8(pw.fmt) and pw.qs.shape == w.qs.shape
-    assert np.array_equal(im.untranspose_blocks(pw.qs), w.qs)
+    assert im.is_int8(pw.fmt)
+    assert np.array_equal(im.unpack(pw.qs, pw.fmt), w.qs)
+    # bits a weight in memory: 5- and 6-bit values are packed (nibbles + high-bit planes)
+    bits = 4 if fmt == FMT_Q4 else 5 if qmax < 32 else 6 if (fmt == FMT_Q8_16 and qmax < 64) else 8
+    assert pw.qs.nbytes * 8 == w.qs.shape[1] * LANES * K * bits
     if isa == cpu_features.ISA_AVX2 and qmax > 127:
         assert pw.fmt == im.fmt_code(isa, im.KIND_Q8_SPLIT)
     x = rng.standard_normal((T, K)).astype(np.float32)

@@ -44,7 +44,7 @@ from . import cpu_features
 from .cpu_features import ISA_AVX2, ISA_VNNI256, ISA_VNNI512
 
 FMT_I8 = 16  # format codes at and above this are int8-path weights
-KIND_Q4, KIND_Q8, KIND_Q8_SPLIT = 0, 1, 2
+KIND_Q4, KIND_Q8, KIND_Q8_SPLIT, KIND_Q5P, KIND_Q6P = 0, 1, 2, 3, 4
 NT = 4  # tokens per kernel call (register blocking: each weight vector feeds NT dot products)
 
 ISAS = cpu_features.supported_isas()  # compiled in: only the ones this CPU runs
@@ -104,11 +104,30 @@ def _dot4(builder, isa, acc, w, x, wscale=1):
     return builder.add(acc, builder.call(f2, [p, _splat(I16, 16, wscale)]))
 
 
-def _block_codegen(isa, kind, nj4, nt, builder, wbase, xbase, xstride, accbase):
-    """The integer dot products of one weight block (64 rows) with nt activation rows.
+def _hi_bits(builder, h, bits, k, V):
+    """Bits k*bits .. k*bits+bits-1 of each byte of h (<V x i32>), moved to bits 4.. of that
+    byte (the high part of a 5- or 6-bit value whose low nibble comes from the nibble plane)."""
+    sh = 4 - bits * k
+    v = builder.shl(h, _splat(I32, V, sh)) if sh > 0 else (
+        builder.lshr(h, _splat(I32, V, -sh)) if sh < 0 else h)
+    mask = ((1 << bits) - 1) << 4
+    v = builder.and_(v, _splat(I32, V, mask * 0x01010101))
+    return builder.bitcast(v, _vt(I8, 4 * V))
 
-    wbase: i8* to the block's transposed bytes [nj4, 64, 4]; xbase: i8* to the first token's
-    activations of this block (token t at xbase + t * xstride); accbase: i32* [nt, 64], written.
+
+def _block_codegen(isa, kind, bs, nt, builder, wbase, xbase, xstride, dbase, mbase, sbase,
+                   cbase, sstride, obase):
+    """One weight block (64 rows) times nt activation rows, scaled and added to the output.
+
+    wbase: i8* to the block's bytes (layouts in prepare()); xbase: i8* to the first token's
+    activations of this block (token t at xbase + t * xstride); dbase, mbase: half* to the
+    block's 64 scales and offsets; sbase, cbase: float* to token 0's activation scale s and
+    s * sum(xq) for this block (token t at + t * sstride); obase: float* [nt, 64], where
+    out[t, l] += d[l] * s[t] * (sum of q[l, k] xq[t, k]) + m[l] * c[t].
+
+    The scaling is here and not in Numba so the integer sums never leave the registers, and
+    so the scales can be float16 (llama.cpp's own precision for them): they are a fifth of
+    a Q4 weight's bytes as float32, and decode streams every byte of every weight.
     """
     V = 16 if isa == ISA_VNNI512 else 8
     NV = LANES // V
@@ -118,21 +137,39 @@ def _block_codegen(isa, kind, nj4, nt, builder, wbase, xbase, xstride, accbase):
     four = _splat(I8, 4 * V, 4)
     zero = ir.Constant(_vt(I32, V), None)
     i64 = ir.IntType(64)
+    F32, F16 = ir.FloatType(), ir.HalfType()
+    fv, hv = _vt(F32, V), _vt(F16, V)
+    nibbles = kind in (KIND_Q4, KIND_Q5P, KIND_Q6P)
+    nj4 = bs // 8 if nibbles else bs // 4  # 4-byte words of one row in the (nibble) plane
+    half = bs // 2  # a nibble byte holds positions j and half + j
+    hbits = {KIND_Q5P: 1, KIND_Q6P: 2}.get(kind, 0)
     xoffs = [builder.mul(xstride, ir.Constant(i64, t)) if t else ir.Constant(i64, 0) for t in range(nt)]
+    soffs = [builder.mul(sstride, ir.Constant(i64, t)) if t else ir.Constant(i64, 0) for t in range(nt)]
+    s_t = [_splat_value(builder, builder.load(builder.gep(sbase, [soffs[t]])), V) for t in range(nt)]
+    c_t = [_splat_value(builder, builder.load(builder.gep(cbase, [soffs[t]])), V) for t in range(nt)]
+
+    def xword(t, pos):
+        return _bcast_word(builder, xbase, builder.add(xoffs[t], ir.Constant(i64, pos)), V)
+
     for v0 in range(0, NV, RC):
         vs = range(v0, min(NV, v0 + RC))
         acc = {(t, v): zero for t in range(nt) for v in vs}
+        hwords = {v: _load_vec(builder, wbase, nj4 * 4 * LANES + v * 4 * V, _vt(I32, V))
+                  for v in vs} if hbits else {}
         for j4 in range(nj4):
-            if kind == KIND_Q4:
-                xlo = [_bcast_word(builder, xbase, builder.add(xoffs[t], ir.Constant(i64, 4 * j4)), V) for t in range(nt)]
-                xhi = [_bcast_word(builder, xbase, builder.add(xoffs[t], ir.Constant(i64, 16 + 4 * j4)), V) for t in range(nt)]
+            if nibbles:
+                xlo = [xword(t, 4 * j4) for t in range(nt)]
+                xhi = [xword(t, half + 4 * j4) for t in range(nt)]
             else:
-                xw = [_bcast_word(builder, xbase, builder.add(xoffs[t], ir.Constant(i64, 4 * j4)), V) for t in range(nt)]
+                xw = [xword(t, 4 * j4) for t in range(nt)]
             for v in vs:
                 w = _load_vec(builder, wbase, j4 * 4 * LANES + v * 4 * V, bv)
-                if kind == KIND_Q4:
+                if nibbles:
                     wl = builder.and_(w, lo_mask)
                     wh = builder.lshr(w, four)
+                    if hbits:  # the high bits of positions 4 j4 + i and half + 4 j4 + i
+                        wl = builder.or_(wl, _hi_bits(builder, hwords[v], hbits, j4, V))
+                        wh = builder.or_(wh, _hi_bits(builder, hwords[v], hbits, j4 + nj4, V))
                     for t in range(nt):
                         a = _dot4(builder, isa, acc[t, v], wl, xlo[t])
                         acc[t, v] = _dot4(builder, isa, a, wh, xhi[t])
@@ -145,144 +182,79 @@ def _block_codegen(isa, kind, nj4, nt, builder, wbase, xbase, xstride, accbase):
                 else:
                     for t in range(nt):
                         acc[t, v] = _dot4(builder, isa, acc[t, v], w, xw[t])
-        for (t, v), a in acc.items():
-            p = builder.gep(accbase, [ir.Constant(i64, t * LANES + v * V)])
-            builder.store(a, builder.bitcast(p, a.type.as_pointer()), align=4)
+        for v in vs:
+            dv = builder.fpext(_load_vec(builder, dbase, v * V, hv), fv)
+            mv = builder.fpext(_load_vec(builder, mbase, v * V, hv), fv)
+            for t in range(nt):
+                p = builder.bitcast(builder.gep(obase, [ir.Constant(i64, t * LANES + v * V)]), fv.as_pointer())
+                o = builder.load(p, align=4)
+                af = builder.sitofp(acc[t, v], fv)
+                o = builder.fadd(o, builder.fmul(dv, builder.fmul(af, s_t[t], flags=_FAST), flags=_FAST), flags=_FAST)
+                o = builder.fadd(o, builder.fmul(mv, c_t[t], flags=_FAST), flags=_FAST)
+                builder.store(o, p, align=4)
 
 
-def _make_block(isa, kind, nj4, nt):
-    @intrinsic
-    def block_dot(typingctx, wq, woff, xq, xoff, xstride, acc):
-        """acc[t, l] = sum over the block of q[l, k] xq[t, k] (see _block_codegen)."""
-        sig = types.void(wq, woff, xq, xoff, xstride, acc)
-
-        def codegen(context, builder, signature, args):
-            wa = context.make_array(signature.args[0])(context, builder, args[0])
-            xa = context.make_array(signature.args[2])(context, builder, args[2])
-            aa = context.make_array(signature.args[5])(context, builder, args[5])
-            i64 = ir.IntType(64)
-            i8p = I8.as_pointer()
-            woff_ = context.cast(builder, args[1], signature.args[1], types.int64)
-            xoff_ = context.cast(builder, args[3], signature.args[3], types.int64)
-            xs_ = context.cast(builder, args[4], signature.args[4], types.int64)
-            wbase = builder.gep(builder.bitcast(wa.data, i8p), [woff_])
-            xbase = builder.gep(builder.bitcast(xa.data, i8p), [xoff_])
-            accbase = builder.bitcast(aa.data, I32.as_pointer())
-            assert xs_.type == i64
-            _block_codegen(isa, kind, nj4, nt, builder, wbase, xbase, xs_, accbase)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return block_dot
+_FAST = ("fast",)
 
 
-# one intrinsic per (isa, kind, block bytes, tokens per call), for the ISAs this CPU runs
-_KINDS = {ISA_VNNI512: (KIND_Q4, KIND_Q8), ISA_VNNI256: (KIND_Q4, KIND_Q8),
-          ISA_AVX2: (KIND_Q4, KIND_Q8, KIND_Q8_SPLIT)}
+def _splat_value(builder, x, n):
+    undef = ir.Constant(_vt(x.type, n), ir.Undefined)
+    v = builder.insert_element(undef, x, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, undef, ir.Constant(_vt(I32, n), [ir.Constant(I32, 0)] * n))
 
 
-def _nj4(kind, bs):
-    return 4 if kind == KIND_Q4 else bs // 4
+# The variants compiled in: (isa, kind, block length), each for 1 and NT tokens, for the ISAs
+# this CPU runs. AVX2 needs the split kind for bytes above 127 (see the module doc).
+_KINDS = {ISA_VNNI512: (KIND_Q4, KIND_Q8, KIND_Q5P, KIND_Q6P),
+          ISA_VNNI256: (KIND_Q4, KIND_Q8, KIND_Q5P, KIND_Q6P),
+          ISA_AVX2: (KIND_Q4, KIND_Q8, KIND_Q5P, KIND_Q6P, KIND_Q8_SPLIT)}
+_BLOCK_LENGTHS = {KIND_Q4: (32,), KIND_Q5P: (32,), KIND_Q6P: (16,), KIND_Q8: (32, 16),
+                  KIND_Q8_SPLIT: (32, 16)}
+VARIANTS = tuple((isa, kind, bs, nt) for isa in ISAS for kind in _KINDS[isa]
+                 for bs in _BLOCK_LENGTHS[kind] for nt in (1, NT))
 
 
-def _blk(isa, kind, bs, nt):
-    if isa not in ISAS:
-        @njit(inline="always")
-        def unsupported(wq, woff, xq, xoff, xstride, acc):  # prepare() refuses these formats
-            acc[:] = 0
-        return unsupported
-    return _make_block(isa, kind, _nj4(kind, bs), nt)
+def _variant_key(fmt, bs, n):
+    return (fmt * 64 + bs) * 8 + n
 
 
-_B = {}
-for _isa in (ISA_VNNI512, ISA_VNNI256, ISA_AVX2):
-    for _kind in _KINDS[_isa]:
-        for _bs in ((32,) if _kind == KIND_Q4 else (32, 16)):
-            for _nt in (1, NT):
-                _B[_isa, _kind, _bs, _nt] = _blk(_isa, _kind, _bs, _nt)
+@intrinsic
+def block_dot(typingctx, fmt, bs, n, wq, woff, xq, xoff, xstride, d16, m16, doff, sx, xsm,
+              soff, sstride, out, ooff):
+    """out[ooff + t*LANES + l] += d[l] s[t] (sum over one weight block of q[l, k] xq[t, k])
+    + m[l] c[t] for t < n (1 or NT): _block_codegen's code for the weight's format and block
+    length, picked by one switch (every variant this CPU runs, in one function)."""
+    sig = types.void(fmt, bs, n, wq, woff, xq, xoff, xstride, d16, m16, doff, sx, xsm, soff,
+                     sstride, out, ooff)
 
-# numba resolves globals at compile time: name each one
-V512_Q4_1, V512_Q4_4 = _B[ISA_VNNI512, KIND_Q4, 32, 1], _B[ISA_VNNI512, KIND_Q4, 32, NT]
-V512_Q8_1, V512_Q8_4 = _B[ISA_VNNI512, KIND_Q8, 32, 1], _B[ISA_VNNI512, KIND_Q8, 32, NT]
-V512_Q816_1, V512_Q816_4 = _B[ISA_VNNI512, KIND_Q8, 16, 1], _B[ISA_VNNI512, KIND_Q8, 16, NT]
-V256_Q4_1, V256_Q4_4 = _B[ISA_VNNI256, KIND_Q4, 32, 1], _B[ISA_VNNI256, KIND_Q4, 32, NT]
-V256_Q8_1, V256_Q8_4 = _B[ISA_VNNI256, KIND_Q8, 32, 1], _B[ISA_VNNI256, KIND_Q8, 32, NT]
-V256_Q816_1, V256_Q816_4 = _B[ISA_VNNI256, KIND_Q8, 16, 1], _B[ISA_VNNI256, KIND_Q8, 16, NT]
-A2_Q4_1, A2_Q4_4 = _B[ISA_AVX2, KIND_Q4, 32, 1], _B[ISA_AVX2, KIND_Q4, 32, NT]
-A2_Q8_1, A2_Q8_4 = _B[ISA_AVX2, KIND_Q8, 32, 1], _B[ISA_AVX2, KIND_Q8, 32, NT]
-A2_Q816_1, A2_Q816_4 = _B[ISA_AVX2, KIND_Q8, 16, 1], _B[ISA_AVX2, KIND_Q8, 16, NT]
-A2_S8_1, A2_S8_4 = _B[ISA_AVX2, KIND_Q8_SPLIT, 32, 1], _B[ISA_AVX2, KIND_Q8_SPLIT, 32, NT]
-A2_S816_1, A2_S816_4 = _B[ISA_AVX2, KIND_Q8_SPLIT, 16, 1], _B[ISA_AVX2, KIND_Q8_SPLIT, 16, NT]
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        F32, F16 = ir.FloatType(), ir.HalfType()
 
-F_V512 = FMT_I8 + 8 * ISA_VNNI512
-F_V256 = FMT_I8 + 8 * ISA_VNNI256
-F_A2 = FMT_I8 + 8 * ISA_AVX2
+        def i(k):
+            return context.cast(builder, args[k], signature.args[k], types.int64)
 
+        def ptr(k, ty, koff):
+            a = context.make_array(signature.args[k])(context, builder, args[k])
+            return builder.gep(builder.bitcast(a.data, ty.as_pointer()), [i(koff)])
 
-@njit(fastmath=True, cache=True, nogil=True)
-def block_dot(fmt, bs, n, wq, woff, xq, xoff, xstride, acc):
-    """acc[t * LANES + l] = sum over one weight block of q[l, k] * xq[t, k], t < n (1 or NT)."""
-    one = n == 1
-    if fmt == F_V512 + KIND_Q4:
-        if one:
-            V512_Q4_1(wq, woff, xq, xoff, xstride, acc)
-        else:
-            V512_Q4_4(wq, woff, xq, xoff, xstride, acc)
-    elif fmt == F_V512 + KIND_Q8:
-        if bs == 32:
-            if one:
-                V512_Q8_1(wq, woff, xq, xoff, xstride, acc)
-            else:
-                V512_Q8_4(wq, woff, xq, xoff, xstride, acc)
-        else:
-            if one:
-                V512_Q816_1(wq, woff, xq, xoff, xstride, acc)
-            else:
-                V512_Q816_4(wq, woff, xq, xoff, xstride, acc)
-    elif fmt == F_V256 + KIND_Q4:
-        if one:
-            V256_Q4_1(wq, woff, xq, xoff, xstride, acc)
-        else:
-            V256_Q4_4(wq, woff, xq, xoff, xstride, acc)
-    elif fmt == F_V256 + KIND_Q8:
-        if bs == 32:
-            if one:
-                V256_Q8_1(wq, woff, xq, xoff, xstride, acc)
-            else:
-                V256_Q8_4(wq, woff, xq, xoff, xstride, acc)
-        else:
-            if one:
-                V256_Q816_1(wq, woff, xq, xoff, xstride, acc)
-            else:
-                V256_Q816_4(wq, woff, xq, xoff, xstride, acc)
-    elif fmt == F_A2 + KIND_Q4:
-        if one:
-            A2_Q4_1(wq, woff, xq, xoff, xstride, acc)
-        else:
-            A2_Q4_4(wq, woff, xq, xoff, xstride, acc)
-    elif fmt == F_A2 + KIND_Q8:
-        if bs == 32:
-            if one:
-                A2_Q8_1(wq, woff, xq, xoff, xstride, acc)
-            else:
-                A2_Q8_4(wq, woff, xq, xoff, xstride, acc)
-        else:
-            if one:
-                A2_Q816_1(wq, woff, xq, xoff, xstride, acc)
-            else:
-                A2_Q816_4(wq, woff, xq, xoff, xstride, acc)
-    elif fmt == F_A2 + KIND_Q8_SPLIT:
-        if bs == 32:
-            if one:
-                A2_S8_1(wq, woff, xq, xoff, xstride, acc)
-            else:
-                A2_S8_4(wq, woff, xq, xoff, xstride, acc)
-        else:
-            if one:
-                A2_S816_1(wq, woff, xq, xoff, xstride, acc)
-            else:
-                A2_S816_4(wq, woff, xq, xoff, xstride, acc)
+        wp, xp, dp, mp = ptr(3, I8, 4), ptr(5, I8, 6), ptr(8, F16, 10), ptr(9, F16, 10)
+        sp, cp, op = ptr(11, F32, 13), ptr(12, F32, 13), ptr(15, F32, 16)
+        xs, ss = i(7), i(14)
+        key = builder.add(builder.mul(builder.add(builder.mul(i(0), ir.Constant(i64, 64)), i(1)),
+                                      ir.Constant(i64, 8)), i(2))
+        done = builder.append_basic_block("block_dot.done")
+        sw = builder.switch(key, done)  # an unknown variant does nothing (prepare() refuses it)
+        for isa, kind, blen, nt in VARIANTS:
+            bb = builder.append_basic_block(f"block_dot.{isa}.{kind}.{blen}.{nt}")
+            sw.add_case(ir.Constant(i64, _variant_key(fmt_code(isa, kind), blen, nt)), bb)
+            builder.position_at_end(bb)
+            _block_codegen(isa, kind, blen, nt, builder, wp, xp, xs, dp, mp, sp, cp, ss, op)
+            builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 # ---------------------------------------------------------------- activations
@@ -321,33 +293,25 @@ def quantize(x, bs, xq, sx, xsm):
 # ---------------------------------------------------------------- the matmul
 
 @njit(fastmath=True, cache=True, nogil=True)
-def _group(fmt, wq, d, m, g, xq, sx, xsm, K, bs, out, acc):
-    """out[t, l] = row g*LANES + l dotted with token t, for every token."""
-    T = out.shape[0]
-    nb = d.shape[1]
-    blk = wq.shape[0] // (d.shape[0] * nb)  # bytes of one block of LANES rows
-    out[:, :] = 0
+def _group(fmt, wq, blk, d16, m16, g, nb, xq, sx, xsm, K, bs, out):
+    """out[t * LANES + l] = row g*LANES + l dotted with token t, for every token (blk: bytes
+    of one block of one row in the prepared layout)."""
+    T = sx.shape[0] // nb
+    out[:] = 0
     for b in range(nb):
-        woff = (g * nb + b) * blk
-        db = d[g, b]
-        mb = m[g, b]
+        gb = g * nb + b
         t0 = 0
         while t0 < T:
             n = NT if T - t0 >= NT else 1
-            block_dot(fmt, bs, n, wq, woff, xq, t0 * K + b * bs, K, acc)
-            for t in range(n):
-                s = sx[t0 + t, b]
-                c = xsm[t0 + t, b]
-                o = out[t0 + t]
-                for l in range(LANES):
-                    o[l] += db[l] * (s * np.float32(acc[t * LANES + l])) + mb[l] * c
+            block_dot(fmt, bs, n, wq, gb * blk * LANES, xq, t0 * K + b * bs, K,
+                      d16, m16, gb * LANES, sx, xsm, t0 * nb + b, nb, out, t0 * LANES)
             t0 += n
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def int8_matmul(fmt, qs, d, m, x, y):
-    """y[T, R] = x[T, K] @ W[R, K].T for int8-path weights (prepare()), activations quantized
-    here per block."""
+    """y[T, R] = x[T, K] @ W[R, K].T for int8-path weights (prepare(): transposed blocks,
+    float16 scales as uint16), activations quantized here per block."""
     T, K = x.shape
     R = y.shape[1]
     G = d.shape[0]
@@ -358,15 +322,18 @@ def int8_matmul(fmt, qs, d, m, x, y):
     xsm = np.empty((T, nb), np.float32)
     quantize(x, bs, xq, sx, xsm)
     wq = qs.reshape(-1)
+    d16 = d.reshape(-1)
+    m16 = m.reshape(-1)
+    sxf = sx.reshape(-1)
+    xsmf = xsm.reshape(-1)
     for g in prange(G):
-        out = np.empty((T, LANES), np.float32)
-        acc = np.empty(NT * LANES, np.int32)
-        _group(fmt, wq, d, m, g, xq, sx, xsm, K, bs, out, acc)
+        out = np.empty(T * LANES, np.float32)
+        _group(fmt, wq, qs.shape[2], d16, m16, g, nb, xq, sxf, xsmf, K, bs, out)
         r0 = g * LANES
         n = min(R, r0 + LANES) - r0
         for t in range(T):
             for l in range(n):
-                y[t, r0 + l] = out[t, l]
+                y[t, r0 + l] = out[t * LANES + l]
 
 
 # ---------------------------------------------------------------- weights
@@ -386,13 +353,77 @@ def untranspose_blocks(qs: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.swapaxes(t, -1, -2)).reshape(qs.shape)
 
 
+def _hi_positions(bs: int):
+    """(k, i) -> the block position whose high bits sit at bits k*bits of byte i of a row's
+    high-bits word: k < nj4 are the low halves' words, k >= nj4 the high halves'."""
+    nj4, half = bs // 8, bs // 2
+    return [[(k % nj4) * 4 + i + (k // nj4) * half for i in range(4)] for k in range(2 * nj4)]
+
+
+def pack_bits(qs: np.ndarray, bits: int) -> np.ndarray:
+    """5- or 6-bit values stored as bytes, qs [..., G, nb, bs, LANES] -> per block a nibble
+    plane (byte j = low nibbles of positions j and bs/2 + j, transposed as Q4) followed by
+    one 32-bit word per row of the high bits: [..., G, nb, bs/2 + 4, LANES] bytes, 5 or 6
+    bits a weight instead of 8. Byte i of a row's word holds, at bits k*bits, the high bits
+    of position _hi_positions(bs)[k][i], so the kernel gets each 4-byte group's high bits
+    with one shift and one mask (_hi_bits)."""
+    *lead, bs, lanes = qs.shape
+    half = bs // 2
+    nib = (qs[..., :half, :] & 15) | ((qs[..., half:, :] & 15) << 4)
+    hb = (qs >> 4).astype(np.uint8)
+    word = np.zeros((*lead, 4, lanes), np.uint8)  # [i, l]
+    for k, row in enumerate(_hi_positions(bs)):
+        for i, pos in enumerate(row):
+            word[..., i, :] |= hb[..., pos, :] << (bits * k)
+    word = np.swapaxes(word, -1, -2).reshape(*lead, 4, lanes)  # memory order [l, i]
+    return np.ascontiguousarray(np.concatenate([transpose_blocks(nib), word], axis=-2))
+
+
+def unpack_bits(packed: np.ndarray, bits: int) -> np.ndarray:
+    """pack_bits' inverse (tests)."""
+    *lead, nb4, lanes = packed.shape
+    half = nb4 - 4
+    bs = 2 * half
+    nib = untranspose_blocks(np.ascontiguousarray(packed[..., :half, :]))
+    word = np.swapaxes(packed[..., half:, :].reshape(*lead, lanes, 4), -1, -2)  # [i, l]
+    q = np.concatenate([nib & 15, nib >> 4], axis=-2).astype(np.uint8)
+    for k, row in enumerate(_hi_positions(bs)):
+        for i, pos in enumerate(row):
+            q[..., pos, :] |= ((word[..., i, :] >> (bits * k)) & ((1 << bits) - 1)) << 4
+    return q
+
+
 def kind_for(fmt: int, qs: np.ndarray, isa: int) -> int:
     if fmt == FMT_Q4:
         return KIND_Q4
     assert fmt in (FMT_Q8, FMT_Q8_16), fmt
-    if isa == ISA_AVX2 and qs.size and int(qs.max()) > 127:
+    top = int(qs.max()) if qs.size else 0
+    if fmt == FMT_Q8 and top < 32:
+        return KIND_Q5P  # Q5_0, Q5_1, Q5_K: 5 bits in memory, not 8
+    if fmt == FMT_Q8_16 and top < 64:
+        return KIND_Q6P  # Q6_K
+    if isa == ISA_AVX2 and top > 127:
         return KIND_Q8_SPLIT  # vpmaddubsw's int16 pair sums would saturate
     return KIND_Q8
+
+
+def pack(qs: np.ndarray, kind: int) -> np.ndarray:
+    """Interleaved qs -> the int8 kernels' layout for ``kind``."""
+    if kind == KIND_Q5P:
+        return pack_bits(qs, 1)
+    if kind == KIND_Q6P:
+        return pack_bits(qs, 2)
+    return transpose_blocks(qs)
+
+
+def unpack(qs: np.ndarray, fmt: int) -> np.ndarray:
+    """pack's inverse: a prepared weight's qs back in the interleaved layout (tests)."""
+    kind = fmt % 8
+    if kind == KIND_Q5P:
+        return unpack_bits(qs, 1)
+    if kind == KIND_Q6P:
+        return unpack_bits(qs, 2)
+    return untranspose_blocks(qs)
 
 
 def prepare(w: Weight, isa: int | None = None) -> Weight:
@@ -404,7 +435,22 @@ def prepare(w: Weight, isa: int | None = None) -> Weight:
     if isa not in ISAS:
         raise ValueError(f"this CPU cannot run int8 kernel set {isa} (it has {ISAS})")
     kind = kind_for(w.fmt, w.qs, isa)
-    return Weight(fmt_code(isa, kind), transpose_blocks(w.qs), w.d, w.m, w.w)
+    return Weight(fmt_code(isa, kind), pack(w.qs, kind), to_half(w.d), to_half(w.m), w.w)
+
+
+def to_half(a: np.ndarray) -> np.ndarray:
+    """float32 scales -> float16 bits (uint16: Numba's CPU arrays have no float16). Exact for
+    the types whose file scales are f16 (Q4_0/1, Q5_0/1, Q8_0, and their -8 d, -16 d, -128 d
+    offsets); the K-quants' d_sb * sc products round to 11 bits (relative 2^-12)."""
+    h = np.ascontiguousarray(a, np.float32).astype(np.float16)
+    if not np.isfinite(h).all():
+        raise ValueError("a block scale overflows float16")
+    return h.view(np.uint16)
+
+
+def scales_f32(a: np.ndarray) -> np.ndarray:
+    """A prepared weight's d or m as float32 (tests, references)."""
+    return a.view(np.float16).astype(np.float32)
 
 
 def prepare_model(weights, isa: int | None = None):
@@ -420,21 +466,28 @@ def prepare_model(weights, isa: int | None = None):
 
 @njit(cache=True, nogil=True)
 def int_block_sums(fmt, qs, nb, xq, T, K, out):
-    """Tests: out[t, g*LANES + l, b] = the kernel's integer sum of q * xq over block b."""
+    """Tests: out[t, g*LANES + l, b] = the kernel's integer sum of q * xq over block b (the
+    kernel run with unit scales and no offsets: float32 holds these sums exactly)."""
     bs = K // nb
     wq = qs.reshape(-1)
     G = out.shape[1] // LANES
-    blk = wq.shape[0] // (G * nb)
-    acc = np.empty(NT * LANES, np.int32)
+    blk = qs.shape[2]
+    one = np.full(LANES, 0x3C00, np.uint16)  # float16 1.0
+    zero = np.zeros(LANES, np.uint16)
+    s1 = np.ones(T, np.float32)
+    c0 = np.zeros(T, np.float32)
+    acc = np.empty(NT * LANES, np.float32)
     for g in range(G):
         for b in range(nb):
             t0 = 0
             while t0 < T:
                 n = NT if T - t0 >= NT else 1
-                block_dot(fmt, bs, n, wq, (g * nb + b) * blk, xq, t0 * K + b * bs, K, acc)
+                acc[:] = 0
+                block_dot(fmt, bs, n, wq, (g * nb + b) * blk * LANES, xq, t0 * K + b * bs, K,
+                          one, zero, 0, s1, c0, t0, 1, acc, 0)
                 for t in range(n):
                     for l in range(LANES):
-                        out[t0 + t, g * LANES + l, b] = acc[t * LANES + l]
+                        out[t0 + t, g * LANES + l, b] = np.int32(acc[t * LANES + l])
                 t0 += n
 
 

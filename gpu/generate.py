@@ -56,11 +56,12 @@ def encode_prompt(tokenizer: Tokenizer, vocab: int, prompt: str | None = None,
         ids = _refuse_what_cannot_fit(tokenizer, prompt, messages,
                                       max_seq_len - (max_tokens or 0), max_seq_len)
         if ids is not None:  # a long prompt, already tokenized while it was bounded
-            return np.asarray(ids, np.int32)
+            return np.asarray(tokenizer.with_bos(ids), np.int32)
     if messages is not None:
-        ids = np.asarray(tokenizer.encode_chat(messages), np.int64)
+        ids = np.asarray(tokenizer.with_bos(tokenizer.encode_chat(messages)), np.int64)
     elif prompt is not None:
-        ids = np.asarray(tokenizer.encode(prompt), np.int64)
+        text_ids = tokenizer.encode(prompt)
+        ids = np.asarray(tokenizer.with_bos(text_ids) if text_ids else [], np.int64)
     else:
         ids = np.asarray(token_ids, np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):

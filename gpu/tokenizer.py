@@ -2,8 +2,10 @@
 
 The GGUF file is the single source of truth (promise 6: no tokenizer service, no tokenizer.json
 on the side). The BPE itself runs in HuggingFace `tokenizers` (Rust); the pre-tokenizer is set
-up to reproduce llama.cpp's pre-tokenizer named by `tokenizer.ggml.pre` (`smollm`, `qwen2`)
-so ids match llama.cpp token for token; other names are refused.
+up to reproduce llama.cpp's pre-tokenizer named by `tokenizer.ggml.pre` (`smollm`, `qwen2`,
+Llama 3's `llama-bpe`) so ids match llama.cpp token for token; other names are refused.
+A BOS is prepended where the GGUF asks for one (`tokenizer.ggml.add_bos_token`, as Llama 3's
+do): `with_bos`, applied to every prompt by gpu/generate.encode_prompt.
 
 Special tokens are never matched inside user text: `encode` only splits on control tokens when
 the caller asks (`parse_special=True`), and `encode_chat` only lets the *template* emit them.
@@ -38,8 +40,22 @@ _GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\
 _QWEN2_PATTERN = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
                   r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
                   r"|\s+(?!\S)|\s+")
+# llama.cpp's LLAMA_VOCAB_PRE_TYPE_LLAMA3 (Llama 3.x's tokenizer.json pattern, contractions
+# spelled out as above): as Qwen2's but numbers in pieces of up to three digits.
+_LLAMA3_PATTERN = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+                   r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                   r"|\s+(?!\S)|\s+")
 # tokenizer.ggml.pre -> the regexes applied one after the other (Split "isolated" each)
-_PRE_PATTERNS = {"smollm": (_SMOLLM_DIGITS, _GPT2_PATTERN), "qwen2": (_QWEN2_PATTERN,)}
+_PRE_PATTERNS = {"smollm": (_SMOLLM_DIGITS, _GPT2_PATTERN), "qwen2": (_QWEN2_PATTERN,),
+                 "llama-bpe": (_LLAMA3_PATTERN,), "llama3": (_LLAMA3_PATTERN,),
+                 "llama-v3": (_LLAMA3_PATTERN,)}
+# Pre-tokenizers whose BPE takes a piece that is itself in the vocabulary as one token, merges
+# or not (llama.cpp's ignore_merges), and that add a BOS when the GGUF does not say.
+_IGNORE_MERGES = frozenset({"llama-bpe", "llama3", "llama-v3"})
+_DEFAULT_ADD_BOS = frozenset({"llama-bpe", "llama3", "llama-v3"})
+# The most ASCII digits one piece (so one token) can hold, where a pattern groups them
+# (\p{N}{1,3}); elsewhere each digit is its own piece. Used by the token-count lower bound.
+_DIGITS_PER_PIECE = {"llama-bpe": 3, "llama3": 3, "llama-v3": 3}
 
 # ChatML, for a qwen2 GGUF without tokenizer.chat_template (llama.cpp's default template):
 # no system prompt of its own.
@@ -53,7 +69,7 @@ _TOKEN_CONTROL = 3
 _TOKEN_USER_DEFINED = 4
 
 # Names llama.cpp also treats as end-of-generation when present in the vocab.
-_EXTRA_EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<end_of_turn>")
+_EXTRA_EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>")
 
 
 @lru_cache(maxsize=1)
@@ -82,6 +98,11 @@ def _field_str(reader: gguf.GGUFReader, key: str) -> str | None:
 def _field_int(reader: gguf.GGUFReader, key: str) -> int | None:
     f = reader.fields.get(key)
     return None if f is None else int(f.parts[f.data[0]][0])
+
+
+def _field_bool(reader: gguf.GGUFReader, key: str) -> bool | None:
+    f = reader.fields.get(key)
+    return None if f is None else bool(f.parts[f.data[0]][0])
 
 
 def _field_strs(reader: gguf.GGUFReader, key: str) -> list[str]:
@@ -124,12 +145,15 @@ class Tokenizer:
         eos_id: int,
         chat_template: str | None,
         pre: str = "smollm",
+        add_bos: bool | None = None,
     ) -> None:
         if pre not in _PRE_PATTERNS:
             # Other pre-tokenizers need other regexes; refuse rather than silently drift.
             raise UnsupportedModelError(
                 f"unsupported tokenizer.ggml.pre={pre!r} (supported: {', '.join(_PRE_PATTERNS)})")
         self.pre = pre
+        self.add_bos = pre in _DEFAULT_ADD_BOS if add_bos is None else bool(add_bos)
+        self._digit_share = 1.0 / _DIGITS_PER_PIECE.get(pre, 1)
         self._tokens = list(tokens)
         self._types = list(token_types)
         self._bos_id = bos_id
@@ -138,7 +162,8 @@ class Tokenizer:
 
         vocab = {t: i for i, t in enumerate(self._tokens)}
         pairs = [tuple(m.split(" ", 1)) for m in merges]
-        hf = _HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+        hf = _HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False,
+                                     ignore_merges=pre in _IGNORE_MERGES))
         hf.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(p), behavior="isolated") for p in _PRE_PATTERNS[pre]]
             # Regex already applied above; ByteLevel only maps bytes to its alphabet.
@@ -170,12 +195,12 @@ class Tokenizer:
         # bytes covers n bytes, each of which has longest >= n, so over any text
         # sum(1 / longest[byte]) <= tokens: the bound that lets an over-long prompt of any
         # shape be refused before it is tokenized (a run of "a" needs >= 1 token per 8
-        # bytes, not per 81). Digits are isolated by the pre-tokenizer: one token each.
+        # bytes, not per 81). Digits: at most _DIGITS_PER_PIECE per token (the pre-tokenizer).
         lens = np.array([len(b) for b in self._bytes], np.int64)
         sets = np.zeros((len(self._bytes), 256), np.bool_)  # which bytes each token holds
         for i, b in enumerate(self._bytes):
             sets[i, list(b)] = True
-        self._byte_share = _byte_share(sets, lens, range(256))
+        self._byte_share = _byte_share(sets, lens, range(256), self._digit_share)
         # kept packed for plain_bound(), which redoes this over a text's own byte set
         self._token_len, self._token_sets = lens, np.packbits(sets, axis=1)
 
@@ -241,6 +266,7 @@ class Tokenizer:
             eos_id=eos,
             chat_template=template,
             pre=_field_str(reader, "tokenizer.ggml.pre") or "smollm",
+            add_bos=_field_bool(reader, "tokenizer.ggml.add_bos_token"),
         )
 
     @classmethod
@@ -284,7 +310,7 @@ class Tokenizer:
         return self._hf.encode(text, add_special_tokens=False).ids
 
     def encode(self, text: str, *, parse_special: bool = False) -> list[int]:
-        """Token ids of `text`, without BOS (the GGUF says add_bos_token=False).
+        """Token ids of `text`, without BOS (see with_bos).
 
         With parse_special=False (the default, for anything a user wrote) a string like
         "<|im_end|>" is tokenized as ordinary characters and can never end a turn.
@@ -299,6 +325,13 @@ class Tokenizer:
             pos = m.end()
         ids += self._encode_plain(text[pos:])
         return ids
+
+    def with_bos(self, ids: list[int]) -> list[int]:
+        """A prompt's ids as the model expects them: BOS first when the GGUF adds one
+        (add_bos_token), and only one (a chat template that writes its own BOS keeps it)."""
+        if self.add_bos and (not ids or ids[0] != self._bos_id):
+            return [self._bos_id] + list(ids)
+        return list(ids)
 
     def min_tokens(self, prompt: str | None = None,
                    messages: Sequence[dict[str, Any]] | None = None) -> int:
@@ -323,7 +356,8 @@ class Tokenizer:
             return _bound(counts, self._byte_share)
         usable = ~np.any(self._token_sets & np.packbits(counts == 0), axis=1)
         sets = np.unpackbits(self._token_sets[usable], axis=1).astype(np.bool_)
-        return _bound(counts, _byte_share(sets, self._token_len[usable], np.flatnonzero(counts)))
+        return _bound(counts, _byte_share(sets, self._token_len[usable], np.flatnonzero(counts),
+                                          self._digit_share))
 
     def _bytes_bound(self, text: str) -> int:
         return _bound(_byte_counts(text), self._byte_share)
@@ -457,16 +491,17 @@ class Tokenizer:
 
 # Where the GPT-2 pre-tokenizer pattern (` ?\p{L}+`) must start a new piece: a space after a
 # non-space, before a letter.
-def _byte_share(sets: np.ndarray, lens: np.ndarray, columns) -> np.ndarray:
-    """Per byte value, 1 / the longest of these tokens holding it (1 where none does, and
-    for ASCII digits, which the pre-tokenizer isolates: one token each)."""
+def _byte_share(sets: np.ndarray, lens: np.ndarray, columns, digit_share: float) -> np.ndarray:
+    """Per byte value, 1 / the longest of these tokens holding it (1 where none does), and
+    digit_share for ASCII digits (the pre-tokenizer's own bound: 1 where it isolates each
+    digit, 1/3 where numbers are pieces of up to three digits)."""
     longest = np.ones(256)
     for c in columns:
         having = lens[sets[:, c]]
         if having.size:
             longest[c] = having.max()
     share = 1.0 / longest
-    share[ord("0"):ord("9") + 1] = 1.0
+    share[ord("0"):ord("9") + 1] = digit_share
     return share
 
 

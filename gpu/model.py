@@ -15,7 +15,9 @@ invocations a step makes; the kernels themselves are parallel (numba prange, Ope
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+
 import numba
 import numpy as np
 from numba import njit
@@ -25,7 +27,7 @@ from .gguf_loader import ModelConfig, ModelWeights
 from .kv_cache import KVArena, Sequence
 from .model_api import Draw, ReadyTokens, StepInput, step_arrays  # noqa: F401 (StepInput: API)
 from .ops.attention import BLOCK_TOKENS, attention, kv_write
-from .ops import int8_matmul  # issue 15: int8 CPU kernels
+from .ops import cpu_features, int8_matmul  # issue 15: int8 CPU kernels
 from .ops.embedding import embed
 from .ops.matmul import matmul
 from .ops.rmsnorm import rmsnorm
@@ -98,7 +100,7 @@ class LlamaModel:
     overlaps = False  # launch_tokens runs the step before it returns
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, *, max_seq_len: int | None = None,
-                 kv_blocks: int | None = None, path: str = ""):
+                 kv_blocks: int | None = None, path: str = "", prepared: dict | None = None):
         self.cfg = cfg
         self.w = weights
         self.path = path
@@ -113,9 +115,12 @@ class LlamaModel:
         self.qkv_bias = (weights.qkv_bias if weights.qkv_bias is not None
                          else np.zeros((cfg.n_layer, 0), np.float32))
         # --- int8 CPU kernels (issue 15; gpu/ops/int8_matmul.py): the matmul weights re-laid
-        # out once for the kernel set chosen at import (gpu/ops/cpu_features.py); self.w keeps
-        # the original layout (the CUDA forward reads it)
-        mw = int8_matmul.prepare_model(weights)
+        # out once for the kernel set chosen at import (gpu/ops/cpu_features.py), or given
+        # already so (prepared: from the model cache); self.w keeps the original layout (the
+        # CUDA forward reads it)
+        mw = (dataclasses.replace(weights, **prepared) if prepared is not None
+              else int8_matmul.prepare_model(weights))
+        self.prepared = {k: getattr(mw, k) for k in int8_matmul.MATMUL_WEIGHTS}
         self._wargs = (weights.emb, mw.wqkv, mw.wo, mw.wgu, mw.wdown,
                        weights.attn_norm, weights.ffn_norm, weights.out_norm, mw.output,
                        self.qkv_bias)
@@ -138,8 +143,12 @@ class LlamaModel:
             if use_cache:
                 model_cache.save(path, cfg, weights, tok_meta)
             cached = (cfg, weights, tok_meta)
-        model = cls(cached[0], cached[1], path=path, **kw)
+        isa = cpu_features.ISA
+        prepared = model_cache.load_prepared(path, isa) if use_cache and isa else None
+        model = cls(cached[0], cached[1], path=path, prepared=prepared, **kw)
         model.tokenizer_meta = cached[2]
+        if use_cache and isa and prepared is None:
+            model_cache.save_prepared(path, isa, model.prepared)
         return model
 
     @property

@@ -45,10 +45,77 @@ def load(path: str):
     def arr(name: str) -> np.ndarray:
         return np.load(os.path.join(d, name + ".npy"), mmap_mode="c")
 
-    weights = {n: Weight(meta["fmt"][n], *(arr(f"{n}.{k}") for k in ("qs", "d", "m", "w"))) for n in _WEIGHTS}
+    weights = _load_weights(d, {n: meta["fmt"][n] for n in _WEIGHTS})
     weights.update({n: arr(n) for n in _ARRAYS})
     weights.update({n: arr(n) for n in _OPTIONAL if os.path.exists(os.path.join(d, n + ".npy"))})
     return ModelConfig(**meta["config"]), ModelWeights(**weights), meta["tokenizer"]
+
+
+def _save_weights(tmp: str, weights: dict) -> None:
+    for n, wt in weights.items():
+        for k in ("qs", "d", "m", "w"):
+            np.save(os.path.join(tmp, f"{n}.{k}.npy"), getattr(wt, k))
+
+
+def _load_weights(d: str, fmts: dict) -> dict:
+    return {n: Weight(f, *(np.load(os.path.join(d, f"{n}.{k}.npy"), mmap_mode="c")
+                           for k in ("qs", "d", "m", "w"))) for n, f in fmts.items()}
+
+
+def _commit(tmp: str, d: str) -> None:
+    """The finished temporary directory becomes d (a reader never sees half of one)."""
+    open(os.path.join(tmp, "done"), "w").close()
+    if os.path.exists(d):
+        shutil.rmtree(d)
+    os.rename(tmp, d)
+
+
+def _prune(source: str, keep: str) -> None:
+    """Remove the caches of `source` that `keep` replaces (another file version or another
+    runtime version: a key that will never be asked for again), with their int8 layouts.
+    A daemon still running from one keeps its memory-mapped files until it exits."""
+    base = os.path.dirname(keep)
+    for name in os.listdir(base):
+        d = os.path.join(base, name)
+        if d == keep or name.startswith(".tmp-") or "-int8-" in name:
+            continue
+        try:
+            with open(os.path.join(d, "meta.json")) as f:
+                if os.path.abspath(json.load(f).get("source", "")) != source:
+                    continue
+        except (OSError, ValueError):
+            continue
+        for stale in [d] + [os.path.join(base, n) for n in os.listdir(base)
+                            if n.startswith(name + "-int8-")]:
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def prepared_dir(path: str, isa: int) -> str:
+    return f"{cache_dir(path)}-int8-{isa}"
+
+
+def load_prepared(path: str, isa: int) -> dict | None:
+    """The matmul weights as the int8 kernels of ``isa`` want them (gpu/ops/int8_matmul.py's
+    prepare_model: packed bits, float16 scales), or None: re-packing a model takes about a
+    second, a cold start's budget, so it is done once and memory-mapped after."""
+    d = prepared_dir(path, isa)
+    if not os.path.exists(os.path.join(d, "done")):
+        return None
+    with open(os.path.join(d, "meta.json")) as f:
+        return _load_weights(d, json.load(f)["fmt"])
+
+
+def save_prepared(path: str, isa: int, weights: dict) -> None:
+    d = prepared_dir(path, isa)
+    os.makedirs(os.path.dirname(d), exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(d), prefix=".tmp-")
+    try:
+        _save_weights(tmp, weights)
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump({"fmt": {n: w.fmt for n, w in weights.items()}, "isa": isa}, f)
+        _commit(tmp, d)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # a read-only cache dir only costs speed
 
 
 def save(path: str, cfg: ModelConfig, w: ModelWeights, tokenizer_meta: dict) -> None:
@@ -56,10 +123,7 @@ def save(path: str, cfg: ModelConfig, w: ModelWeights, tokenizer_meta: dict) -> 
     os.makedirs(os.path.dirname(d), exist_ok=True)
     tmp = tempfile.mkdtemp(dir=os.path.dirname(d), prefix=".tmp-")
     try:
-        for n in _WEIGHTS:
-            wt: Weight = getattr(w, n)
-            for k in ("qs", "d", "m", "w"):
-                np.save(os.path.join(tmp, f"{n}.{k}.npy"), getattr(wt, k))
+        _save_weights(tmp, {n: getattr(w, n) for n in _WEIGHTS})
         for n in _ARRAYS:
             np.save(os.path.join(tmp, n + ".npy"), getattr(w, n))
         for n in _OPTIONAL:
@@ -69,9 +133,7 @@ def save(path: str, cfg: ModelConfig, w: ModelWeights, tokenizer_meta: dict) -> 
                 "fmt": {n: getattr(w, n).fmt for n in _WEIGHTS}, "source": path}
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f)
-        open(os.path.join(tmp, "done"), "w").close()
-        if os.path.exists(d):
-            shutil.rmtree(d)
-        os.rename(tmp, d)
+        _commit(tmp, d)
+        _prune(os.path.abspath(path), d)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # a read-only cache dir only costs speed

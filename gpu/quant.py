@@ -22,9 +22,10 @@ integers times an f16 super-block scale, so expanding them at load time to one f
 6-bit q still fits float32's 24), and then Q4_K *is* our Q4 layout and the existing kernels
 apply unchanged, at the same cost as Q4_1. 5- and 6-bit values are stored as whole bytes:
 the byte kernel already exists, needs no bit-plane logic (which Numba would widen to int64,
-see gpu/ops/matmul.py), and is exact. The price is memory traffic: 10 bits a weight for the
-5-bit types (a nibble + high-bit-plane layout would be 6) and 12 for Q6_K (two floats per 16
-weights; 6.6 in the file). Q6_K's scales are per 16 weights, so it gets the byte layout with
+see gpu/ops/matmul.py), and is exact. The price is memory traffic for the float kernels: 10
+bits a weight for the 5-bit types and 12 for Q6_K (two floats per 16 weights; 6.6 in the
+file). The int8 kernels re-pack them (gpu/ops/int8_matmul.py: nibble plane + high bits,
+float16 scales): 6 and 8. Q6_K's scales are per 16 weights, so it gets the byte layout with
 16-weight blocks; the byte kernels read the block length from the array's shape.
 
 Quantized weights are then *row-interleaved* for the kernels: rows are padded to a multiple

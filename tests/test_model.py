@@ -7,6 +7,7 @@ import pytest
 from zerolayer.gpu import gguf_loader
 from zerolayer.gpu.errors import ContextOverflowError
 from zerolayer.gpu.model import LlamaModel, StepInput
+from zerolayer.gpu.ops import int8_matmul
 from zerolayer.gpu.ops.int8_matmul import kernel_set
 from zerolayer.gpu.reference import ReferenceLlama
 
@@ -116,3 +117,33 @@ def test_repacked_model_cache_round_trip(tmp_path, tiny_path):
     d = model_cache.cache_dir(p)
     os.utime(p, ns=(0, 0))        # a changed file gets a new key: never stale
     assert model_cache.cache_dir(p) != d and model_cache.load(p) is None
+    LlamaModel.load(p)            # the new version's cache replaces the old one
+    assert not os.path.exists(d) and model_cache.load(p) is not None
+
+
+@pytest.mark.skipif(not int8_matmul.ISAS, reason="no int8 kernel set on this CPU")
+def test_int8_layout_cache_round_trip(tmp_path, tiny_path):
+    """The int8 kernels' weights (packed bits, float16 scales) are cached beside the model
+    once per kernel set, then memory-mapped: the same logits as a fresh re-pack."""
+    import shutil
+    from zerolayer.gpu import model_cache
+    p = str(tmp_path / "m.gguf")
+    shutil.copy(tiny_path, p)
+    isa = int8_matmul.ISAS[0]
+    out = []
+    with kernel_set(isa):
+        fresh = LlamaModel.load(p, use_cache=False)
+        assert model_cache.load_prepared(p, isa) is None
+        LlamaModel.load(p)                              # re-packs and saves
+        cached = model_cache.load_prepared(p, isa)
+        assert cached is not None and set(cached) == set(int8_matmul.MATMUL_WEIGHTS)
+        model = LlamaModel.load(p)                      # maps the saved layout
+        assert all(isinstance(w.qs, np.memmap) or w.qs.size == 0 for w in model.prepared.values())
+        for m in (fresh, model):
+            s = m.new_sequence()
+            out.append(m.step([StepInput(s, np.arange(20, dtype=np.int32))]))
+    np.testing.assert_array_equal(out[0], out[1])
+    for k, w in cached.items():
+        assert w.fmt == fresh.prepared[k].fmt and np.array_equal(w.qs, fresh.prepared[k].qs)
+    with kernel_set(0):                                 # the float kernels: nothing of it
+        assert all(not int8_matmul.is_int8(w.fmt) for w in LlamaModel.load(p).prepared.values())

@@ -4,8 +4,10 @@ quantized weights (AVX-512 VNNI ``vpdpbusd``, or AVX2 ``vpmaddubsw`` + ``vpmaddw
 Numba does not emit integer dot-product instructions, so the inner block product is a Numba
 intrinsic whose codegen writes the LLVM IR itself: vector loads of the weight bytes, a
 broadcast of four activation bytes, and calls to ``llvm.x86.avx512.vpdpbusd.{512,256}`` or
-``llvm.x86.avx2.pmadd.ub.sw`` / ``llvm.x86.avx2.pmadd.wd``. The rest (quantizing the
-activations, scaling the integer block sums, the parallel loop over row groups) is Numba.
+``llvm.x86.avx2.pmadd.ub.sw`` / ``llvm.x86.avx2.pmadd.wd``, then the block's scaling into
+the float32 outputs. The rest (quantizing the activations, the loops over blocks and row
+groups) is Numba. One intrinsic, ``block_dot``, holds every variant this CPU runs (ISA x
+weight kind x block length x 1 or NT tokens) behind one switch.
 
 The algebra. Our weights are ``w = d q + m`` per block (q unsigned: 0..15, 0..63 or 0..255;
 gpu/quant.py). Activations are quantized per block of the same length (32, or 16 for
@@ -26,6 +28,14 @@ weight a new format code that carries the kind and the ISA: fmt = FMT_I8 + 8 isa
 A Q4 byte holds weights j (low nibble) and 16 + j (high), so the transposed word of
 ``(j4, l)`` pairs its low nibbles with activations 4 j4 .. 4 j4 + 3 and its high nibbles
 with 16 + 4 j4 ...
+
+Decode reads every weight byte once per token, so bytes are time. Two changes of layout
+bring the int8 path to llama.cpp's bytes per weight: the block scales d and m are float16
+(exact for every type whose file stores f16 scales; the K-quants' d_sb * sc products round
+to 11 bits), and 5- and 6-bit values (Q5_0, Q5_1, Q5_K, Q6_K), which gpu/quant.py stores as
+whole bytes, are packed here as a nibble plane (as Q4) plus one 32-bit word per row of their
+high bits (pack_bits; the kernel ORs them back in with a shift and a mask): 5 or 6 bits a
+weight instead of 8. Q4_1 goes from 6 to 5 bits a weight with its scales, Q6_K from 12 to 8.
 
 AVX2 saturation: ``vpmaddubsw`` adds two u8 x s8 products into a saturating int16, which
 overflows for weight bytes above 129 (only Q8_0's q + 128 reaches them). Such weights get the
@@ -461,7 +471,10 @@ def prepare_model(weights, isa: int | None = None):
     if not isa:
         return weights
     return dataclasses.replace(weights, **{k: prepare(getattr(weights, k), isa)
-                                           for k in ("wqkv", "wo", "wgu", "wdown", "output")})
+                                           for k in MATMUL_WEIGHTS})
+
+
+MATMUL_WEIGHTS = ("wqkv", "wo", "wgu", "wdown", "output")
 
 
 @njit(cache=True, nogil=True)

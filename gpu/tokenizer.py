@@ -214,6 +214,7 @@ class Tokenizer:
         if chat_template is not None:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise_template_error
+            env.globals["strftime_now"] = _strftime_now  # Llama 3.2's templates date the system turn
             self._template = env.from_string(chat_template)
         self._specials_per_message = self._count_specials_per_message()
 
@@ -516,6 +517,11 @@ def _bound(counts: np.ndarray, share: np.ndarray) -> int:
 
 
 _WORD_START = re.compile(r"(?<=\S) (?=[^\W\d_])")
+
+
+def _strftime_now(fmt: str) -> str:
+    import datetime
+    return datetime.datetime.now().strftime(fmt)
 
 
 def _raise_template_error(message: str) -> None:

@@ -18,6 +18,7 @@ from typing import Iterator
 import numpy as np
 
 from . import backend
+from .ops import cpu_features
 from .model import LlamaModel, set_threads
 from .model_api import GREEDY, Draw, Model, StepInput
 from zerolayer.client.sampling_params import SamplingParams  # noqa: F401 (API)
@@ -153,7 +154,7 @@ class Generator:
         model = on_backend(LlamaModel.load(path, max_seq_len=max_seq_len, kv_blocks=kv_blocks or None))
         tok = model.tokenizer()
         c = model.cfg
-        where = (f"{n} CPU threads" if not backend.ON_DEVICE
+        where = (f"{n} CPU threads ({cpu_features.describe()})" if not backend.ON_DEVICE
                  else f"{backend.NAME} ({model.device})")
         log(f"loaded {c.name} ({c.n_layer} layers, d={c.d_model}, vocab {c.vocab}, "
             f"context {model.max_seq_len}) in {time.perf_counter() - t0:.2f} s, on {where}")

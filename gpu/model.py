@@ -143,12 +143,12 @@ class LlamaModel:
             if use_cache:
                 model_cache.save(path, cfg, weights, tok_meta)
             cached = (cfg, weights, tok_meta)
-        isa = cpu_features.ISA
-        prepared = model_cache.load_prepared(path, isa) if use_cache and isa else None
+        key = cpu_features.layout_key()  # None: the float kernels, nothing to prepare
+        prepared = model_cache.load_prepared(path, key) if use_cache and key else None
         model = cls(cached[0], cached[1], path=path, prepared=prepared, **kw)
         model.tokenizer_meta = cached[2]
-        if use_cache and isa and prepared is None:
-            model_cache.save_prepared(path, isa, model.prepared)
+        if use_cache and key and prepared is None:
+            model_cache.save_prepared(path, key, model.prepared)
         return model
 
     @property

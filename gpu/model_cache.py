@@ -90,29 +90,29 @@ def _prune(source: str, keep: str) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def prepared_dir(path: str, isa: int) -> str:
-    return f"{cache_dir(path)}-int8-{isa}"
+def prepared_dir(path: str, key: str) -> str:
+    return f"{cache_dir(path)}-int8-{key}"
 
 
-def load_prepared(path: str, isa: int) -> dict | None:
-    """The matmul weights as the int8 kernels of ``isa`` want them (gpu/ops/int8_matmul.py's
+def load_prepared(path: str, key: str) -> dict | None:
+    """The matmul weights as the integer kernels of a kernel set (cpu_features.layout_key) want them (gpu/ops/int8_matmul.py's
     prepare_model: packed bits, float16 scales), or None: re-packing a model takes about a
     second, a cold start's budget, so it is done once and memory-mapped after."""
-    d = prepared_dir(path, isa)
+    d = prepared_dir(path, key)
     if not os.path.exists(os.path.join(d, "done")):
         return None
     with open(os.path.join(d, "meta.json")) as f:
         return _load_weights(d, json.load(f)["fmt"])
 
 
-def save_prepared(path: str, isa: int, weights: dict) -> None:
-    d = prepared_dir(path, isa)
+def save_prepared(path: str, key: str, weights: dict) -> None:
+    d = prepared_dir(path, key)
     os.makedirs(os.path.dirname(d), exist_ok=True)
     tmp = tempfile.mkdtemp(dir=os.path.dirname(d), prefix=".tmp-")
     try:
         _save_weights(tmp, weights)
         with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump({"fmt": {n: w.fmt for n, w in weights.items()}, "isa": isa}, f)
+            json.dump({"fmt": {n: w.fmt for n, w in weights.items()}, "kernels": key}, f)
         _commit(tmp, d)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # a read-only cache dir only costs speed

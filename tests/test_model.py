@@ -7,7 +7,7 @@ import pytest
 from zerolayer.gpu import gguf_loader
 from zerolayer.gpu.errors import ContextOverflowError
 from zerolayer.gpu.model import LlamaModel, StepInput
-from zerolayer.gpu.ops import int8_matmul
+from zerolayer.gpu.ops import cpu_features, int8_matmul
 from zerolayer.gpu.ops.int8_matmul import kernel_set
 from zerolayer.gpu.reference import ReferenceLlama
 
@@ -129,13 +129,13 @@ def test_int8_layout_cache_round_trip(tmp_path, tiny_path):
     from zerolayer.gpu import model_cache
     p = str(tmp_path / "m.gguf")
     shutil.copy(tiny_path, p)
-    isa = int8_matmul.ISAS[0]
     out = []
-    with kernel_set(isa):
+    with kernel_set(int8_matmul.ISAS[0]):
+        key = cpu_features.layout_key()
         fresh = LlamaModel.load(p, use_cache=False)
-        assert model_cache.load_prepared(p, isa) is None
+        assert model_cache.load_prepared(p, key) is None
         LlamaModel.load(p)                              # re-packs and saves
-        cached = model_cache.load_prepared(p, isa)
+        cached = model_cache.load_prepared(p, key)
         assert cached is not None and set(cached) == set(int8_matmul.MATMUL_WEIGHTS)
         model = LlamaModel.load(p)                      # maps the saved layout
         assert all(isinstance(w.qs, np.memmap) or w.qs.size == 0 for w in model.prepared.values())

@@ -11,6 +11,9 @@ Kernel sets, best first:
 * ``avx2``  AVX2 ``vpmaddubsw`` + ``vpmaddwd``
 * ``float`` the float32 kernels of gpu/ops/matmul.py (the reference and the fallback)
 
+and, for vnni and avx2, the activations' width: int16 (the default) or int8
+(``ZEROLAYER_CPU_ACTIVATIONS``, below).
+
 ``ZEROLAYER_CPU_KERNELS=float|avx2|vnni|auto`` overrides the default. Asking for a set the CPU
 lacks falls back to the best one it has (with a warning), so a config written on one machine
 still runs on another.
@@ -23,13 +26,12 @@ import warnings
 ENV = "ZEROLAYER_CPU_KERNELS"
 MODES = ("float", "avx2", "vnni")
 
-# The default when the variable is unset; "auto" picks the best set the CPU supports. The
-# int8 kernels are measured faster here (prefill ~2-3x, batch-8 decode ~1.8x, batch-1 decode
-# ~1.05x) and pass the golden test against llama.cpp, but they flip a near-tie that tests
-# pinned on the float path's answers (the France chat prompt then starts "L'...", as
-# llama.cpp's own answer does), so switching the default is left to the lead: "float" until
-# then, ZEROLAYER_CPU_KERNELS=auto (or vnni / avx2) to run them.
-DEFAULT = "float"
+# The default when the variable is unset: "auto", the best set the CPU supports, with int16
+# activations (ACT_DEFAULT below), which give the float kernels' answers (the golden greedy
+# answers are unchanged; with int8 activations, as llama.cpp's, the France chat prompt's
+# near-tie " The" / "L" flips to llama.cpp's own "L'Étoile, ...") and most of int8's speed.
+# "float" runs the reference kernels (gpu/ops/matmul.py), which the CUDA kernels twin.
+DEFAULT = "auto"
 
 # ISA ids, shared with int8_matmul's format codes
 ISA_AVX2, ISA_VNNI256, ISA_VNNI512 = 1, 2, 3
@@ -101,3 +103,35 @@ def select(env: str | None = None, feats: frozenset[str] | None = None) -> tuple
 
 
 MODE, ISA = select()
+
+# The activations' width for the integer kernels: int16 (vpdpwssd / vpmaddwd on the
+# zero-extended weights) keeps the float kernels' answers (an activation is off by at most
+# 1/65534 of its block's largest, against 1/254 with int8) at the int8 path's memory traffic,
+# which is what decode waits on; int8 (llama.cpp's choice) has twice the arithmetic
+# throughput, which prefill uses, and flips near-ties.
+ACT_ENV = "ZEROLAYER_CPU_ACTIVATIONS"
+ACT_DEFAULT = "int16"
+
+
+def select_wide(env: str | None = None) -> bool:
+    want = (env if env is not None else os.environ.get(ACT_ENV, "")).strip().lower() or ACT_DEFAULT
+    if want not in ("int8", "int16"):
+        warnings.warn(f"{ACT_ENV}={want!r} is not int8 or int16; using {ACT_DEFAULT}")
+        want = ACT_DEFAULT
+    return want == "int16"
+
+
+WIDE = select_wide()
+
+
+def layout_key() -> str | None:
+    """Names the weight layout the selected kernels run on (the model cache keeps one per
+    key); None for the float kernels."""
+    return f"{ISA}{'w' if WIDE else ''}" if ISA else None
+
+
+def describe() -> str:
+    """The selected kernels, for logs: "vnni kernels, int16 activations" or "float kernels"."""
+    if not ISA:
+        return "float kernels"
+    return f"{MODE} kernels, {'int16' if WIDE else 'int8'} activations"

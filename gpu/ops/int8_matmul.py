@@ -1,5 +1,11 @@
-"""int8 matmul: activations quantized to 8 bits per block, integer dot products with the
-quantized weights (AVX-512 VNNI ``vpdpbusd``, or AVX2 ``vpmaddubsw`` + ``vpmaddwd``).
+"""Integer matmul: activations quantized to 8 or 16 bits per block, integer dot products
+with the quantized weights (AVX-512 VNNI ``vpdpbusd`` / ``vpdpwssd``, or AVX2 ``vpmaddubsw``
++ ``vpmaddwd`` / ``vpmaddwd``).
+
+Two activation widths (gpu/ops/cpu_features.py chooses; a weight's format code carries it):
+int8, as llama.cpp, and int16 (the default): the weight bytes zero-extended to int16 and
+multiplied in pairs, twice the instructions for 1/256 of the activation error, which keeps
+the float kernels' greedy answers; decode streams the same weight bytes either way.
 
 Numba does not emit integer dot-product instructions, so the inner block product is a Numba
 intrinsic whose codegen writes the LLVM IR itself: vector loads of the weight bytes, a
@@ -11,7 +17,8 @@ weight kind x block length x 1 or NT tokens) behind one switch.
 
 The algebra. Our weights are ``w = d q + m`` per block (q unsigned: 0..15, 0..63 or 0..255;
 gpu/quant.py). Activations are quantized per block of the same length (32, or 16 for
-FMT_Q8_16): ``x ~ s xq`` with ``s = max|x| / 127`` and ``xq = round(x / s)`` in -127..127.
+FMT_Q8_16): ``x ~ s xq`` with ``s = max|x| / 127`` and ``xq = round(x / s)`` in -127..127
+(int16: 32767).
 Then, per block, exactly over the quantized activations,
 
     sum_i w_i s xq_i = d s (sum_i q_i xq_i) + m s (sum_i xq_i)
@@ -60,8 +67,15 @@ NT = 4  # tokens per kernel call (register blocking: each weight vector feeds NT
 ISAS = cpu_features.supported_isas()  # compiled in: only the ones this CPU runs
 
 
-def fmt_code(isa: int, kind: int) -> int:
-    return FMT_I8 + 8 * isa + kind
+WIDE = 32  # fmt bit: the activations are int16, not int8 (see the module doc)
+
+
+def fmt_code(isa: int, kind: int, wide: bool = False) -> int:
+    return FMT_I8 + WIDE * wide + 8 * isa + kind
+
+
+def is_wide(fmt: int) -> bool:
+    return fmt >= FMT_I8 + WIDE
 
 
 def is_int8(fmt: int) -> bool:
@@ -114,6 +128,48 @@ def _dot4(builder, isa, acc, w, x, wscale=1):
     return builder.add(acc, builder.call(f2, [p, _splat(I16, 16, wscale)]))
 
 
+def _dot2w(builder, isa, acc, w, x):
+    """acc (<V x i32>) + per lane: the sum of 2 products w (i16) x x (i16): vpdpwssd, or
+    AVX2's vpmaddwd (no saturation: |w| <= 255, |x| <= 32767)."""
+    V = acc.type.count
+    vi = _vt(I32, V)
+    if isa in (ISA_VNNI512, ISA_VNNI256):
+        name = "llvm.x86.avx512.vpdpwssd.512" if V == 16 else "llvm.x86.avx512.vpdpwssd.256"
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vi, [vi, vi, vi]), name)
+        return builder.call(fn, [acc, builder.bitcast(w, vi), builder.bitcast(x, vi)])
+    w16 = _vt(I16, 16)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vi, [w16, w16]),
+                                        "llvm.x86.avx2.pmadd.wd")
+    return builder.add(acc, builder.call(fn, [builder.bitcast(w, w16), builder.bitcast(x, w16)]))
+
+
+def _bcast_quad(builder, base, off, V):
+    """Four int16 at base + off (bytes), repeated in every 64-bit lane: <2V x i16>."""
+    i64 = ir.IntType(64)
+    q = _load_vec(builder, base, off, i64)
+    return builder.bitcast(_splat_value(builder, q, V // 2), _vt(I16, 2 * V))
+
+
+def _wide_dots(builder, isa, accs, w, xs):
+    """The int16 form of one weight vector's dot products: w (<4V x i8>: V rows x 4
+    positions) zero-extended to int16 and split into two halves of V/2 rows, each row two
+    int32 lanes (positions 0-1, 2-3); accs[t] = [acc of rows 0..V/2-1, acc of V/2..V-1]."""
+    n = w.type.count
+    wz = builder.zext(w, _vt(I16, n))
+    halves = [builder.shuffle_vector(wz, wz, ir.Constant(_vt(I32, n // 2), list(range(h * n // 2, (h + 1) * n // 2))))
+              for h in (0, 1)]
+    for t, x in enumerate(xs):
+        accs[t] = [_dot2w(builder, isa, accs[t][h], halves[h], x) for h in (0, 1)]
+
+
+def _pair_sums(builder, a0, a1):
+    """Rows 0..V-1's sums from the two half accumulators of _wide_dots."""
+    V = a0.type.count
+    even = ir.Constant(_vt(I32, V), list(range(0, 2 * V, 2)))
+    odd = ir.Constant(_vt(I32, V), list(range(1, 2 * V, 2)))
+    return builder.add(builder.shuffle_vector(a0, a1, even), builder.shuffle_vector(a0, a1, odd))
+
+
 def _hi_bits(builder, h, bits, k, V):
     """Bits k*bits .. k*bits+bits-1 of each byte of h (<V x i32>), moved to bits 4.. of that
     byte (the high part of a 5- or 6-bit value whose low nibble comes from the nibble plane)."""
@@ -125,8 +181,8 @@ def _hi_bits(builder, h, bits, k, V):
     return builder.bitcast(v, _vt(I8, 4 * V))
 
 
-def _block_codegen(isa, kind, bs, nt, builder, wbase, xbase, xstride, dbase, mbase, sbase,
-                   cbase, sstride, obase):
+def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbase, mbase,
+                   sbase, cbase, sstride, obase):
     """One weight block (64 rows) times nt activation rows, scaled and added to the output.
 
     wbase: i8* to the block's bytes (layouts in prepare()); xbase: i8* to the first token's
@@ -135,6 +191,9 @@ def _block_codegen(isa, kind, bs, nt, builder, wbase, xbase, xstride, dbase, mba
     s * sum(xq) for this block (token t at + t * sstride); obase: float* [nt, 64], where
     out[t, l] += d[l] * s[t] * (sum of q[l, k] xq[t, k]) + m[l] * c[t].
 
+    wide: the activations are int16 (xbase, xstride in bytes all the same), multiplied by
+    vpdpwssd / vpmaddwd on the zero-extended weights (_wide_dots).
+
     The scaling is here and not in Numba so the integer sums never leave the registers, and
     so the scales can be float16 (llama.cpp's own precision for them): they are a fifth of
     a Q4 weight's bytes as float32, and decode streams every byte of every weight.
@@ -142,6 +201,8 @@ def _block_codegen(isa, kind, bs, nt, builder, wbase, xbase, xstride, dbase, mba
     V = 16 if isa == ISA_VNNI512 else 8
     NV = LANES // V
     RC = {ISA_VNNI512: NV, ISA_VNNI256: 4, ISA_AVX2: 2}[isa]  # row vectors per pass (registers)
+    if wide:
+        RC = max(1, RC // 2)  # two accumulators per row vector
     bv = _vt(I8, 4 * V)
     lo_mask = _splat(I8, 4 * V, 15)
     four = _splat(I8, 4 * V, 4)
@@ -159,11 +220,14 @@ def _block_codegen(isa, kind, bs, nt, builder, wbase, xbase, xstride, dbase, mba
     c_t = [_splat_value(builder, builder.load(builder.gep(cbase, [soffs[t]])), V) for t in range(nt)]
 
     def xword(t, pos):
+        if wide:
+            return _bcast_quad(builder, xbase, builder.add(xoffs[t], ir.Constant(i64, 2 * pos)), V)
         return _bcast_word(builder, xbase, builder.add(xoffs[t], ir.Constant(i64, pos)), V)
 
     for v0 in range(0, NV, RC):
         vs = range(v0, min(NV, v0 + RC))
         acc = {(t, v): zero for t in range(nt) for v in vs}
+        wacc = {v: [[zero, zero] for t in range(nt)] for v in vs}  # wide: half accumulators
         hwords = {v: _load_vec(builder, wbase, nj4 * 4 * LANES + v * 4 * V, _vt(I32, V))
                   for v in vs} if hbits else {}
         for j4 in range(nj4):
@@ -180,9 +244,15 @@ def _block_codegen(isa, kind, bs, nt, builder, wbase, xbase, xstride, dbase, mba
                     if hbits:  # the high bits of positions 4 j4 + i and half + 4 j4 + i
                         wl = builder.or_(wl, _hi_bits(builder, hwords[v], hbits, j4, V))
                         wh = builder.or_(wh, _hi_bits(builder, hwords[v], hbits, j4 + nj4, V))
+                    if wide:
+                        _wide_dots(builder, isa, wacc[v], wl, xlo)
+                        _wide_dots(builder, isa, wacc[v], wh, xhi)
+                        continue
                     for t in range(nt):
                         a = _dot4(builder, isa, acc[t, v], wl, xlo[t])
                         acc[t, v] = _dot4(builder, isa, a, wh, xhi[t])
+                elif wide:
+                    _wide_dots(builder, isa, wacc[v], w, xw)
                 elif kind == KIND_Q8_SPLIT:
                     wl = builder.and_(w, lo_mask)
                     wh = builder.lshr(w, four)
@@ -192,6 +262,9 @@ def _block_codegen(isa, kind, bs, nt, builder, wbase, xbase, xstride, dbase, mba
                 else:
                     for t in range(nt):
                         acc[t, v] = _dot4(builder, isa, acc[t, v], w, xw[t])
+        if wide:
+            for (t, v) in acc:
+                acc[t, v] = _pair_sums(builder, *wacc[v][t])
         for v in vs:
             dv = builder.fpext(_load_vec(builder, dbase, v * V, hv), fv)
             mv = builder.fpext(_load_vec(builder, mbase, v * V, hv), fv)
@@ -220,8 +293,9 @@ _KINDS = {ISA_VNNI512: (KIND_Q4, KIND_Q8, KIND_Q5P, KIND_Q6P),
           ISA_AVX2: (KIND_Q4, KIND_Q8, KIND_Q5P, KIND_Q6P, KIND_Q8_SPLIT)}
 _BLOCK_LENGTHS = {KIND_Q4: (32,), KIND_Q5P: (32,), KIND_Q6P: (16,), KIND_Q8: (32, 16),
                   KIND_Q8_SPLIT: (32, 16)}
-VARIANTS = tuple((isa, kind, bs, nt) for isa in ISAS for kind in _KINDS[isa]
-                 for bs in _BLOCK_LENGTHS[kind] for nt in (1, NT))
+VARIANTS = tuple((isa, kind, bs, nt, wide) for isa in ISAS for kind in _KINDS[isa]
+                 for bs in _BLOCK_LENGTHS[kind] for nt in (1, NT) for wide in (False, True)
+                 if not (wide and kind == KIND_Q8_SPLIT))  # vpmaddwd does not saturate
 
 
 def _variant_key(fmt, bs, n):
@@ -255,11 +329,11 @@ def block_dot(typingctx, fmt, bs, n, wq, woff, xq, xoff, xstride, d16, m16, doff
                                       ir.Constant(i64, 8)), i(2))
         done = builder.append_basic_block("block_dot.done")
         sw = builder.switch(key, done)  # an unknown variant does nothing (prepare() refuses it)
-        for isa, kind, blen, nt in VARIANTS:
-            bb = builder.append_basic_block(f"block_dot.{isa}.{kind}.{blen}.{nt}")
-            sw.add_case(ir.Constant(i64, _variant_key(fmt_code(isa, kind), blen, nt)), bb)
+        for isa, kind, blen, nt, wide in VARIANTS:
+            bb = builder.append_basic_block(f"block_dot.{isa}.{kind}.{blen}.{nt}.{int(wide)}")
+            sw.add_case(ir.Constant(i64, _variant_key(fmt_code(isa, kind, wide), blen, nt)), bb)
             builder.position_at_end(bb)
-            _block_codegen(isa, kind, blen, nt, builder, wp, xp, xs, dp, mp, sp, cp, ss, op)
+            _block_codegen(isa, kind, blen, nt, wide, builder, wp, xp, xs, dp, mp, sp, cp, ss, op)
             builder.branch(done)
         builder.position_at_end(done)
         return context.get_dummy_value()
@@ -271,14 +345,16 @@ def block_dot(typingctx, fmt, bs, n, wq, woff, xq, xoff, xstride, d16, m16, doff
 
 @njit(fastmath=True, cache=True, nogil=True)
 def quantize_row(x, bs, xq, sx, xsm):
-    """One activation row -> int8 per block of bs: x ~ sx[b] * xq; xsm[b] = sx[b] * sum(xq)."""
+    """One activation row -> int8 (or int16, by xq's type) per block of bs: x ~ sx[b] * xq;
+    xsm[b] = sx[b] * sum(xq)."""
     K = x.shape[0]
+    qmax = np.float32(127.0) if xq.itemsize == 1 else np.float32(32767.0)
     for b in range(K // bs):
         amax = np.float32(0.0)
         for j in range(bs):
             amax = max(amax, abs(x[b * bs + j]))
-        s = amax / np.float32(127.0)
-        inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
+        s = amax / qmax
+        inv = qmax / amax if amax > 0 else np.float32(0.0)
         isum = 0
         for j in range(bs):
             q = np.int32(np.rint(x[b * bs + j] * inv))
@@ -305,15 +381,16 @@ def quantize(x, bs, xq, sx, xsm):
 @njit(fastmath=True, cache=True, nogil=True)
 def _group(fmt, wq, blk, d16, m16, g, nb, xq, sx, xsm, K, bs, out):
     """out[t * LANES + l] = row g*LANES + l dotted with token t, for every token (blk: bytes
-    of one block of one row in the prepared layout)."""
+    of one block of one row in the prepared layout; xq: the activations' bytes)."""
     T = sx.shape[0] // nb
+    xb = 2 if fmt >= FMT_I8 + WIDE else 1  # bytes per activation
     out[:] = 0
     for b in range(nb):
         gb = g * nb + b
         t0 = 0
         while t0 < T:
             n = NT if T - t0 >= NT else 1
-            block_dot(fmt, bs, n, wq, gb * blk * LANES, xq, t0 * K + b * bs, K,
+            block_dot(fmt, bs, n, wq, gb * blk * LANES, xq, (t0 * K + b * bs) * xb, K * xb,
                       d16, m16, gb * LANES, sx, xsm, t0 * nb + b, nb, out, t0 * LANES)
             t0 += n
 
@@ -327,10 +404,15 @@ def int8_matmul(fmt, qs, d, m, x, y):
     G = d.shape[0]
     nb = d.shape[1]
     bs = K // nb
-    xq = np.empty(T * K, np.int8)
     sx = np.empty((T, nb), np.float32)
     xsm = np.empty((T, nb), np.float32)
-    quantize(x, bs, xq, sx, xsm)
+    if fmt >= FMT_I8 + WIDE:
+        xq16 = np.empty(T * K, np.int16)
+        quantize(x, bs, xq16, sx, xsm)
+        xq = xq16.view(np.int8)
+    else:
+        xq = np.empty(T * K, np.int8)
+        quantize(x, bs, xq, sx, xsm)
     wq = qs.reshape(-1)
     d16 = d.reshape(-1)
     m16 = m.reshape(-1)
@@ -403,7 +485,7 @@ def unpack_bits(packed: np.ndarray, bits: int) -> np.ndarray:
     return q
 
 
-def kind_for(fmt: int, qs: np.ndarray, isa: int) -> int:
+def kind_for(fmt: int, qs: np.ndarray, isa: int, wide: bool = False) -> int:
     if fmt == FMT_Q4:
         return KIND_Q4
     assert fmt in (FMT_Q8, FMT_Q8_16), fmt
@@ -412,7 +494,7 @@ def kind_for(fmt: int, qs: np.ndarray, isa: int) -> int:
         return KIND_Q5P  # Q5_0, Q5_1, Q5_K: 5 bits in memory, not 8
     if fmt == FMT_Q8_16 and top < 64:
         return KIND_Q6P  # Q6_K
-    if isa == ISA_AVX2 and top > 127:
+    if isa == ISA_AVX2 and top > 127 and not wide:
         return KIND_Q8_SPLIT  # vpmaddubsw's int16 pair sums would saturate
     return KIND_Q8
 
@@ -436,16 +518,18 @@ def unpack(qs: np.ndarray, fmt: int) -> np.ndarray:
     return untranspose_blocks(qs)
 
 
-def prepare(w: Weight, isa: int | None = None) -> Weight:
-    """A weight for the int8 kernels of ``isa`` (default: the selected one). Float32 weights
-    and isa 0 (the float kernels) come back unchanged."""
+def prepare(w: Weight, isa: int | None = None, wide: bool | None = None) -> Weight:
+    """A weight for the integer kernels of ``isa`` with int16 (wide) or int8 activations
+    (default: the selected ones). Float32 weights and isa 0 (the float kernels) come back
+    unchanged."""
     isa = cpu_features.ISA if isa is None else isa
+    wide = cpu_features.WIDE if wide is None else wide
     if not isa or w.fmt == FMT_F32 or is_int8(w.fmt):
         return w
     if isa not in ISAS:
         raise ValueError(f"this CPU cannot run int8 kernel set {isa} (it has {ISAS})")
-    kind = kind_for(w.fmt, w.qs, isa)
-    return Weight(fmt_code(isa, kind), pack(w.qs, kind), to_half(w.d), to_half(w.m), w.w)
+    kind = kind_for(w.fmt, w.qs, isa, wide)
+    return Weight(fmt_code(isa, kind, wide), pack(w.qs, kind), to_half(w.d), to_half(w.m), w.w)
 
 
 def to_half(a: np.ndarray) -> np.ndarray:
@@ -463,14 +547,14 @@ def scales_f32(a: np.ndarray) -> np.ndarray:
     return a.view(np.float16).astype(np.float32)
 
 
-def prepare_model(weights, isa: int | None = None):
+def prepare_model(weights, isa: int | None = None, wide: bool | None = None):
     """ModelWeights with every matmul weight prepared (the embedding table stays as it is:
     its rows are read by gpu/ops/embedding.py, not multiplied). Returns a copy."""
     import dataclasses
     isa = cpu_features.ISA if isa is None else isa
     if not isa:
         return weights
-    return dataclasses.replace(weights, **{k: prepare(getattr(weights, k), isa)
+    return dataclasses.replace(weights, **{k: prepare(getattr(weights, k), isa, wide)
                                            for k in MATMUL_WEIGHTS})
 
 
@@ -480,8 +564,11 @@ MATMUL_WEIGHTS = ("wqkv", "wo", "wgu", "wdown", "output")
 @njit(cache=True, nogil=True)
 def int_block_sums(fmt, qs, nb, xq, T, K, out):
     """Tests: out[t, g*LANES + l, b] = the kernel's integer sum of q * xq over block b (the
-    kernel run with unit scales and no offsets: float32 holds these sums exactly)."""
+    kernel run with unit scales and no offsets: float32 holds these sums exactly, up to 2^24;
+    int16 activations' sums go past it: keep those tests' activations small). xq: the
+    activations' bytes (an int16 array viewed as int8 for a wide weight)."""
     bs = K // nb
+    xb = 2 if fmt >= FMT_I8 + WIDE else 1
     wq = qs.reshape(-1)
     G = out.shape[1] // LANES
     blk = qs.shape[2]
@@ -496,7 +583,7 @@ def int_block_sums(fmt, qs, nb, xq, T, K, out):
             while t0 < T:
                 n = NT if T - t0 >= NT else 1
                 acc[:] = 0
-                block_dot(fmt, bs, n, wq, (g * nb + b) * blk * LANES, xq, t0 * K + b * bs, K,
+                block_dot(fmt, bs, n, wq, (g * nb + b) * blk * LANES, xq, (t0 * K + b * bs) * xb, K * xb,
                           one, zero, 0, s1, c0, t0, 1, acc, 0)
                 for t in range(n):
                     for l in range(LANES):
@@ -505,15 +592,18 @@ def int_block_sums(fmt, qs, nb, xq, T, K, out):
 
 
 class kernel_set:
-    """``with kernel_set(isa):`` models constructed inside get that kernel set (0: float)."""
+    """``with kernel_set(isa, wide):`` models constructed inside get that kernel set (0:
+    float) with int16 (wide) or int8 activations (None: as selected)."""
 
-    def __init__(self, isa: int):
-        self.isa = isa
+    def __init__(self, isa: int, wide: bool | None = None):
+        self.isa, self.wide = isa, wide
 
     def __enter__(self):
-        self.saved = cpu_features.ISA
+        self.saved = cpu_features.ISA, cpu_features.WIDE
         cpu_features.ISA = self.isa
+        if self.wide is not None:
+            cpu_features.WIDE = self.wide
         return self
 
     def __exit__(self, *exc):
-        cpu_features.ISA = self.saved
+        cpu_features.ISA, cpu_features.WIDE = self.saved

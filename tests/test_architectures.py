@@ -224,8 +224,8 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path):
     from zerolayer.gpu.errors import UnsupportedModelError
     from zerolayer.gpu.tokenizer import Tokenizer
     p = str(tmp_path / "m.gguf")
-    write_tiny_llama(p, tokenizer=True, pre="llama-bpe")
-    with pytest.raises(UnsupportedModelError, match=r"pre='llama-bpe' \(supported: smollm, qwen2\)"):
+    write_tiny_llama(p, tokenizer=True, pre="deepseek-llm")
+    with pytest.raises(UnsupportedModelError, match=r"pre='deepseek-llm' \(supported: smollm, qwen2, llama-bpe"):
         Tokenizer.from_path(p)
 
 
@@ -304,8 +304,9 @@ def test_llama_without_template_still_has_none(tmp_path):
 
 @pytest.fixture(scope="module")
 def sim_results() -> dict:
+    # the CUDA kernels are the float CPU kernels' twins: compare with those
     env = dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", ZEROLAYER_CPU_KERNELS="float")
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
                           text=True, timeout=600)

@@ -104,8 +104,8 @@ def select(env: str | None = None, feats: frozenset[str] | None = None) -> tuple
 
 MODE, ISA = select()
 
-# The activations' width for the integer kernels: int16 (vpdpwssd / vpmaddwd on the
-# zero-extended weights) keeps the float kernels' answers (an activation is off by at most
+# The activations' width for the integer kernels: int16 (two byte dot products per int8
+# one, or vpdpwssd on zero-extended Q8 bytes) keeps the float kernels' answers (an activation is off by at most
 # 1/65534 of its block's largest, against 1/254 with int8) at the int8 path's memory traffic,
 # which is what decode waits on; int8 (llama.cpp's choice) has twice the arithmetic
 # throughput, which prefill uses, and flips near-ties.

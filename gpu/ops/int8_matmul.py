@@ -3,9 +3,10 @@ with the quantized weights (AVX-512 VNNI ``vpdpbusd`` / ``vpdpwssd``, or AVX2 ``
 + ``vpmaddwd`` / ``vpmaddwd``).
 
 Two activation widths (gpu/ops/cpu_features.py chooses; a weight's format code carries it):
-int8, as llama.cpp, and int16 (the default): the weight bytes zero-extended to int16 and
-multiplied in pairs, twice the instructions for 1/256 of the activation error, which keeps
-the float kernels' greedy answers; decode streams the same weight bytes either way.
+int8, as llama.cpp, and int16 (the default): each activation split into its low and high
+byte, two byte dot products where int8 has one (Q8 bytes: zero-extended, vpdpwssd), for
+1/256 of the activation error, which keeps the float kernels' greedy answers; decode
+streams the same weight bytes either way.
 
 Numba does not emit integer dot-product instructions, so the inner block product is a Numba
 intrinsic whose codegen writes the LLVM IR itself: vector loads of the weight bytes, a
@@ -150,6 +151,17 @@ def _bcast_quad(builder, base, off, V):
     return builder.bitcast(_splat_value(builder, q, V // 2), _vt(I16, 2 * V))
 
 
+def _bcast_split(builder, base, off, V):
+    """Four int16 at base + off (bytes) as two byte words, each repeated in every 32-bit
+    lane (<4V x i8>): their low bytes (unsigned) and their high bytes (signed)."""
+    b8 = _load_vec(builder, base, off, _vt(I8, 8))
+    out = []
+    for first in (0, 1):
+        w = builder.shuffle_vector(b8, b8, ir.Constant(_vt(I32, 4), [first, first + 2, first + 4, first + 6]))
+        out.append(builder.bitcast(_splat_value(builder, builder.bitcast(w, I32), V), _vt(I8, 4 * V)))
+    return out
+
+
 def _wide_dots(builder, isa, accs, w, xs):
     """The int16 form of one weight vector's dot products: w (<4V x i8>: V rows x 4
     positions) zero-extended to int16 and split into two halves of V/2 rows, each row two
@@ -191,8 +203,13 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
     s * sum(xq) for this block (token t at + t * sstride); obase: float* [nt, 64], where
     out[t, l] += d[l] * s[t] * (sum of q[l, k] xq[t, k]) + m[l] * c[t].
 
-    wide: the activations are int16 (xbase, xstride in bytes all the same), multiplied by
-    vpdpwssd / vpmaddwd on the zero-extended weights (_wide_dots).
+    wide: the activations are int16 (xbase, xstride in bytes all the same). Nibble kinds
+    (values < 64, so they are also valid signed bytes) split each activation into its low
+    byte l (unsigned) and high byte h (signed): q x = 256 q h + q l, two byte dot products
+    with the operands' roles swapped for the second (vpdpbusd and vpmaddubsw take unsigned x
+    signed; neither overflows: 2 x 255 x 63 < 2^15); that is twice int8's dot products and
+    nothing more. Bytes up to 255 (Q8) are zero-extended to int16 and go through vpdpwssd /
+    vpmaddwd (_wide_dots) instead.
 
     The scaling is here and not in Numba so the integer sums never leave the registers, and
     so the scales can be float16 (llama.cpp's own precision for them): they are a fifth of
@@ -220,6 +237,8 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
     c_t = [_splat_value(builder, builder.load(builder.gep(cbase, [soffs[t]])), V) for t in range(nt)]
 
     def xword(t, pos):
+        if wide and nibbles:
+            return _bcast_split(builder, xbase, builder.add(xoffs[t], ir.Constant(i64, 2 * pos)), V)
         if wide:
             return _bcast_quad(builder, xbase, builder.add(xoffs[t], ir.Constant(i64, 2 * pos)), V)
         return _bcast_word(builder, xbase, builder.add(xoffs[t], ir.Constant(i64, pos)), V)
@@ -244,9 +263,14 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
                     if hbits:  # the high bits of positions 4 j4 + i and half + 4 j4 + i
                         wl = builder.or_(wl, _hi_bits(builder, hwords[v], hbits, j4, V))
                         wh = builder.or_(wh, _hi_bits(builder, hwords[v], hbits, j4 + nj4, V))
-                    if wide:
-                        _wide_dots(builder, isa, wacc[v], wl, xlo)
-                        _wide_dots(builder, isa, wacc[v], wh, xhi)
+                    if wide:  # [low-byte sums, high-byte sums] per token
+                        for t in range(nt):
+                            lo_acc, hi_acc = wacc[v][t]
+                            lo_acc = _dot4(builder, isa, lo_acc, xlo[t][0], wl)
+                            hi_acc = _dot4(builder, isa, hi_acc, wl, xlo[t][1])
+                            lo_acc = _dot4(builder, isa, lo_acc, xhi[t][0], wh)
+                            hi_acc = _dot4(builder, isa, hi_acc, wh, xhi[t][1])
+                            wacc[v][t] = [lo_acc, hi_acc]
                         continue
                     for t in range(nt):
                         a = _dot4(builder, isa, acc[t, v], wl, xlo[t])
@@ -263,8 +287,11 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
                     for t in range(nt):
                         acc[t, v] = _dot4(builder, isa, acc[t, v], w, xw[t])
         if wide:
+            eight = _splat(I32, V, 8)
             for (t, v) in acc:
-                acc[t, v] = _pair_sums(builder, *wacc[v][t])
+                lo_acc, hi_acc = wacc[v][t]
+                acc[t, v] = (builder.add(builder.shl(hi_acc, eight), lo_acc) if nibbles
+                             else _pair_sums(builder, lo_acc, hi_acc))
         for v in vs:
             dv = builder.fpext(_load_vec(builder, dbase, v * V, hv), fv)
             mv = builder.fpext(_load_vec(builder, mbase, v * V, hv), fv)

@@ -103,11 +103,7 @@ def _load_vec(builder, base, off, ty):
 
 def _bcast_word(builder, base, off, V):
     """Four bytes at base + off, repeated in every 32-bit lane: <4V x i8>."""
-    w = _load_vec(builder, base, off, I32)
-    undef = ir.Constant(_vt(I32, V), ir.Undefined)
-    v = builder.insert_element(undef, w, ir.Constant(I32, 0))
-    v = builder.shuffle_vector(v, undef, ir.Constant(_vt(I32, V), [ir.Constant(I32, 0)] * V))
-    return builder.bitcast(v, _vt(I8, 4 * V))
+    return builder.bitcast(_splat_value(builder, _load_vec(builder, base, off, I32), V), _vt(I8, 4 * V))
 
 
 def _dot4(builder, isa, acc, w, x, wscale=1):

@@ -75,7 +75,8 @@ def sibling_model(base, kv_blocks: int | None):
     cfg = m.cfg
     if kv_blocks is None:  # as LlamaModel: room for 16 full-length sequences
         kv_blocks = 16 * -(-m.max_seq_len // BLOCK_TOKENS)
-    m.arena = KVArena(cfg.n_layer, cfg.n_kv, cfg.head_dim, kv_blocks, m.max_seq_len)
+    m.arena = KVArena(cfg.n_layer, cfg.n_kv, cfg.head_dim, kv_blocks, m.max_seq_len,
+                      host.arena.k_pool.dtype)
     return m
 
 

@@ -5,22 +5,28 @@ A sequence owns a list of block ids; its block table row maps position // BLOCK_
 block. Blocks return to the free list when the sequence is released (finished, cancelled),
 so memory is bounded by the arena and not by the number of requests ever served. The pools
 are allocated with np.zeros, which the OS backs lazily: untouched blocks cost no RAM.
+Keys and values are stored as float16 (uint16 bits, see gpu/ops/half.py), as llama.cpp's
+default cache type, or float32 (``dtype``; the default from ZEROLAYER_CPU_KV,
+gpu/ops/cpu_features.py).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .errors import ContextOverflowError, KVCacheFullError
+from .ops import cpu_features
 from .ops.attention import BLOCK_TOKENS
 
 
 class KVArena:
-    def __init__(self, n_layer: int, n_kv: int, head_dim: int, n_blocks: int, max_seq_len: int):
+    def __init__(self, n_layer: int, n_kv: int, head_dim: int, n_blocks: int, max_seq_len: int,
+                 dtype=None):
         self.n_blocks = n_blocks
         self.max_seq_len = max_seq_len
         self.max_blocks_per_seq = -(-max_seq_len // BLOCK_TOKENS)
-        self.k_pool = np.zeros((n_blocks, n_layer, n_kv, head_dim, BLOCK_TOKENS), np.float32)
-        self.v_pool = np.zeros((n_blocks, n_layer, n_kv, BLOCK_TOKENS, head_dim), np.float32)
+        dtype = cpu_features.KV_DTYPE if dtype is None else dtype
+        self.k_pool = np.zeros((n_blocks, n_layer, n_kv, head_dim, BLOCK_TOKENS), dtype)
+        self.v_pool = np.zeros((n_blocks, n_layer, n_kv, BLOCK_TOKENS, head_dim), dtype)
         self._free = list(range(n_blocks - 1, -1, -1))
         self.bytes_per_block = 2 * self.k_pool[0].nbytes
 

@@ -100,14 +100,17 @@ class LlamaModel:
     overlaps = False  # launch_tokens runs the step before it returns
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, *, max_seq_len: int | None = None,
-                 kv_blocks: int | None = None, path: str = "", prepared: dict | None = None):
+                 kv_blocks: int | None = None, path: str = "", prepared: dict | None = None,
+                 kv_dtype=None):
         self.cfg = cfg
         self.w = weights
         self.path = path
         self.max_seq_len = min(max_seq_len or cfg.context_length, cfg.context_length)
         if kv_blocks is None:  # room for 16 full-length sequences; lazily backed by the OS
             kv_blocks = 16 * -(-self.max_seq_len // BLOCK_TOKENS)
-        self.arena = KVArena(cfg.n_layer, cfg.n_kv, cfg.head_dim, kv_blocks, self.max_seq_len)
+        # kv_dtype: np.uint16 (float16 bits) or np.float32; None: ZEROLAYER_CPU_KV's (f16)
+        self.arena = KVArena(cfg.n_layer, cfg.n_kv, cfg.head_dim, kv_blocks, self.max_seq_len,
+                             kv_dtype)
         # RoPE scaling (linear, Llama 3.1's frequency factors) lives in the tables alone
         self.cos, self.sin = rope_tables(self.max_seq_len, cfg.head_dim, cfg.rope_base,
                                          cfg.rope_freq_scale, weights.rope_freqs,

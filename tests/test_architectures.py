@@ -47,7 +47,7 @@ def _compare(path: str, prompt: list[int], steps: int = 8, neox=None) -> list[fl
     from zerolayer.gpu.model import LlamaModel, StepInput
     from zerolayer.gpu.reference import ReferenceLlama
 
-    model = LlamaModel.load(path, max_seq_len=256, use_cache=False)
+    model = LlamaModel.load(path, max_seq_len=256, use_cache=False, kv_dtype=np.float32)
     ref = ReferenceLlama(model.reader, model.cfg)
     if neox is not None:  # a deliberately wrong reference: the test must be able to fail
         ref.neox = neox
@@ -304,9 +304,9 @@ def test_llama_without_template_still_has_none(tmp_path):
 
 @pytest.fixture(scope="module")
 def sim_results() -> dict:
-    # the CUDA kernels are the float CPU kernels' twins: compare with those
+    # the CUDA kernels are the float CPU kernels' twins (float32 KV): compare with those
     env = dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
-               PYTHONUNBUFFERED="1", ZEROLAYER_CPU_KERNELS="float")
+               PYTHONUNBUFFERED="1", ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32")
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
                           text=True, timeout=600)

@@ -51,10 +51,10 @@ def tol(case: str) -> float:
 
 
 def _run_child(cases: list[str], timeout: float) -> dict:
-    # the CUDA kernels are the float CPU kernels' twins: compare with those
+    # the CUDA kernels are the float CPU kernels' twins (float32 KV): compare with those
     env = dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
                PYTHONUNBUFFERED="1", ZEROLAYER_SIM_CASES=",".join(cases),
-               ZEROLAYER_CPU_KERNELS="float")
+               ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32")
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
                           text=True, timeout=timeout)

@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as QT
 
 from zerolayer.gpu import quant
 from zerolayer.gpu.ops.attention import BLOCK_TOKENS, attention, attention_ref, kv_write
+from zerolayer.gpu.ops.half import from_half_bits, half_bits
 from zerolayer.gpu.ops.embedding import embed, embed_ref
 from zerolayer.gpu.ops.matmul import matmul, matmul_ref
 from zerolayer.gpu.ops.rmsnorm import rmsnorm, rmsnorm_ref
@@ -91,16 +92,19 @@ def test_swiglu():
     assert rel(h, swiglu_ref(gu[:, :96], gu[:, 96:])) < TOL
 
 
+@pytest.mark.parametrize("pool", [np.float32, np.uint16], ids=["f32", "f16"])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_paged_attention_mixed_prefill_and_decode(splits):
+def test_paged_attention_mixed_prefill_and_decode(splits, pool):
     """Three sequences in one call: a prefill chunk, and two decodes at other positions,
-    with non-contiguous KV blocks."""
+    with non-contiguous KV blocks; over float32 pools and over float16 ones (uint16 bits, the
+    CPU model's cache), whose reference sees the keys and values rounded to float16."""
     n_head, n_kv, hd, L, layer = 9, 3, 64, 2, 1
     lengths = [70, 1, 150]   # tokens written so far, per sequence (prefill starts at 0)
     new = [70, 1, 1]         # the new tokens of this step: seq 0 prefills 70 positions
     n_blocks = 12
-    k_pool = np.zeros((n_blocks, L, n_kv, hd, BLOCK_TOKENS), np.float32)
-    v_pool = np.zeros((n_blocks, L, n_kv, BLOCK_TOKENS, hd), np.float32)
+    k_pool = np.zeros((n_blocks, L, n_kv, hd, BLOCK_TOKENS), pool)
+    v_pool = np.zeros((n_blocks, L, n_kv, BLOCK_TOKENS, hd), pool)
+    stored = (lambda a: a) if pool == np.float32 else (lambda a: from_half_bits(half_bits(a)))
     perm = rng.permutation(n_blocks).astype(np.int32)
     tables = np.stack([perm[0:3], perm[3:6], perm[6:9]])
     # history of sequences 1 and 2 (all but their last position) via kv_write too
@@ -126,12 +130,15 @@ def test_paged_attention_mixed_prefill_and_decode(splits):
     tok_seq = np.array(tok_seq, np.int32)
     tok_pos = np.array(tok_pos, np.int32)
     kv_write(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, tables, n_head, n_kv, hd)
+    k_last = k_pool[tables[2, 2], layer, :, :, 150 - 1 - 2 * BLOCK_TOKENS]  # seq 2's new key
+    want = hist[2][0][149].reshape(n_kv, hd)
+    assert np.array_equal(k_last, want if pool == np.float32 else half_bits(want))
     out = np.full((len(rows), n_head * hd), np.nan, np.float32)
     attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, tables, n_head, n_kv, hd, splits, out)
     i = 0
     for s, n in enumerate(lengths):
         q = qkv[i:i + new[s], :n_head * hd]
-        ref = attention_ref(q, hist[s][0], hist[s][1], n_head, n_kv)
+        ref = attention_ref(q, stored(hist[s][0]), stored(hist[s][1]), n_head, n_kv)
         assert rel(out[i:i + new[s]], ref) < TOL, s
         i += new[s]
 

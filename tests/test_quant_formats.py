@@ -256,7 +256,7 @@ SIM_CASES = ["matmul_Q4_K_T1", "matmul_Q4_K_T3", "matmul_Q6_K_T1", "matmul_Q6_K_
 @pytest.fixture(scope="module")
 def sim_results() -> dict:
     env = dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1", PYTHONUNBUFFERED="1",
-               ZEROLAYER_CPU_KERNELS="float")  # the CUDA kernels' CPU twins are the float ones
+               ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32")  # the CUDA twins' CPU ones
     proc = subprocess.run([sys.executable, __file__, "--sim-child"], env=env, capture_output=True,
                           text=True, timeout=SIM_TIMEOUT_S)
     assert proc.returncode == 0, f"simulator child failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"

@@ -6,6 +6,10 @@ KV layout (see gpu/kv_cache.py), per block of BLOCK_TOKENS positions:
 Keys are transposed so that scoring a block is, for each dim, one long multiply-add across
 BLOCK_TOKENS positions (vectorised, no horizontal reduction); values are row-major so that
 the weighted sum is, for each position, one multiply-add across head_dim.
+The pools are float16 (uint16 bits, gpu/ops/half.py) in the CPU model, as llama.cpp's default
+cache type: at depth 1000 a decode step reads the whole cache once per layer, and in float32
+that was a third of the step's memory traffic. The same code runs on float32 pools (the CUDA
+kernels' twin tests): ``as_f32`` / ``to_storage`` compile to nothing there.
 
 Work items are (token, kv_head, split): the heads of one GQA group share each K/V load, and a
 sequence's blocks are split across threads (flash-decoding) when there are too few tokens to
@@ -18,6 +22,8 @@ import math
 
 import numpy as np
 from numba import njit, prange
+
+from .half import as_f32, to_storage
 
 BLOCK_TOKENS = 64
 _NEG = np.float32(-1e30)  # a finite "minus infinity": fastmath assumes no infs
@@ -34,8 +40,8 @@ def kv_write(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head,
         off = p % BLOCK_TOKENS
         for kvh in range(n_kv):
             for i in range(hd):
-                k_pool[blk, layer, kvh, i, off] = qkv[t, k0 + kvh * hd + i]
-                v_pool[blk, layer, kvh, off, i] = qkv[t, v0 + kvh * hd + i]
+                k_pool[blk, layer, kvh, i, off] = to_storage(qkv[t, k0 + kvh * hd + i], k_pool)
+                v_pool[blk, layer, kvh, off, i] = to_storage(qkv[t, v0 + kvh * hd + i], v_pool)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -76,7 +82,7 @@ def attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head
                     qi = q[g, i]
                     kr = kT[i]
                     for s in range(BT):
-                        sc[s] += qi * kr[s]
+                        sc[s] += qi * as_f32(kr[s])
                 bm = _NEG
                 for s in range(ns):
                     bm = max(bm, sc[s])
@@ -91,7 +97,7 @@ def attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head
                     ls += p
                     vr = v[s]
                     for i in range(hd):
-                        og[i] += p * vr[i]
+                        og[i] += p * as_f32(vr[i])
                 lsum[g] = ls
                 mx[g] = newm
         for g in range(G):

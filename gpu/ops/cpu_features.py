@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 import warnings
 
+import numpy as np
+
 ENV = "ZEROLAYER_CPU_KERNELS"
 MODES = ("float", "avx2", "vnni")
 
@@ -124,6 +126,26 @@ def select_wide(env: str | None = None) -> bool:
 WIDE = select_wide()
 
 
+# The KV cache's element type (gpu/kv_cache.py, gpu/ops/attention.py): float16, llama.cpp's
+# default cache type, halves the cache's memory and the bytes a decode step reads at depth
+# (at 1000 positions the float32 cache was a third of SmolLM2's decode traffic); float32 keeps
+# keys and values exact (the float64-reference tests use it).
+KV_ENV = "ZEROLAYER_CPU_KV"
+KV_DEFAULT = "f16"
+_KV_TYPES = {"f16": np.uint16, "f32": np.float32}  # float16 lives as its bits (gpu/ops/half.py)
+
+
+def select_kv(env: str | None = None):
+    want = (env if env is not None else os.environ.get(KV_ENV, "")).strip().lower() or KV_DEFAULT
+    if want not in _KV_TYPES:
+        warnings.warn(f"{KV_ENV}={want!r} is not f16 or f32; using {KV_DEFAULT}")
+        want = KV_DEFAULT
+    return _KV_TYPES[want]
+
+
+KV_DTYPE = select_kv()
+
+
 def layout_key() -> str | None:
     """Names the weight layout the selected kernels run on (the model cache keeps one per
     key); None for the float kernels."""
@@ -131,7 +153,8 @@ def layout_key() -> str | None:
 
 
 def describe() -> str:
-    """The selected kernels, for logs: "vnni kernels, int16 activations" or "float kernels"."""
+    """The selected kernels, for logs: "vnni kernels, int16 activations, f16 KV cache"."""
+    kv = "f16" if KV_DTYPE == np.uint16 else "f32"
     if not ISA:
-        return "float kernels"
-    return f"{MODE} kernels, {'int16' if WIDE else 'int8'} activations"
+        return f"float kernels, {kv} KV cache"
+    return f"{MODE} kernels, {'int16' if WIDE else 'int8'} activations, {kv} KV cache"

@@ -8,10 +8,12 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
+from numba import njit
 from gguf import GGMLQuantizationType as QT
 
 from zerolayer.gpu import quant
 from zerolayer.gpu.ops.attention import BLOCK_TOKENS, attention, attention_ref, kv_write
+from zerolayer.gpu.ops.exp_f32 import exp_f32
 from zerolayer.gpu.ops.half import from_half_bits, half_bits
 from zerolayer.gpu.ops.embedding import embed, embed_ref
 from zerolayer.gpu.ops.matmul import matmul, matmul_ref
@@ -90,6 +92,34 @@ def test_swiglu():
     h = np.empty((4, 96), np.float32)
     swiglu(gu, h)
     assert rel(h, swiglu_ref(gu[:, :96], gu[:, 96:])) < TOL
+
+
+@njit(fastmath=True, cache=True)
+def _exp_loop(x, out):
+    """exp_f32 as the kernels call it: in a fastmath loop (its own float semantics must hold)."""
+    for i in range(x.shape[0]):
+        out[i] = exp_f32(x[i])
+
+
+def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.abs(a.view(np.int32).astype(np.int64) - b.view(np.int32).astype(np.int64))
+
+
+def test_exp_f32_against_float64():
+    x = np.concatenate([np.linspace(-20, 20, 200_001), np.linspace(-87, 88, 200_001)])
+    x = x.astype(np.float32)
+    out = np.empty_like(x)
+    _exp_loop(x, out)
+    ref = np.exp(x.astype(np.float64)).astype(np.float32)
+    u = _ulps(out, ref)
+    assert u[:200_001].max() <= 1
+    assert u.max() <= 4
+    # the softmax's finite "minus infinity" and SiLU's large |g| stay finite and ordered
+    edge = np.array([-1e30, -200.0, -87.4, 0.0, 88.5, 1e30], np.float32)
+    e = np.empty_like(edge)
+    _exp_loop(edge, e)
+    assert e[0] == e[1] == e[2] == 0.0 and e[3] == 1.0
+    assert np.isfinite(e).all() and e[4] == e[5] > 1e38
 
 
 @pytest.mark.parametrize("pool", [np.float32, np.uint16], ids=["f32", "f16"])

@@ -23,6 +23,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .exp_f32 import exp_f32
 from .half import as_f32, to_storage
 
 BLOCK_TOKENS = 64
@@ -87,14 +88,19 @@ def attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head
                 for s in range(ns):
                     bm = max(bm, sc[s])
                 newm = max(mx[g], bm)
-                corr = np.exp(mx[g] - newm)
+                corr = exp_f32(mx[g] - newm)
                 og = o[g]
                 for i in range(hd):
                     og[i] *= corr
                 ls = lsum[g] * corr
+                # the exps in a loop of their own, which vectorises (exp_f32), then the
+                # weighted sum of the values
                 for s in range(ns):
-                    p = np.exp(sc[s] - newm)
+                    p = exp_f32(sc[s] - newm)
+                    sc[s] = p
                     ls += p
+                for s in range(ns):
+                    p = sc[s]
                     vr = v[s]
                     for i in range(hd):
                         og[i] += p * as_f32(vr[i])
@@ -116,7 +122,7 @@ def attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head
         for i in range(hd):
             out[t, h * hd + i] = 0
         for sp in range(splits):
-            w = np.exp(part_m[t, h, sp] - m)
+            w = exp_f32(part_m[t, h, sp] - m)
             tot += part_l[t, h, sp] * w
             for i in range(hd):
                 out[t, h * hd + i] += part_o[t, h, sp, i] * w

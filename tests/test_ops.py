@@ -124,11 +124,15 @@ def test_exp_f32_against_float64():
 
 @pytest.mark.parametrize("pool", [np.float32, np.uint16], ids=["f32", "f16"])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_paged_attention_mixed_prefill_and_decode(splits, pool):
+@pytest.mark.parametrize("n_head,n_kv,hd", [(9, 3, 64), (8, 1, 128), (6, 6, 64), (10, 2, 32)],
+                         ids=["gqa3-hd64", "gqa8-hd128", "mha-hd64", "gqa5-hd32-plain"])
+def test_paged_attention_mixed_prefill_and_decode(splits, pool, n_head, n_kv, hd):
     """Three sequences in one call: a prefill chunk, and two decodes at other positions,
     with non-contiguous KV blocks; over float32 pools and over float16 ones (uint16 bits, the
-    CPU model's cache), whose reference sees the keys and values rounded to float16."""
-    n_head, n_kv, hd, L, layer = 9, 3, 64, 2, 1
+    CPU model's cache), whose reference sees the keys and values rounded to float16. Head
+    dims 64 and 128 run the register-blocked block kernels (GQA groups of 3, of 8: more
+    heads than one call takes, and 1), 32 the plain loops."""
+    L, layer = 2, 1
     lengths = [70, 1, 150]   # tokens written so far, per sequence (prefill starts at 0)
     new = [70, 1, 1]         # the new tokens of this step: seq 0 prefills 70 positions
     n_blocks = 12

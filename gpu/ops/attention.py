@@ -11,6 +11,11 @@ cache type: at depth 1000 a decode step reads the whole cache once per layer, an
 that was a third of the step's memory traffic. The same code runs on float32 pools (the CUDA
 kernels' twin tests): ``as_f32`` / ``to_storage`` compile to nothing there.
 
+Head dims that are a multiple of 64 run each block through gpu/ops/attention_block.py's
+register-blocked kernels (scores and the weighted sum of values with their accumulators in
+registers: 3.4x fewer ms at depth 1000 than these loops, whose accumulators round-trip
+memory at every multiply-add); other head dims take the plain loops below.
+
 Work items are (token, kv_head, split): the heads of one GQA group share each K/V load, and a
 sequence's blocks are split across threads (flash-decoding) when there are too few tokens to
 keep every thread busy, as in a batch-1 decode step. Each split keeps an online softmax
@@ -23,6 +28,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .attention_block import DIMS, GMAX, block_pv, block_scores
 from .exp_f32 import exp_f32
 from .half import as_f32, to_storage
 
@@ -45,6 +51,26 @@ def kv_write(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head,
                 v_pool[blk, layer, kvh, off, i] = to_storage(qkv[t, v0 + kvh * hd + i], v_pool)
 
 
+@njit(fastmath=True, cache=True, nogil=True)
+def _softmax_update(sc, ns, m, lsum, o):
+    """The online softmax's step for one head and block: sc[:ns] (scores) becomes
+    exp(sc - new max); o (the unnormalised output) is rescaled to the new max. Returns the new
+    (max, sum)."""
+    bm = _NEG
+    for s in range(ns):
+        bm = max(bm, sc[s])
+    newm = max(m, bm)
+    corr = exp_f32(m - newm)
+    for i in range(o.shape[0]):
+        o[i] *= corr
+    ls = lsum * corr
+    for s in range(ns):
+        p = exp_f32(sc[s] - newm)
+        sc[s] = p
+        ls += p
+    return newm, ls
+
+
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head, n_kv, hd,
               splits, out):
@@ -52,11 +78,20 @@ def attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head
     T = qkv.shape[0]
     G = n_head // n_kv
     BT = BLOCK_TOKENS
+    L = k_pool.shape[1]
+    GM = GMAX
+    blocked = hd % DIMS == 0
     scale = np.float32(1.0 / math.sqrt(hd))
-    part_o = np.empty((T, n_head, splits, hd), np.float32)
-    part_m = np.empty((T, n_head, splits), np.float32)
-    part_l = np.empty((T, n_head, splits), np.float32)
-    for it in prange(T * n_kv * splits):
+    n_items = T * n_kv * splits
+    # every work item's scratch in one allocation each (per-item np.empty calls were most of
+    # a shallow item's time); item it = (t, kvh, sp) owns part_*[it]: its G heads' running
+    # max, sum and unnormalised output, heads adjacent for block_pv
+    part_o = np.zeros((n_items, G, hd), np.float32)
+    part_m = np.full((n_items, G), _NEG, np.float32)
+    part_l = np.zeros((n_items, G), np.float32)
+    q_all = np.empty((n_items, G, hd), np.float32)
+    sc_all = np.empty((n_items, G, BT), np.float32)  # one block's scores, then probabilities
+    for it in prange(n_items):
         sp = it % splits
         kvh = (it // splits) % n_kv
         t = it // (splits * n_kv)
@@ -65,67 +100,70 @@ def attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head
         b0 = sp * nblk // splits
         b1 = (sp + 1) * nblk // splits
         bt = block_tables[tok_seq[t]]
-        q = np.empty((G, hd), np.float32)
+        q = q_all[it]
         for g in range(G):
             for i in range(hd):
                 q[g, i] = qkv[t, (kvh * G + g) * hd + i] * scale
-        sc = np.empty(BT, np.float32)
-        o = np.zeros((G, hd), np.float32)
-        mx = np.full(G, _NEG, np.float32)
-        lsum = np.zeros(G, np.float32)
+        sc = sc_all[it]
+        o = part_o[it]
+        mx = part_m[it]
+        lsum = part_l[it]
         for bi in range(b0, b1):
-            kT = k_pool[bt[bi], layer, kvh]
-            v = v_pool[bt[bi], layer, kvh]
             ns = min(BT, n - bi * BT)
-            for g in range(G):
-                sc[:] = 0
-                for i in range(hd):
-                    qi = q[g, i]
-                    kr = kT[i]
-                    for s in range(BT):
-                        sc[s] += qi * as_f32(kr[s])
-                bm = _NEG
-                for s in range(ns):
-                    bm = max(bm, sc[s])
-                newm = max(mx[g], bm)
-                corr = exp_f32(mx[g] - newm)
-                og = o[g]
-                for i in range(hd):
-                    og[i] *= corr
-                ls = lsum[g] * corr
-                # the exps in a loop of their own, which vectorises (exp_f32), then the
-                # weighted sum of the values
-                for s in range(ns):
-                    p = exp_f32(sc[s] - newm)
-                    sc[s] = p
-                    ls += p
-                for s in range(ns):
-                    p = sc[s]
-                    vr = v[s]
+            base = ((bt[bi] * L + layer) * n_kv + kvh) * hd * BT  # the block's K and V
+            if blocked:  # register-blocked (gpu/ops/attention_block.py), GM heads at a time
+                for g0 in range(0, G, GM):
+                    block_scores(min(GM, G - g0), hd, k_pool, base, q, g0 * hd, sc, g0 * BT)
+            else:
+                kT = k_pool[bt[bi], layer, kvh]
+                for g in range(G):
+                    sc[g, :] = 0
                     for i in range(hd):
-                        og[i] += p * as_f32(vr[i])
-                lsum[g] = ls
-                mx[g] = newm
-        for g in range(G):
-            h = kvh * G + g
-            part_m[t, h, sp] = mx[g]
-            part_l[t, h, sp] = lsum[g]
-            for i in range(hd):
-                part_o[t, h, sp, i] = o[g, i]
-    for th in prange(T * n_head):
+                        qi = q[g, i]
+                        kr = kT[i]
+                        for s in range(BT):
+                            sc[g, s] += qi * as_f32(kr[s])
+            for g in range(G):
+                mx[g], lsum[g] = _softmax_update(sc[g], ns, mx[g], lsum[g], o[g])
+            if blocked:
+                for g0 in range(0, G, GM):
+                    for d0 in range(0, hd, DIMS):
+                        block_pv(min(GM, G - g0), ns, v_pool, base + d0, hd, sc, g0 * BT,
+                                 o, g0 * hd + d0)
+            else:
+                v = v_pool[bt[bi], layer, kvh]
+                for g in range(G):
+                    og = o[g]
+                    for s in range(ns):
+                        p = sc[g, s]
+                        vr = v[s]
+                        for i in range(hd):
+                            og[i] += p * as_f32(vr[i])
+        if splits == 1:  # the item holds its heads' whole softmax: normalise it here
+            for g in range(G):
+                inv = np.float32(1.0) / lsum[g]
+                h = kvh * G + g
+                for i in range(hd):
+                    out[t, h * hd + i] = o[g, i] * inv
+    if splits == 1:
+        return
+    for th in prange(T * n_head):  # merge each head's splits
         t = th // n_head
         h = th % n_head
+        kvh = h // G
+        g = h % G
+        i0 = (t * n_kv + kvh) * splits
         m = _NEG
         for sp in range(splits):
-            m = max(m, part_m[t, h, sp])
+            m = max(m, part_m[i0 + sp, g])
         tot = np.float32(0.0)
         for i in range(hd):
             out[t, h * hd + i] = 0
         for sp in range(splits):
-            w = exp_f32(part_m[t, h, sp] - m)
-            tot += part_l[t, h, sp] * w
+            w = exp_f32(part_m[i0 + sp, g] - m)
+            tot += part_l[i0 + sp, g] * w
             for i in range(hd):
-                out[t, h * hd + i] += part_o[t, h, sp, i] * w
+                out[t, h * hd + i] += part_o[i0 + sp, g, i] * w
         inv = np.float32(1.0) / tot
         for i in range(hd):
             out[t, h * hd + i] *= inv

@@ -13,8 +13,9 @@ kernels' twin tests): ``as_f32`` / ``to_storage`` compile to nothing there.
 
 Head dims that are a multiple of 64 run each block through gpu/ops/attention_block.py's
 register-blocked kernels (scores and the weighted sum of values with their accumulators in
-registers: 3.4x fewer ms at depth 1000 than these loops, whose accumulators round-trip
-memory at every multiply-add); other head dims take the plain loops below.
+registers; with the scratch hoisting below, depth-1000 decode attention went 6.1 -> 2.4 ms a
+token against these loops, whose accumulators round-trip memory at every multiply-add); other
+head dims take the plain loops below.
 
 Work items are (token, kv_head, split): the heads of one GQA group share each K/V load, and a
 sequence's blocks are split across threads (flash-decoding) when there are too few tokens to

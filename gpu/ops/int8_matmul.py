@@ -148,17 +148,6 @@ def _bcast_quad(builder, base, off, V):
     return builder.bitcast(_splat_value(builder, q, V // 2), _vt(I16, 2 * V))
 
 
-def _bcast_split(builder, base, off, V):
-    """Four int16 at base + off (bytes) as two byte words, each repeated in every 32-bit
-    lane (<4V x i8>): their low bytes (unsigned) and their high bytes (signed)."""
-    b8 = _load_vec(builder, base, off, _vt(I8, 8))
-    out = []
-    for first in (0, 1):
-        w = builder.shuffle_vector(b8, b8, ir.Constant(_vt(I32, 4), [first, first + 2, first + 4, first + 6]))
-        out.append(builder.bitcast(_splat_value(builder, builder.bitcast(w, I32), V), _vt(I8, 4 * V)))
-    return out
-
-
 def _wide_dots(builder, isa, accs, w, xs):
     """The int16 form of one weight vector's dot products: w (<4V x i8>: V rows x 4
     positions) zero-extended to int16 and split into two halves of V/2 rows, each row two
@@ -201,12 +190,15 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
     out[t, l] += d[l] * s[t] * (sum of q[l, k] xq[t, k]) + m[l] * c[t].
 
     wide: the activations are int16 (xbase, xstride in bytes all the same). Nibble kinds
-    (values < 64, so they are also valid signed bytes) split each activation into its low
-    byte l (unsigned) and high byte h (signed): q x = 256 q h + q l, two byte dot products
-    with the operands' roles swapped for the second (vpdpbusd and vpmaddubsw take unsigned x
+    (values < 64, so they are also valid signed bytes) take each activation as its low byte
+    l (unsigned) and high byte h (signed): q x = 256 q h + q l, two byte dot products with
+    the operands' roles swapped for the second (vpdpbusd and vpmaddubsw take unsigned x
     signed; neither overflows: 2 x 255 x 63 < 2^15); that is twice int8's dot products and
-    nothing more. Bytes up to 255 (Q8) are zero-extended to int16 and go through vpdpwssd /
-    vpmaddwd (_wide_dots) instead.
+    nothing more. Their activations come as two byte planes (``to_planes``: per token, K low
+    bytes, then K high bytes), so each group of four is one broadcast load (which AVX-512
+    folds into the vpdpbusd), not a load and two byte shuffles per token and word, which
+    were a third of a batched step's instructions. Bytes up to 255 (Q8) are zero-extended
+    to int16 and go through vpdpwssd / vpmaddwd (_wide_dots) instead, on plain int16.
 
     The scaling is here and not in Numba so the integer sums never leave the registers, and
     so the scales can be float16 (llama.cpp's own precision for them): they are a fifth of
@@ -233,9 +225,14 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
     s_t = [_splat_value(builder, builder.load(builder.gep(sbase, [soffs[t]])), V) for t in range(nt)]
     c_t = [_splat_value(builder, builder.load(builder.gep(cbase, [soffs[t]])), V) for t in range(nt)]
 
+    if wide and nibbles:  # the high bytes' plane: K bytes after the low bytes' (stride 2K)
+        hi_plane = builder.lshr(xstride, ir.Constant(i64, 1))
+
     def xword(t, pos):
         if wide and nibbles:
-            return _bcast_split(builder, xbase, builder.add(xoffs[t], ir.Constant(i64, 2 * pos)), V)
+            lo = builder.add(xoffs[t], ir.Constant(i64, pos))
+            return [_bcast_word(builder, xbase, lo, V),
+                    _bcast_word(builder, xbase, builder.add(lo, hi_plane), V)]
         if wide:
             return _bcast_quad(builder, xbase, builder.add(xoffs[t], ir.Constant(i64, 2 * pos)), V)
         return _bcast_word(builder, xbase, builder.add(xoffs[t], ir.Constant(i64, pos)), V)
@@ -402,18 +399,51 @@ def quantize(x, bs, xq, sx, xsm):
 
 # ---------------------------------------------------------------- the matmul
 
+@njit(cache=True, nogil=True)
+def planar(fmt):
+    """Whether a weight's kernels take int16 activations as byte planes (to_planes): the
+    wide nibble kinds. Q8's wide kernels read plain int16."""
+    return fmt >= FMT_I8 + WIDE and fmt % 8 != KIND_Q8
+
+
+@njit(cache=True, nogil=True)
+def to_planes(xq16, T, K):
+    """int16 activations [T*K] -> bytes [T, 2, K]: per token its K low bytes (unsigned),
+    then its K high bytes (signed)."""
+    b = xq16.view(np.uint8)
+    out = np.empty(2 * T * K, np.int8)
+    o = out.view(np.uint8)
+    for t in range(T):
+        for k in range(K):
+            i = t * K + k
+            o[2 * t * K + k] = b[2 * i]
+            o[(2 * t + 1) * K + k] = b[2 * i + 1]
+    return out
+
+
+@njit(cache=True, nogil=True)
+def activation_bytes(fmt, xq, T, K):
+    """The quantized activations (int8, or int16 viewed as bytes) as ``fmt``'s kernels read
+    them, and the byte offset of (token t, position k) there: t * a + k * p."""
+    if fmt < FMT_I8 + WIDE:
+        return xq, K, 1
+    if planar(fmt):
+        return to_planes(xq.view(np.int16), T, K), 2 * K, 1
+    return xq, 2 * K, 2
+
+
 @njit(fastmath=True, cache=True, nogil=True)
-def _group(fmt, wq, blk, d16, m16, g, nb, xq, sx, xsm, K, bs, ta, tb, out):
+def _group(fmt, wq, blk, d16, m16, g, nb, xq, xa, xp, sx, xsm, bs, ta, tb, out):
     """out[(t - ta) * LANES + l] = row g*LANES + l dotted with token t, for tokens ta..tb-1
-    (blk: bytes of one block of one row in the prepared layout; xq: the activations' bytes)."""
-    xb = 2 if fmt >= FMT_I8 + WIDE else 1  # bytes per activation
+    (blk: bytes of one block of one row in the prepared layout; xq: the activations' bytes,
+    (token t, position k) at t * xa + k * xp)."""
     out[:] = 0
     for b in range(nb):
         gb = g * nb + b
         t0 = ta
         while t0 < tb:
             n = NT if tb - t0 >= NT else 1
-            block_dot(fmt, bs, n, wq, gb * blk * LANES, xq, (t0 * K + b * bs) * xb, K * xb,
+            block_dot(fmt, bs, n, wq, gb * blk * LANES, xq, t0 * xa + b * bs * xp, xa,
                       d16, m16, gb * LANES, sx, xsm, t0 * nb + b, nb, out, (t0 - ta) * LANES)
             t0 += n
 
@@ -432,10 +462,11 @@ def int8_matmul(fmt, qs, d, m, x, y):
     if fmt >= FMT_I8 + WIDE:
         xq16 = np.empty(T * K, np.int16)
         quantize(x, bs, xq16, sx, xsm)
-        xq = xq16.view(np.int8)
+        xq, xa, xp = activation_bytes(fmt, xq16.view(np.int8), T, K)
     else:
         xq = np.empty(T * K, np.int8)
         quantize(x, bs, xq, sx, xsm)
+        xa, xp = K, 1
     wq = qs.reshape(-1)
     d16 = d.reshape(-1)
     m16 = m.reshape(-1)
@@ -455,7 +486,7 @@ def int8_matmul(fmt, qs, d, m, x, y):
         ta = (c * nq // tc) * NT
         tb = ((c + 1) * nq // tc) * NT if c < tc - 1 else T
         out = np.empty((tb - ta) * LANES, np.float32)
-        _group(fmt, wq, qs.shape[2], d16, m16, g, nb, xq, sxf, xsmf, K, bs, ta, tb, out)
+        _group(fmt, wq, qs.shape[2], d16, m16, g, nb, xq, xa, xp, sxf, xsmf, bs, ta, tb, out)
         r0 = g * LANES
         n = min(R, r0 + LANES) - r0
         for t in range(ta, tb):
@@ -603,7 +634,7 @@ def int_block_sums(fmt, qs, nb, xq, T, K, out):
     int16 activations' sums go past it: keep those tests' activations small). xq: the
     activations' bytes (an int16 array viewed as int8 for a wide weight)."""
     bs = K // nb
-    xb = 2 if fmt >= FMT_I8 + WIDE else 1
+    xq, xa, xp = activation_bytes(fmt, xq, T, K)
     wq = qs.reshape(-1)
     G = out.shape[1] // LANES
     blk = qs.shape[2]
@@ -618,7 +649,7 @@ def int_block_sums(fmt, qs, nb, xq, T, K, out):
             while t0 < T:
                 n = NT if T - t0 >= NT else 1
                 acc[:] = 0
-                block_dot(fmt, bs, n, wq, (g * nb + b) * blk * LANES, xq, (t0 * K + b * bs) * xb, K * xb,
+                block_dot(fmt, bs, n, wq, (g * nb + b) * blk * LANES, xq, t0 * xa + b * bs * xp, xa,
                           one, zero, 0, s1, c0, t0, 1, acc, 0)
                 for t in range(n):
                     for l in range(LANES):

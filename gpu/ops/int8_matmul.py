@@ -195,10 +195,15 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
     the operands' roles swapped for the second (vpdpbusd and vpmaddubsw take unsigned x
     signed; neither overflows: 2 x 255 x 63 < 2^15); that is twice int8's dot products and
     nothing more. Their activations come as two byte planes (``to_planes``: per token, K low
-    bytes, then K high bytes), so each group of four is one broadcast load (which AVX-512
-    folds into the vpdpbusd), not a load and two byte shuffles per token and word, which
-    were a third of a batched step's instructions. Bytes up to 255 (Q8) are zero-extended
-    to int16 and go through vpdpwssd / vpmaddwd (_wide_dots) instead, on plain int16.
+    bytes, then K high bytes), so each group of four is one broadcast load, not a load and
+    two byte shuffles per token and word, which were a third of a batched step's
+    instructions. Bytes up to 255 (Q8) are valid only as the unsigned operand, so their
+    activations are quantized to 15 bits (``act_qmax``) and split at bit 7: the low part
+    (0..127) and the high part (-128..127) are both signed bytes, q x = 128 q h + q l, two
+    vpdpbusd with the weights unsigned. (vpdpwssd on zero-extended bytes would do the same
+    work with full int16, but LLVM splits that intrinsic into vpmaddwd + vpaddd, twice the
+    instructions.) AVX2's vpmaddubsw would saturate on Q8 x 7 bits (2 x 255 x 127 > 2^15),
+    so AVX2's Q8 kernels keep int16 zero-extended through vpmaddwd (_wide_dots).
 
     The scaling is here and not in Numba so the integer sums never leave the registers, and
     so the scales can be float16 (llama.cpp's own precision for them): they are a fifth of
@@ -225,11 +230,12 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
     s_t = [_splat_value(builder, builder.load(builder.gep(sbase, [soffs[t]])), V) for t in range(nt)]
     c_t = [_splat_value(builder, builder.load(builder.gep(cbase, [soffs[t]])), V) for t in range(nt)]
 
-    if wide and nibbles:  # the high bytes' plane: K bytes after the low bytes' (stride 2K)
+    planes = wide and (nibbles or isa != ISA_AVX2)  # to_planes' layout
+    if planes:  # the high part's plane: K bytes after the low part's (stride 2K)
         hi_plane = builder.lshr(xstride, ir.Constant(i64, 1))
 
     def xword(t, pos):
-        if wide and nibbles:
+        if planes:
             lo = builder.add(xoffs[t], ir.Constant(i64, pos))
             return [_bcast_word(builder, xbase, lo, V),
                     _bcast_word(builder, xbase, builder.add(lo, hi_plane), V)]
@@ -269,6 +275,11 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
                     for t in range(nt):
                         a = _dot4(builder, isa, acc[t, v], wl, xlo[t])
                         acc[t, v] = _dot4(builder, isa, a, wh, xhi[t])
+                elif planes:  # Q8 bytes x the 7-bit low and the signed high part
+                    for t in range(nt):
+                        lo_acc, hi_acc = wacc[v][t]
+                        wacc[v][t] = [_dot4(builder, isa, lo_acc, w, xw[t][0]),
+                                      _dot4(builder, isa, hi_acc, w, xw[t][1])]
                 elif wide:
                     _wide_dots(builder, isa, wacc[v], w, xw)
                 elif kind == KIND_Q8_SPLIT:
@@ -281,10 +292,10 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
                     for t in range(nt):
                         acc[t, v] = _dot4(builder, isa, acc[t, v], w, xw[t])
         if wide:
-            eight = _splat(I32, V, 8)
+            shift = _splat(I32, V, 8 if nibbles else 7)  # to_planes' split
             for (t, v) in acc:
                 lo_acc, hi_acc = wacc[v][t]
-                acc[t, v] = (builder.add(builder.shl(hi_acc, eight), lo_acc) if nibbles
+                acc[t, v] = (builder.add(builder.shl(hi_acc, shift), lo_acc) if planes
                              else _pair_sums(builder, lo_acc, hi_acc))
         for v in vs:
             dv = builder.fpext(_load_vec(builder, dbase, v * V, hv), fv)
@@ -365,11 +376,11 @@ def block_dot(typingctx, fmt, bs, n, wq, woff, xq, xoff, xstride, d16, m16, doff
 # ---------------------------------------------------------------- activations
 
 @njit(fastmath=True, cache=True, nogil=True)
-def quantize_row(x, bs, xq, sx, xsm):
-    """One activation row -> int8 (or int16, by xq's type) per block of bs: x ~ sx[b] * xq;
-    xsm[b] = sx[b] * sum(xq)."""
+def quantize_row(x, bs, qmax, xq, sx, xsm):
+    """One activation row -> integers in -qmax..qmax (int8 or int16 xq) per block of bs:
+    x ~ sx[b] * xq; xsm[b] = sx[b] * sum(xq)."""
     K = x.shape[0]
-    qmax = np.float32(127.0) if xq.itemsize == 1 else np.float32(32767.0)
+    qmax = np.float32(qmax)
     for b in range(K // bs):
         amax = np.float32(0.0)
         for j in range(bs):
@@ -386,38 +397,52 @@ def quantize_row(x, bs, xq, sx, xsm):
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def quantize(x, bs, xq, sx, xsm):
-    """quantize_row for every row of x [T, K]: xq int8 [T*K] (flat), sx, xsm float32 [T, nb]."""
+def quantize(x, bs, qmax, xq, sx, xsm):
+    """quantize_row for every row of x [T, K]: xq [T*K] (flat), sx, xsm float32 [T, nb]."""
     T, K = x.shape
     if T < 32:  # a few µs of work: not worth a parallel region
         for t in range(T):
-            quantize_row(x[t], bs, xq[t * K:(t + 1) * K], sx[t], xsm[t])
+            quantize_row(x[t], bs, qmax, xq[t * K:(t + 1) * K], sx[t], xsm[t])
         return
     for t in prange(T):
-        quantize_row(x[t], bs, xq[t * K:(t + 1) * K], sx[t], xsm[t])
+        quantize_row(x[t], bs, qmax, xq[t * K:(t + 1) * K], sx[t], xsm[t])
 
 
 # ---------------------------------------------------------------- the matmul
 
 @njit(cache=True, nogil=True)
-def planar(fmt):
-    """Whether a weight's kernels take int16 activations as byte planes (to_planes): the
-    wide nibble kinds. Q8's wide kernels read plain int16."""
-    return fmt >= FMT_I8 + WIDE and fmt % 8 != KIND_Q8
+def _q8_bytes(fmt):
+    """A wide weight whose values are bytes up to 255 (the Q8 kind)."""
+    return fmt % 8 == KIND_Q8
 
 
 @njit(cache=True, nogil=True)
-def to_planes(xq16, T, K):
-    """int16 activations [T*K] -> bytes [T, 2, K]: per token its K low bytes (unsigned),
-    then its K high bytes (signed)."""
-    b = xq16.view(np.uint8)
+def planar(fmt):
+    """Whether a weight's kernels take int16 activations as two byte planes (to_planes):
+    every wide kind but AVX2's Q8, which reads plain int16."""
+    return fmt >= FMT_I8 + WIDE and not (_q8_bytes(fmt) and (fmt - FMT_I8 - WIDE) // 8 == ISA_AVX2)
+
+
+@njit(cache=True, nogil=True)
+def act_qmax(fmt):
+    """The largest quantized activation for a weight's kernels: 127 (int8), 32767 (int16),
+    16383 (int16 split at bit 7 for Q8 bytes: see _block_codegen)."""
+    if fmt < FMT_I8 + WIDE:
+        return 127
+    return 16383 if planar(fmt) and _q8_bytes(fmt) else 32767
+
+
+@njit(cache=True, nogil=True)
+def to_planes(xq16, T, K, shift):
+    """int16 activations [T*K] -> bytes [T, 2, K]: per token the K low parts (bits below
+    ``shift``, unsigned), then the K high parts (signed): v = (high << shift) + low."""
     out = np.empty(2 * T * K, np.int8)
-    o = out.view(np.uint8)
+    mask = (1 << shift) - 1
     for t in range(T):
         for k in range(K):
-            i = t * K + k
-            o[2 * t * K + k] = b[2 * i]
-            o[(2 * t + 1) * K + k] = b[2 * i + 1]
+            v = np.int32(xq16[t * K + k])
+            out[2 * t * K + k] = np.int8(np.uint8(v & mask))
+            out[(2 * t + 1) * K + k] = np.int8(v >> shift)
     return out
 
 
@@ -428,7 +453,7 @@ def activation_bytes(fmt, xq, T, K):
     if fmt < FMT_I8 + WIDE:
         return xq, K, 1
     if planar(fmt):
-        return to_planes(xq.view(np.int16), T, K), 2 * K, 1
+        return to_planes(xq.view(np.int16), T, K, 7 if _q8_bytes(fmt) else 8), 2 * K, 1
     return xq, 2 * K, 2
 
 
@@ -461,11 +486,11 @@ def int8_matmul(fmt, qs, d, m, x, y):
     xsm = np.empty((T, nb), np.float32)
     if fmt >= FMT_I8 + WIDE:
         xq16 = np.empty(T * K, np.int16)
-        quantize(x, bs, xq16, sx, xsm)
+        quantize(x, bs, act_qmax(fmt), xq16, sx, xsm)
         xq, xa, xp = activation_bytes(fmt, xq16.view(np.int8), T, K)
     else:
         xq = np.empty(T * K, np.int8)
-        quantize(x, bs, xq, sx, xsm)
+        quantize(x, bs, act_qmax(fmt), xq, sx, xsm)
         xa, xp = K, 1
     wq = qs.reshape(-1)
     d16 = d.reshape(-1)

@@ -176,8 +176,11 @@ class LlamaModel:
             raise ValueError("the CPU model does not overlap steps (from_prev)")
         cfg = self.cfg
         T = len(arr.tokens)
-        # enough attention work items for every thread (flash-decoding splits)
-        splits = max(1, (4 * numba.get_num_threads()) // (T * cfg.n_kv))
+        # enough attention work items for every thread (flash-decoding splits), but no more
+        # splits than the longest sequence has KV blocks: an empty split is a work item and a
+        # merge pass for nothing (at 50 positions, one block, 2 splits cost ~30% more)
+        blocks = max(-(-(i.seq.length + len(i.tokens)) // BLOCK_TOKENS) for i in inputs)
+        splits = max(1, min((4 * numba.get_num_threads()) // (T * cfg.n_kv), blocks))
         logits = np.empty((len(arr.logit_rows), cfg.vocab), np.float32)
         a = self.arena
         forward(arr.tokens, arr.tok_seq, arr.tok_pos, arr.logit_rows, arr.tables, a.k_pool, a.v_pool,

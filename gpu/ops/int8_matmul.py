@@ -51,6 +51,7 @@ overflows for weight bytes above 129 (only Q8_0's q + 128 reaches them). Such we
 """
 from __future__ import annotations
 
+import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -67,6 +68,9 @@ NT = 4  # tokens per kernel call (register blocking: each weight vector feeds NT
 SMALL_G = 32  # below this many row groups, int8_matmul's work items split the tokens too
 
 ISAS = cpu_features.supported_isas()  # compiled in: only the ones this CPU runs
+
+# _dot2w's inline assembly needs the JIT's assembly parser, which Numba does not set up
+llvm.initialize_native_asmparser()
 
 
 WIDE = 32  # fmt bit: the activations are int16, not int8 (see the module doc)
@@ -132,9 +136,10 @@ def _dot2w(builder, isa, acc, w, x):
     V = acc.type.count
     vi = _vt(I32, V)
     if isa in (ISA_VNNI512, ISA_VNNI256):
-        name = "llvm.x86.avx512.vpdpwssd.512" if V == 16 else "llvm.x86.avx512.vpdpwssd.256"
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vi, [vi, vi, vi]), name)
-        return builder.call(fn, [acc, builder.bitcast(w, vi), builder.bitcast(x, vi)])
+        # inline assembly, not llvm.x86.avx512.vpdpwssd: LLVM rewrites that intrinsic into
+        # vpmaddwd + vpaddd here (twice the instructions: 944 per 4-token Q8 block, 705 so)
+        asm = ir.InlineAsm(ir.FunctionType(vi, [vi, vi, vi]), "vpdpwssd $3, $2, $0", "=v,0,v,v")
+        return builder.call(asm, [acc, builder.bitcast(w, vi), builder.bitcast(x, vi)])
     w16 = _vt(I16, 16)
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vi, [w16, w16]),
                                         "llvm.x86.avx2.pmadd.wd")
@@ -195,15 +200,10 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
     the operands' roles swapped for the second (vpdpbusd and vpmaddubsw take unsigned x
     signed; neither overflows: 2 x 255 x 63 < 2^15); that is twice int8's dot products and
     nothing more. Their activations come as two byte planes (``to_planes``: per token, K low
-    bytes, then K high bytes), so each group of four is one broadcast load, not a load and
-    two byte shuffles per token and word, which were a third of a batched step's
-    instructions. Bytes up to 255 (Q8) are valid only as the unsigned operand, so their
-    activations are quantized to 15 bits (``act_qmax``) and split at bit 7: the low part
-    (0..127) and the high part (-128..127) are both signed bytes, q x = 128 q h + q l, two
-    vpdpbusd with the weights unsigned. (vpdpwssd on zero-extended bytes would do the same
-    work with full int16, but LLVM splits that intrinsic into vpmaddwd + vpaddd, twice the
-    instructions.) AVX2's vpmaddubsw would saturate on Q8 x 7 bits (2 x 255 x 127 > 2^15),
-    so AVX2's Q8 kernels keep int16 zero-extended through vpmaddwd (_wide_dots).
+    bytes, then K high bytes), so each group of four is one broadcast load (which AVX-512
+    folds into the vpdpbusd), not a load and two byte shuffles per token and word, which
+    were a third of a batched step's instructions. Bytes up to 255 (Q8) are zero-extended
+    to int16 and go through vpdpwssd / vpmaddwd (_wide_dots) instead, on plain int16.
 
     The scaling is here and not in Numba so the integer sums never leave the registers, and
     so the scales can be float16 (llama.cpp's own precision for them): they are a fifth of
@@ -230,12 +230,11 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
     s_t = [_splat_value(builder, builder.load(builder.gep(sbase, [soffs[t]])), V) for t in range(nt)]
     c_t = [_splat_value(builder, builder.load(builder.gep(cbase, [soffs[t]])), V) for t in range(nt)]
 
-    planes = wide and (nibbles or isa != ISA_AVX2)  # to_planes' layout
-    if planes:  # the high part's plane: K bytes after the low part's (stride 2K)
+    if wide and nibbles:  # the high bytes' plane: K bytes after the low bytes' (stride 2K)
         hi_plane = builder.lshr(xstride, ir.Constant(i64, 1))
 
     def xword(t, pos):
-        if planes:
+        if wide and nibbles:
             lo = builder.add(xoffs[t], ir.Constant(i64, pos))
             return [_bcast_word(builder, xbase, lo, V),
                     _bcast_word(builder, xbase, builder.add(lo, hi_plane), V)]
@@ -275,11 +274,6 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
                     for t in range(nt):
                         a = _dot4(builder, isa, acc[t, v], wl, xlo[t])
                         acc[t, v] = _dot4(builder, isa, a, wh, xhi[t])
-                elif planes:  # Q8 bytes x the 7-bit low and the signed high part
-                    for t in range(nt):
-                        lo_acc, hi_acc = wacc[v][t]
-                        wacc[v][t] = [_dot4(builder, isa, lo_acc, w, xw[t][0]),
-                                      _dot4(builder, isa, hi_acc, w, xw[t][1])]
                 elif wide:
                     _wide_dots(builder, isa, wacc[v], w, xw)
                 elif kind == KIND_Q8_SPLIT:
@@ -292,10 +286,10 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
                     for t in range(nt):
                         acc[t, v] = _dot4(builder, isa, acc[t, v], w, xw[t])
         if wide:
-            shift = _splat(I32, V, 8 if nibbles else 7)  # to_planes' split
+            eight = _splat(I32, V, 8)
             for (t, v) in acc:
                 lo_acc, hi_acc = wacc[v][t]
-                acc[t, v] = (builder.add(builder.shl(hi_acc, shift), lo_acc) if planes
+                acc[t, v] = (builder.add(builder.shl(hi_acc, eight), lo_acc) if nibbles
                              else _pair_sums(builder, lo_acc, hi_acc))
         for v in vs:
             dv = builder.fpext(_load_vec(builder, dbase, v * V, hv), fv)
@@ -376,11 +370,11 @@ def block_dot(typingctx, fmt, bs, n, wq, woff, xq, xoff, xstride, d16, m16, doff
 # ---------------------------------------------------------------- activations
 
 @njit(fastmath=True, cache=True, nogil=True)
-def quantize_row(x, bs, qmax, xq, sx, xsm):
-    """One activation row -> integers in -qmax..qmax (int8 or int16 xq) per block of bs:
-    x ~ sx[b] * xq; xsm[b] = sx[b] * sum(xq)."""
+def quantize_row(x, bs, xq, sx, xsm):
+    """One activation row -> int8 (or int16, by xq's type) per block of bs: x ~ sx[b] * xq;
+    xsm[b] = sx[b] * sum(xq)."""
     K = x.shape[0]
-    qmax = np.float32(qmax)
+    qmax = np.float32(127.0) if xq.itemsize == 1 else np.float32(32767.0)
     for b in range(K // bs):
         amax = np.float32(0.0)
         for j in range(bs):
@@ -397,52 +391,38 @@ def quantize_row(x, bs, qmax, xq, sx, xsm):
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def quantize(x, bs, qmax, xq, sx, xsm):
-    """quantize_row for every row of x [T, K]: xq [T*K] (flat), sx, xsm float32 [T, nb]."""
+def quantize(x, bs, xq, sx, xsm):
+    """quantize_row for every row of x [T, K]: xq int8 [T*K] (flat), sx, xsm float32 [T, nb]."""
     T, K = x.shape
     if T < 32:  # a few µs of work: not worth a parallel region
         for t in range(T):
-            quantize_row(x[t], bs, qmax, xq[t * K:(t + 1) * K], sx[t], xsm[t])
+            quantize_row(x[t], bs, xq[t * K:(t + 1) * K], sx[t], xsm[t])
         return
     for t in prange(T):
-        quantize_row(x[t], bs, qmax, xq[t * K:(t + 1) * K], sx[t], xsm[t])
+        quantize_row(x[t], bs, xq[t * K:(t + 1) * K], sx[t], xsm[t])
 
 
 # ---------------------------------------------------------------- the matmul
 
 @njit(cache=True, nogil=True)
-def _q8_bytes(fmt):
-    """A wide weight whose values are bytes up to 255 (the Q8 kind)."""
-    return fmt % 8 == KIND_Q8
-
-
-@njit(cache=True, nogil=True)
 def planar(fmt):
-    """Whether a weight's kernels take int16 activations as two byte planes (to_planes):
-    every wide kind but AVX2's Q8, which reads plain int16."""
-    return fmt >= FMT_I8 + WIDE and not (_q8_bytes(fmt) and (fmt - FMT_I8 - WIDE) // 8 == ISA_AVX2)
+    """Whether a weight's kernels take int16 activations as byte planes (to_planes): the
+    wide nibble kinds. Q8's wide kernels read plain int16."""
+    return fmt >= FMT_I8 + WIDE and fmt % 8 != KIND_Q8
 
 
 @njit(cache=True, nogil=True)
-def act_qmax(fmt):
-    """The largest quantized activation for a weight's kernels: 127 (int8), 32767 (int16),
-    16383 (int16 split at bit 7 for Q8 bytes: see _block_codegen)."""
-    if fmt < FMT_I8 + WIDE:
-        return 127
-    return 16383 if planar(fmt) and _q8_bytes(fmt) else 32767
-
-
-@njit(cache=True, nogil=True)
-def to_planes(xq16, T, K, shift):
-    """int16 activations [T*K] -> bytes [T, 2, K]: per token the K low parts (bits below
-    ``shift``, unsigned), then the K high parts (signed): v = (high << shift) + low."""
+def to_planes(xq16, T, K):
+    """int16 activations [T*K] -> bytes [T, 2, K]: per token its K low bytes (unsigned),
+    then its K high bytes (signed)."""
+    b = xq16.view(np.uint8)
     out = np.empty(2 * T * K, np.int8)
-    mask = (1 << shift) - 1
+    o = out.view(np.uint8)
     for t in range(T):
         for k in range(K):
-            v = np.int32(xq16[t * K + k])
-            out[2 * t * K + k] = np.int8(np.uint8(v & mask))
-            out[(2 * t + 1) * K + k] = np.int8(v >> shift)
+            i = t * K + k
+            o[2 * t * K + k] = b[2 * i]
+            o[(2 * t + 1) * K + k] = b[2 * i + 1]
     return out
 
 
@@ -453,7 +433,7 @@ def activation_bytes(fmt, xq, T, K):
     if fmt < FMT_I8 + WIDE:
         return xq, K, 1
     if planar(fmt):
-        return to_planes(xq.view(np.int16), T, K, 7 if _q8_bytes(fmt) else 8), 2 * K, 1
+        return to_planes(xq.view(np.int16), T, K), 2 * K, 1
     return xq, 2 * K, 2
 
 
@@ -486,11 +466,11 @@ def int8_matmul(fmt, qs, d, m, x, y):
     xsm = np.empty((T, nb), np.float32)
     if fmt >= FMT_I8 + WIDE:
         xq16 = np.empty(T * K, np.int16)
-        quantize(x, bs, act_qmax(fmt), xq16, sx, xsm)
+        quantize(x, bs, xq16, sx, xsm)
         xq, xa, xp = activation_bytes(fmt, xq16.view(np.int8), T, K)
     else:
         xq = np.empty(T * K, np.int8)
-        quantize(x, bs, act_qmax(fmt), xq, sx, xsm)
+        quantize(x, bs, xq, sx, xsm)
         xa, xp = K, 1
     wq = qs.reshape(-1)
     d16 = d.reshape(-1)

@@ -441,7 +441,15 @@ def lb_key(row: dict) -> str:
 
 
 def lb_side(row: dict) -> str:
-    return f"llama_bench_fa_{fa_name(row['flash_attn'])}"
+    side = f"llama_bench_fa_{fa_name(row['flash_attn'])}"
+    if "repack" in row:  # builds with --repack: weights repacked for the CPU's kernels (AMX...)
+        side += f"_repack_{'on' if row['repack'] else 'off'}"
+    return side
+
+
+class LlamaBenchCrash(RuntimeError):
+    """llama-bench died of a signal (not a usage error): that test can't be measured in that
+    mode on this machine, which the results then say."""
 
 
 def llama_bench_help(binary: Path) -> str:
@@ -479,8 +487,9 @@ def run_llama_bench(cmd: list[str], watch: "CpuWatch") -> tuple[list[dict], dict
         b = watch.snap()  # reaped: its CPU time is in our children's now
         if p.returncode != 0:
             errf.seek(0)
-            raise RuntimeError(f"llama-bench failed (rc={p.returncode}): {shlex.join(cmd)}\n"
-                               f"{errf.read().strip()[-2000:]}")
+            err = RuntimeError if p.returncode > 0 else LlamaBenchCrash
+            raise err(f"llama-bench failed (rc={p.returncode}): {shlex.join(cmd)}\n"
+                      f"{errf.read().strip()[-2000:]}")
     return rows, {"wall_s": b[0] - a[0], "foreign_share": watch.foreign(a, b)}
 
 
@@ -544,14 +553,26 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
     git_head = sh(["git", "-C", str(REPO), "rev-parse", "HEAD"])
     git_dirty_gpu = sh(["git", "-C", str(REPO), "status", "--porcelain", "gpu"]).splitlines()
 
-    def lb_cmd(p: str, n: str, d: str, fa: str) -> list[str]:
+    # --repack (llama.cpp's default: on) repacks the weights for the CPU's own kernels (on an
+    # AMX machine: the AMX buffer type). Both modes are measured and the better taken per row,
+    # like -fa; a row that crashes llama-bench in one mode (this llama.cpp's AMX path dies of
+    # SIGSEGV on prompts of more than one token) is measured in the other and reported.
+    repacks = [r for r in args.repack.split(",") if r] if "--repack" in help_text else []
+
+    def lb_cmd(p: str, n: str, d: str, fa: str, repack: str | None = None) -> list[str]:
         cmd = [str(binary), "-m", model_path, "-t", str(THREADS), "-p", p, "-n", n]
         if "--n-depth" in help_text:
             cmd += ["-d", d]
+        if repack is not None:
+            cmd += ["--repack", repack]
         return cmd + ["-fa", fa, "-o", "jsonl", "-r", str(reps)]
 
     full_cmd = lb_cmd("100,500", str(steps), ",".join(map(str, depths)), args.fa)
-    log(f"llama-bench: {shlex.join(full_cmd)}")
+    # one test per command: (p, n, d), for a mode that crashed on some test
+    single_tests = [("0", str(steps), str(d)) for d in depths] + [
+        (str(pp), "0", str(d)) for pp in (100, 500) for d in depths]
+    log(f"llama-bench: {shlex.join(full_cmd)}"
+        + (f", in each of --repack {', '.join(repacks)}" if repacks else ""))
 
     zl, prompts, batch_prompts, jit_s, numba_info = _load_ours(model_path)
 
@@ -613,10 +634,45 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
     def add(key, side, v):
         samples.setdefault(key, {}).setdefault(side, []).append(v)
 
-    def lb_round(rnd: int) -> None:
+    crashed: dict[str, dict] = {}  # "<test> repack <r>" -> the crash, once seen (not rerun)
+
+    def lb_commands() -> list[tuple[list[str], tuple | None]]:
+        """This round's llama-bench commands (each with its single test, or None for all)."""
+        if not repacks:
+            return [(full_cmd, None)]
+        out = []
+        for r in repacks:
+            if not any(k.endswith(f" repack {r}") for k in crashed):
+                out.append((full_cmd + ["--repack", r], None))
+                continue
+            for t in single_tests:
+                if f"{'/'.join(t)} repack {r}" not in crashed:
+                    out.append((lb_cmd(*t, args.fa, r), t))
+        return out
+
+    def lb_run(rnd: int, cmd: list[str], test) -> list[dict]:
+        """One llama-bench command; a crash of a whole-set command is retried test by test
+        (so one crashing test loses only itself), a crash of one test is recorded."""
         waited, _ = watch.wait_quiet(args.max_foreign, args.max_wait)
-        rows, run = run_llama_bench(full_cmd, watch)
-        lb_runs.append({"round": rnd, "cmd": full_cmd, "waited_s": waited, **run})
+        try:
+            rows, run = run_llama_bench(cmd, watch)
+        except LlamaBenchCrash as e:
+            r = cmd[cmd.index("--repack") + 1]
+            if test is None:
+                log(f"  llama-bench crashed with --repack {r}; running its tests one by one")
+                crashed[f"all repack {r}"] = {"error": str(e).splitlines()[0]}
+                return [row for t in single_tests
+                        for row in lb_run(rnd, lb_cmd(*t, args.fa, r), t)]
+            key = f"{'/'.join(test)} repack {r}"
+            log(f"  llama-bench -p/-n/-d {'/'.join(test)} --repack {r}: crashed "
+                f"({str(e).splitlines()[0][:60]}...); not measured in that mode")
+            crashed[key] = {"round": rnd, "cmd": cmd, "error": str(e)[-600:]}
+            return []
+        lb_runs.append({"round": rnd, "cmd": cmd, "waited_s": waited, **run})
+        return rows
+
+    def lb_round(rnd: int) -> None:
+        rows = [row for cmd, test in lb_commands() for row in lb_run(rnd, cmd, test)]
         for row in rows:
             attempt = 0
             while row["foreign_share"] > args.max_foreign and attempt < args.retries:
@@ -627,7 +683,8 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
                 raw_lb.append({"round": rnd, "attempt": attempt - 1, "used": False, **row})
                 n_p, n_g = int(row["n_prompt"]), int(row["n_gen"])
                 cmd = lb_cmd(str(n_p), str(n_g), str(int(row["n_depth"])),
-                             {"off": "0", "on": "1", "auto": "auto"}[fa_name(row["flash_attn"])])
+                             {"off": "0", "on": "1", "auto": "auto"}[fa_name(row["flash_attn"])],
+                             str(int(row["repack"])) if "repack" in row else None)
                 waited, _ = watch.wait_quiet(args.max_foreign, args.max_wait)
                 one, run = run_llama_bench(cmd, watch)
                 lb_runs.append({"round": rnd, "cmd": cmd, "waited_s": waited, **run})
@@ -757,7 +814,8 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
         "decode_steps": steps,
         "threads": THREADS,
         "n_ctx": N_CTX,
-        "llama_bench": {"cmd": full_cmd, "binary": str(binary), "version": version,
+        "llama_bench": {"cmd": full_cmd, "repack_modes": repacks, "crashed": crashed,
+                        "binary": str(binary), "version": version,
                         "build_commit": first.get("build_commit"),
                         "build_number": first.get("build_number"),
                         "cpu_info": first.get("cpu_info"), "backends": first.get("backends"),
@@ -771,7 +829,8 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
                               "depth_context": len(prompts["ctx1000"]), "batch8_each": 50},
         "cold_prompt": COLD_PROMPT,
         "sides": ["zerolayer", *lb_sides],
-        "baseline": "per row, the better of llama-bench's flash-attention modes in `sides`",
+        "baseline": "per row, the best of llama-bench's modes (flash attention, repack) in "
+                    "`sides`; a mode that crashed on a row is in llama_bench.crashed",
         "machine": machine_info() | {"uptime_before": uptime0, "loadavg_before": loadavg0,
                                      "loadavg_after": loadavg1},
         "lock": {"path": LOCK_PATH, "waited_s": getattr(args, "lock_wait_s", None)},
@@ -829,7 +888,12 @@ def render_llama_bench(r: dict) -> str:
         ("pp500_d1000", "prefill tok/s, 500 tokens after 1000", "", None),
     ]
     lb = r["llama_bench"]
-    head = " | ".join(f"llama-bench fa={s.rsplit('_', 1)[-1]}" for s in lb_sides)
+    def side_name(side: str) -> str:  # llama_bench_fa_on_repack_off -> fa=on repack=off
+        rest = side.removeprefix("llama_bench_")
+        return "llama-bench " + " ".join("=".join(kv.split("_")) for kv in
+                                         rest.replace("_repack", " repack").split(" "))
+
+    head = " | ".join(side_name(s) for s in lb_sides)
     m = r["machine"]
     lines = [
         f"zerolayer vs llama.cpp llama-bench (build {lb.get('build_number')}, "
@@ -868,8 +932,11 @@ def render_llama_bench(r: dict) -> str:
                  f"≤ 1.5× (scope 4) | {mark('attn_scaling')} |")
     lines.append("")
     if len(lb_sides) > 1:
-        lines.append("← = llama-bench's better flash-attention mode for that row, the one the "
-                     "ratio uses.")
+        lines.append("← = llama-bench's best mode for that row, the one the ratio uses.")
+    for k, c in sorted(lb.get("crashed", {}).items()):
+        if not k.startswith("all "):
+            lines.append(f"llama-bench crashed on -p/-n/-d {k} (not measured in that mode): "
+                         f"{c['error'].splitlines()[0][:120]}")
     met = [t["label"] for t in tg.values() if t["met"]]
     missed = [f"{t['label']}: {t['value']:.2f} (target {t['op']} {t['target']})"
               for t in tg.values() if t["met"] is False]
@@ -1312,6 +1379,9 @@ def main() -> int:
     ap.add_argument("--fa", default="0,1",
                     help="llama-bench -fa: flash-attention modes, each row's baseline is the best "
                     "of them (default 0,1)")
+    ap.add_argument("--repack", default="0,1",
+                    help="llama-bench --repack modes to measure, best per row (default 0,1; "
+                         "ignored by builds without --repack)")
     ap.add_argument("--no-cold-start", action="store_true",
                     help="llama-bench: skip our cold-start measurement")
     ap.add_argument("--llama-flash-attn", default="auto,off",

@@ -858,6 +858,19 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
     return 0
 
 
+def _signal_name(error: str) -> str:
+    """"llama-bench failed (rc=-11): ..." -> "SIGSEGV"."""
+    import re
+    import signal
+    m = re.search(r"rc=(-?\d+)", error)
+    if not m:
+        return "failed"
+    try:
+        return signal.Signals(-int(m.group(1))).name
+    except ValueError:
+        return f"rc {m.group(1)}"
+
+
 def render_llama_bench(r: dict) -> str:
     st, ra, tg, best = r["stats"], r["ratios"], r["targets"], r["best_llama_bench"]
     lb_sides = [s for s in r["sides"] if s != "zerolayer"]
@@ -903,7 +916,9 @@ def render_llama_bench(r: dict) -> str:
         f"load avg before {m['loadavg_before'][0]:.2f}, after {m['loadavg_after'][0]:.2f} · "
         f"medians over {r['runs']} interleaved rounds (min–max of the round values), "
         f"each round's value the median of {r['reps_per_round']} samples",
-        f"llama-bench: `{shlex.join(lb['cmd'])}`",
+        f"llama-bench: `{shlex.join(lb['cmd'])}`"
+        + (f", in each of `--repack {','.join(lb['repack_modes'])}`"
+           if lb.get("repack_modes") else ""),
         f"command: `{r['command']}`",
         "",
         f"| metric | zerolayer | {head} | ours / best llama-bench | target | |",
@@ -933,10 +948,11 @@ def render_llama_bench(r: dict) -> str:
     lines.append("")
     if len(lb_sides) > 1:
         lines.append("← = llama-bench's best mode for that row, the one the ratio uses.")
-    for k, c in sorted(lb.get("crashed", {}).items()):
-        if not k.startswith("all "):
-            lines.append(f"llama-bench crashed on -p/-n/-d {k} (not measured in that mode): "
-                         f"{c['error'].splitlines()[0][:120]}")
+    crashed = [k for k in sorted(lb.get("crashed", {})) if not k.startswith("all ")]
+    if crashed:
+        why = {_signal_name(lb["crashed"][k]["error"]) for k in crashed}
+        lines.append(f"llama-bench died ({', '.join(sorted(why))}) on -p/-n/-d "
+                     f"{'; '.join(crashed)}: not measured in those modes.")
     met = [t["label"] for t in tg.values() if t["met"]]
     missed = [f"{t['label']}: {t['value']:.2f} (target {t['op']} {t['target']})"
               for t in tg.values() if t["met"] is False]

@@ -51,11 +51,15 @@ class AsyncClient(ClientConfig):
                      token_ids: Iterable[int] | None = None, *, max_tokens: int = 256,
                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                      seed: int | None = None, stop: Sequence[str] = (),
+                     repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
+                     frequency_penalty: float = 0.0,
                      request_id: bytes | str | None = None) -> InvokeResult:
         """Run one request to completion and return its text, usage and timings."""
         s = await self.stream(prompt, messages, token_ids, max_tokens=max_tokens,
                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                              stop=stop, request_id=request_id)
+                              stop=stop, repetition_penalty=repetition_penalty,
+                              presence_penalty=presence_penalty,
+                              frequency_penalty=frequency_penalty, request_id=request_id)
         s._m.restartable = True  # the caller sees no text until the end
         async with s:
             async for _ in s:
@@ -68,12 +72,16 @@ class AsyncClient(ClientConfig):
                      token_ids: Iterable[int] | None = None, *, max_tokens: int = 256,
                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                      seed: int | None = None, stop: Sequence[str] = (),
+                     repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
+                     frequency_penalty: float = 0.0,
                      request_id: bytes | str | None = None) -> "AsyncStream":
         """Send the request's first attempt and return the AsyncStream; iterate it with
         `async for` for text chunks. Errors raise subclasses of ZerolayerError."""
         body = build_invoke_body(prompt, messages, token_ids, max_tokens=max_tokens,
                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                 stop=stop)
+                                 stop=stop, repetition_penalty=repetition_penalty,
+                                 presence_penalty=presence_penalty,
+                                 frequency_penalty=frequency_penalty)
         rid = request_id_bytes(request_id)
         ch = await self._open(rid)
         route = ch if isinstance(ch, Routed) else None

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 MAX_STOP = 8
 MAX_TEMPERATURE = 100.0  # beyond this sampling is uniform noise; also keeps f32 finite
 MAX_STOP_BYTES = 128
+MAX_REPETITION_PENALTY = 10.0  # past this a seen token is all but banned; keeps f32 finite
+MAX_ADDITIVE_PENALTY = 2.0     # OpenAI's range for presence and frequency penalties
 
 
 class InvalidSamplingParams(ValueError):
@@ -28,6 +30,19 @@ class SamplingParams:
     top_p: float = 1.0           # 1 = off
     seed: int | None = None      # None = the server picks
     stop: tuple[str, ...] = ()
+    # Penalties on the logits before sampling (greedy too), as vLLM defines them:
+    # repetition (llama.cpp's repeat_penalty): each token id in the prompt or the output so
+    # far has its logit divided by it when positive, multiplied when negative; 1 = off.
+    # presence / frequency (OpenAI's): each token id in the output so far has its logit
+    # lowered by presence once, and by frequency times its count; 0 = off.
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
 
     def validate(self) -> None:
         if not 1 <= self.max_tokens <= 0xFFFFFFFF:
@@ -41,6 +56,15 @@ class SamplingParams:
             raise InvalidSamplingParams(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and not 0 <= self.seed < 1 << 64:
             raise InvalidSamplingParams(f"seed must be a u64, got {self.seed}")
+        if not (math.isfinite(self.repetition_penalty)
+                and 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY):
+            raise InvalidSamplingParams(f"repetition_penalty must be in (0, "
+                                        f"{MAX_REPETITION_PENALTY}], got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and abs(v) <= MAX_ADDITIVE_PENALTY):
+                raise InvalidSamplingParams(
+                    f"{name} must be in [-{MAX_ADDITIVE_PENALTY}, {MAX_ADDITIVE_PENALTY}], got {v}")
         if len(self.stop) > MAX_STOP:
             raise InvalidSamplingParams(f"at most {MAX_STOP} stop strings, got {len(self.stop)}")
         for s in self.stop:

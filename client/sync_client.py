@@ -62,11 +62,15 @@ class Client(ClientConfig):
                token_ids: Iterable[int] | None = None, *, max_tokens: int = 256,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, stop: Sequence[str] = (),
+               repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0,
                request_id: bytes | str | None = None) -> InvokeResult:
         """Run one request to completion and return its text, usage and timings."""
         with self.stream(prompt, messages, token_ids, max_tokens=max_tokens,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                         stop=stop, request_id=request_id) as s:
+                         stop=stop, repetition_penalty=repetition_penalty,
+                         presence_penalty=presence_penalty,
+                         frequency_penalty=frequency_penalty, request_id=request_id) as s:
             s._m.restartable = True  # the caller sees no text until the end
             for _ in s:
                 pass
@@ -77,13 +81,17 @@ class Client(ClientConfig):
                token_ids: Iterable[int] | None = None, *, max_tokens: int = 256,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, stop: Sequence[str] = (),
+               repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0,
                request_id: bytes | str | None = None) -> "Stream":
         """Start a request; iterate the returned Stream for text chunks (str). When the
         iteration ends, `stream.result` holds the InvokeResult. Exactly one of prompt,
         messages, token_ids. Errors raise subclasses of ZerolayerError."""
         body = build_invoke_body(prompt, messages, token_ids, max_tokens=max_tokens,
                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                 stop=stop)
+                                 stop=stop, repetition_penalty=repetition_penalty,
+                                 presence_penalty=presence_penalty,
+                                 frequency_penalty=frequency_penalty)
         return Stream(self, body, request_id_bytes(request_id))
 
     def ping(self) -> float:

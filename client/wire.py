@@ -121,6 +121,8 @@ PARAMS = struct.Struct("<IffIQBBHI")  # max_tokens, temperature, top_p, top_k, s
                                        # payload_kind, n_stop, flags, payload_len
 PARAMS_LEN = PARAMS.size  # 32
 PARAM_SEED_SET = 0x0001
+PARAM_PENALTIES = 0x0002  # a penalty block follows the parameter block
+PENALTIES = struct.Struct("<fff")  # repetition, presence, frequency
 CHAT_MSG_HDR = struct.Struct("<BI")    # role, content length
 
 
@@ -428,9 +430,14 @@ def encode_invoke_body(params: SamplingParams, kind: PayloadKind, payload: bytes
     if params.seed is not None:
         flags |= PARAM_SEED_SET
         seed = params.seed
+    if params.penalized:  # only then: a request without penalties is v1's first layout
+        flags |= PARAM_PENALTIES
     out = bytearray(PARAMS.pack(params.max_tokens, params.temperature, params.top_p,
                                 params.top_k, seed, int(kind), len(params.stop), flags,
                                 len(payload)))
+    if params.penalized:
+        out += PENALTIES.pack(params.repetition_penalty, params.presence_penalty,
+                              params.frequency_penalty)
     for s in params.stop:
         b = s.encode("utf-8")
         out += struct.pack("<H", len(b)) + b
@@ -444,13 +451,19 @@ def decode_invoke_body(body: bytes) -> InvokeBody:
         raise MalformedError("body shorter than the parameter block")
     (max_tokens, temperature, top_p, top_k, seed, kind, n_stop, flags,
      payload_len) = PARAMS.unpack_from(body, 0)
-    if flags & ~PARAM_SEED_SET:
+    if flags & ~(PARAM_SEED_SET | PARAM_PENALTIES):
         raise MalformedError("unknown parameter flags")
     try:
         pkind = PayloadKind(kind)
     except ValueError:
         raise MalformedError(f"unknown payload kind {kind}") from None
     off = PARAMS_LEN
+    penalties = (1.0, 0.0, 0.0)
+    if flags & PARAM_PENALTIES:
+        if off + PENALTIES.size > len(body):
+            raise MalformedError("body shorter than the penalty block")
+        penalties = PENALTIES.unpack_from(body, off)
+        off += PENALTIES.size
     stops: list[str] = []
     for _ in range(n_stop):
         if off + 2 > len(body):
@@ -465,7 +478,8 @@ def decode_invoke_body(body: bytes) -> InvokeBody:
         raise MalformedError("payload_len does not match the body length")
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed if flags & PARAM_SEED_SET else None,
-                            stop=tuple(stops))
+                            stop=tuple(stops), repetition_penalty=penalties[0],
+                            presence_penalty=penalties[1], frequency_penalty=penalties[2])
     validate_params(params)
     payload = bytes(body[off:])
     if pkind is PayloadKind.PROMPT:

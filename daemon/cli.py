@@ -77,11 +77,22 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, metavar="P",
+                   help="divide (multiply, if negative) the logit of every token already in "
+                        "the prompt or the output by P (llama.cpp's --repeat-penalty; 1 = off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, metavar="P",
+                   help="subtract P from the logit of every token already in the output (0 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, metavar="P",
+                   help="subtract P times its count so far from each output token's logit "
+                        "(0 = off)")
 
 
 def _sampling(args: argparse.Namespace) -> dict:
     return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                top_p=args.top_p, seed=args.seed, stop=tuple(args.stop))
+                top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
+                repetition_penalty=args.repetition_penalty,
+                presence_penalty=args.presence_penalty,
+                frequency_penalty=args.frequency_penalty)
 
 
 def _add_target_args(p: argparse.ArgumentParser, timeout: float, timeout_help: str) -> None:

@@ -34,6 +34,7 @@ import numpy as np
 
 from zerolayer.gpu.errors import KVCacheFullError
 from zerolayer.gpu.model_api import Draw, Model, PendingTokens, StepInput
+from zerolayer.gpu.ops.penalties import PenaltyState
 from zerolayer.gpu.prefix_cache import PrefixCache
 from zerolayer.gpu.context_rule import check_context
 from zerolayer.gpu.stopping import StopChecker
@@ -85,6 +86,7 @@ class Engine:
         req.detok = self.tok.detokenizer()
         req.stops = StopChecker(req.params.stop)
         req.rng = np.random.default_rng(req.params.seed)
+        req.penalty = PenaltyState.of(req.params, req.prompt_ids)
         self.waiting.append(req)
 
     @property
@@ -121,6 +123,8 @@ class Engine:
         for r in self.running:  # decodes first: they are what users are waiting on
             if r.prefilled == len(r.prompt_ids):
                 if r.pending_row >= 0:  # its last token is still on the device (overlap)
+                    if r.penalty.active:  # its penalties count that token: a step later
+                        continue
                     inputs.append(StepInput(r.seq, np.zeros(1, np.int32), from_prev=r.pending_row))
                 else:
                     inputs.append(StepInput(r.seq, np.array([r.tokens[-1]], np.int32)))
@@ -141,8 +145,10 @@ class Engine:
         # one draw per logit row, from each request's own seeded generator
         draws = [Draw(r.params.temperature, r.params.top_k, r.params.top_p, r.rng.random())
                  for r in with_logits]
-        try:
-            pending = self.model.launch_tokens(inputs, draws)  # sampled where the logits are
+        penalties = ([r.penalty.spec() for r in with_logits]
+                     if any(r.penalty.active for r in with_logits) else None)
+        try:  # sampled where the logits are
+            pending = self.model.launch_tokens(inputs, draws, penalties)
         except Exception as e:  # never let one bad step take the daemon down
             for r in owners:
                 self._finish_error(r, ErrorCode.INTERNAL, f"forward pass failed: {e}")
@@ -206,6 +212,7 @@ class Engine:
         if tok in self.tok.eos_ids:
             return self._finish(r, FinishReason.STOP)
         r.tokens.append(tok)
+        r.penalty.push(tok)
         text = r.stops.push(r.detok.push(tok))
         if text:
             self.emit(TextEvent(r, text, 1))

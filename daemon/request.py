@@ -29,6 +29,7 @@ from zerolayer.client.wire import FinishReason, InvokeBody, ResponseSigner, Timi
 
 if TYPE_CHECKING:
     from zerolayer.gpu.kv_cache import Sequence
+    from zerolayer.gpu.ops.penalties import PenaltyState
     from zerolayer.gpu.stopping import StopChecker
     from zerolayer.gpu.tokenizer import IncrementalDetokenizer
 
@@ -74,6 +75,7 @@ class Request:
     detok: "IncrementalDetokenizer | None" = None
     stops: "StopChecker | None" = None
     rng: np.random.Generator | None = None
+    penalty: "PenaltyState | None" = None  # its sampling penalties' token counts
     t_admit: float = 0.0
     t_first: float = 0.0
     t_last: float = 0.0

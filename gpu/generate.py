@@ -19,6 +19,7 @@ import numpy as np
 
 from . import backend
 from .ops import cpu_features
+from .ops.penalties import PenaltyState
 from .model import LlamaModel, set_threads
 from .model_api import GREEDY, Draw, Model, StepInput
 from zerolayer.client.sampling_params import SamplingParams  # noqa: F401 (API)
@@ -124,14 +125,15 @@ def on_backend(model: LlamaModel) -> Model:
     return CudaModel(model)
 
 
-def prefill(model: Model, seq, ids: np.ndarray, draw: Draw | None = None):
+def prefill(model: Model, seq, ids: np.ndarray, draw: Draw | None = None, penalty=None):
     """Run a prompt through the model in chunks: the logits of its last token, or, given a
-    draw, the token id drawn from them (``step_tokens``)."""
+    draw, the token id drawn from them (``step_tokens``, after ``penalty``, a
+    gpu/ops/penalties.Penalty, if given)."""
     for i in range(0, len(ids), PREFILL_CHUNK):
         chunk = ids[i:i + PREFILL_CHUNK]
         last = i + PREFILL_CHUNK >= len(ids)
         if last and draw is not None:
-            return int(model.step_tokens([StepInput(seq, chunk)], [draw])[0])
+            return int(model.step_tokens([StepInput(seq, chunk)], [draw], [penalty])[0])
         logits = model.step([StepInput(seq, chunk, logits=last)])
     return logits[0]
 
@@ -204,7 +206,8 @@ class Generator:
             t0 = time.perf_counter()
             def draw() -> Draw:
                 return Draw(params.temperature, params.top_k, params.top_p, rng.random())
-            tok = prefill(self.model, seq, ids, draw())
+            pen = PenaltyState.of(params, ids)
+            tok = prefill(self.model, seq, ids, draw(), pen.spec())
             res.prefill_s = time.perf_counter() - t0
             t1 = time.perf_counter()
             while True:
@@ -212,6 +215,7 @@ class Generator:
                     res.finish_reason = "stop"
                     break
                 res.token_ids.append(tok)
+                pen.push(tok)
                 chunk = stops.push(detok.push(tok))
                 if chunk:
                     res.text += chunk
@@ -222,7 +226,8 @@ class Generator:
                 if len(res.token_ids) >= params.max_tokens:
                     res.finish_reason = "length"
                     break
-                tok = int(self.model.step_tokens([StepInput(seq, np.array([tok], np.int32))], [draw()])[0])
+                tok = int(self.model.step_tokens([StepInput(seq, np.array([tok], np.int32))],
+                                                 [draw()], [pen.spec()])[0])
             tail = stops.push(detok.flush()) + stops.flush()
             if tail:
                 res.text += tail

@@ -32,6 +32,7 @@ from .ops.embedding import embed
 from .ops.matmul import matmul
 from .ops.rmsnorm import rmsnorm
 from .ops.rope import rope, rope_tables
+from .ops import penalties as _penalties
 from .ops.sampling import sample
 from .ops.swiglu import swiglu
 from .tokenizer import Tokenizer
@@ -191,15 +192,21 @@ class LlamaModel:
             i.seq.length += len(i.tokens)
         return logits
 
-    def step_tokens(self, inputs: list[StepInput], draws: list[Draw]) -> np.ndarray:
+    def step_tokens(self, inputs: list[StepInput], draws: list[Draw],
+                    penalties: list | None = None) -> np.ndarray:
         """step(), then one token id drawn from each logit row with draws[r]
-        (gpu/ops/sampling.sample). int32 [N]."""
+        (gpu/ops/sampling.sample), after penalties[r] (gpu/ops/penalties.py; None: none).
+        int32 [N]."""
         logits = self.step(inputs)
+        for row, p in zip(logits, penalties or ()):
+            if p is not None:
+                _penalties.apply(row, p)
         return np.array([sample(row, *d) for row, d in zip(logits, draws)], np.int32)
 
-    def launch_tokens(self, inputs: list[StepInput], draws: list[Draw]) -> ReadyTokens:
+    def launch_tokens(self, inputs: list[StepInput], draws: list[Draw],
+                      penalties: list | None = None) -> ReadyTokens:
         """step_tokens, already done: the CPU kernels are the CPU's whole work."""
-        return ReadyTokens(self.step_tokens(inputs, draws))
+        return ReadyTokens(self.step_tokens(inputs, draws, penalties))
 
 
 def set_threads(n: int | None = None) -> int:

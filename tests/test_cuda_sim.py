@@ -31,7 +31,7 @@ CASES = [
     *[f"matmul_{qt}_T{T}" for qt in ("q4_1", "q4_0", "q8_0", "f16") for T in (1, 3, 11)],
     "kv_write", "attention_splits1", "attention_splits3", "attention_gqa1",
     "forward_tiny_model", "backend_prefix_tokens", "mapped_ring_token_ids",
-    "sample_greedy", "sample_filtered",
+    "sample_greedy", "sample_filtered", "penalties",
 ]
 # The daemon's engine on the simulated CUDA model: whole steps of a whole (tiny) model, which
 # the simulator runs slowly (minutes), so in a child of its own with its own time limit.
@@ -321,9 +321,11 @@ def _child() -> None:
             models = [on_backend(LlamaModel.load(path, **kw)) for _ in range(2)]
         tok = models[0].tokenizer()
         tok._eos_ids = frozenset({-1})  # never stop early: every request runs to its max_tokens
-        prompts = [rng.integers(3, 200, n).astype(np.int32) for n in (6, 11, 3)]
+        prompts = [rng.integers(3, 200, n).astype(np.int32) for n in (6, 11, 3, 5)]
         params = [SamplingParams(max_tokens=3), SamplingParams(max_tokens=6, temperature=0.8, seed=5),
-                  SamplingParams(max_tokens=4, temperature=1.1, top_k=20, seed=9)]
+                  SamplingParams(max_tokens=4, temperature=1.1, top_k=20, seed=9),
+                  # penalties: overlapped, it waits a step for each token it must count
+                  SamplingParams(max_tokens=4, repetition_penalty=1.4, frequency_penalty=0.7)]
 
         def run(model, overlap):
             got: dict = {}
@@ -338,6 +340,7 @@ def _child() -> None:
             reqs = [Request.for_ids(k, p, sp) for k, (p, sp) in enumerate(zip(prompts, params))]
             eng.submit(reqs[0])
             eng.submit(reqs[1])  # 6 + 11 prompt tokens over a budget of 8: chunked prefill
+            eng.submit(reqs[3])
             for i in range(100):
                 if i == 1:
                     eng.submit(reqs[2])
@@ -495,6 +498,33 @@ def _child() -> None:
         wrong = sum(int(out[r]) != sample(logits[r], *d) for r, d in enumerate(draws))
         return err + wrong
 
+    def case_penalties():
+        """The penalty kernel against the CPU twin (gpu/ops/penalties.py): rows with and
+        without penalties, ids in both lists, an empty output, zero logits."""
+        from zerolayer.gpu.cuda import penalties as cu_pen
+        from zerolayer.gpu.ops.penalties import PenaltyState, apply
+        V = 500
+        logits = (rng.standard_normal((6, V)) * 3).astype(np.float32)
+        logits[:, :5] = 0.0
+        specs = []
+        for r, f in enumerate([(1.3, 0.0, 0.0), None, (1.0, 0.5, 0.25), (0.8, -1.0, 2.0),
+                               (1.5, 0.2, 0.0), (1.2, 0.0, 1.0)]):
+            if f is None:
+                specs.append(None)
+                continue
+            st = PenaltyState(*f, rng.integers(0, V, 200))
+            for t in rng.integers(0, V, 0 if r == 5 else 150):
+                st.push(int(t))
+            specs.append(st.spec())
+        cpu = logits.copy()
+        for row, p in zip(cpu, specs):
+            if p is not None:
+                apply(row, p)
+        ints, floats = cu_pen.pack(specs)
+        dev = logits.copy()
+        cu_pen.apply_rows(dev, ints, floats)
+        return float(np.abs(dev - cpu).max() / np.abs(cpu).max())
+
     runs = {"shim_reductions": case_shim_reductions, "rmsnorm": case_rmsnorm, "rope": case_rope,
             "swiglu": case_swiglu, "add": case_add,
             "kv_write": case_kv_write,
@@ -505,6 +535,7 @@ def _child() -> None:
             "backend_prefix_tokens": case_backend_prefix_tokens,
             "mapped_ring_token_ids": case_mapped_ring_token_ids,
             "sample_greedy": case_sample_greedy, "sample_filtered": case_sample_filtered,
+            "penalties": case_penalties,
             "engine_overlap": case_engine_overlap,
             "engines_two_on_one_device": case_engines_two_on_one_device}
     for qt in ("q4_1", "q4_0", "q8_0", "f32"):

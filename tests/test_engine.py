@@ -70,6 +70,22 @@ def test_concurrent_requests_batch_and_match_solo(engine, generator):
     assert engine.steps < 6 * (usage.completion_tokens + 1)
 
 
+def test_penalties_batched_match_solo(engine, generator):
+    """Requests with and without penalties in one batch: each answer is the Generator's
+    alone with the same parameters (the penalties follow each request's own tokens)."""
+    from test_penalties import LOOP
+    ids = np.array(generator.tokenizer.encode(LOOP), np.int32)
+    params = [SamplingParams(max_tokens=16), SamplingParams(max_tokens=16, frequency_penalty=1.0),
+              SamplingParams(max_tokens=16, repetition_penalty=1.5, presence_penalty=0.5),
+              SamplingParams(max_tokens=16, temperature=0.9, seed=3, repetition_penalty=1.2)]
+    solo = [generator.complete(LOOP, params=p).text for p in params]
+    assert len(set(solo)) == len(solo)  # every penalty changes this answer
+    for k, p in enumerate(params):
+        engine.submit(req(k, ids, p))
+    run(engine)
+    assert [engine.rec.text[k] for k in range(len(params))] == solo
+
+
 def test_cancel_frees_the_sequence(engine, generator):
     ids = np.array(generator.tokenizer.encode("Count: 1, 2, 3,"), np.int32)
     a = req("a", ids, SamplingParams(max_tokens=200))

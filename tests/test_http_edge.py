@@ -319,13 +319,35 @@ def test_stop_string_and_length(stack):
     assert one.choices[0].finish_reason == "length" and one.usage.completion_tokens == 3
 
 
+def test_penalties_reach_the_daemon(stack):
+    """OpenAI's presence/frequency penalties and the repetition penalty (vLLM's and
+    llama.cpp's names) give the SDK's answer with the same penalties, and change it."""
+    from test_penalties import LOOP
+    d, edge, _ = stack
+    c = oai(edge)
+    story = "Once upon a time"  # no repeats in 12 tokens: presence alone changes this one
+    for prompt, body, kw in [
+            (LOOP, {"frequency_penalty": 1.0}, dict(frequency_penalty=1.0)),
+            (story, {"presence_penalty": 2.0}, dict(presence_penalty=2.0)),
+            (LOOP, {"extra_body": {"repetition_penalty": 1.5}}, dict(repetition_penalty=1.5)),
+            (LOOP, {"extra_body": {"repeat_penalty": 1.5}}, dict(repetition_penalty=1.5))]:
+        plain = direct(d).invoke(prompt=prompt, max_tokens=12)
+        r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                                 **body)
+        ref = direct(d).invoke(prompt=prompt, max_tokens=12, **kw)
+        assert r.choices[0].text == ref.text != plain.text, (body, ref.text, plain.text)
+
+
 def test_unsupported_parameters_are_refused(stack):
     d, edge, _ = stack
     c = oai(edge)
     msgs = [{"role": "user", "content": "hi"}]
     for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True}, "logprobs"),
                           ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-                          ({"presence_penalty": 0.5}, "presence_penalty"),
+                          ({"presence_penalty": 2.5}, "presence_penalty"),
+                          ({"logit_bias": {"5": 10}}, "logit_bias"),
+                          ({"extra_body": {"repetition_penalty": 1.2, "repeat_penalty": 1.1}},
+                           "repetition_penalty"),
                           ({"temperature": 3}, "temperature"),
                           ({"extra_body": {"frobnicate": 1}}, "frobnicate")]:
         with pytest.raises(openai.BadRequestError) as ei:

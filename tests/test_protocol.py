@@ -102,6 +102,23 @@ def test_prompt_chat_and_token_id_payloads_round_trip() -> None:
     assert b.token_ids.typecode == "I" and b.token_ids.itemsize == 4
 
 
+def test_penalties_round_trip_and_only_they_extend_the_body() -> None:
+    plain = SamplingParams(max_tokens=5, temperature=0.5, seed=7)
+    body = wire.encode_invoke_body(plain, PayloadKind.PROMPT, b"hi")
+    assert len(body) == wire.PARAMS_LEN + 2  # v1's first layout: no penalty block
+    assert wire.PARAMS.unpack_from(body)[7] == wire.PARAM_SEED_SET
+    for pen in (dict(repetition_penalty=1.25), dict(presence_penalty=-0.5),
+                dict(frequency_penalty=2.0), dict(repetition_penalty=0.25, presence_penalty=1.5,
+                                                  frequency_penalty=-2.0)):
+        p = SamplingParams(max_tokens=5, temperature=0.5, seed=7, stop=("x",), **pen)
+        body = wire.encode_invoke_body(p, PayloadKind.PROMPT, b"hi")
+        flags = wire.PARAMS.unpack_from(body)[7]
+        assert flags == wire.PARAM_SEED_SET | wire.PARAM_PENALTIES
+        assert len(body) == wire.PARAMS_LEN + wire.PENALTIES.size + 3 + 2
+        got = wire.decode_invoke_body(body)
+        assert got.params == p and got.params.penalized and got.prompt == "hi"
+
+
 @given(max_tokens=st.integers(1, 2**32 - 1),
        temperature=st.floats(0.0, wire.MAX_TEMPERATURE, width=32),
        top_k=st.integers(0, 2**32 - 1),
@@ -126,6 +143,9 @@ def test_params_round_trip_property(max_tokens: int, temperature: float, top_k: 
     dict(max_tokens=0), dict(temperature=-0.1), dict(temperature=float("nan")),
     dict(temperature=1e9), dict(top_p=0.0), dict(top_p=1.5), dict(seed=-1), dict(seed=2**64),
     dict(stop=("",)), dict(stop=("x" * 129,)), dict(stop=tuple("abcdefghi")),
+    dict(repetition_penalty=0.0), dict(repetition_penalty=-1.0), dict(repetition_penalty=10.5),
+    dict(repetition_penalty=float("nan")), dict(presence_penalty=2.5),
+    dict(frequency_penalty=-2.01), dict(frequency_penalty=float("inf")),
 ])
 def test_invalid_sampling_params_are_refused_before_encoding(params: dict) -> None:
     with pytest.raises(MalformedError):
@@ -142,7 +162,12 @@ def _raw_body(max_tokens: int = 1, temperature: float = 0.0, top_p: float = 1.0,
 @pytest.mark.parametrize("body", [
     b"", b"\x00" * 31,
     _raw_body(max_tokens=0), _raw_body(top_p=0.0), _raw_body(temperature=float("inf")),
-    _raw_body(kind=0), _raw_body(kind=9), _raw_body(flags=2),
+    _raw_body(kind=0), _raw_body(kind=9), _raw_body(flags=4), _raw_body(flags=0x8000),
+    _raw_body(flags=2),                                          # no room for the penalties
+    _raw_body(flags=2, payload=wire.PENALTIES.pack(1.0, 0.0, 0.0)[:11]),
+    _raw_body(flags=2, stops=wire.PENALTIES.pack(0.0, 0.0, 0.0)),  # repetition 0
+    _raw_body(flags=2, stops=wire.PENALTIES.pack(1.0, 3.0, 0.0)),  # presence out of range
+    _raw_body(flags=2, stops=wire.PENALTIES.pack(1.0, 0.0, float("nan"))),
     _raw_body(payload_len=2), _raw_body(payload_len=0),
     _raw_body(n_stop=1), _raw_body(n_stop=1, stops=b"\x05\x00ab", payload=b""),
     _raw_body(n_stop=1, stops=b"\x00\x00"),                      # empty stop string

@@ -52,6 +52,9 @@ class GenParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 async def until_disconnect(request: Request, fn: Callable[[], Awaitable[T]]) -> T:
@@ -103,7 +106,10 @@ class Generation:
             s = await client.stream(p.prompt, list(p.messages) if p.messages is not None
                                     else None, max_tokens=p.max_tokens,
                                     temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-                                    seed=p.seed, stop=p.stop)
+                                    seed=p.seed, stop=p.stop,
+                                    repetition_penalty=p.repetition_penalty,
+                                    presence_penalty=p.presence_penalty,
+                                    frequency_penalty=p.frequency_penalty)
         except ZerolayerError as e:         # refused locally: bad parameters, too large
             raise daemon_error(e, metrics) from None
         g = cls(s, api, metrics, t0)

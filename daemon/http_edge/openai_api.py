@@ -3,9 +3,10 @@
 Request fields are translated into one AsyncClient.stream call (generation.GenParams);
 responses and stream chunks follow OpenAI's shapes field for field, so the official SDK
 parses them. Supported: max_tokens / max_completion_tokens, temperature, top_p, stop, seed,
-stream, stream_options.include_usage; llama.cpp's top_k as an extension. Parameters that
-would change the answer in ways the daemon cannot (n > 1, logprobs, tools, penalties ...)
-are refused with 400 rather than ignored.
+presence_penalty, frequency_penalty, stream, stream_options.include_usage; top_k and the
+repetition penalty (vLLM's repetition_penalty, llama.cpp's repeat_penalty) as extensions.
+Parameters that would change the answer in ways the daemon cannot (n > 1, logprobs, tools,
+logit_bias ...) are refused with 400 rather than ignored.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from zerolayer.client import ChatMessage, InvokeResult, ZerolayerError
-from zerolayer.client.sampling_params import MAX_STOP
+from zerolayer.client.sampling_params import (MAX_ADDITIVE_PENALTY, MAX_REPETITION_PENALTY,
+                                               MAX_STOP)
 
 from .common import Fields, key_id_for, read_json
 from .errors import ApiError, bad_request, not_found
@@ -29,9 +31,8 @@ from .streaming import GenerationSSE, data_event
 # OpenAI's roles -> the daemon's chat roles. "developer" is OpenAI's newer name for system.
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_TOKENS_LIMIT = 0xFFFFFFFF
-NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
-           # llama.cpp server extensions some clients send (bench/_serving_clients.py does)
-           "min_p": (0, 0.0), "repeat_penalty": (1, 1.0)}
+# llama.cpp server extensions some clients send (bench/_serving_clients.py does)
+NEUTRAL = {"min_p": (0, 0.0)}
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,18 @@ def _common(f: Fields, st: EdgeState, max_tokens_names: tuple[str, ...]) -> dict
         f.neutral(name, *values)
     f.ignore("user", "metadata", "store", "service_tier")
     seed = f.integer("seed", 0, (1 << 64) - 1)
+    # the repetition penalty under vLLM's name or llama.cpp's, not both at odds
+    rep = [f.number(n, 0.0, MAX_REPETITION_PENALTY, 1.0, lo_open=True)
+           for n in ("repetition_penalty", "repeat_penalty")]
+    if f.has("repetition_penalty") and f.has("repeat_penalty") and rep[0] != rep[1]:
+        raise bad_request("'repetition_penalty' and 'repeat_penalty' disagree",
+                          "repetition_penalty")
     return {"max_tokens": max_tokens or st.cfg.default_max_tokens,
+            "repetition_penalty": rep[0] if f.has("repetition_penalty") else rep[1],
+            "presence_penalty": f.number("presence_penalty", -MAX_ADDITIVE_PENALTY,
+                                         MAX_ADDITIVE_PENALTY, 0.0),
+            "frequency_penalty": f.number("frequency_penalty", -MAX_ADDITIVE_PENALTY,
+                                          MAX_ADDITIVE_PENALTY, 0.0),
             "temperature": f.number("temperature", 0.0, 2.0, 1.0),
             "top_p": f.number("top_p", 0.0, 1.0, 1.0, lo_open=True),
             "top_k": f.integer("top_k", 0, 0xFFFFFFFF, default=0) or 0,

@@ -14,6 +14,7 @@ wrappers take device arrays (Numba device arrays, or CuPy arrays through
     attention.py    kv_write; causal GQA attention over the paged arena, flash-decoding splits
     forward.py      the forward pass as kernel launches over device weights; CudaModel.step
     sampling.py     greedy / temperature / top-k / top-p per row: only token ids leave the GPU
+    penalties.py    repetition / presence / frequency penalties on the rows before sampling
     mapped_ring.py  the AF_XDP UMEM as mapped memory: token ids in/out of frames
     cupy_memory.py  Numba's device allocations from CuPy's memory pool (EMM plugin)
 
@@ -25,5 +26,6 @@ float64).
 from __future__ import annotations
 
 from . import _cuda_shim
-from . import attention, embedding, forward, mapped_ring, matmul, rmsnorm, rope, sampling, swiglu  # noqa: F401  (registers kernels)
+from . import (attention, embedding, forward, mapped_ring, matmul, penalties,  # noqa: F401
+               rmsnorm, rope, sampling, swiglu)  # (each import registers its kernels)
 from ._cuda_shim import KERNELS, SIM, device_available  # noqa: F401

@@ -41,6 +41,7 @@ from ..model_api import Draw, StepArrays, StepInput, step_arrays
 from . import attention as _att
 from . import embedding as _emb
 from . import matmul as _mm
+from . import penalties as _pen
 from . import rmsnorm as _rms
 from . import rope as _rope
 from . import sampling as _smp
@@ -311,6 +312,8 @@ class CudaModel:
             self.device = name.decode() if isinstance(name, bytes) else str(name)
         self._graphs: dict = {}
         self._draws = Staging(self.stream, np.float32)
+        self._pen_ints = Staging(self.stream, np.int32)  # penalties.pack's arrays, per step
+        self._pen_floats = Staging(self.stream, np.float32)
         self._ids = None            # the last launched step's device ids (read by from_prev)
         self._ids_host: tuple = ()  # a pair of pinned buffers, alternating per step
         self._ids_turn = 0
@@ -373,12 +376,14 @@ class CudaModel:
             i.seq.length += len(i.tokens)
         return out
 
-    def step_tokens(self, inputs: list[StepInput], draws: list[Draw]) -> np.ndarray:
-        """LlamaModel.step_tokens on the device: the step, then one token per logit row drawn
-        by gpu/cuda/sampling.py, so only int32 ids come back to the host."""
-        return self.launch_tokens(inputs, draws).wait()
+    def step_tokens(self, inputs: list[StepInput], draws: list[Draw],
+                    penalties: list | None = None) -> np.ndarray:
+        """LlamaModel.step_tokens on the device: the step, penalties (penalties.py), then one
+        token per logit row drawn by gpu/cuda/sampling.py, so only int32 ids come back."""
+        return self.launch_tokens(inputs, draws, penalties).wait()
 
-    def launch_tokens(self, inputs: list[StepInput], draws: list[Draw]) -> PendingStep:
+    def launch_tokens(self, inputs: list[StepInput], draws: list[Draw],
+                      penalties: list | None = None) -> PendingStep:
         """Queue the step, the sampler and the ids' copy back on self.stream; returns at once.
         Sequence lengths advance now (the host's bookkeeping): the next step is planned
         against them while this one runs."""
@@ -386,6 +391,9 @@ class CudaModel:
         n = len(a.logit_rows)
         if n:  # (none when the step was only prompt chunks that want no logits)
             (params,) = self._draws.put(_smp.pack_params(draws))  # queued before the step
+            packed = _pen.pack(penalties)
+            if packed is not None:
+                pen = (self._pen_ints.put(*packed[0]), self._pen_floats.put(*packed[1]))
             if self._ids is None or self._ids.shape[0] < n:
                 cap = max(64, 1 << (n - 1).bit_length())
                 self._ids_retired = self._ids  # the step just queued may still read it
@@ -397,6 +405,8 @@ class CudaModel:
         host = None
         if n:
             ids = self._ids_next
+            if packed is not None:
+                _pen.apply_rows(logits, *pen, stream=self.stream)
             _smp.sample_rows(logits, params, ids[:n], stream=self.stream)
             self._ids_turn ^= 1
             host = self._ids_host[self._ids_turn]

@@ -137,7 +137,7 @@ def _dot2w(builder, isa, acc, w, x):
     vi = _vt(I32, V)
     if isa in (ISA_VNNI512, ISA_VNNI256):
         # inline assembly, not llvm.x86.avx512.vpdpwssd: LLVM rewrites that intrinsic into
-        # vpmaddwd + vpaddd here (twice the instructions: 944 per 4-token Q8 block, 705 so)
+        # vpmaddwd + vpaddd here (944 instructions per 4-token Q8 block; 717 so)
         asm = ir.InlineAsm(ir.FunctionType(vi, [vi, vi, vi]), "vpdpwssd $3, $2, $0", "=v,0,v,v")
         return builder.call(asm, [acc, builder.bitcast(w, vi), builder.bitcast(x, vi)])
     w16 = _vt(I16, 16)
@@ -200,9 +200,9 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
     the operands' roles swapped for the second (vpdpbusd and vpmaddubsw take unsigned x
     signed; neither overflows: 2 x 255 x 63 < 2^15); that is twice int8's dot products and
     nothing more. Their activations come as two byte planes (``to_planes``: per token, K low
-    bytes, then K high bytes), so each group of four is one broadcast load (which AVX-512
-    folds into the vpdpbusd), not a load and two byte shuffles per token and word, which
-    were a third of a batched step's instructions. Bytes up to 255 (Q8) are zero-extended
+    bytes, then K high bytes), so each group of four is one broadcast load (a load port's
+    work), not a load and two byte shuffles per token and word (the shuffle port's: 117 of
+    a 4-token block's 830 instructions). Bytes up to 255 (Q8) are zero-extended
     to int16 and go through vpdpwssd / vpmaddwd (_wide_dots) instead, on plain int16.
 
     The scaling is here and not in Numba so the integer sums never leave the registers, and

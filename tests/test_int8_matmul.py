@@ -112,6 +112,26 @@ def test_dispatch():
             im.prepare(w, missing[0])
 
 
+HASWELL = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+fxsr,+lzcnt,"
+           "+mmx,+movbe,+pclmul,+popcnt,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave")
+
+
+def test_kernel_choice_follows_numbas_target():
+    """NUMBA_CPU_NAME/NUMBA_CPU_FEATURES (what Numba then compiles for) decide the kernel
+    sets too, so an AVX2 target on an AVX-512 host gets the AVX2 kernels, never VNNI code it
+    could not compile (bench/README.md: measuring a machine flag set without VNNI)."""
+    import os
+    import subprocess
+    import sys
+    code = ("from zerolayer.gpu.ops import cpu_features as c, attention_block as a;"
+            "print(c.supported_isas(), c.ISA, c.MODE, a.V)")
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=HASWELL)
+    env.pop("ZEROLAYER_CPU_KERNELS", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out == [f"({cpu_features.ISA_AVX2},)", str(cpu_features.ISA_AVX2), "avx2", "8"], out
+
+
 @pytest.mark.skipif(not ISAS, reason="no int8 kernel set on this CPU")
 def test_model_logits_int8_vs_float(generator):
     """The whole forward pass with each int8 kernel set against the float kernels: the

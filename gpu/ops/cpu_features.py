@@ -40,7 +40,15 @@ ISA_AVX2, ISA_VNNI256, ISA_VNNI512 = 1, 2, 3
 
 
 def host_features() -> frozenset[str]:
-    """The x86 features LLVM targets on this host (names as LLVM spells them)."""
+    """The x86 features LLVM targets here (names as LLVM spells them): Numba's own target,
+    NUMBA_CPU_FEATURES where that is set (NUMBA_CPU_NAME=haswell with haswell's features
+    compiles everything for an AVX2 machine, on any x86 host), else the host's."""
+    try:
+        from numba.core import config
+        if config.CPU_FEATURES is not None:
+            return frozenset(f[1:] for f in config.CPU_FEATURES.split(",") if f.startswith("+"))
+    except ImportError:
+        pass
     try:
         import llvmlite.binding as ll
         fm = ll.get_host_cpu_features()

@@ -521,7 +521,10 @@ def _load_ours(model_path: str):
     numba_info = {"numba": numba.__version__, "threading_layer": numba.threading_layer(),
                   "num_threads": numba.get_num_threads(),
                   "cache_dir": os.environ.get("NUMBA_CACHE_DIR"),
-                  "cpu_kernels": _cpu_kernels()}
+                  "cpu_kernels": _cpu_kernels(),
+                  # NUMBA_CPU_NAME / NUMBA_CPU_FEATURES: what Numba compiles for (host if unset)
+                  "numba_cpu_name": numba.config.CPU_NAME,
+                  "numba_cpu_features": numba.config.CPU_FEATURES}
     return zl, prompts, batch_prompts, jit_s, numba_info
 
 
@@ -916,6 +919,8 @@ def render_llama_bench(r: dict) -> str:
         f"load avg before {m['loadavg_before'][0]:.2f}, after {m['loadavg_after'][0]:.2f} · "
         f"medians over {r['runs']} interleaved rounds (min–max of the round values), "
         f"each round's value the median of {r['reps_per_round']} samples",
+        f"ours: {r['versions'].get('cpu_kernels', '?')}, compiled for "
+        f"{r['versions'].get('numba_cpu_name') or 'this host'}",
         f"llama-bench: `{shlex.join(lb['cmd'])}`"
         + (f", in each of `--repack {','.join(lb['repack_modes'])}`"
            if lb.get("repack_modes") else ""),

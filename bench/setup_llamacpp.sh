@@ -4,9 +4,23 @@
 # (the same llama.cpp the earlier runtime benchmarks used, now without its Python wrapper,
 # which serialises requests). Output: .bench-llamacpp/bin/ (git-ignored). About 10 minutes
 # on 2 cores; safe to run again (an existing build is kept).
+#
+# ZEROLAYER_LLAMACPP_CPU=avx2 builds for an AVX2 machine instead of this one (no AVX-512,
+# VNNI or AMX), into .bench-llamacpp-avx2/: the peer for our kernels compiled for an AVX2
+# target (NUMBA_CPU_NAME=haswell, bench/README.md), so a machine flag set without VNNI is
+# measured on any x86 host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${ZEROLAYER_LLAMACPP_DIR:-.bench-llamacpp}
+CPU=${ZEROLAYER_LLAMACPP_CPU:-native}
+case "$CPU" in
+  native) CPU_FLAGS=(-DGGML_NATIVE=ON); DEFAULT_OUT=.bench-llamacpp ;;
+  avx2) CPU_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+                   -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF
+                   -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF
+                   -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF); DEFAULT_OUT=.bench-llamacpp-avx2 ;;
+  *) echo "setup_llamacpp: ZEROLAYER_LLAMACPP_CPU=$CPU is not native or avx2" >&2; exit 2 ;;
+esac
+OUT=${ZEROLAYER_LLAMACPP_DIR:-$DEFAULT_OUT}
 if [ -x "$OUT/bin/llama-server" ] && [ -x "$OUT/bin/llama-bench" ] && [ -x "$OUT/bin/llama-quantize" ]; then
   echo "setup_llamacpp: already built in $OUT/bin"; exit 0
 fi
@@ -20,7 +34,7 @@ if [ ! -d "$OUT/src/llama_cpp_python-0.3.36" ]; then
 fi
 SRC="$OUT/src/llama_cpp_python-0.3.36/vendor/llama.cpp"
 cmake -S "$SRC" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON \
-  -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_CURL=OFF "${CPU_FLAGS[@]}" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF >"$OUT/cmake.log"
 cmake --build "$OUT/build" -j2 --target llama-server llama-bench llama-quantize >"$OUT/build.log"
 mkdir -p "$OUT/bin"

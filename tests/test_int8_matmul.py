@@ -89,6 +89,48 @@ def test_kernel_exact(isa, fmt, qmax, T, wide):
     assert np.abs(y - exact).max() <= (1e-4 if wide else 0.02) * np.abs(exact).max()
 
 
+@pytest.mark.skipif(not ISAS, reason="no int8 kernel set on this CPU")
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: NAMES[i])
+@pytest.mark.parametrize("fmt,qmax", [(FMT_Q4, 15), (FMT_Q8, 31), (FMT_Q8_16, 63)],
+                         ids=["q4", "q5p", "q6p"])
+@pytest.mark.parametrize("R", [100, 40 * LANES - 7])  # few groups (token chunks) and many
+def test_prefill_unpacks_to_the_same_bits(isa, fmt, qmax, R):
+    """From UNPACK_T tokens a nibble-kind weight's groups are unpacked to bytes and run by
+    the Q8 kernel: the unpacked bytes are the weights, and every token's outputs are those of
+    the packed kernels (one token per call): bit for bit with VNNI; within float32 rounding
+    with AVX2, whose 1- and 4-token kernels already differ in the last bit (LLVM contracts
+    their scaling into FMAs differently)."""
+    rng = np.random.default_rng(R + qmax)
+    K = 256
+    w, q, d, m = _weight(fmt, R, K, rng, qmax)
+    pw = im.prepare(w, isa, True)
+    kind = pw.fmt % 8
+    assert im.planar(pw.fmt) and kind != im.KIND_Q8
+    bs = quant.block_weights(fmt)
+    nb = K // bs
+    G = pw.d.shape[1]
+    wq = pw.qs[0].reshape(-1)
+    for g in (0, G - 1):
+        wb = np.empty(nb * bs * LANES, np.uint8)
+        im.unpack_group(kind, wq, g, nb, pw.qs.shape[3], bs, wb)
+        got = im.untranspose_blocks(wb.reshape(1, nb, bs, LANES))[0]  # [nb, bs, LANES]
+        want = np.zeros((LANES, K), np.int64)
+        rows = q[g * LANES:(g + 1) * LANES]
+        want[:rows.shape[0]] = rows
+        assert np.array_equal(got.transpose(2, 0, 1).reshape(LANES, K), want)
+    T = im.UNPACK_T * 2 + 5
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    y = np.empty((T, R), np.float32)
+    im.int8_matmul(pw.fmt, pw.qs[0], pw.d[0], pw.m[0], x, y)
+    for t in range(T):
+        y1 = np.empty((1, R), np.float32)
+        im.int8_matmul(pw.fmt, pw.qs[0], pw.d[0], pw.m[0], x[t:t + 1], y1)
+        if isa == cpu_features.ISA_AVX2:
+            assert np.abs(y[t] - y1[0]).max() <= 1e-6 * np.abs(y1[0]).max(), t
+        else:
+            assert np.array_equal(y[t], y1[0]), t
+
+
 def test_dispatch():
     sel = cpu_features.select
     vnni = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512vnni"})

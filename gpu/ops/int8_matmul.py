@@ -438,19 +438,98 @@ def activation_bytes(fmt, xq, T, K):
 
 
 @njit(fastmath=True, cache=True, nogil=True)
-def _group(fmt, wq, blk, d16, m16, g, nb, xq, xa, xp, sx, xsm, bs, ta, tb, out):
+def _group(fmt, wq, wg, blk, d16, m16, g, nb, xq, xa, xp, sx, xsm, bs, ta, tb, out):
     """out[(t - ta) * LANES + l] = row g*LANES + l dotted with token t, for tokens ta..tb-1
-    (blk: bytes of one block of one row in the prepared layout; xq: the activations' bytes,
-    (token t, position k) at t * xa + k * xp)."""
+    (wg: the group's index in wq, g where wq is the whole weight, 0 where it is the group
+    unpacked (unpack_group); blk: bytes of one block of one row in wq's layout; xq: the
+    activations' bytes, (token t, position k) at t * xa + k * xp)."""
     out[:] = 0
     for b in range(nb):
         gb = g * nb + b
         t0 = ta
         while t0 < tb:
             n = NT if tb - t0 >= NT else 1
-            block_dot(fmt, bs, n, wq, gb * blk * LANES, xq, t0 * xa + b * bs * xp, xa,
-                      d16, m16, gb * LANES, sx, xsm, t0 * nb + b, nb, out, (t0 - ta) * LANES)
+            block_dot(fmt, bs, n, wq, (wg * nb + b) * blk * LANES, xq, t0 * xa + b * bs * xp,
+                      xa, d16, m16, gb * LANES, sx, xsm, t0 * nb + b, nb, out,
+                      (t0 - ta) * LANES)
             t0 += n
+
+
+# Prefill: from this many tokens per work item, a 4-, 5- or 6-bit weight's row group is first
+# unpacked to whole bytes (the Q8 kind's layout, same blocks and scales) and run through the
+# Q8 kernel on plain int16 activations. The integer sums are the same numbers, so the outputs
+# are bit for bit the nibble kernels' (VNNI; AVX2's differ in the last bit, as its 1- and
+# 4-token kernels already do: LLVM contracts the scaling into FMAs differently); but the Q8 kernel needs no nibble or high-bit
+# unpacking per token pass and no byte planes, and measured 10-35% faster per weight at 8 and
+# 100 tokens (VNNI-512: wgu at 100 tokens, Q5 1299 -> Q8 1027 us; Q6_K's 16-weight blocks
+# 1488). Decode keeps the packed kernels: there the weight bytes streamed are the time.
+UNPACK_T = 16
+
+
+def _unpack_codegen(kind, bs, builder, wbase, obase):
+    """One block of a nibble-kind weight (64 rows) -> its Q8-layout bytes, with the kernel's
+    own instructions (64-byte vectors: a nibble word j4's 16 rows at a time)."""
+    V = 16
+    nj4 = bs // 8
+    hbits = {KIND_Q5P: 1, KIND_Q6P: 2}.get(kind, 0)
+    bv = _vt(I8, 4 * V)
+    for c in range(LANES // V):
+        h = _load_vec(builder, wbase, nj4 * 4 * LANES + c * 4 * V, _vt(I32, V)) if hbits else None
+        for j4 in range(nj4):
+            w = _load_vec(builder, wbase, j4 * 4 * LANES + c * 4 * V, bv)
+            wl = builder.and_(w, _splat(I8, 4 * V, 15))
+            wh = builder.lshr(w, _splat(I8, 4 * V, 4))
+            if hbits:
+                wl = builder.or_(wl, _hi_bits(builder, h, hbits, j4, V))
+                wh = builder.or_(wh, _hi_bits(builder, h, hbits, j4 + nj4, V))
+            for k, val in ((j4, wl), (j4 + nj4, wh)):
+                p = builder.gep(obase, [ir.Constant(ir.IntType(64), k * 4 * LANES + c * 4 * V)])
+                builder.store(val, builder.bitcast(p, bv.as_pointer()), align=1)
+
+
+_UNPACKS = ((KIND_Q4, 32), (KIND_Q5P, 32), (KIND_Q6P, 16))
+
+
+@intrinsic
+def unpack_block(typingctx, kind, bs, wq, woff, out, ooff):
+    """out[ooff:] = the block at wq[woff:] (a nibble kind's, bs weights a row) as whole bytes
+    in the Q8 kind's layout: words [bs / 4, LANES] of 4 consecutive positions of one row."""
+    sig = types.void(kind, bs, wq, woff, out, ooff)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+
+        def i(k):
+            return context.cast(builder, args[k], signature.args[k], types.int64)
+
+        def ptr(k, koff):
+            a = context.make_array(signature.args[k])(context, builder, args[k])
+            return builder.gep(builder.bitcast(a.data, I8.as_pointer()), [i(koff)])
+
+        wp, op = ptr(2, 3), ptr(4, 5)
+        key = builder.add(builder.mul(i(0), ir.Constant(i64, 64)), i(1))
+        done = builder.append_basic_block("unpack_block.done")
+        sw = builder.switch(key, done)
+        for kind_, bs_ in _UNPACKS:
+            bb = builder.append_basic_block(f"unpack_block.{kind_}.{bs_}")
+            sw.add_case(ir.Constant(i64, kind_ * 64 + bs_), bb)
+            builder.position_at_end(bb)
+            _unpack_codegen(kind_, bs_, builder, wp, op)
+            builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True)
+def unpack_group(kind, wq, g, nb, blk, bs, out):
+    """Row group g of a nibble-kind weight (Q4, Q5P, Q6P; nb blocks of bs weights, blk bytes
+    a row each) -> the same weights as bytes in the Q8 kind's layout (out: uint8, nb * bs *
+    LANES). A nibble word j4 holds positions 4 j4 .. 4 j4 + 3 (low nibbles) and bs/2 + 4 j4 ..
+    (high); a packed high-bits word adds bits 4.. of each (_hi_bits)."""
+    for b in range(nb):
+        unpack_block(kind, bs, wq, (g * nb + b) * blk * LANES, out, b * bs * LANES)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -464,10 +543,24 @@ def int8_matmul(fmt, qs, d, m, x, y):
     bs = K // nb
     sx = np.empty((T, nb), np.float32)
     xsm = np.empty((T, nb), np.float32)
+    # Work items: a group of LANES rows, for all tokens or, with few groups (tc > 1), for one
+    # NT-token chunk. Few groups leave threads idle (576 rows are 9 groups: on 2 threads one
+    # runs the 9th alone; measured 1.39x -> 1.70x for 8 tokens over 1 thread); a chunk
+    # re-reads its group's weights from cache (consecutive items share the group). The
+    # thread count is not asked for here: get_num_threads() in compiled code is a ctypes
+    # global, which Numba cannot cache.
+    nq = T // NT  # whole NT-token passes
+    tc = nq if (G < SMALL_G and nq >= 2) else 1
+    kind = fmt % 8
+    unpack = planar(fmt) and T >= UNPACK_T
+    if unpack:  # prefill: fewer token chunks (each re-unpacks its group), still >= SMALL_G items
+        tc = min(tc, max(1, (SMALL_G + G - 1) // G))
+        unpack = T // tc >= UNPACK_T
+    kfmt = fmt - kind + KIND_Q8 if unpack else fmt  # the kernel that runs
     if fmt >= FMT_I8 + WIDE:
         xq16 = np.empty(T * K, np.int16)
         quantize(x, bs, xq16, sx, xsm)
-        xq, xa, xp = activation_bytes(fmt, xq16.view(np.int8), T, K)
+        xq, xa, xp = activation_bytes(kfmt, xq16.view(np.int8), T, K)
     else:
         xq = np.empty(T * K, np.int8)
         quantize(x, bs, xq, sx, xsm)
@@ -477,21 +570,18 @@ def int8_matmul(fmt, qs, d, m, x, y):
     m16 = m.reshape(-1)
     sxf = sx.reshape(-1)
     xsmf = xsm.reshape(-1)
-    # Work items: a group of LANES rows, for all tokens or, with few groups (tc > 1), for one
-    # NT-token chunk. Few groups leave threads idle (576 rows are 9 groups: on 2 threads one
-    # runs the 9th alone; measured 1.39x -> 1.70x for 8 tokens over 1 thread); a chunk
-    # re-reads its group's weights from cache (consecutive items share the group). The
-    # thread count is not asked for here: get_num_threads() in compiled code is a ctypes
-    # global, which Numba cannot cache.
-    nq = T // NT  # whole NT-token passes
-    tc = nq if (G < SMALL_G and nq >= 2) else 1
     for it in prange(G * tc):
         g = it // tc
         c = it % tc
         ta = (c * nq // tc) * NT
         tb = ((c + 1) * nq // tc) * NT if c < tc - 1 else T
         out = np.empty((tb - ta) * LANES, np.float32)
-        _group(fmt, wq, qs.shape[2], d16, m16, g, nb, xq, xa, xp, sxf, xsmf, bs, ta, tb, out)
+        src, wg, blk = wq, g, qs.shape[2]
+        if unpack:  # the group's weights as bytes (one call site for _group: code size)
+            src = np.empty(nb * bs * LANES, np.uint8)
+            unpack_group(kind, wq, g, nb, blk, bs, src)
+            wg, blk = 0, bs
+        _group(kfmt, src, wg, blk, d16, m16, g, nb, xq, xa, xp, sxf, xsmf, bs, ta, tb, out)
         r0 = g * LANES
         n = min(R, r0 + LANES) - r0
         for t in range(ta, tb):

@@ -93,7 +93,7 @@ def test_kernel_exact(isa, fmt, qmax, T, wide):
 @pytest.mark.parametrize("isa", ISAS, ids=lambda i: NAMES[i])
 @pytest.mark.parametrize("fmt,qmax", [(FMT_Q4, 15), (FMT_Q8, 31), (FMT_Q8_16, 63)],
                          ids=["q4", "q5p", "q6p"])
-@pytest.mark.parametrize("R", [100, 40 * LANES - 7])  # few groups (token chunks) and many
+@pytest.mark.parametrize("R", [9 * LANES - 7, 40 * LANES - 7])  # few groups (token chunks), many
 def test_prefill_unpacks_to_the_same_bits(isa, fmt, qmax, R):
     """From UNPACK_T tokens a nibble-kind weight's groups are unpacked to bytes and run by
     the Q8 kernel: the unpacked bytes are the weights, and every token's outputs are those of
@@ -118,7 +118,10 @@ def test_prefill_unpacks_to_the_same_bits(isa, fmt, qmax, R):
         rows = q[g * LANES:(g + 1) * LANES]
         want[:rows.shape[0]] = rows
         assert np.array_equal(got.transpose(2, 0, 1).reshape(LANES, K), want)
-    T = im.UNPACK_T * 2 + 5
+    T = im.UNPACK_T * 4 + 5
+    assert im.work_plan(pw.fmt, T, G)[1]  # this call unpacks; decode-sized calls do not
+    assert not im.work_plan(pw.fmt, im.UNPACK_T - 1, G)[1]
+    assert not im.work_plan(im.fmt_code(isa, im.KIND_Q8, True), T, G)[1]
     x = rng.standard_normal((T, K)).astype(np.float32)
     y = np.empty((T, R), np.float32)
     im.int8_matmul(pw.fmt, pw.qs[0], pw.d[0], pw.m[0], x, y)

@@ -459,10 +459,13 @@ def _group(fmt, wq, wg, blk, d16, m16, g, nb, xq, xa, xp, sx, xsm, bs, ta, tb, o
 # unpacked to whole bytes (the Q8 kind's layout, same blocks and scales) and run through the
 # Q8 kernel on plain int16 activations. The integer sums are the same numbers, so the outputs
 # are bit for bit the nibble kernels' (VNNI; AVX2's differ in the last bit, as its 1- and
-# 4-token kernels already do: LLVM contracts the scaling into FMAs differently); but the Q8 kernel needs no nibble or high-bit
-# unpacking per token pass and no byte planes, and measured 10-35% faster per weight at 8 and
-# 100 tokens (VNNI-512: wgu at 100 tokens, Q5 1299 -> Q8 1027 us; Q6_K's 16-weight blocks
-# 1488). Decode keeps the packed kernels: there the weight bytes streamed are the time.
+# 4-token kernels already do: LLVM contracts the scaling into FMAs differently). The Q8
+# kernel needs no nibble or high-bit unpacking per pass of NT tokens and no byte planes: in
+# isolation it is 10-35% faster per weight at 100 tokens (VNNI-512, wgu: Q5 1299, Q8 1027 us).
+# With the unpacking (1-2 us per 64 x 576 group) whole prefills gained 3-12% on Q4_K_M and
+# were level on Q4_1 (VNNI); on AVX2, Q4_1 pp100 went from 1.70x to 2.04x llama-bench
+# (docs/BENCHMARKS.md). Fewer token chunks without the unpacking measured 10% slower, so the
+# two go together. Decode keeps the packed kernels: there the weight bytes streamed are the time.
 UNPACK_T = 16
 
 
@@ -532,6 +535,28 @@ def unpack_group(kind, wq, g, nb, blk, bs, out):
         unpack_block(kind, bs, wq, (g * nb + b) * blk * LANES, out, b * bs * LANES)
 
 
+@njit(cache=True, nogil=True)
+def work_plan(fmt, T, G):
+    """(tc, unpack): int8_matmul's work items are G row groups x tc token chunks, and whether
+    each first unpacks its group to bytes (UNPACK_T).
+
+    A work item is a group of LANES rows, for all tokens or, with few groups (tc > 1), for
+    one NT-token chunk. Few groups leave threads idle (576 rows are 9 groups: on 2 threads
+    one runs the 9th alone; measured 1.39x -> 1.70x for 8 tokens over 1 thread); a chunk
+    re-reads its group's weights from cache (consecutive items share the group). The thread
+    count is not asked for here: get_num_threads() in compiled code is a ctypes global, which
+    Numba cannot cache. A prefill that unpacks takes fewer chunks (each unpacks its group
+    again), still >= SMALL_G items; the chunks stay as they are where that would leave too
+    few tokens a chunk to unpack for."""
+    nq = T // NT
+    tc = nq if (G < SMALL_G and nq >= 2) else 1
+    if planar(fmt) and T >= UNPACK_T:
+        tcu = min(tc, max(1, (SMALL_G + G - 1) // G))
+        if T // tcu >= UNPACK_T:
+            return tcu, True
+    return tc, False
+
+
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def int8_matmul(fmt, qs, d, m, x, y):
     """y[T, R] = x[T, K] @ W[R, K].T for int8-path weights (prepare(): transposed blocks,
@@ -543,19 +568,9 @@ def int8_matmul(fmt, qs, d, m, x, y):
     bs = K // nb
     sx = np.empty((T, nb), np.float32)
     xsm = np.empty((T, nb), np.float32)
-    # Work items: a group of LANES rows, for all tokens or, with few groups (tc > 1), for one
-    # NT-token chunk. Few groups leave threads idle (576 rows are 9 groups: on 2 threads one
-    # runs the 9th alone; measured 1.39x -> 1.70x for 8 tokens over 1 thread); a chunk
-    # re-reads its group's weights from cache (consecutive items share the group). The
-    # thread count is not asked for here: get_num_threads() in compiled code is a ctypes
-    # global, which Numba cannot cache.
     nq = T // NT  # whole NT-token passes
-    tc = nq if (G < SMALL_G and nq >= 2) else 1
+    tc, unpack = work_plan(fmt, T, G)
     kind = fmt % 8
-    unpack = planar(fmt) and T >= UNPACK_T
-    if unpack:  # prefill: fewer token chunks (each re-unpacks its group), still >= SMALL_G items
-        tc = min(tc, max(1, (SMALL_G + G - 1) // G))
-        unpack = T // tc >= UNPACK_T
     kfmt = fmt - kind + KIND_Q8 if unpack else fmt  # the kernel that runs
     if fmt >= FMT_I8 + WIDE:
         xq16 = np.empty(T * K, np.int16)

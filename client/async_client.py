@@ -23,7 +23,8 @@ from types import TracebackType
 from .client_config import ClientConfig
 from .errors import ZerolayerError, ZerolayerTimeoutError
 from .invoke_body import build_invoke_body, request_id_bytes
-from .request_machine import InvokeResult, PingAttempts, RequestMachine
+from .ping_rule import PingAttempts
+from .request_machine import InvokeResult, RequestMachine
 from .transport import AsyncChannel, AsyncConnector, Routed, async_connector_for
 from .wire import ChatMessage
 
@@ -85,9 +86,10 @@ class AsyncClient(ClientConfig):
         rid = request_id_bytes(request_id)
         ch = await self._open(rid)
         route = ch if isinstance(ch, Routed) else None
-        s = AsyncStream(RequestMachine(self.policy, body, rid, route=route), ch)
+        now = time.monotonic()
+        s = AsyncStream(RequestMachine(self.policy, body, rid, now, route=route), ch)
         try:
-            await s._send(s._m.start())
+            await s._send(s._m.start(now))
         except BaseException:       # e.g. the audit hook refused: release the channel
             s._release()
             raise
@@ -96,15 +98,16 @@ class AsyncClient(ClientConfig):
     async def ping(self) -> float:
         """Round-trip time of an authenticated PING/PONG, in seconds, retried like the sync
         Client.ping() within the recovery window."""
-        att = PingAttempts(self.policy)
+        att = PingAttempts(self.policy, time.monotonic())
         ch = await self._open(att.request_id)
         try:
-            while (nxt := att.next()) is not None:
+            while (nxt := att.next(time.monotonic())) is not None:
                 datagram, wait_until = nxt
                 ch.send(datagram)
                 while (left := wait_until - time.monotonic()) > 0:
                     got = await ch.recv(left)
-                    if got is not None and (rtt := att.on_datagram(got)) is not None:
+                    rtt = att.receive(got, time.monotonic()) if got is not None else None
+                    if rtt is not None:
                         return rtt
         finally:
             ch.close()
@@ -143,15 +146,16 @@ class AsyncStream(AsyncIterator[str]):
             if m.finished:
                 self._release()
                 raise StopAsyncIteration
-            chunk = m.pop_ready()
+            chunk = m.pop_ready(time.monotonic())
             if chunk is not None:
                 return chunk
             if m.result is not None:
                 continue
             try:
-                wait = m.wait_s()
+                wait = m.get_timer() - time.monotonic()
                 dg = await self._ch.recv(wait) if wait > 0 and self._ch is not None else None
-                await self._send(m.on_datagram(dg) if dg is not None else m.on_timer())
+                now = time.monotonic()
+                await self._send(m.receive(dg, now) if dg is not None else m.handle_timer(now))
             except ZerolayerError:
                 self._release()
                 raise
@@ -160,7 +164,7 @@ class AsyncStream(AsyncIterator[str]):
         """Ask the daemon to stop; wait for the final DONE (finish_reason "cancelled", or
         "stop"/"length" if it had already ended) and return the result."""
         if not self._m.finished:
-            await self._send(self._m.cancel())
+            await self._send(self._m.cancel(time.monotonic()))
             try:
                 async for _ in self:
                     pass
@@ -172,7 +176,7 @@ class AsyncStream(AsyncIterator[str]):
     async def aclose(self) -> None:
         """Release the channel; if the request is unfinished, send one best-effort CANCEL."""
         try:
-            self._send_now(self._m.close())
+            self._send_now(self._m.close(time.monotonic()))
         except OSError:
             pass
         self._release()

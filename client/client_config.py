@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 
-from .request_machine import AuditHook, RetryPolicy
+from .retry_policy import AuditHook, RetryPolicy
 from .transport import Address, parse_address
 from .wire import MAX_CHUNK, Mac
 

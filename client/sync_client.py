@@ -30,7 +30,9 @@ from types import TracebackType
 from .client_config import ClientConfig
 from .errors import ZerolayerError, ZerolayerTimeoutError, error_for
 from .invoke_body import build_invoke_body, request_id_bytes
-from .request_machine import AuditHook, InvokeResult, PingAttempts, RequestMachine, authenticate
+from .ping_rule import PingAttempts
+from .request_machine import AuditHook, InvokeResult, RequestMachine
+from .retry_policy import authenticate
 from .transport import Channel, Connector, Routed, connector_for
 from .wire import REQUEST_ID_LEN, ChatMessage, ErrorFrame, Mac, MsgType, PongFrame
 
@@ -97,15 +99,16 @@ class Client(ClientConfig):
     def ping(self) -> float:
         """Round-trip time of an authenticated PING/PONG, in seconds (no model involved).
         Retried like an INVOKE within the recovery window."""
-        att = PingAttempts(self.policy)
+        att = PingAttempts(self.policy, time.monotonic())
         ch = self._open(att.request_id)
         try:
-            while (nxt := att.next()) is not None:
+            while (nxt := att.next(time.monotonic())) is not None:
                 datagram, wait_until = nxt
                 ch.send(datagram)
                 while (left := wait_until - time.monotonic()) > 0:
                     got = ch.recv(left)
-                    if got is not None and (rtt := att.on_datagram(got)) is not None:
+                    rtt = att.receive(got, time.monotonic()) if got is not None else None
+                    if rtt is not None:
                         return rtt
         finally:
             ch.close()
@@ -152,10 +155,11 @@ class Stream(Iterator[str]):
     def __init__(self, client: Client, body: bytes, request_id: bytes) -> None:
         self.request_id = request_id
         self._ch: Channel | None = client._open(request_id)
-        self._m = RequestMachine(client.policy, body, request_id,
+        now = time.monotonic()
+        self._m = RequestMachine(client.policy, body, request_id, now,
                                  route=self._ch if isinstance(self._ch, Routed) else None)
         try:
-            self._send(self._m.start())
+            self._send(self._m.start(now))
         except BaseException:       # e.g. the audit hook refused: release the channel
             self._release()
             raise
@@ -177,15 +181,16 @@ class Stream(Iterator[str]):
             if m.finished:
                 self._release()
                 raise StopIteration
-            chunk = m.pop_ready()
+            chunk = m.pop_ready(time.monotonic())
             if chunk is not None:
                 return chunk
             if m.result is not None:
                 continue
             try:
-                wait = m.wait_s()
+                wait = m.get_timer() - time.monotonic()
                 dg = self._ch.recv(wait) if wait > 0 and self._ch is not None else None
-                self._send(m.on_datagram(dg) if dg is not None else m.on_timer())
+                now = time.monotonic()
+                self._send(m.receive(dg, now) if dg is not None else m.handle_timer(now))
             except ZerolayerError:
                 self._release()
                 raise
@@ -195,7 +200,7 @@ class Stream(Iterator[str]):
         DONE with finish_reason "cancelled" (or "stop"/"length" if it had already ended)
         and returns the result, text so far included."""
         if not self._m.finished:
-            self._send(self._m.cancel())
+            self._send(self._m.cancel(time.monotonic()))
             try:
                 for _ in self:
                     pass
@@ -207,7 +212,7 @@ class Stream(Iterator[str]):
     def close(self) -> None:
         """Release the channel; if the request is unfinished, send one best-effort CANCEL."""
         try:
-            self._send(self._m.close())
+            self._send(self._m.close(time.monotonic()))
         except OSError:
             pass
         self._release()

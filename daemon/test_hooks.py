@@ -16,7 +16,14 @@ and, once, before it loads the model:
   hold-load  while this file exists the load waits (creating `load-held`): the daemon is
              WARMING for as long as the test needs (its /readyz, its systemd messages).
 
-Nothing here runs in production: with the variable unset, `before_step` is a no-op.
+and, from the I/O thread's systemd watchdog, each time a WATCHDOG=1 falls due while the engine
+has not turned for longer than the watchdog allows:
+
+  watchdog-withheld  rewritten as "<pings sent so far> <pings withheld in a row>": a test
+                     waits for the watchdog to withhold a ping instead of sleeping through
+                     a silence and hoping it was long enough.
+
+Nothing here runs in production: with the variable unset, every hook is a no-op.
 """
 from __future__ import annotations
 
@@ -61,3 +68,11 @@ def _hold_while(d: Path, hold: str | tuple[str, ...], held: str | tuple[str, ...
         finally:
             for mark in marks:
                 mark.unlink(missing_ok=True)
+
+
+def watchdog_withheld(pings: int, in_a_row: int) -> None:
+    if _DIR is not None:
+        d = Path(_DIR)
+        tmp = d / "watchdog-withheld.tmp"
+        tmp.write_text(f"{pings} {in_a_row}\n")
+        tmp.replace(d / "watchdog-withheld")   # a reader never sees half a line

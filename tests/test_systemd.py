@@ -59,10 +59,14 @@ def test_notify_lifecycle_and_a_watchdog_that_follows_the_engine(tmp_path):
         (hooks.dir / "hold").touch()
         s = Client(d.addr, d.key_id, d.secret, timeout=120).stream(COUNT, max_tokens=8)
         d.wait_for(lambda: (hooks.dir / "held").exists(), timeout=120, what="engine held")
-        # the engine's last turn is now frozen; 1 s later it is too old to vouch for it
-        quiet_from = time.monotonic() + 1.5
-        time.sleep(3.0)
-        assert fake.lines("WATCHDOG=1", since=quiet_from) == []   # systemd would restart it
+        # The engine's last turn is now frozen; 1 s later it is too old to vouch for it, and
+        # every ping that falls due is withheld (the watchdog says so through the hook).
+        withheld = hooks.dir / "watchdog-withheld"
+        withheld.unlink(missing_ok=True)
+        d.wait_for(lambda: _withheld(withheld)[1] >= 3, what="three pings withheld in a row")
+        pings, _ = _withheld(withheld)
+        d.wait_for(lambda: len(fake.lines("WATCHDOG=1")) >= pings, what="the pings sent")
+        assert len(fake.lines("WATCHDOG=1")) == pings   # none since: systemd would restart it
         hooks.release()
         assert "".join(s) is not None and s.result is not None
         d.wait_for(lambda: fake.lines("WATCHDOG=1", since=time.monotonic() - 1.0),
@@ -79,6 +83,15 @@ def test_notify_lifecycle_and_a_watchdog_that_follows_the_engine(tmp_path):
         code = d.stop()
         fake.close()
     assert code == 0 and fake.lines("STOPPING=1")
+
+
+def _withheld(path: Path) -> tuple[int, int]:
+    """(pings sent, pings withheld in a row) as the daemon's watchdog last wrote them."""
+    try:
+        pings, in_a_row = path.read_text().split()
+    except (FileNotFoundError, ValueError):
+        return 0, 0
+    return int(pings), int(in_a_row)
 
 
 def test_watchdog_logic_with_an_injected_clock():
@@ -99,10 +112,13 @@ def test_watchdog_logic_with_an_injected_clock():
     assert len(sent) == 2
     now[0] += 3.0                  # 6 s: a stuck step, no ping
     w.tick()
-    assert len(sent) == 2
+    assert len(sent) == 2 and w.withheld == 1
+    now[0] += 1.0
+    w.tick()
+    assert len(sent) == 2 and w.withheld == 2
     beat[0] = now[0]               # the step ended
     w.tick()
-    assert len(sent) == 3
+    assert len(sent) == 3 and w.withheld == 0
     other = Notifier(environ={"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "10000000",
                               "WATCHDOG_PID": "1"})
     assert other.watchdog_s == 0.0  # meant for another process

@@ -93,3 +93,43 @@ class ReferenceLlama:
             x = x + L["ffn_down"] @ (g / (1 + np.exp(-g)) * (L["ffn_up"] @ h))
         self.pos += 1
         return self.out @ self._norm(x, self.out_norm)
+
+    def logits_all(self, tokens) -> np.ndarray:
+        """Every position's logits [T, vocab] (float64) for `tokens` from position 0 of a
+        fresh sequence: the same arithmetic as `step`, but each layer as one matrix product
+        over all positions and causal attention over the whole block, so thousands of
+        positions take seconds (bench/accuracy.py) instead of minutes."""
+        c = self.cfg
+        hd, rep = c.head_dim, c.n_head // c.n_kv
+        tokens = np.asarray(tokens)
+        T = len(tokens)
+        mask = np.triu(np.full((T, T), -np.inf), 1)
+        x = self.emb[tokens]
+        for i, L in enumerate(self.layers):
+            h = self._norm_rows(x, L["attn_norm"])
+            q = self._rope_rows(self._proj_rows(i, L, "attn_q", h), c.n_head)
+            k = self._rope_rows(self._proj_rows(i, L, "attn_k", h), c.n_kv)
+            v = self._proj_rows(i, L, "attn_v", h).reshape(T, c.n_kv, hd)
+            att = np.empty((T, c.n_head, hd))
+            for hh in range(c.n_head):
+                s = q[:, hh] @ k[:, hh // rep].T / np.sqrt(hd) + mask
+                w = np.exp(s - s.max(axis=1, keepdims=True))
+                att[:, hh] = (w / w.sum(axis=1, keepdims=True)) @ v[:, hh // rep]
+            x = x + att.reshape(T, -1) @ L["attn_output"].T
+            h = self._norm_rows(x, L["ffn_norm"])
+            g = h @ L["ffn_gate"].T
+            x = x + (g / (1 + np.exp(-g)) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
+        return self._norm_rows(x, self.out_norm) @ self.out.T
+
+    def _norm_rows(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + self.cfg.eps) * w
+
+    def _proj_rows(self, i: int, L: dict, k: str, h: np.ndarray) -> np.ndarray:
+        y = h @ L[k].T
+        b = self.bias.get((i, k))
+        return y if b is None else y + b
+
+    def _rope_rows(self, x: np.ndarray, n_heads: int) -> np.ndarray:
+        """[T, n_heads * hd] -> [T, n_heads, hd], each row rotated at its own position."""
+        return np.stack([self._rope(r, n_heads, p) for p, r in enumerate(x)]).reshape(
+            len(x), n_heads, self.cfg.head_dim)

@@ -14,7 +14,7 @@ from .errors import (ErrorCode, PayloadTooLargeError, StreamRestartedError, Zero
                      ZerolayerTimeoutError)
 from .request_machine import AuditHook, InvokeResult
 from .sync_client import Client, Stream
-from .transport import Address
+from .address import Address
 from .wire import ChatMessage, RunState, Timings, Usage
 
 __all__ = ["Address", "AsyncClient", "AsyncStream", "AuditHook", "ChatMessage", "Client",

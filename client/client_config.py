@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 
 from .retry_policy import AuditHook, RetryPolicy
-from .transport import Address, parse_address
+from .address import Address, parse_address
 from .wire import MAX_CHUNK, Mac
 
 

@@ -27,15 +27,14 @@ import hashlib
 import socket
 import time
 from collections.abc import Sequence
-from urllib.parse import urlsplit
+
+from .address import FleetSpec, node_name, parse_fleet_spec
+
+__all__ = ["AsyncFleetConnector", "FleetChannel", "FleetConnector", "Nodes", "node_name",
+           "parse_fleet", "rendezvous_order"]
 
 RECV_BUF = 2048
 RESOLVE_EVERY_S = 30.0
-
-
-def node_name(addr: tuple[str, int]) -> str:
-    host, port = addr
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def rendezvous_order(request_id: bytes, nodes: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -76,24 +75,10 @@ class Nodes:
 
 def parse_fleet(address: object) -> Nodes | None:
     """A Nodes for a list of addresses or a "fleet://name:port" string; None otherwise."""
-    if isinstance(address, str):
-        if not address.startswith("fleet://"):
-            return None
-        u = urlsplit(address)
-        if u.hostname is None or u.port is None:
-            raise ValueError(f"a fleet address needs a DNS name and a port: {address!r}")
-        return Nodes(dns=(u.hostname, u.port))
-    if isinstance(address, list) or (isinstance(address, tuple) and address
-                                     and not isinstance(address[0], str)):
-        from .transport import parse_address
-        nodes: list[tuple[str, int]] = []
-        for a in address:
-            kind, where = parse_address(a)
-            if kind != "udp" or not isinstance(where, tuple):
-                raise ValueError(f"fleet nodes are UDP addresses, got {a!r}")
-            nodes.append(where)
-        return Nodes(nodes)
-    return None
+    spec: FleetSpec | None = parse_fleet_spec(address)
+    if spec is None:
+        return None
+    return Nodes(spec.nodes, dns=spec.dns)
 
 
 class _Route:

@@ -10,7 +10,7 @@
     print(s.result.usage)        # InvokeResult, set once the iteration ended
 
 The address is a UDP ("host", port) / "host:port", or "shm:///path/shm.sock" for the
-same-host shared-memory carrier (client/transport.py). The reliability rules (retries,
+same-host shared-memory carrier (client/address.py). The reliability rules (retries,
 recovery window, resends, keepalives, which frames are believed) live in one place,
 client/request_machine.py, which this client and the asyncio AsyncClient both drive.
 
@@ -28,12 +28,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 
 from .client_config import ClientConfig
+from .connect import connector_for
 from .errors import ZerolayerError, ZerolayerTimeoutError, error_for
 from .invoke_body import build_invoke_body, request_id_bytes
 from .ping_rule import PingAttempts
 from .request_machine import AuditHook, InvokeResult, RequestMachine
 from .retry_policy import authenticate
-from .transport import Channel, Connector, Routed, connector_for
+from .transport import Channel, Connector, Routed
 from .wire import REQUEST_ID_LEN, ChatMessage, ErrorFrame, Mac, MsgType, PongFrame
 
 

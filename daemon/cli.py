@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from zerolayer.client.address import node_name, parse_host_port
+
 from .config import NetworkSection, SecuritySection
 
 EXIT_OK = 0
@@ -117,23 +119,12 @@ class Target:
 
 
 def parse_address(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """HOST:PORT, HOST, :PORT, [V6ADDR]:PORT or [V6ADDR] → (host, port)."""
-    s = text.strip()
-    if s.startswith("["):
-        host, sep, rest = s[1:].partition("]")
-        if not sep or not host or (rest and not rest.startswith(":")):
-            raise UsageError(f"bad address {text!r}: expected [IPV6]:PORT")
-        port_s = rest[1:] if rest else ""
-    elif s.count(":") > 1:
-        raise UsageError(f"bad address {text!r}: write an IPv6 address as [ADDR]:PORT")
-    else:
-        host, _, port_s = s.partition(":")
-    host = host or DEFAULT_HOST
-    if not port_s:
-        return host, default_port
-    if not port_s.isdigit() or not 1 <= int(port_s) <= 65535:
-        raise UsageError(f"bad address {text!r}: port must be 1..65535")
-    return host, int(port_s)
+    """HOST:PORT, HOST, :PORT, [V6ADDR]:PORT or [V6ADDR] → (host, port): the SDK's grammar
+    (client/address.py), with the daemon's own host and port filling in what is left out."""
+    try:
+        return parse_host_port(text, default_host=DEFAULT_HOST, default_port=default_port)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def parse_key_id(text: str) -> int:
@@ -208,8 +199,7 @@ def _client(args: argparse.Namespace):
 def _addr(client) -> str:
     if isinstance(client.address, str):
         return f"shm://{client.address}"
-    host, port = client.address
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return node_name(client.address)
 
 
 # --- generate ------------------------------------------------------------------------------

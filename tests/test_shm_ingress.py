@@ -613,7 +613,8 @@ def test_async_connector_demultiplexes_and_reconnects(tmp_path) -> None:
 
 
 def test_the_shm_address_carries_the_busy_poll_knob():
-    from zerolayer.client.transport import connector_for, parse_address, shm_busy_poll_us
+    from zerolayer.client.address import parse_address, shm_busy_poll_us
+    from zerolayer.client.connect import connector_for
     assert shm_busy_poll_us("shm:///run/zl/shm.sock?busy_poll_us=50") == 50
     assert shm_busy_poll_us("shm:///run/zl/shm.sock") == 0
     assert parse_address("shm:///run/zl/shm.sock?busy_poll_us=50") == ("shm", "/run/zl/shm.sock")

@@ -20,6 +20,15 @@ import ctypes
 import os
 import sys
 
+import numpy as _np
+
+# numba-cuda 0.30 registers an overload for numpy.row_stack when its array lowering is
+# imported, and numpy 2.5 removed that alias of vstack: there, every CUDA compile fails with
+# an AttributeError. This module is imported before numba.cuda (gpu/cuda/_cuda_shim.py), so
+# the alias is put back here, only where numpy no longer has it.
+if not hasattr(_np, "row_stack"):
+    _np.row_stack = _np.vstack
+
 CHOICES = ("auto", "cpu", "cuda", "sim")
 
 

@@ -111,3 +111,15 @@ def test_daemon_serves_on_the_device_backend_under_the_simulator(tmp_path):
         assert r.finish_reason == "length"
     finally:
         assert d.stop() == 0
+
+
+def test_numpy_without_row_stack_still_compiles_cuda():
+    """numba-cuda 0.30's array lowering refers to numpy.row_stack, which numpy 2.5 removed:
+    backend.py (imported before numba.cuda) puts the alias back only where it is missing."""
+    out = fresh("import numpy; had = numpy.row_stack; del numpy.row_stack; "
+                "from zerolayer.gpu import backend; print(numpy.row_stack is numpy.vstack); "
+                "import numba.cuda.np.arrayobj; print('lowering imported')")
+    assert out == ["True", "lowering imported"]
+    kept = fresh("import numpy; f = getattr(numpy, 'row_stack', None); "
+                 "from zerolayer.gpu import backend; print(getattr(numpy, 'row_stack', None) is f)")
+    assert kept == ["True"]  # a numpy that still has it keeps its own

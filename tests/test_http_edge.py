@@ -210,7 +210,7 @@ def test_an_error_after_the_stream_started_is_an_error_event():
     from types import SimpleNamespace
 
     from zerolayer.client.errors import RequestCancelledError
-    from zerolayer.daemon.http_edge import anthropic_api
+    from zerolayer.daemon.http_edge import anthropic_api, serve
     from zerolayer.daemon.http_edge.generation import Generation
     from zerolayer.daemon.http_edge.metrics import EdgeMetrics
 
@@ -229,7 +229,8 @@ def test_an_error_after_the_stream_started_is_an_error_event():
     gen.first = "Hello"
 
     async def collect():
-        return [e async for e in anthropic_api._events(gen, st)]
+        shape = anthropic_api.MESSAGES.chunks(None, gen.stream.request_id, MODEL, 0)
+        return [e async for e in serve.events(gen, shape, st)]
 
     events = asyncio.run(collect())
     assert [e.split(b"\n")[0] for e in events] == [

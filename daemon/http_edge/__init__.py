@@ -16,7 +16,10 @@ Modules, one job each:
   metrics.py        the edge's Prometheus metrics (zerolayer_http_*)
   generation.py     one daemon stream as the handlers use it (first chunk, cancel on leave)
   streaming.py      the SSE response that always ends its daemon stream
-  openai_api.py     POST /v1/chat/completions, /v1/completions, GET /v1/models
-  anthropic_api.py  POST /v1/messages
+  dialect.py        what an API's dialect supplies: parse, error shape, body, chunk shape
+  serve.py          the one handler of a generation, over any dialect
+  openai_api.py     the OpenAI dialect: POST /v1/chat/completions, /v1/completions;
+                    GET /v1/models
+  anthropic_api.py  the Anthropic dialect: POST /v1/messages
   app.py            the Starlette app, /healthz, /metrics, and main()
 """

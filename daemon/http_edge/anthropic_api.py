@@ -1,4 +1,5 @@
-"""Anthropic's Messages API: POST /v1/messages, plain and streamed.
+"""Anthropic's Messages API: POST /v1/messages, plain and streamed; the Anthropic dialect of
+serve.serve (dialect.py).
 
 The stream is Anthropic's event sequence: message_start, content_block_start, ping,
 content_block_delta (text_delta) per chunk, content_block_stop, message_delta (stop_reason,
@@ -14,22 +15,21 @@ reason of its own in DONE (a protocol change).
 """
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from zerolayer.client import ChatMessage, InvokeResult, ZerolayerError
+from zerolayer.client import ChatMessage, InvokeResult
 from zerolayer.client.sampling_params import MAX_STOP
 
-from .common import Fields, key_id_for, read_json
+from .common import Fields
 from .errors import ApiError, bad_request, not_found
-from .generation import ClientGone, Generation, GenParams, daemon_error, until_disconnect
-from .state import EdgeState, edge
-from .streaming import GenerationSSE, named_event
+from .generation import GenParams
+from .serve import serve
+from .state import EdgeState
+from .streaming import named_event
 
 API = "messages"
 
@@ -102,73 +102,67 @@ def _usage(r: InvokeResult) -> dict[str, Any]:
             "cache_creation_input_tokens": 0}
 
 
-def error_response(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.anthropic_body(), status_code=e.status, headers=e.headers())
+class AnthropicChunks:
+    """One Messages stream, in Anthropic's named events."""
+
+    def __init__(self, request_id: bytes, model: str) -> None:
+        self._id = "msg_" + request_id.hex()
+        self._model = model
+
+    def start(self) -> list[bytes]:
+        # Prompt tokens are known only at DONE; message_start carries 0 and message_delta
+        # the real counts (the SDKs take usage from message_delta).
+        return [
+            named_event("message_start", {"type": "message_start", "message": {
+                "id": self._id, "type": "message", "role": "assistant", "model": self._model,
+                "content": [], "stop_reason": None, "stop_sequence": None,
+                "usage": {"input_tokens": 0, "output_tokens": 0}}}),
+            named_event("content_block_start", {"type": "content_block_start", "index": 0,
+                                                "content_block": {"type": "text", "text": ""}}),
+            named_event("ping", {"type": "ping"})]
+
+    def chunk(self, text: str) -> bytes:
+        return named_event("content_block_delta", {
+            "type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": text}})
+
+    def error(self, e: ApiError) -> bytes:
+        return named_event("error", e.anthropic_body())
+
+    def end(self, r: InvokeResult | None) -> list[bytes]:
+        return [
+            named_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            named_event("message_delta", {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason(r), "stop_sequence": None},
+                "usage": _usage(r) if r is not None else {"output_tokens": 0}}),
+            named_event("message_stop", {"type": "message_stop"})]
+
+
+class AnthropicDialect:
+    """Anthropic's Messages API as a serve.Dialect."""
+    api: str = API
+    x_api_key: bool = True
+
+    def parse(self, body: dict[str, Any], st: EdgeState) -> MessagesRequest:
+        return parse_messages(body, st)
+
+    def error_body(self, e: ApiError) -> dict[str, Any]:
+        return e.anthropic_body()
+
+    def body(self, req: MessagesRequest, r: InvokeResult, text: str, model: str,
+             created: int) -> dict[str, Any]:
+        return {"id": "msg_" + r.request_id.hex(), "type": "message", "role": "assistant",
+                "model": model, "content": [{"type": "text", "text": text}],
+                "stop_reason": stop_reason(r), "stop_sequence": None, "usage": _usage(r)}
+
+    def chunks(self, req: MessagesRequest, request_id: bytes, model: str,
+               created: int) -> AnthropicChunks:
+        return AnthropicChunks(request_id, model)
+
+
+MESSAGES = AnthropicDialect()
 
 
 async def messages(request: Request) -> Response:
-    st = edge(request)
-    t0 = time.monotonic()
-    status = 500
-    streaming = False
-    try:
-        kid = key_id_for(request, st.tokens, x_api_key=True)
-        body = await read_json(request)
-        req = parse_messages(body, st)
-        gen = await Generation.open(request, st.backend.client(kid), req.params, API,
-                                    st.metrics, t0)
-        if req.stream:
-            status, streaming = 200, True
-            return GenerationSSE(_events(gen, st), gen, st.metrics, API)
-        try:
-            text = await until_disconnect(request, gen.text)
-        except ZerolayerError as e:
-            raise daemon_error(e, st.metrics) from None
-        finally:
-            await gen.finish()
-        r = gen.result
-        assert r is not None
-        status = 200
-        return JSONResponse({
-            "id": "msg_" + r.request_id.hex(), "type": "message", "role": "assistant",
-            "model": st.cfg.model_name, "content": [{"type": "text", "text": text}],
-            "stop_reason": stop_reason(r), "stop_sequence": None, "usage": _usage(r)})
-    except ApiError as e:
-        status = e.status
-        return error_response(e)
-    except ClientGone:
-        status = 499
-        return Response(status_code=499)
-    finally:
-        st.metrics.requests.labels(API, str(status)).inc()
-        if not streaming:
-            st.metrics.duration.labels(API).observe(time.monotonic() - t0)
-
-
-async def _events(gen: Generation, st: EdgeState) -> AsyncIterator[bytes]:
-    msg_id = "msg_" + gen.stream.request_id.hex()
-    # Prompt tokens are known only at DONE; message_start carries 0 and message_delta the
-    # real counts (the SDKs take usage from message_delta).
-    yield named_event("message_start", {"type": "message_start", "message": {
-        "id": msg_id, "type": "message", "role": "assistant", "model": st.cfg.model_name,
-        "content": [], "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": 0, "output_tokens": 0}}})
-    yield named_event("content_block_start", {"type": "content_block_start", "index": 0,
-                                              "content_block": {"type": "text", "text": ""}})
-    yield named_event("ping", {"type": "ping"})
-    try:
-        async for text in gen.chunks():
-            yield named_event("content_block_delta", {
-                "type": "content_block_delta", "index": 0,
-                "delta": {"type": "text_delta", "text": text}})
-    except ZerolayerError as e:
-        st.metrics.stream_errors.labels(API).inc()
-        yield named_event("error", daemon_error(e, st.metrics).anthropic_body())
-        return
-    r = gen.result
-    yield named_event("content_block_stop", {"type": "content_block_stop", "index": 0})
-    yield named_event("message_delta", {
-        "type": "message_delta",
-        "delta": {"stop_reason": stop_reason(r), "stop_sequence": None},
-        "usage": _usage(r) if r is not None else {"output_tokens": 0}})
-    yield named_event("message_stop", {"type": "message_stop"})
+    return await serve(request, MESSAGES)

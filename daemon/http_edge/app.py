@@ -56,9 +56,9 @@ async def http_error(request: Request, exc: Exception) -> Response:
     e = ApiError(exc.status_code, str(exc.detail), openai_type="invalid_request_error",
                  anthropic_type="not_found_error" if exc.status_code == 404
                  else "invalid_request_error")
-    body = (e.anthropic_body() if request.url.path.startswith("/v1/messages")
-            else e.openai_body())
-    return JSONResponse(body, status_code=exc.status_code)
+    dialect = (anthropic_api.MESSAGES if request.url.path.startswith("/v1/messages")
+               else openai_api.CHAT)
+    return JSONResponse(dialect.error_body(e), status_code=exc.status_code)
 
 
 def build_app(state: EdgeState) -> Starlette:

@@ -1,8 +1,8 @@
 """OpenAI's API: POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
 
-Request fields are translated into one AsyncClient.stream call (generation.GenParams);
-responses and stream chunks follow OpenAI's shapes field for field, so the official SDK
-parses them. Supported: max_tokens / max_completion_tokens, temperature, top_p, stop, seed,
+The OpenAI dialect of serve.serve (dialect.py): request fields are translated into one
+AsyncClient.stream call (generation.GenParams); responses and stream chunks follow OpenAI's
+shapes field for field, so the official SDK parses them. Supported: max_tokens / max_completion_tokens, temperature, top_p, stop, seed,
 presence_penalty, frequency_penalty, stream, stream_options.include_usage; top_k and the
 repetition penalty (vLLM's repetition_penalty, llama.cpp's repeat_penalty) as extensions.
 Parameters that would change the answer in ways the daemon cannot (n > 1, logprobs, tools,
@@ -10,23 +10,22 @@ logit_bias ...) are refused with 400 rather than ignored.
 """
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from zerolayer.client import ChatMessage, InvokeResult, ZerolayerError
+from zerolayer.client import ChatMessage, InvokeResult
 from zerolayer.client.sampling_params import (MAX_ADDITIVE_PENALTY, MAX_REPETITION_PENALTY,
                                                MAX_STOP)
 
-from .common import Fields, key_id_for, read_json
+from .common import Fields, key_id_for
 from .errors import ApiError, bad_request, not_found
-from .generation import ClientGone, Generation, GenParams, daemon_error, until_disconnect
+from .generation import GenParams
+from .serve import error_response, serve
 from .state import EdgeState, edge
-from .streaming import GenerationSSE, data_event
+from .streaming import data_event
 
 # OpenAI's roles -> the daemon's chat roles. "developer" is OpenAI's newer name for system.
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -177,83 +176,29 @@ def usage(r: InvokeResult) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens}}
 
 
-def error_response(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.openai_body(), status_code=e.status, headers=e.headers())
+def error_body(e: ApiError) -> dict[str, Any]:
+    return e.openai_body()
 
 
-async def chat_completions(request: Request) -> Response:
-    return await _serve(request, "chat_completions")
+class OpenAIChunks:
+    """One OpenAI stream: `data:` events of chat.completion.chunk (a first chunk with the
+    role, then deltas) or text_completion objects, a finish chunk, the usage chunk if asked
+    for, and `data: [DONE]`."""
 
+    def __init__(self, req: OpenAIRequest, chat: bool, request_id: bytes, model: str,
+                 created: int) -> None:
+        self._chat = chat
+        self._include_usage = req.include_usage
+        self._base: dict[str, Any] = {
+            "id": ("chatcmpl-" if chat else "cmpl-") + request_id.hex(),
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created, "model": model, "system_fingerprint": None}
+        if req.include_usage:
+            self._base["usage"] = None    # OpenAI: null on every chunk but the last one
 
-async def completions(request: Request) -> Response:
-    return await _serve(request, "completions")
-
-
-async def _serve(request: Request, api: str) -> Response:
-    st = edge(request)
-    t0 = time.monotonic()
-    status = 500
-    streaming = False
-    try:
-        kid = key_id_for(request, st.tokens, x_api_key=False)
-        body = await read_json(request)
-        req = (parse_chat if api == "chat_completions" else parse_completion)(body, st)
-        gen = await Generation.open(request, st.backend.client(kid), req.params, api,
-                                    st.metrics, t0)
-        created = int(time.time())
-        if req.stream:
-            status, streaming = 200, True
-            return GenerationSSE(_events(gen, req, api, st, created), gen, st.metrics, api)
-        try:
-            text = await until_disconnect(request, gen.text)
-        except ZerolayerError as e:
-            raise daemon_error(e, st.metrics) from None
-        finally:
-            await gen.finish()
-        r = gen.result
-        assert r is not None
-        status = 200
-        return JSONResponse(_full_body(api, r, text, st.cfg.model_name, created))
-    except ApiError as e:
-        status = e.status
-        return error_response(e)
-    except ClientGone:
-        status = 499            # nginx's "client closed request": nobody reads this
-        return Response(status_code=499)
-    finally:
-        st.metrics.requests.labels(api, str(status)).inc()
-        if not streaming:
-            st.metrics.duration.labels(api).observe(time.monotonic() - t0)
-
-
-def _full_body(api: str, r: InvokeResult, text: str, model: str, created: int) -> dict[str, Any]:
-    if api == "chat_completions":
-        return {"id": "chatcmpl-" + r.request_id.hex(), "object": "chat.completion",
-                "created": created, "model": model, "system_fingerprint": None,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
-                                                     "refusal": None},
-                             "logprobs": None, "finish_reason": finish_reason(r)}],
-                "usage": usage(r)}
-    return {"id": "cmpl-" + r.request_id.hex(), "object": "text_completion",
-            "created": created, "model": model, "system_fingerprint": None,
-            "choices": [{"index": 0, "text": text, "logprobs": None,
-                         "finish_reason": finish_reason(r)}],
-            "usage": usage(r)}
-
-
-async def _events(gen: Generation, req: OpenAIRequest, api: str, st: EdgeState,
-                  created: int) -> AsyncIterator[bytes]:
-    chat = api == "chat_completions"
-    base: dict[str, Any] = {
-        "id": ("chatcmpl-" if chat else "cmpl-") + gen.stream.request_id.hex(),
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": created, "model": st.cfg.model_name, "system_fingerprint": None}
-    if req.include_usage:
-        base["usage"] = None    # OpenAI: null on every chunk but the last one
-
-    def chunk(text: str | None, finish: str | None = None,
-              role: bool = False) -> bytes:
-        if chat:
+    def _chunk(self, text: str | None, finish: str | None = None,
+               role: bool = False) -> bytes:
+        if self._chat:
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
@@ -264,23 +209,69 @@ async def _events(gen: Generation, req: OpenAIRequest, api: str, st: EdgeState,
             choice = {"index": 0, "text": text or ""}
         choice["logprobs"] = None
         choice["finish_reason"] = finish
-        return data_event({**base, "choices": [choice]})
+        return data_event({**self._base, "choices": [choice]})
 
-    if chat:
-        yield chunk("", role=True)
-    try:
-        async for text in gen.chunks():
-            yield chunk(text)
-    except ZerolayerError as e:
-        # The status line went out with the first chunk: report in-band, OpenAI's way.
-        st.metrics.stream_errors.labels(api).inc()
-        yield data_event(daemon_error(e, st.metrics).openai_body())
-        return
-    r = gen.result
-    yield chunk(None, finish_reason(r))
-    if req.include_usage and r is not None:
-        yield data_event({**base, "choices": [], "usage": usage(r)})
-    yield b"data: [DONE]\n\n"
+    def start(self) -> list[bytes]:
+        return [self._chunk("", role=True)] if self._chat else []
+
+    def chunk(self, text: str) -> bytes:
+        return self._chunk(text)
+
+    def error(self, e: ApiError) -> bytes:
+        return data_event(e.openai_body())   # OpenAI's in-stream error: no event name
+
+    def end(self, r: InvokeResult | None) -> list[bytes]:
+        out = [self._chunk(None, finish_reason(r))]
+        if self._include_usage and r is not None:
+            out.append(data_event({**self._base, "choices": [], "usage": usage(r)}))
+        out.append(b"data: [DONE]\n\n")
+        return out
+
+
+@dataclass(frozen=True)
+class OpenAIDialect:
+    """OpenAI's chat completions (`chat`) or legacy completions, as a serve.Dialect."""
+    api: str
+    chat: bool
+    x_api_key: bool = False
+
+    def parse(self, body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
+        return (parse_chat if self.chat else parse_completion)(body, st)
+
+    def error_body(self, e: ApiError) -> dict[str, Any]:
+        return error_body(e)
+
+    def body(self, req: OpenAIRequest, r: InvokeResult, text: str, model: str,
+             created: int) -> dict[str, Any]:
+        if self.chat:
+            return {"id": "chatcmpl-" + r.request_id.hex(), "object": "chat.completion",
+                    "created": created, "model": model, "system_fingerprint": None,
+                    "choices": [{"index": 0,
+                                 "message": {"role": "assistant", "content": text,
+                                             "refusal": None},
+                                 "logprobs": None, "finish_reason": finish_reason(r)}],
+                    "usage": usage(r)}
+        return {"id": "cmpl-" + r.request_id.hex(), "object": "text_completion",
+                "created": created, "model": model, "system_fingerprint": None,
+                "choices": [{"index": 0, "text": text, "logprobs": None,
+                             "finish_reason": finish_reason(r)}],
+                "usage": usage(r)}
+
+    def chunks(self, req: OpenAIRequest, request_id: bytes, model: str,
+               created: int) -> OpenAIChunks:
+        return OpenAIChunks(req, self.chat, request_id, model, created)
+
+
+CHAT = OpenAIDialect("chat_completions", chat=True)
+COMPLETIONS = OpenAIDialect("completions", chat=False)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await serve(request, CHAT)
+
+
+async def completions(request: Request) -> Response:
+    return await serve(request, COMPLETIONS)
 
 
 async def list_models(request: Request) -> Response:
@@ -302,6 +293,6 @@ async def list_models(request: Request) -> Response:
                              "first_id": st.cfg.model_name, "last_id": st.cfg.model_name})
     except ApiError as e:
         status = e.status
-        return error_response(e)
+        return error_response(CHAT, e)
     finally:
         st.metrics.requests.labels("models", str(status)).inc()

@@ -176,10 +176,6 @@ def usage(r: InvokeResult) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens}}
 
 
-def error_body(e: ApiError) -> dict[str, Any]:
-    return e.openai_body()
-
-
 class OpenAIChunks:
     """One OpenAI stream: `data:` events of chat.completion.chunk (a first chunk with the
     role, then deltas) or text_completion objects, a finish chunk, the usage chunk if asked
@@ -239,7 +235,7 @@ class OpenAIDialect:
         return (parse_chat if self.chat else parse_completion)(body, st)
 
     def error_body(self, e: ApiError) -> dict[str, Any]:
-        return error_body(e)
+        return e.openai_body()
 
     def body(self, req: OpenAIRequest, r: InvokeResult, text: str, model: str,
              created: int) -> dict[str, Any]:

@@ -11,9 +11,11 @@ What happens to a request is reported as typed events (request.py) through `emit
 done (FinishReason, Usage, Timings) or failed (ErrorCode). The engine never touches sockets.
 
 Admission reserves the KV blocks for prompt + max_tokens up front (the one context rule,
-gpu/sampling_params.check_context), so a request that was accepted can never fail later for
-lack of memory; one that doesn't fit yet waits (and the wait queue is bounded: past it,
-OVERLOADED).
+gpu/context_rule.check_context), so a request that was accepted can never fail later for
+lack of memory; one that doesn't fit yet waits. An engine holds at most `capacity` =
+max_running + max_waiting requests (running or waiting): the I/O thread refuses the next one
+before it hands it over (OVERLOADED, a request that never started), so the refusal in
+`submit` is a backstop that the daemon never reaches (see `submit`).
 
 Overlap (a model whose ``overlaps`` is True: the CUDA backend). Step N+1 is planned, staged
 and queued before step N's tokens are read back: a sequence whose last token is still on the
@@ -76,13 +78,29 @@ class Engine:
         self.forward_passes_tokens = 0  # tokens run through the model, for tests and metrics
 
     # ---- called by the engine thread -----------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """Requests this engine holds at most, running and waiting together."""
+        return self.max_running + self.max_waiting
+
     def submit(self, req: Request) -> None:
         """Queue a request whose prompt_ids are set. Raises ContextOverflowError or
-        OverloadedError (nothing queued)."""
+        OverloadedError (nothing queued).
+
+        The daemon's I/O thread hands an engine a request only while fewer than `capacity`
+        of the requests it handed are unfinished on its side. Every request held here that
+        is not cancelled is one of those (a request the engine ended is gone from here
+        before the I/O thread hears of it; one the I/O thread ended early was cancelled
+        first), so once the cancelled ones are reaped the OverloadedError below cannot
+        happen under the daemon. It stays for the engine's other callers."""
         assert req.prompt_ids is not None
         check_context(len(req.prompt_ids), req.params.max_tokens, self.model.max_seq_len)
-        if len(self.waiting) >= self.max_waiting:
-            raise OverloadedError(f"{len(self.waiting)} requests already waiting")
+        if self.in_flight >= self.capacity:
+            self._reap_cancelled()  # what the next step would free anyway
+        if self.in_flight >= self.capacity:
+            raise OverloadedError(f"{self.in_flight} requests already held "
+                                  f"(max_running {self.max_running} + max_waiting "
+                                  f"{self.max_waiting})")
         req.detok = self.tok.detokenizer()
         req.stops = StopChecker(req.params.stop)
         req.rng = np.random.default_rng(req.params.seed)

@@ -15,7 +15,10 @@ threads alive than CPUs, libgomp stops spinning at barriers and sleeps on a fute
 of the ~200 parallel regions of a step (measured: a third of the throughput gone).
 
 Tokenization (chat template + BPE) is here, not on the I/O thread: its cost grows with the
-request, and the I/O thread's must not.
+request, and the I/O thread's must not. So the engine thread is where a text prompt's length
+is first known: each request taken is either accepted (an AcceptedEvent: from then on it is
+a model run) or refused as a request that never started (a FailedEvent with started=False:
+a text over the context, an id outside the vocabulary), before any step sees it.
 
 The events of a step are queued together and the I/O thread is woken once. The events
 queue is bounded; when it is full the engine waits for room (counted), it never drops a
@@ -41,7 +44,7 @@ from . import test_hooks
 from .engine import Engine
 from zerolayer.client.errors import ErrorCode, ZerolayerError
 from .handoff import Handoff
-from .request import EngineDied, EngineEvent, FailedEvent, Request
+from .request import AcceptedEvent, EngineDied, EngineEvent, FailedEvent, Request
 
 IDLE_WAIT_S = 0.5      # an idle engine sleeps on the admissions fd this long at most
 FULL_WAIT_S = 0.0005   # back-off while the events queue is full
@@ -105,9 +108,12 @@ class EngineThread(threading.Thread):
         eng = self.engine
         while not self._stopping:
             self.beat = time.monotonic()
-            for req in self.admissions.drain():
+            taken = self.admissions.drain()
+            for req in taken:
                 self._admit(req)
             self._flush()
+            if taken:  # the gauges show what was just accepted, before a step (or a hold)
+                self._publish()
             if eng.has_work:
                 test_hooks.before_step(self.index)
                 eng.step()
@@ -136,13 +142,20 @@ class EngineThread(threading.Thread):
         except ZerolayerError as ex:
             if ex.code is ErrorCode.OVERLOADED:
                 self.waiting_full += 1
-            self._out.append(FailedEvent(req, ex.code or ErrorCode.INTERNAL, str(ex)))
+            self._refuse(req, ex.code or ErrorCode.INTERNAL, str(ex))
         except RuntimeModelError as ex:  # ContextOverflowError, KVCacheFullError
-            self._out.append(FailedEvent(req, ErrorCode[ex.code], str(ex)))
+            self._refuse(req, ErrorCode[ex.code], str(ex))
         except ValueError as ex:  # the tokenizer refuses a message, an id outside the vocabulary
-            self._out.append(FailedEvent(req, ErrorCode.MALFORMED, str(ex)))
+            self._refuse(req, ErrorCode.MALFORMED, str(ex))
         except Exception as ex:  # noqa: BLE001 - one request's bug fails that request
-            self._out.append(FailedEvent(req, ErrorCode.INTERNAL, f"{type(ex).__name__}: {ex}"))
+            self._refuse(req, ErrorCode.INTERNAL, f"{type(ex).__name__}: {ex}")
+        else:
+            self._out.append(AcceptedEvent(req))
+
+    def _refuse(self, req: Request, code: ErrorCode, message: str) -> None:
+        """Refused before the engine accepted it: no step ever saw it, so it never
+        started (no model run, no place in a stream)."""
+        self._out.append(FailedEvent(req, code, message, started=False))
 
     def _flush(self) -> None:
         if self._out:

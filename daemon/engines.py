@@ -34,6 +34,7 @@ class EngineSlot:
     threads: int = 0                        # kernel threads of its thread
     live: int = 0                           # requests handed to it and not yet closed
     dead: str = ""                          # why it died; "" while it serves
+    refused_full: int = 0                   # OVERLOADED: it held its capacity (`_route`)
     routed: dict = field(default_factory=dict)
 
     @property

@@ -13,11 +13,12 @@ least-trusting first:
   4. timestamp within ±skew (INVALID_TIMESTAMP); DRAINING; total length (PAYLOAD_TOO_LARGE);
      nonce not already used (EXPIRED_NONCE).
   5. only now reassembly buffers anything (bounded: OVERLOADED when full), then the body
-     digest, the nonce is burnt, the body decoded (MALFORMED).
+     digest, the nonce is burnt, the body decoded (MALFORMED), the context rule on what is
+     known of the prompt's length (CONTEXT_OVERFLOW, `prompt_floor`).
 From step 4 on the sender is a key holder, and errors are signed with its key.
 
-The result cache (idempotency) comes after this, on the I/O thread; tokenization and the
-context rule (CONTEXT_OVERFLOW, for every payload kind) on the engine thread.
+The result cache (idempotency) comes after this, on the I/O thread; tokenization, and the
+context rule on a text prompt's real length, on the engine thread.
 """
 from __future__ import annotations
 
@@ -29,8 +30,11 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from .auth import KeyStore, ReplayGuard
-from zerolayer.client.errors import (DrainingError, ErrorCode, ExpiredNonceError,
-                     MalformedError, PayloadTooLargeError, UnknownKeyError, ZerolayerError)
+from zerolayer.client.errors import (ContextOverflowError, DrainingError, ErrorCode,
+                                     ExpiredNonceError, MalformedError, PayloadTooLargeError,
+                                     UnknownKeyError, ZerolayerError)
+from zerolayer.gpu.context_rule import check_context
+from zerolayer.gpu.errors import RuntimeModelError
 from .reassembly import Reassembler
 from zerolayer.client.wire import (COMMON_LEN, MAGIC, MAX_MESSAGE_BYTES, REQUEST_TYPES, VERSION,
                    ControlMessage, InvokeBody, InvokeFragment, Mac, MsgType, ResponseSigner,
@@ -100,6 +104,9 @@ class Ingress:
         self.reassembler = reassembler
         self.max_message_bytes = max_message_bytes
         self.draining = False       # set on SIGTERM: new INVOKEs get DRAINING
+        # The model's context, once it is loaded (0: not checked here). A request that cannot
+        # fit is refused before admission, so it never starts (docs/PROTOCOL.md §4.2).
+        self.max_seq_len = 0
         # The daemon's answer to "is this (key id, request id) in the result cache?": a retry
         # of a request already running or finished is not new work, so draining lets it
         # through to attach or replay instead of failing a request that is being served.
@@ -188,6 +195,8 @@ class Ingress:
             raise MalformedError("body does not match its SHA-256 in the header")
         self.replay.remember(req.nonce, req.timestamp_us, wall, req.key_id)
         ib = decode_invoke_body(body)
+        if self.max_seq_len:
+            _check_context(ib, self.max_seq_len)
         self.stats["invokes"] += 1
         return InvokeRequest(req.key_id, req.request_id, req.timestamp_us, req.nonce,
                              req.body_sha256, ib, started, req.frag_count, signer)
@@ -212,6 +221,24 @@ class Ingress:
         self.stats["rejected_bytes"] += len(dg)
         self.stats["reply_bytes"] += len(reply or b"")
         return Rejected(code, e.message, key_id, request_id, secret is not None, reply)
+
+
+def prompt_floor(body: InvokeBody) -> tuple[int, bool]:
+    """What the I/O thread knows of a prompt's length in tokens, in O(1): (count, exact).
+    Token ids are counted exactly. A text is tokenized only on the engine thread, but a
+    non-empty one has at least one token (an empty one is MALFORMED there), so a text whose
+    max_tokens alone fills the context is refused here too."""
+    if body.token_ids is not None:
+        return len(body.token_ids), True
+    return (1 if body.payload else 0), False
+
+
+def _check_context(body: InvokeBody, max_seq_len: int) -> None:
+    n, exact = prompt_floor(body)
+    try:
+        check_context(n, body.params.max_tokens, max_seq_len, at_least=not exact)
+    except RuntimeModelError as e:  # the runtime's type: the wire's is what ingress refuses
+        raise ContextOverflowError(str(e)) from None
 
 
 def _request_shaped(dg: bytes) -> bool:

@@ -58,7 +58,9 @@ class Metrics:
         self.idempotent = Counter("zerolayer_idempotent_hits",
                                   "Duplicate request ids served without running the model",
                                   ["kind"], registry=r)
-        self.model_runs = Counter("zerolayer_model_runs", "Requests handed to the engine", registry=r)
+        self.model_runs = Counter("zerolayer_model_runs",
+                                  "Requests that started: accepted by an engine (never one "
+                                  "refused)", registry=r)
         self.kv_usage = Gauge("zerolayer_kv_cache_usage_ratio", "Fraction of KV arena blocks in use",
                               registry=r)
         # Per engine ([[engines]]; one engine is engine "0"): the label is the engine's index

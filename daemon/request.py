@@ -91,6 +91,14 @@ class Request:
 
 
 @dataclass(slots=True)
+class AcceptedEvent:
+    """The engine took the request into its queue (tokenized, within the context, room for
+    it): from here on it is a model run, whatever becomes of it. Before this, the engine
+    may still refuse it as a request that never started (FailedEvent, started=False)."""
+    req: Request
+
+
+@dataclass(slots=True)
 class TextEvent:
     req: Request
     text: str
@@ -107,9 +115,13 @@ class DoneEvent:
 
 @dataclass(slots=True)
 class FailedEvent:
+    """started=False: the engine refused the request before accepting it (a text prompt
+    over the context, an id outside the vocabulary): it never started, and its ERROR is
+    framed as such (docs/PROTOCOL.md §5.3), though its ACK (queued) has gone out."""
     req: Request
     code: ErrorCode
     message: str
+    started: bool = True
 
 
 @dataclass(slots=True)
@@ -119,4 +131,4 @@ class EngineDied:
     message: str
 
 
-EngineEvent = Union[TextEvent, DoneEvent, FailedEvent, EngineDied]
+EngineEvent = Union[AcceptedEvent, TextEvent, DoneEvent, FailedEvent, EngineDied]

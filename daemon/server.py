@@ -35,7 +35,7 @@ import time
 
 from . import config as config_mod
 from . import control as control_mod
-from . import control_commands, logs, memory_bounds, test_hooks
+from . import control_commands, fault_hooks, logs, memory_bounds, test_hooks
 from . import shm_ingress  # [shm]: the same-host shared-memory carrier
 from .control import ControlCall, ControlServer
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
@@ -52,8 +52,8 @@ from .metrics import Metrics
 from .sd_notify import Notifier, Watchdog
 from .version import package_version
 from .reassembly import Reassembler
-from .request import (CancelReason, DoneEvent, EngineDied, EngineEvent, FailedEvent, Request,
-                      TextEvent)
+from .request import (AcceptedEvent, CancelReason, DoneEvent, EngineDied, EngineEvent,
+                      FailedEvent, Request, TextEvent)
 from .result_cache import EntryStatus, ResultCache
 from .udp_io import BatchedUDP
 from .xdp_frames import Peer
@@ -147,6 +147,8 @@ class Daemon:
                                (config_mod.parse_cpus(slot.spec.cpus) if slot.spec.cpus
                                 else None))
         self.engine_thread = self.engines[0].thread
+        # every engine has engine 0's context: from here on ingress refuses what cannot fit
+        self.ingress.max_seq_len = self.model.max_seq_len
         self.xdp = self._open_xdp()
         self.ctl_calls: Handoff[ControlCall] = Handoff(64, "control")
         path = control_mod.resolve_path(c.control.socket)
@@ -239,6 +241,8 @@ class Daemon:
                 gen = load_sibling(self.engines[0].model, threads=threads, kv_blocks=kv_blocks,
                                    warmup=self.cfg.lifecycle.warmup,
                                    log=lambda msg: log(f"engine {slot.index}: {msg}"))
+            fault_hooks.after_warmup(slot.index)
+            fault_hooks.wrap_model(gen.model)
             slot.model, slot.threads = gen.model, numba.get_num_threads()
             return Engine(gen.model, gen.tokenizer, emit=lambda ev: None,
                           max_running=e.max_running, max_waiting=e.max_waiting,
@@ -490,7 +494,7 @@ class Daemon:
             "reassembly": ra["refused_budget"], "reassembly_key_share": ra["refused_key_share"],
             "result_cache": self.cache.stats["refused"],
             "admissions": sum(s.admissions.full for s in self.engines),
-            "wait_queue": sum(s.thread.waiting_full for s in self.engines)})
+            "wait_queue": sum(s.thread.waiting_full + s.refused_full for s in self.engines)})
         self._flush()
 
     def reload_keys(self) -> bool:
@@ -609,32 +613,42 @@ class Daemon:
         req.ingress_us = int((time.monotonic() - inv.received_at) * 1e6)
         req.body_bytes = memory_bounds.body_bytes(inv.body)
         slot = self._route(req, inv.body)
-        if slot is None:  # the engine is that far behind: say so, drop nothing
+        if isinstance(slot, str):  # the engine is that far behind: say so, drop nothing
             # refused at admission: no stream was started (no ACK), so the error carries no
             # place in one (seq 0xFFFFFFFF, run id 0, docs/PROTOCOL.md §5.3), and the entry
             # is dropped so that a retry of the same request id is admitted afresh
             self.metrics.errors.labels(ErrorCode.OVERLOADED.name).inc()
             self.cache.finish(key, cacheable=False)
-            self._send(inv.signer.error(ErrorCode.OVERLOADED,
-                                        f"admission queue full ({self.admissions.capacity} "
-                                        f"requests{' per engine' if self.router else ''})"),
-                       addr)
+            self._send(inv.signer.error(ErrorCode.OVERLOADED, slot), addr)
             return
         slot.live += 1
         self.admitted_bytes += req.body_bytes
         if self.events_pub is not None:
             self.events_pub.publish("admitted", **_ids(req), fragments=inv.fragments)
         self.live[key] = req
-        self.metrics.model_runs.inc()
+        # a model run is counted when the engine accepts it (AcceptedEvent), not here: the
+        # engine may still refuse it as never started (a text over the context)
         self._send(inv.signer.ack(0, req.run_id, RunState.QUEUED, self._lease_ms()), addr)
 
-    def _route(self, req: Request, body) -> EngineSlot | None:
+    def _route(self, req: Request, body) -> EngineSlot | str:
         """Hand the request to an engine: the router's choice (several engines), else the
-        next least loaded with room in its hand-off; None when every live one is full."""
+        next least loaded with room; when every live one is full, why (the OVERLOADED
+        message).
+
+        Room is two bounds. An engine holds at most max_running + max_waiting requests
+        (Engine.capacity): `slot.live`, the requests handed to it that this thread has not
+        closed, counts every one it holds and is not cancelled, so refusing here when
+        `live` reaches the capacity means the engine itself never has to refuse for room,
+        after the ACK (engine.py, `submit`). Then its hand-off must take it."""
+        e = self.cfg.engine
+        cap = e.max_running + e.max_waiting
         if self.router is None:
             slot = self.engines[0]
+            if slot.live >= cap:
+                slot.refused_full += 1
+                return _wait_queue_full(cap, e)
             if not slot.admissions.put(req):
-                return None
+                return self._handoff_full()
             self.metrics.engine_routed.labels("0", "load").inc()
             return slot
         hashes = boundary_hashes(body.payload)
@@ -644,14 +658,22 @@ class Daemon:
         order = ([i] if i >= 0 else []) + sorted(
             (s.index for s in self.engines if not s.dead and s.index != i),
             key=lambda j: (load[j], j))
-        for j in order:
+        roomy = [j for j in order if self.engines[j].live < cap]
+        if order and not roomy:
+            self.engines[order[0]].refused_full += 1
+            return _wait_queue_full(cap, e) + " per engine"
+        for j in roomy:
             slot = self.engines[j]
             req.engine = j
             if slot.admissions.put(req):
                 self.router.record(j, hashes)
                 self.metrics.engine_routed.labels(str(j), why if j == i else "load").inc()
                 return slot
-        return None
+        return self._handoff_full()
+
+    def _handoff_full(self) -> str:
+        return (f"admission queue full ({self.admissions.capacity} "
+                f"requests{' per engine' if self.router else ''})")
 
     def _on_control(self, c: ControlRequest, addr) -> None:
         if c.msg_type == MsgType.PING:
@@ -695,6 +717,9 @@ class Daemon:
         if isinstance(ev, EngineDied):
             return self._engine_died(ev.message, slot or self.engines[0])
         r = ev.req
+        if isinstance(ev, AcceptedEvent):  # the engine took it: a model run, even if it was
+            self.metrics.model_runs.inc()  # cancelled meanwhile (its DONE is in its stream)
+            return
         if r.closed:
             return  # answered already (cancelled, lease, drain): the engine caught up
         if isinstance(ev, TextEvent):
@@ -716,7 +741,7 @@ class Daemon:
         elif isinstance(ev, DoneEvent):
             self._done(r, ev.reason, ev.usage, ev.timings)
         elif isinstance(ev, FailedEvent):
-            self._fail(r, ev.code, ev.message)
+            self._fail(r, ev.code, ev.message, started=ev.started)
 
     def _engine_died(self, msg: str, slot: EngineSlot) -> None:
         """An engine is gone: its requests in flight end with INTERNAL (never silence). With
@@ -787,13 +812,23 @@ class Daemon:
         m.prefix_tokens.labels("hit").inc(usage.cached_prompt_tokens)
         m.prefix_tokens.labels("miss").inc(usage.prompt_tokens - usage.cached_prompt_tokens)
 
-    def _fail(self, r: Request, code: ErrorCode, msg: str) -> None:
+    def _fail(self, r: Request, code: ErrorCode, msg: str, started: bool = True) -> None:
+        """The request's last frame, an ERROR. started=False (the engine refused it before
+        accepting it): framed as a request that never started, seq 0xFFFFFFFF and run id 0
+        (docs/PROTOCOL.md §5.3), though its ACK went out; stored like any last frame, so a
+        duplicate or a RESEND gets the same answer."""
         self.metrics.errors.labels(code.name).inc()
         self.metrics.requests.labels("error").inc()
-        self._emit(r, r.signer.error(code, msg, r.next_seq, r.run_id))
+        self._emit(r, r.signer.error(code, msg, r.next_seq, r.run_id) if started
+                   else r.signer.error(code, msg))
         self._close(r, cacheable=ERROR_INFO[code].cacheable)
         if self.events_pub is not None:
             self.events_pub.publish("failed", **_ids(r), code=code.name, message=msg)
+
+
+def _wait_queue_full(cap: int, e) -> str:
+    return (f"wait queue full: {cap} requests held (max_running {e.max_running} + "
+            f"max_waiting {e.max_waiting})")
 
 
 def _ids(r: Request) -> dict:

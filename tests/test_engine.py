@@ -106,13 +106,16 @@ def test_admission_errors(engine, generator):
         check_context(1900, 149, 2048)
     with pytest.raises(ContextOverflowError):
         engine.submit(req("big", np.zeros(2000, np.int32), SamplingParams(max_tokens=100)))
-    engine.max_waiting = 2
+    engine.max_running, engine.max_waiting = 1, 1  # it holds 2 requests, running or not
     for k in range(2):
         engine.submit(req(k, np.array([1, 2, 3], np.int32), SamplingParams(max_tokens=2)))
     with pytest.raises(OverloadedError):
         engine.submit(req("x", np.array([1], np.int32), SamplingParams(max_tokens=2)))
+    cancelled = engine.waiting[-1]
+    cancelled.cancel = CancelReason.CLIENT  # a cancelled one does not count against it
+    engine.submit(req("y", np.array([1], np.int32), SamplingParams(max_tokens=2)))
     run(engine)
-    assert set(engine.rec.done) == {0, 1}
+    assert set(engine.rec.done) == {0, 1, "y"}
 
 
 def test_prefix_reuse_skips_the_shared_prompt(engine, generator):

@@ -77,6 +77,8 @@ def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
         gen = Generator.load(c.model.path or None, threads=c.model.threads or None,
                              max_seq_len=c.model.max_seq_len, kv_blocks=c.engine.kv_blocks or None,
                              warmup=True)
+        from . import fault_hooks
+        fault_hooks.after_warmup()
         ids = gen.tokenizer.encode_chat([{"role": "user", "content": "Hello"}])
         m = gen.model.cfg
         return (f"{m.n_layer} layers, vocab {m.vocab}, context {gen.model.max_seq_len}; "

@@ -32,6 +32,7 @@ import signal
 import socket
 import sys
 import time
+from typing import NoReturn
 
 from . import config as config_mod
 from . import control as control_mod
@@ -69,6 +70,7 @@ MAX_RX_BATCHES = 32
 RESEND_LIMIT = 64  # frames per RESEND answer (docs/PROTOCOL.md)
 EVENTS_CAPACITY = 1 << 16  # engine → I/O events in flight (the engine waits when full)
 EXIT_ENGINE_DIED = 1
+EXIT_BAD_START = 2        # systemd's RestartPreventExitStatus: a start that cannot work
 
 
 def log(msg: str, level: int = logging.INFO) -> None:
@@ -258,7 +260,7 @@ class Daemon:
         t.start()
         t0 = time.monotonic()
         self.sd.notify("STATUS=warming: loading the model")
-        while not t.ready.wait(5.0):
+        while not t.ready.wait(5.0) and t.is_alive():
             # the first start in a fresh cache compiles kernels for about a minute: tell
             # systemd the start is alive, 30 s at a time, as long as it goes on
             self.sd.notify("EXTEND_TIMEOUT_USEC=30000000",
@@ -855,16 +857,36 @@ def main(argv: list[str] | None = None) -> int:
         for p in e.problems:
             log(f"bad configuration: {p}", logging.ERROR)
         return 2
+    d: Daemon | None = None
     try:
         d = Daemon(cfg)
         d.start()
     except (KeyFileError, ValueError, OSError) as e:
         log(f"cannot start: {e}", logging.ERROR)
-        return 2
+        _failed_start(d)
     except Exception as e:  # noqa: BLE001 - a model error etc.: say it plainly
         log(f"cannot start: {type(e).__name__}: {e}", logging.ERROR)
-        return 2
+        _failed_start(d)
     return d.run()
+
+
+def _failed_start(d: Daemon | None) -> NoReturn:
+    """End the process of a start that failed, now, with EXIT_BAD_START; never returns.
+
+    Returning into the interpreter's shutdown is not safe here: a model load that failed
+    can leave behind what keeps a process alive after main returns (a library's non-daemon
+    thread, an atexit handler waiting on a device in a bad state), and a daemon that said
+    why it cannot start must not then sit there, never ready and never gone, while its
+    supervisor and its callers wait. Nothing of a daemon that never served needs an
+    orderly teardown: the kernel frees its sockets, memory and device contexts; the one
+    thing it leaves on disk, the shared-memory carrier's socket file, is removed first."""
+    try:
+        if d is not None and d.shm is not None:
+            d.shm.close()
+    finally:
+        logging.shutdown()   # every log line out before the process goes
+        sys.stdout.flush()
+        os._exit(EXIT_BAD_START)
 
 
 if __name__ == "__main__":

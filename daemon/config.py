@@ -47,7 +47,7 @@ class NetworkSection:
 @dataclass
 class EngineSection:
     max_running: int = 16          # sequences decoded together
-    max_waiting: int = 256         # admitted but not yet running; beyond: OVERLOADED
+    max_waiting: int = 256         # held by an engine beyond max_running; beyond: OVERLOADED
     step_tokens: int = 256         # tokens per forward pass (decodes + prompt chunks)
     kv_blocks: int = 0             # KV arena blocks of 64 positions; 0 = 16 full contexts
     queue_depth: int = 64          # admissions handed to the engine thread, not yet taken; beyond: OVERLOADED
@@ -188,8 +188,12 @@ def _one_of(*choices: str):
 
 def _between(lo: float, hi: float | None = None):
     if hi is None:
-        return (lambda v: v >= lo), f">= {lo:g}"
-    return (lambda v: lo <= v <= hi), f"in {lo:g}..{hi:g}"
+        return (lambda v: v >= lo), f">= {_num(lo)}"
+    return (lambda v: lo <= v <= hi), f"in {_num(lo)}..{_num(hi)}"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _cpus(v: str) -> bool:

@@ -8,7 +8,8 @@ The table sits in docs/OPERATIONS.md between the two SETTINGS markers below;
 tests/test_deploy.py fails when it no longer matches config.py, so a new setting cannot be
 added without being documented. The description of a setting is the comment on its line in
 config.py, unless NOTES has one (for settings without a comment there, or whose comment
-gives a reason rather than a meaning).
+gives a reason rather than a meaning). Its range is config.RULES's, the rule the loader
+enforces, so the table cannot promise a value the daemon refuses at start.
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ NOTES = {
     "cache.max_bytes": "bytes of stored response frames, at most",
     "metrics.host": "address of the Prometheus endpoint (/metrics); keep it on loopback or a "
                     "management network",
+    "engine.max_waiting": "requests an engine holds beyond max_running, waiting for a batch "
+                          "slot or for KV; the next one is refused OVERLOADED before admission "
+                          "(no ACK)",
     "lifecycle.warmup": "compile (or load from the JIT cache) every kernel path with a dummy "
                         "prefill + decode step before READY",
 }
@@ -51,11 +55,22 @@ def _default(f) -> str:
     return f"`{v}`"
 
 
+def _range(key: str, typ: str, rules: dict) -> str:
+    """What the loader accepts for a setting: its rule's own words, else all of its type."""
+    if key in rules:
+        text = rules[key][1]
+        m = re.fullmatch(r">= (\S+)", text) or re.fullmatch(r"in (\S+)", text)
+        text = ("≥ " if text.startswith(">=") else "") + m.group(1) if m else text
+    else:
+        text = {"bool": "true, false", "str": "any string"}.get(typ, f"any {typ}")
+    return text.replace("|", "\\|")
+
+
 def rows() -> list[tuple[str, ...]]:
-    """(section, setting, type, default, environment variable, flag, description) per setting,
-    in config.py order."""
+    """(section, setting, type, default, range, environment variable, flag, description) per
+    setting, in config.py order."""
     sys.path.insert(0, str(ROOT))
-    from zerolayer.daemon.config import sections, setting_comments
+    from zerolayer.daemon.config import RULES, sections, setting_comments
     notes = setting_comments()
     out = []
     for sec in sections():  # [[engines]] is a list of tables: documented in prose (OPERATIONS)
@@ -64,14 +79,15 @@ def rows() -> list[tuple[str, ...]]:
             key = f"{sec.name}.{f.name}"
             desc = (NOTES.get(key) or notes.get(key, "")).replace("|", "\\|")
             out.append((f"[{sec.name}]", f"`{f.name}`", f.type, _default(f),
+                        _range(key, f.type, RULES),
                         f"`ZEROLAYER_{sec.name.upper()}_{f.name.upper()}`",
                         f"`--{sec.name}-{f.name.replace('_', '-')}`", desc))
     return out
 
 
 def table() -> str:
-    head = ("| Section | Setting | Type | Default | Environment | Flag | Meaning |\n"
-            "|---|---|---|---|---|---|---|\n")
+    head = ("| Section | Setting | Type | Default | Range | Environment | Flag | Meaning |\n"
+            "|---|---|---|---|---|---|---|---|\n")
     return head + "".join("| " + " | ".join(r) + " |\n" for r in rows())
 
 

@@ -12,7 +12,8 @@ the client and the server cannot disagree about the wire.
 from .async_client import AsyncClient, AsyncStream
 from .errors import (ErrorCode, PayloadTooLargeError, StreamRestartedError, ZerolayerError,
                      ZerolayerTimeoutError)
-from .request_machine import AuditHook, InvokeResult
+from .request_machine import InvokeResult
+from .retry_policy import AuditHook
 from .sync_client import Client, Stream
 from .address import Address
 from .wire import ChatMessage, RunState, Timings, Usage

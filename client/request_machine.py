@@ -39,15 +39,12 @@ from dataclasses import dataclass
 
 from .errors import (ERROR_INFO, ErrorCode, StreamRestartedError, ZerolayerError,
                      ZerolayerTimeoutError, error_for)
-from .ping_rule import PingAttempts
-from .retry_policy import (SYSTEM_RANDOM, UNSIGNED_OK, AuditHook, RetryPolicy, WallClock,
-                           authenticate, unix_us)
+from .retry_policy import SYSTEM_RANDOM, RetryPolicy, WallClock, authenticate, unix_us
 from .transport import Routed
 from .wire import (NO_SEQ, NONCE_LEN, AckFrame, DoneFrame, ErrorFrame, MsgType, PongFrame,
                    Response, Timings, TokenFrame, Usage, encode_invoke)
 
-__all__ = ["AuditHook", "InvokeResult", "Phase", "PingAttempts", "RequestMachine",
-           "RetryPolicy", "UNSIGNED_OK", "authenticate"]
+__all__ = ["InvokeResult", "Phase", "RequestMachine"]
 
 
 @dataclass(frozen=True, slots=True)

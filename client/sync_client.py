@@ -32,8 +32,8 @@ from .connect import connector_for
 from .errors import ZerolayerError, ZerolayerTimeoutError, error_for
 from .invoke_body import build_invoke_body, request_id_bytes
 from .ping_rule import PingAttempts
-from .request_machine import AuditHook, InvokeResult, RequestMachine
-from .retry_policy import authenticate
+from .request_machine import InvokeResult, RequestMachine
+from .retry_policy import AuditHook, authenticate
 from .transport import Channel, Connector, Routed
 from .wire import REQUEST_ID_LEN, ChatMessage, ErrorFrame, Mac, MsgType, PongFrame
 

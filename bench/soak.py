@@ -2,6 +2,7 @@
 """Memory soak: zerolayerd under mixed valid and hostile traffic; is its RSS flat?
 
     .venv/bin/python bench/soak.py [--duration-s 600] [--warmup-s 180] [--rate 4000]
+                                   [--overload-x 10] [--calibrate-s 30]
 
 Issue 14 §8: a UDP fuzz once took the daemon from 350 to 824 MB, and an overload kept it
 growing. Every buffer now has a bound (docs/OPERATIONS.md "Memory bounds"); this checks the
@@ -13,18 +14,26 @@ hold the sampler's GIL) keeps, for the whole run:
 - hostile datagrams at --rate per second, in a fixed rotation: random bytes; request-shaped
   random bytes; unknown key; forged tag; stale timestamp; a captured PING replayed; and,
   four times as often each, the kinds that make the daemon keep something: signed fresh
-  PINGs (each fills the nonce cache), signed INVOKEs asking for more tokens than the context
-  holds (CONTEXT_OVERFLOW from the engine, cached under a fresh request id: fills the result
-  cache), the first fragment only of a
+  PINGs (each fills the nonce cache), signed INVOKEs whose prompt, once tokenized, leaves
+  no room for their max_tokens (CONTEXT_OVERFLOW from the engine, stored under a fresh
+  request id: fills the result cache), the first fragment only of a
   two-fragment INVOKE (holds a reassembly slot until it times out); every 4000th, a chat of
-  4,097 messages (838 datagrams, PAYLOAD_TOO_LARGE).
+  4,097 messages (838 datagrams, PAYLOAD_TOO_LARGE);
+- overload relative to this machine (bench/_overload.py): before the load, 16 clients back
+  to back for --calibrate-s measure the requests per second the daemon sustains here; the
+  load then offers --overload-x times that (10 by default), open loop, each admitted request
+  kept alive until it ends. A fixed rate would overload a fast host and not a slow one; this
+  fills the wait queue (max_running + max_waiting) on either, so the OVERLOADED path and the
+  memory of a full queue are part of every run.
 The daemon runs with the default bounds, except that retention is shortened so the run
 reaches steady state within the warm-up: `--security-max-skew-s 30` (nonces kept 60 s) and
 `--cache-ttl-s 60` (finished results kept 60 s). Every --sample-s the sampler reads the
 daemon's VmRSS from /proc and its zerolayer_memory_bytes{buffer} gauges.
 
 Verdict: after the warm-up, RSS stays within ±10 % of its value at the end of the warm-up
-(max and min over the rest of the run). Output: a markdown table (one row per minute) on
+(max and min over the rest of the run), and, with the overload on, the wait queue was full
+at least once (zerolayer_overloaded_total{bound="wait_queue"} > 0): a soak that never
+filled it did not test what it says. Output: a markdown table (one row per minute) on
 stdout, a PNG plot of RSS and each buffer over time, and a JSON file with every sample,
 under bench/results/ (gitignored) unless --out is given. Holds /tmp/zl-bench.lock; traffic
 goes to 127.0.0.1 only.
@@ -50,11 +59,13 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _overload import OpenLoop, measure_capacity  # noqa: E402
 from _serving_clients import ZeroLayerDaemon, log  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 LOCK_PATH = "/tmp/zl-bench.lock"
+CALIBRATION_CLIENTS = 16  # the daemon's default max_running: every batch slot busy
 TOPICS = ["the sea", "a lighthouse", "bread", "a violin", "the moon", "a fox", "rain", "glass"]
 
 
@@ -70,10 +81,12 @@ def _hostile_datagrams(addr, key_id: int, secret: bytes):
 
     captured = wire.encode_control(MsgType.PING, key_id, secret, secrets.token_bytes(16),
                                    now_us(), secrets.token_bytes(32))
-    # signed, valid, and refused by the engine without running the model: CONTEXT_OVERFLOW
-    # is cached under its request id, so each one holds a result-cache entry for the TTL
-    overflow_body = wire.encode_invoke_body(SamplingParams(max_tokens=4096), PayloadKind.PROMPT,
-                                            b"Hello there")
+    # signed, valid, and refused by the engine without running the model: the prompt's ~25
+    # tokens are known only once tokenized, past the 1 + max_tokens that ingress can rule
+    # out (a larger max_tokens would be refused there, before any cache entry); the
+    # CONTEXT_OVERFLOW is stored under its request id, a result-cache entry for the TTL
+    overflow_body = wire.encode_invoke_body(SamplingParams(max_tokens=2040), PayloadKind.PROMPT,
+                                            b"Hello there, " * 8)
     two_frag_body = wire.encode_invoke_body(SamplingParams(max_tokens=8), PayloadKind.PROMPT,
                                             b"x" * 600)
     too_many = [ChatMessage("user", "x")] * (wire.MAX_CHAT_MESSAGES + 1)
@@ -150,10 +163,15 @@ def loadgen(a: argparse.Namespace) -> None:
     threads.append(threading.Thread(target=hostile, daemon=True))
     for t in threads:
         t.start()
+    over = OpenLoop(addr, a.key_id, secret, a.overload_rate) if a.overload_rate else None
+    if over is not None:
+        over.start()
     end = time.monotonic() + a.duration_s
     while time.monotonic() < end and sys.stdin.readline() not in ("", "stop\n"):
         pass  # the parent writes a line per sample; EOF or "stop" ends the load
     stop.set()
+    if over is not None:
+        counts["overload"] = over.close()
     print(json.dumps(counts), flush=True)
 
 
@@ -174,18 +192,25 @@ def scrape(port: int) -> dict[str, float]:
         out[("limit:" if "limit" in name else "") + label] = float(value)
     for name in ("zerolayer_ingress_datagrams_total", "zerolayer_requests_total"):
         out[name] = sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+    m = re.search(r'^zerolayer_overloaded_total\{bound="wait_queue"\} (\S+)$', text, re.M)
+    out[WAIT_QUEUE_FULL] = float(m.group(1)) if m else 0.0
     return out
 
 
-def verdict(samples: list[dict], warmup_s: float) -> dict:
+WAIT_QUEUE_FULL = "zerolayer_overloaded_total:wait_queue"
+
+
+def verdict(samples: list[dict], warmup_s: float, overload: bool = False) -> dict:
     after = [s for s in samples if s["t"] >= warmup_s]
     if not after:
         return {"ok": False, "why": "no samples after the warm-up"}
     base = after[0]["rss"]
     hi, lo = max(s["rss"] for s in after), min(s["rss"] for s in after)
     dev = max(hi - base, base - lo) / base
-    return {"ok": dev <= 0.10, "rss_at_warmup_end": base, "rss_max": hi, "rss_min": lo,
-            "max_deviation": dev, "samples_after_warmup": len(after)}
+    full = samples[-1]["m"].get(WAIT_QUEUE_FULL, 0.0)
+    return {"ok": dev <= 0.10 and (full > 0 or not overload), "rss_at_warmup_end": base,
+            "rss_max": hi, "rss_min": lo, "max_deviation": dev,
+            "samples_after_warmup": len(after), "wait_queue_refusals": full}
 
 
 def table(samples: list[dict], buffers: list[str]) -> str:
@@ -230,6 +255,11 @@ def main() -> int:
     ap.add_argument("--sample-s", type=float, default=5)
     ap.add_argument("--rate", type=float, default=4000, help="hostile datagrams per second")
     ap.add_argument("--clients", type=int, default=4, help="valid SDK clients in a loop")
+    ap.add_argument("--overload-x", type=float, default=10,
+                    help="offer this many times the measured capacity, open loop (0: off)")
+    ap.add_argument("--calibrate-s", type=float, default=30,
+                    help="how long the capacity is measured before the load")
+    ap.add_argument("--overload-rate", type=float, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--model", default="")
     ap.add_argument("--out", default="", help="JSON path (the PNG goes beside it)")
     ap.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
@@ -258,12 +288,19 @@ def main() -> int:
     samples: list[dict] = []
     try:
         d.wait_ready()
+        if a.overload_x:
+            capacity = measure_capacity(("127.0.0.1", d.port), d.key_id, d.secret,
+                                        a.calibrate_s, CALIBRATION_CLIENTS)
+            a.overload_rate = a.overload_x * capacity
+            log(f"capacity {capacity:.1f} requests/s ({CALIBRATION_CLIENTS} clients, "
+                f"{a.calibrate_s:.0f} s); offering {a.overload_rate:.1f}/s open loop")
         rss0 = rss_bytes(d.pid)
         log(f"daemon ready (RSS {rss0 / 1e6:.0f} MB); load for {a.duration_s:.0f} s")
         gen = subprocess.Popen(
             [sys.executable, __file__, "--loadgen", "--port", str(d.port), "--key-id",
              str(d.key_id), "--secret", d.secret.hex(), "--rate", str(a.rate), "--clients",
-             str(a.clients), "--duration-s", str(a.duration_s + 60)],
+             str(a.clients), "--duration-s", str(a.duration_s + 60),
+             "--overload-rate", str(a.overload_rate)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         t0 = time.monotonic()
         while (t := time.monotonic() - t0) < a.duration_s:
@@ -283,9 +320,13 @@ def main() -> int:
     finally:
         code = d.stop()
     buffers = sorted(k for k in samples[-1]["m"] if not k.startswith(("limit:", "zerolayer_")))
-    v = verdict(samples, a.warmup_s)
-    png = out.with_suffix(".png")
-    plot(samples, buffers, a.warmup_s, png)
+    v = verdict(samples, a.warmup_s, overload=bool(a.overload_rate))
+    png: Path | None = out.with_suffix(".png")
+    try:
+        plot(samples, buffers, a.warmup_s, png)
+    except ImportError:  # the verdict and the JSON do not need it
+        log("no plot: matplotlib is not installed (pip install -e '.[bench]')")
+        png = None
     last = samples[-1]["m"]
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -297,7 +338,7 @@ def main() -> int:
         "datagrams_received": last.get("zerolayer_ingress_datagrams_total"),
         "requests_finished": last.get("zerolayer_requests_total"),
         "limits": {k[6:]: v for k, v in last.items() if k.startswith("limit:")},
-        "verdict": v, "samples": samples, "plot": str(png),
+        "verdict": v, "samples": samples, "plot": str(png) if png else None,
     }
     out.write_text(json.dumps(result, indent=1))
     print(table(samples, buffers))
@@ -306,7 +347,8 @@ def main() -> int:
           f"warm-up {v.get('rss_at_warmup_end', 0) / 1e6:.0f} MB; after it min "
           f"{v.get('rss_min', 0) / 1e6:.0f} / max {v.get('rss_max', 0) / 1e6:.0f} MB, largest "
           f"deviation {v.get('max_deviation', 0):.1%}: {'FLAT' if v['ok'] else 'NOT FLAT'} "
-          f"(±10 %). Load: {counts}; daemon exit {code}.")
+          f"(±10 %); wait queue full {v.get('wait_queue_refusals', 0):.0f} times"
+          f"{'' if a.overload_rate else ' (overload off)'}. Load: {counts}; daemon exit {code}.")
     print(f"JSON {out}, plot {png}")
     return 0 if v["ok"] and code == 0 else 1
 

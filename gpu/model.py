@@ -168,11 +168,14 @@ class LlamaModel:
     def new_sequence(self) -> Sequence:
         return self.arena.new_sequence()
 
-    def step(self, inputs: list[StepInput]) -> np.ndarray:
+    def step(self, inputs: list[StepInput], every_position: bool = False) -> np.ndarray:
         """Append each input's tokens to its sequence; return logits [N, vocab] (float32)
-        of the last new token of each sequence that asked for them (in input order). Raises ContextOverflowError/KVCacheFullError
-        before touching any state if a sequence can't grow."""
+        of the last new token of each sequence that asked for them (in input order), or with
+        every_position, of every new token (the accuracy harness scores them all). Raises
+        ContextOverflowError/KVCacheFullError before touching any state if a sequence can't
+        grow."""
         arr = step_arrays(inputs, self.cfg.vocab)
+        rows = np.arange(len(arr.tokens), dtype=np.int32) if every_position else arr.logit_rows
         if arr.uses_prev:
             raise ValueError("the CPU model does not overlap steps (from_prev)")
         cfg = self.cfg
@@ -182,9 +185,9 @@ class LlamaModel:
         # merge pass for nothing (at 50 positions, one block, 2 splits cost ~30% more)
         blocks = max(-(-(i.seq.length + len(i.tokens)) // BLOCK_TOKENS) for i in inputs)
         splits = max(1, min((4 * numba.get_num_threads()) // (T * cfg.n_kv), blocks))
-        logits = np.empty((len(arr.logit_rows), cfg.vocab), np.float32)
+        logits = np.empty((len(rows), cfg.vocab), np.float32)
         a = self.arena
-        forward(arr.tokens, arr.tok_seq, arr.tok_pos, arr.logit_rows, arr.tables, a.k_pool, a.v_pool,
+        forward(arr.tokens, arr.tok_seq, arr.tok_pos, rows, arr.tables, a.k_pool, a.v_pool,
                 *self._wargs,
                 self.cos, self.sin, cfg.n_head, cfg.n_kv, cfg.head_dim, cfg.n_ff, np.float32(cfg.eps),
                 splits, logits)

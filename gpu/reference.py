@@ -94,9 +94,9 @@ class ReferenceLlama:
         self.pos += 1
         return self.out @ self._norm(x, self.out_norm)
 
-    def logits_all(self, tokens) -> np.ndarray:
-        """Every position's logits [T, vocab] (float64) for `tokens` from position 0 of a
-        fresh sequence: the same arithmetic as `step`, but each layer as one matrix product
+    def logits_all(self, tokens, rows=slice(None)) -> np.ndarray:
+        """Every position's logits [T, vocab] (float64), or those of `rows`, for `tokens`
+        from position 0 of a fresh sequence: the same arithmetic as `step`, but each layer as one matrix product
         over all positions and causal attention over the whole block, so thousands of
         positions take seconds (bench/accuracy.py) instead of minutes."""
         c = self.cfg
@@ -119,7 +119,7 @@ class ReferenceLlama:
             h = self._norm_rows(x, L["ffn_norm"])
             g = h @ L["ffn_gate"].T
             x = x + (g / (1 + np.exp(-g)) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
-        return self._norm_rows(x, self.out_norm) @ self.out.T
+        return self._norm_rows(x[rows], self.out_norm) @ self.out.T
 
     def _norm_rows(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + self.cfg.eps) * w

@@ -1,0 +1,208 @@
+"""Accuracy of each CPU mode against the F32 model, beside llama.cpp's own on the same file.
+
+    .venv/bin/python bench/accuracy.py                      # the bundled model, every mode
+    .venv/bin/python bench/accuracy.py --quants             # + scripts/make_quants.sh's files
+    .venv/bin/python bench/accuracy.py --modes vnni/int16/f16,vnni/int8/f16 --paths prefill
+    .venv/bin/python bench/accuracy.py --record             # also tests/golden/accuracy_modes.json
+
+For each model file and each CPU mode this machine runs (gpu/ops/cpu_features.py: kernel set
+x activation width x KV cache type), over the shipped public-domain text
+(bench/accuracy/alice_ch1.txt, 3,155 tokens): the mean KL divergence of the next-token
+distributions from the F32 model dequantized from the same file (gpu/reference.py, float64),
+and the top-1 agreement, at llama-perplexity's positions (bench/accuracy_metrics.py), by the
+prefill and the decode paths. Beside them, where bench/setup_llamacpp.sh has built it,
+llama.cpp's `llama-perplexity --kl-divergence` on the same file against its own F32
+evaluation, and our KL against that same stored base.
+
+The rule: a mode is acceptable when its KL (the worse of its two paths) is at most
+llama.cpp's; the default is the fastest acceptable mode on the bundled model
+(accuracy_metrics.SPEED_ORDER). tests/test_accuracy.py holds the default to the recorded pick.
+
+Output: a markdown table on stdout and JSON (default bench/results/accuracy-<time>.json).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import accuracy_llamacpp as lcpp  # noqa: E402
+from accuracy_metrics import (N_CTX, SPEED_ORDER, Mode, acceptable, all_modes, chunks,  # noqa: E402
+                              pick_default, read_kld_base, read_text)
+from accuracy_runs import PATHS, available, reference_logp, score_mode  # noqa: E402
+
+TEXT = os.path.join(HERE, "accuracy", "alice_ch1.txt")
+GOLDEN = os.path.join(ROOT, "tests", "golden", "accuracy_modes.json")
+QUANT_DIR = os.environ.get("ZEROLAYER_QUANT_DIR", os.path.expanduser("~/.cache/zerolayer/quants"))
+
+
+def _git() -> str:
+    try:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _formats(path: str) -> dict[str, int]:
+    """Weights per GGUF tensor type in the file."""
+    from zerolayer.gpu import gguf_loader
+    out: dict[str, int] = {}
+    for t in gguf_loader.open_gguf(path).tensors:
+        out[t.tensor_type.name] = out.get(t.tensor_type.name, 0) + int(t.n_elements)
+    return out
+
+
+def measure_file(path: str, modes: list[Mode], text: str, n_ctx: int, paths, use_llamacpp: bool,
+                 workdir: str, log, max_chunks: int | None = None) -> dict:
+    from zerolayer.gpu.model import LlamaModel
+    tok = LlamaModel.load(path).tokenizer()
+    ids = tok.encode(text)
+    bos = tok._bos_id if tok.add_bos else None  # llama-perplexity: BOS first where the vocabulary adds one
+    chunk_list = chunks(ids, n_ctx, bos)[:max_chunks]
+    res = {"path": path, "formats": _formats(path), "tokens": len(ids), "chunks": len(chunk_list),
+           "modes": {}}
+    t0 = time.perf_counter()
+    ref = reference_logp(path, chunk_list, n_ctx)
+    log(f"{os.path.basename(path)}: reference over {len(chunk_list)} chunks in "
+        f"{time.perf_counter() - t0:.0f} s")
+    base = None
+    if use_llamacpp and lcpp.binary():
+        f32 = lcpp.write_f32(path, os.path.join(workdir, os.path.basename(path) + ".F32.gguf"))
+        body = os.path.join(workdir, "text.txt")
+        with open(body, "w", encoding="utf-8") as f:
+            f.write(text)
+        res["llamacpp"] = lcpp.kl_divergence(path, f32, body, n_ctx, workdir)
+        _, _, btoks, base = read_kld_base(res["llamacpp"]["base_file"])
+        ours = chunks(ids, n_ctx)  # llama.cpp stores the text's tokens, before any BOS
+        res["llamacpp"]["same_tokens"] = bool(len(btoks) == sum(map(len, ours))
+                                             and (btoks == [t for c in ours for t in c]).all())
+        base = base[:len(chunk_list)]
+        log(f"  llama.cpp: KL {res['llamacpp']['kl_mean']:.3g}, top-1 {res['llamacpp']['top1']:.4f}"
+            f", same tokens: {res['llamacpp']['same_tokens']}")
+    elif use_llamacpp:
+        log(f"  llama.cpp: no {lcpp.LLAMACPP_DIR}/bin/llama-perplexity (bench/setup_llamacpp.sh)")
+    for m in modes:
+        t0 = time.perf_counter()
+        r = res["modes"][m.name] = score_mode(path, m, chunk_list, ref, n_ctx, paths, base)
+        log(f"  {m.name}: " + ", ".join(f"{p} KL {r[p]['kl_mean']:.3g} top-1 {r[p]['top1']:.4f}"
+                                        for p in paths) + f" ({time.perf_counter() - t0:.0f} s)")
+    return res
+
+
+def apply_rule(res: dict) -> dict:
+    """Per mode the KL the rule uses (the worse path) and whether it passes; the pick."""
+    kl = {m: max(r[p]["kl_mean"] for p in r) for m, r in res["modes"].items()}
+    lc = res.get("llamacpp", {}).get("kl_mean")
+    if lc is None:
+        return {"kl": kl, "llamacpp_kl": None, "acceptable": {}, "picked": None}
+    picked = pick_default(kl, lc)
+    return {"kl": kl, "llamacpp_kl": lc, "acceptable": {m: acceptable(v, lc) for m, v in kl.items()},
+            "picked": picked.name if picked else None}
+
+
+def table(results: list[dict], paths) -> str:
+    lines = []
+    for res in results:
+        rule = res["rule"]
+        lines += [f"\n{os.path.basename(res['path'])}: {res['tokens']} tokens, {res['chunks']} chunks",
+                  "| mode | " + " | ".join(f"{p} KL | {p} top-1" for p in paths)
+                  + " | KL vs llama.cpp's F32 base | passes |",
+                  "|---" * (2 + 2 * len(paths)) + "|---|"]
+        for m, r in res["modes"].items():
+            vs = r[paths[0]].get("kl_mean_vs_llamacpp_f32")
+            ok = rule["acceptable"].get(m)
+            lines.append(f"| {m} | " + " | ".join(f"{r[p]['kl_mean']:.3g} | {100 * r[p]['top1']:.2f}%"
+                                                 for p in paths)
+                         + f" | {'-' if vs is None else f'{vs:.3g}'} | {'-' if ok is None else ok} |")
+        lc = res.get("llamacpp")
+        if lc:
+            lines.append(f"| llama.cpp | {lc['kl_mean']:.3g} | {100 * lc['top1']:.2f}% |"
+                         + " |" * (2 * len(paths) - 1) + " |")
+        lines.append(f"picked: {rule['picked']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append", help="GGUF file (repeatable; default: the bundled model)")
+    ap.add_argument("--quants", action="store_true", help="also the files of scripts/make_quants.sh that exist")
+    ap.add_argument("--modes", default="all", help="comma-separated kernels/activations/kv, or all")
+    ap.add_argument("--paths", default=",".join(PATHS), help="prefill,decode")
+    ap.add_argument("--text", default=TEXT)
+    ap.add_argument("--n-ctx", type=int, default=N_CTX)
+    ap.add_argument("--max-chunks", type=int, help="score only the first N chunks (quick checks)")
+    ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--workdir", default=os.path.expanduser("~/.cache/zerolayer/accuracy"),
+                    help="F32 files, llama.cpp's base logits and logs")
+    ap.add_argument("--out", help="JSON file (default bench/results/accuracy-<time>.json)")
+    ap.add_argument("--record", action="store_true", help=f"write the bundled model's figures to {GOLDEN}")
+    a = ap.parse_args(argv)
+
+    from zerolayer.gpu.gguf_loader import default_model_path
+    models = a.model or [default_model_path()]
+    if a.quants:
+        models += [os.path.join(QUANT_DIR, f"SmolLM2-135M-Instruct.{t}.gguf")
+                   for t in ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
+                   if os.path.exists(os.path.join(QUANT_DIR, f"SmolLM2-135M-Instruct.{t}.gguf"))]
+    modes = (all_modes(("vnni", "avx2")) if a.modes == "all"
+             else [Mode.parse(m) for m in a.modes.split(",")])
+    modes = [m for m in modes if available(m)]
+    paths = tuple(a.paths.split(","))
+    os.makedirs(a.workdir, exist_ok=True)
+    text = read_text(a.text)
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+
+    started = datetime.datetime.now(datetime.timezone.utc)
+    results = []
+    for path in models:
+        res = measure_file(path, modes, text, a.n_ctx, paths, not a.no_llamacpp, a.workdir, log,
+                           a.max_chunks)
+        res["rule"] = apply_rule(res)
+        results.append(res)
+    doc = {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "git": _git(), "cpu": _cpu(),
+           "threads": os.cpu_count(), "text": os.path.relpath(a.text, ROOT), "n_ctx": a.n_ctx,
+           "command": "bench/accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "speed_order": [m.name for m in SPEED_ORDER], "files": results}
+    print(table(results, paths))
+    out = a.out or os.path.join(HERE, "results", f"accuracy-{started:%Y%m%d-%H%M%S}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    log(f"wrote {out}")
+    if a.record:
+        bundled = results[0]
+        rec = {k: doc[k] for k in ("date", "git", "cpu", "text", "n_ctx", "command", "speed_order")}
+        rec.update(file=os.path.basename(bundled["path"]), rule=bundled["rule"],
+                   llamacpp={k: v for k, v in bundled.get("llamacpp", {}).items()
+                             if k in ("kl_mean", "top1", "command", "same_tokens")},
+                   modes=bundled["modes"])
+        with open(GOLDEN, "w") as f:
+            json.dump(rec, f, indent=1)
+            f.write("\n")
+        log(f"wrote {GOLDEN}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""What the accuracy harness measures, and the rule that picks the default CPU mode.
+
+Positions follow llama.cpp's `llama-perplexity` (tools/perplexity/perplexity.cpp), so its
+`--kl-divergence` figures and ours cover the same tokens: the text is cut into chunks of
+N_CTX tokens, each evaluated from position 0 of a fresh sequence (its first token replaced
+by BOS where the vocabulary adds one), and the next-token distributions at positions
+N_CTX/2 .. N_CTX-2 of each chunk are scored, so every scored position has at least N_CTX/2
+tokens of context.
+
+The metrics, per scored position, against the F32 model dequantized from the same file:
+KL(p_F32 || q) of the next-token distributions, and whether both put the same token first.
+
+The rule: a mode is acceptable when its mean KL divergence is at most llama.cpp's on the
+same file; the default is the fastest acceptable mode on the bundled model.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+N_CTX = 512  # llama-perplexity's -c here; 3,155 tokens of the shipped text make 6 chunks
+
+
+def read_text(path: str) -> str:
+    """The evaluated text: the file without its '#' header lines."""
+    with open(path, encoding="utf-8") as f:
+        return "".join(line for line in f if not line.startswith("#"))
+
+
+def chunks(ids, n_ctx: int = N_CTX, bos: int | None = None) -> list[np.ndarray]:
+    """Whole chunks of n_ctx tokens (a partial last one is dropped, as llama-perplexity
+    does), the first token of each replaced by `bos` when given."""
+    ids = np.asarray(ids, np.int32)
+    out = [ids[i * n_ctx:(i + 1) * n_ctx].copy() for i in range(len(ids) // n_ctx)]
+    if bos is not None:
+        for c in out:
+            c[0] = bos
+    return out
+
+
+def scored(n_ctx: int = N_CTX) -> slice:
+    """The positions of a chunk whose next-token distributions are scored."""
+    return slice(n_ctx // 2, n_ctx - 1)
+
+
+def log_softmax(z: np.ndarray) -> np.ndarray:
+    z = np.asarray(z, np.float64)
+    m = z.max(axis=-1, keepdims=True)
+    return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
+
+
+def kl_rows(ref_logp: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """KL(p_ref || q) per row (nats), float64; ref_logp: the reference's log-probabilities,
+    logits: the evaluated model's."""
+    q = log_softmax(logits)
+    return (np.exp(ref_logp) * (ref_logp - q)).sum(axis=-1)
+
+
+def same_top(ref_logp: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    return np.argmax(ref_logp, axis=-1) == np.argmax(logits, axis=-1)
+
+
+@dataclass
+class Score:
+    """Per-position KL divergences and top-1 agreements, accumulated over chunks."""
+    kl: list
+    top: list
+
+    @classmethod
+    def empty(cls) -> "Score":
+        return cls([], [])
+
+    def add(self, ref_logp: np.ndarray, logits: np.ndarray) -> None:
+        self.kl.append(kl_rows(ref_logp, logits))
+        self.top.append(same_top(ref_logp, logits))
+
+    def summary(self) -> dict:
+        kl = np.concatenate(self.kl)
+        top = np.concatenate(self.top)
+        return {"positions": int(kl.size), "kl_mean": float(kl.mean()),
+                "kl_p99": float(np.quantile(kl, 0.99)), "kl_max": float(kl.max()),
+                "top1": float(top.mean())}
+
+
+# ---------------------------------------------------------------- llama.cpp's base files
+
+def read_kld_base(path: str):
+    """A `llama-perplexity --kl-divergence-base` file: (n_ctx, n_vocab, tokens, logp), logp
+    [n_chunk, n_scored, n_vocab] float32 log-probabilities as llama.cpp stores them (uint16
+    steps between the row's max and max - 16; anything lower reads as the floor)."""
+    with open(path, "rb") as f:
+        if f.read(8) != b"_logits_":
+            raise ValueError(f"{path}: not a llama-perplexity logits file")
+        n_ctx, n_vocab, n_chunk = struct.unpack("<Iii", f.read(12))
+        tokens = np.frombuffer(f.read(4 * n_ctx * n_chunk), np.int32)
+        nv = 2 * ((n_vocab + 1) // 2) + 4
+        n_scored = n_ctx - 1 - n_ctx // 2
+        raw = np.frombuffer(f.read(2 * nv * n_scored * n_chunk), np.uint16).reshape(
+            n_chunk, n_scored, nv)
+    head = raw[..., :4].copy().view(np.float32)  # [scale, min_log_prob] per row
+    logp = head[..., :1] * raw[..., 4:4 + n_vocab].astype(np.float32) + head[..., 1:2]
+    return n_ctx, n_vocab, tokens, logp
+
+
+def kl_rows_llamacpp(base_logp: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """KL as llama-perplexity computes it against a stored base: only tokens whose base
+    log-probability is above -16 count."""
+    q = log_softmax(logits)
+    b = np.asarray(base_logp, np.float64)
+    return np.where(b > -16, np.exp(b) * (b - q), 0.0).sum(axis=-1)
+
+
+# ---------------------------------------------------------------- modes and the rule
+
+@dataclass(frozen=True)
+class Mode:
+    """One CPU configuration, as the environment selects it (gpu/ops/cpu_features.py):
+    ZEROLAYER_CPU_KERNELS, ZEROLAYER_CPU_ACTIVATIONS (ignored by the float kernels) and
+    ZEROLAYER_CPU_KV."""
+    kernels: str      # vnni, avx2, float
+    activations: str  # int8, int16; "-" for the float kernels
+    kv: str           # f16, f32
+
+    @property
+    def name(self) -> str:
+        return f"{self.kernels}/{self.activations}/{self.kv}"
+
+    @classmethod
+    def parse(cls, name: str) -> "Mode":
+        k, a, kv = name.split("/")
+        return cls(k, a, kv)
+
+    def env(self) -> dict[str, str]:
+        e = {"ZEROLAYER_CPU_KERNELS": self.kernels, "ZEROLAYER_CPU_KV": self.kv}
+        if self.activations != "-":
+            e["ZEROLAYER_CPU_ACTIVATIONS"] = self.activations
+        return e
+
+
+def all_modes(kernel_sets: tuple[str, ...]) -> list[Mode]:
+    """Every mode of the given integer kernel sets (best first), then the float kernels,
+    each with both KV cache types: fastest first (SPEED_ORDER)."""
+    out = []
+    for k in kernel_sets:
+        for a in ("int8", "int16"):
+            for kv in ("f16", "f32"):
+                out.append(Mode(k, a, kv))
+    return out + [Mode("float", "-", "f16"), Mode("float", "-", "f32")]
+
+
+# Fastest first, within one machine, from docs/BENCHMARKS.md's measurements (not re-timed
+# by the harness): int8 activations decode and prefill faster than int16 (Q4_1 decode 155
+# vs 137 tok/s, prefill pp100 711 vs 588), both faster than the float kernels (108); the
+# f16 KV cache reads half the bytes of f32 at depth; VNNI before AVX2 where both run.
+SPEED_ORDER = all_modes(("vnni", "avx2"))
+
+
+def acceptable(kl_mean: float, llamacpp_kl_mean: float) -> bool:
+    return kl_mean <= llamacpp_kl_mean
+
+
+def pick_default(kl_by_mode: dict[str, float], llamacpp_kl_mean: float,
+                 order: list[Mode] = SPEED_ORDER) -> Mode | None:
+    """The fastest measured mode whose KL divergence passes the rule (None: none does)."""
+    for m in order:
+        kl = kl_by_mode.get(m.name)
+        if kl is not None and acceptable(kl, llamacpp_kl_mean):
+            return m
+    return None

@@ -27,11 +27,12 @@ CC = (9, 0)
 ALLOW_F64: dict[str, str] = {}  # kernel name -> why it needs float64
 CUDA_DIR = Path(__file__).resolve().parent.parent / "gpu" / "cuda"
 # Modules with no kernel of their own (graph.py: CUDA graph capture through the driver API;
-# cupy_memory.py: the allocator plugin).
-NO_KERNEL_MODULES = {"graph", "cupy_memory"}
+# cupy_memory.py: the allocator plugin; step_launch.py and step_plan.py: the fused kernel's
+# host side and its bytes).
+NO_KERNEL_MODULES = {"graph", "cupy_memory", "step_launch", "step_plan"}
 OP_MODULES = sorted(p.stem for p in CUDA_DIR.glob("*.py")
                     if not p.stem.startswith("_") and p.stem not in NO_KERNEL_MODULES) + ["_cuda_shim"]
-CHILD_TIMEOUT_S = 300
+CHILD_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +71,58 @@ def test_quant_format_kernels_are_compiled(ptx_results):
         assert name in ptx_results["kernels"], name
 
 
+def test_fused_step_kernels_fit_one_block_per_multiprocessor_without_spills(ptx_results):
+    """ptxas (the nvidia-cuda-nvcc wheel's) assembles each kernel for sm_90 and reports its
+    registers: the fused step kernel runs 256 threads a block and needs every block of its
+    grid resident at once (gpu/cuda/grid_sync.py), so 256 x registers must fit the 64K
+    register file; and a spill would put its accumulators in local memory."""
+    for name in ("step_kernel.step_tt1", "step_kernel.step_tt4"):
+        r = ptx_results["kernels"][name]
+        assert "regs" in r, f"{name}: ptxas gave no register count ({r.get('ptxas')})"
+        assert 256 * r["regs"] <= 65536, r
+        assert r["spill_bytes"] == 0, r
+
+
+def test_sampler_fits_a_block_of_1024_threads(ptx_results):
+    r = ptx_results["kernels"]["sampling._sample_rows"]
+    assert "regs" in r, f"ptxas gave no register count ({r.get('ptxas')})"
+    assert 1024 * r["regs"] <= 65536, r
+
+
 def test_float64_check_catches_a_float_literal(ptx_results):
     """Negative control: the usual slip (a bare 1.0 in a float32 kernel) does show as .f64."""
     assert ptx_results["control_f64"], "the .f64 check did not see a known float64 kernel"
 
 
 # ---------------------------------------------------------------- the child (compiler) side
+
+def _ptxas(ptx: str) -> dict:
+    """Registers, spills and shared memory from ``ptxas -v`` for sm_90, where the wheel has
+    ptxas; {} otherwise."""
+    import re
+    import subprocess
+    import tempfile
+    try:
+        from nvidia import cuda_nvcc
+        exe = Path(list(cuda_nvcc.__path__)[0]) / "bin" / "ptxas"
+    except ImportError:
+        return {}
+    if not exe.exists():
+        return {}
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        p = subprocess.run([str(exe), "-v", f"-arch=sm_{CC[0]}{CC[1]}", f.name, "-o", os.devnull],
+                           capture_output=True, text=True, timeout=120)
+    text = p.stderr + p.stdout
+    regs = re.search(r"Used (\d+) registers", text)
+    if not regs:
+        return {"ptxas": text[-500:]}
+    spill = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", text)]
+    smem = re.search(r"(\d+) bytes smem", text)
+    return {"regs": int(regs.group(1)), "spill_bytes": sum(spill),
+            "smem_bytes": int(smem.group(1)) if smem else 0}
+
 
 def _child() -> None:
     import math
@@ -103,6 +150,7 @@ def _child() -> None:
                 "target": next((ln.strip() for ln in lines if ln.startswith(".target")), "?"),
                 "f64": [ln.strip() for ln in lines if ".f64" in ln][:5],
                 "s": round(time.monotonic() - t, 2),
+                **_ptxas(ptx),
             }
             print(f"{key}: {out['kernels'][key]}", file=sys.stderr)
 

@@ -12,7 +12,12 @@ wrappers take device arrays (Numba device arrays, or CuPy arrays through
     embedding.py    row lookup, dequantized (Q4, Q8, F32)
     matmul.py       y = x W^T over Q4 / Q8 / F32 weights; TT=1 (decode) and TT=8 token tiles
     attention.py    kv_write; causal GQA attention over the paged arena, flash-decoding splits
-    forward.py      the forward pass as kernel launches over device weights; CudaModel.step
+    step_kernel.py  the whole step as one persistent kernel (stages, work items, grid barriers)
+    grid_sync.py    the grid-wide barrier between its stages
+    step_launch.py  its host side: weights as words, scratch, one launch per step
+    step_plan.py    the bytes each of its stages moves (no CUDA)
+    forward.py      the forward pass over device weights (the fused kernel, or per-op
+                    launches); CudaModel.step
     sampling.py     greedy / temperature / top-k / top-p per row: only token ids leave the GPU
     penalties.py    repetition / presence / frequency penalties on the rows before sampling
     mapped_ring.py  the AF_XDP UMEM as mapped memory: token ids in/out of frames
@@ -26,6 +31,6 @@ float64).
 from __future__ import annotations
 
 from . import _cuda_shim
-from . import (attention, embedding, forward, mapped_ring, matmul, penalties,  # noqa: F401
-               rmsnorm, rope, sampling, swiglu)  # (each import registers its kernels)
+from . import (attention, embedding, forward, grid_sync, mapped_ring, matmul,  # noqa: F401
+               penalties, rmsnorm, rope, sampling, step_kernel, swiglu)  # (each registers its kernels)
 from ._cuda_shim import KERNELS, SIM, device_available  # noqa: F401

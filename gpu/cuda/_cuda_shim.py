@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections import Counter
 
 from .. import backend  # noqa: E402,F401  (ZEROLAYER_GPU_BACKEND=sim turns the simulator on)
 
@@ -63,14 +64,39 @@ WARP = 32
 
 # (name, kernel, [signature, ...]) of every kernel; see kernel()
 KERNELS: list[tuple[str, object, list[str]]] = []
+# kernel name -> launches since the counter was last cleared: what a step costs in kernel
+# nodes, counted the same way on a GPU and under the simulator (tests/test_cuda_launches.py)
+LAUNCHES: Counter = Counter()
+
+
+class CountedKernel:
+    """A compiled kernel whose launches are counted in LAUNCHES; anything else is the
+    dispatcher's own (the PTX test reads ``py_func`` and ``targetoptions`` through it)."""
+
+    def __init__(self, name: str, dispatcher):
+        self.name, self.raw = name, dispatcher
+
+    def __getitem__(self, config):
+        launch = self.raw[config]
+        name = self.name
+
+        def counted(*args):
+            LAUNCHES[name] += 1
+            return launch(*args)
+        return counted
+
+    def __getattr__(self, attr):
+        return getattr(self.raw, attr)
 
 
 def kernel(sigs: list[str], name: str | None = None):
-    """``cuda.jit(fastmath=True)``, lazily compiled, registered with its launch signatures."""
+    """``cuda.jit(fastmath=True)``, lazily compiled, registered with its launch signatures,
+    launches counted (CountedKernel)."""
     def deco(fn):
         k = cuda.jit(fastmath=True)(fn)
-        KERNELS.append((name or f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}", k, list(sigs)))
-        return k
+        full = name or f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
+        KERNELS.append((full, k, list(sigs)))
+        return CountedKernel(full, k)
     return deco
 
 

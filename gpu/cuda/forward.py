@@ -45,8 +45,10 @@ from . import penalties as _pen
 from . import rmsnorm as _rms
 from . import rope as _rope
 from . import sampling as _smp
+from . import step_kernel as _sk
 from . import swiglu as _sw
 from ._cuda_shim import SIM, cuda, grid_1d, kernel, new_event
+from .step_launch import FusedStep
 
 SIM_SMS = 4  # multiprocessors assumed under the simulator (sizes the attention splits)
 GRAPH_CHECK_TOL = 1e-4  # a graph replay vs the launched step (the same kernels: ~0 expected)
@@ -92,11 +94,14 @@ def take_prev(d_tok, d_prev_rows, prev_ids, stream) -> None:
     _take_prev[blocks, threads, stream](d_tok, d_prev_rows, prev_ids)
 
 
-def _upload_weight(wt, stream):
+def _upload_weight(wt, stream, full: dict | None = None, name: str = ""):
     """A quant.Weight -> (fmt, per-layer tuples of device arrays (qs, d, m, w)). The arrays
-    a format doesn't use (zero-size) stay behind as None: the launch wrappers never touch them."""
+    a format doesn't use (zero-size) stay behind as None: the launch wrappers never touch them.
+    full[name] receives (fmt, the whole [layer, ...] arrays), for the fused step kernel."""
     arrs = [cuda.to_device(np.ascontiguousarray(a), stream=stream) if a.size else None
             for a in (wt.qs, wt.d, wt.m, wt.w)]
+    if full is not None:
+        full[name] = (wt.fmt, arrs)
     L = wt.d.shape[0]
     return wt.fmt, [tuple(None if a is None else a[i] for a in arrs) for i in range(L)]
 
@@ -149,21 +154,26 @@ class CudaForward:
         self.cfg = cfg
         self.stream = stream
         s = stream
-        self.emb = _upload_weight(weights.emb, s)
-        self.wqkv = _upload_weight(weights.wqkv, s)
-        self.wo = _upload_weight(weights.wo, s)
-        self.wgu = _upload_weight(weights.wgu, s)
-        self.wdown = _upload_weight(weights.wdown, s)
-        self.output = _upload_weight(weights.output, s)
-        attn_norm = cuda.to_device(np.ascontiguousarray(weights.attn_norm), stream=s)
-        ffn_norm = cuda.to_device(np.ascontiguousarray(weights.ffn_norm), stream=s)
-        self.attn_norm = [attn_norm[i] for i in range(cfg.n_layer)]
-        self.ffn_norm = [ffn_norm[i] for i in range(cfg.n_layer)]
+        full: dict = {}
+        self.emb = _upload_weight(weights.emb, s, full, "emb")
+        self.wqkv = _upload_weight(weights.wqkv, s, full, "wqkv")
+        self.wo = _upload_weight(weights.wo, s, full, "wo")
+        self.wgu = _upload_weight(weights.wgu, s, full, "wgu")
+        self.wdown = _upload_weight(weights.wdown, s, full, "wdown")
+        if weights.output is weights.emb:  # tied: one copy on the device
+            full["output"], self.output = full["emb"], self.emb
+        else:
+            self.output = _upload_weight(weights.output, s, full, "output")
+        self.attn_norm_full = cuda.to_device(np.ascontiguousarray(weights.attn_norm), stream=s)
+        self.ffn_norm_full = cuda.to_device(np.ascontiguousarray(weights.ffn_norm), stream=s)
+        self.attn_norm = [self.attn_norm_full[i] for i in range(cfg.n_layer)]
+        self.ffn_norm = [self.ffn_norm_full[i] for i in range(cfg.n_layer)]
         self.out_norm = cuda.to_device(np.ascontiguousarray(weights.out_norm), stream=s)
         self.qkv_bias = None  # per layer, where the model has Q/K/V biases
+        self.qkv_bias_full = None
         qb = getattr(weights, "qkv_bias", None)
         if qb is not None and qb.shape[1]:
-            d_qb = cuda.to_device(np.ascontiguousarray(qb, np.float32), stream=s)
+            d_qb = self.qkv_bias_full = cuda.to_device(np.ascontiguousarray(qb, np.float32), stream=s)
             self.qkv_bias = [d_qb[i] for i in range(cfg.n_layer)]
         self.cos = cuda.to_device(cos, stream=s)
         self.sin = cuda.to_device(sin, stream=s)
@@ -174,6 +184,13 @@ class CudaForward:
         self._cap = 0
         self._part: dict[tuple[int, int], tuple] = {}
         self._inputs = Staging(s, np.int32)
+        # The whole step as one kernel (step_kernel.py) unless ZEROLAYER_CUDA_FUSED=0 or the
+        # model's shapes are outside it; then the per-op launches below.
+        why = (_sk.supports(cfg, None) if os.environ.get("ZEROLAYER_CUDA_FUSED", "1") != "0"
+               else "ZEROLAYER_CUDA_FUSED=0")
+        self.fused = FusedStep(self, full, s) if why is None else None
+        self.kernel_path = "fused step kernel" if why is None else f"per-op launches ({why})"
+        self.best_keys = None  # the last launched step's argmax keys (fused only)
 
     def _buffers(self, T: int, n_out: int) -> None:
         if T <= self._cap and n_out <= self._cap:
@@ -190,14 +207,23 @@ class CudaForward:
         self._gu = cuda.device_array((cap, 2 * c.n_ff), f32, stream=s)
         self._h = cuda.device_array((cap, c.n_ff), f32, stream=s)
         self._logits = cuda.device_array((cap, c.vocab), f32, stream=s)
+        self._q = cuda.device_array((cap, c.n_head * c.head_dim), f32, stream=s)
         self._cap = cap
 
-    def splits_for(self, T: int, tok_pos: np.ndarray) -> int:
-        """Flash-decoding splits: about two thread blocks per multiprocessor, no more splits
-        than the longest sequence of the step has KV blocks."""
-        max_blocks = -(-(int(tok_pos.max()) + 1) // _att.BLOCK_TOKENS)
+    def buffers(self) -> tuple:
+        """Every activation buffer a step writes: what a captured graph must keep alive."""
+        return (self._x, self._xn, self._tmp, self._qkv, self._att, self._gu, self._h,
+                self._logits, self._q)
+
+    def splits_for(self, T: int, tok_pos: np.ndarray | None = None) -> int:
+        """Flash-decoding splits: about two thread blocks per multiprocessor (one work item
+        per block for the fused kernel), no more splits than the longest sequence of the step
+        has KV blocks. tok_pos None: any context (a graph keeps its splits for every step)."""
+        max_blocks = None if tok_pos is None else -(-(int(tok_pos.max()) + 1) // _att.BLOCK_TOKENS)
+        if self.fused is not None:
+            return self.fused.splits(T, max_blocks)
         want = -(-2 * self.sms // (T * self.cfg.n_kv))
-        return max(1, min(max_blocks, want))
+        return max(1, want if max_blocks is None else min(max_blocks, want))
 
     def run(self, a: StepArrays, prev_ids=None):
         """One step, launched on self.stream; returns the device logits
@@ -229,6 +255,11 @@ class CudaForward:
         c = self.cfg
         T, n_out = d_tok.shape[0], d_rows.shape[0]
         part = self.partials(T, splits, s)
+        if self.fused is not None:
+            logits, self.best_keys = self.fused.launch(self, d_tok, d_seq, d_pos, d_rows, d_tab,
+                                                       splits, part, s)
+            return logits
+        self.best_keys = None
         x, xn, tmp = self._x[:T], self._xn[:T], self._tmp[:T]
         qkv, att, gu, h = self._qkv[:T], self._att[:T], self._gu[:T], self._h[:T]
         eps = np.float32(c.eps)
@@ -267,13 +298,15 @@ class PendingStep:
     """A launched step's ids: ``wait`` blocks on the step's event (the host thread sleeps in
     the driver, holding no GIL), then copies the ids out of their pinned buffer."""
 
-    def __init__(self, event, host_ids, n: int):
-        self.event, self.host_ids, self.n = event, host_ids, n
+    def __init__(self, event, host_ids, n: int, check=None):
+        self.event, self.host_ids, self.n, self.check = event, host_ids, n, check
         self._ids: np.ndarray | None = None
 
     def wait(self) -> np.ndarray:
         if self._ids is None:
             self.event.synchronize()
+            if self.check is not None:
+                self.check()
             self._ids = self.host_ids[:self.n].copy() if self.n else np.zeros(0, np.int32)
         return self._ids
 
@@ -339,7 +372,7 @@ class CudaModel:
         if g is not None:
             return g
         from .graph import DecodeGraph
-        splits = max(1, -(-2 * self.fwd.sms // (T * self.cfg.n_kv)))  # fixed: empty splits are fine
+        splits = self.fwd.splits_for(T)  # fixed for the graph: empty splits are fine
         try:
             g = DecodeGraph(self.fwd, T, self.arena.max_blocks_per_seq, splits)
             ref = g.capture(a)
@@ -357,21 +390,45 @@ class CudaModel:
 
     def _run(self, a: StepArrays):
         """Launch one step on self.stream (a graph replay for a decode step when graphs are
-        on); returns the device logits, not yet synchronised."""
+        on); returns (the device logits, the fused kernel's argmax keys or None), not yet
+        synchronised."""
+        g = None
         if self.use_graphs and a.is_decode and not a.uses_prev:
             g = self._graph_for(len(a.tokens), a)
-            if g is not None:
-                return g.replay(a)
-        if self.use_graphs and a.is_decode and len(a.tokens) in self._graphs:
+        elif self.use_graphs and a.is_decode:
             # a captured graph with this step's tokens patched in from the previous step
-            return self._graphs[len(a.tokens)].replay(a, prev_ids=self._ids)
-        return self.fwd.run(a, prev_ids=self._ids)
+            g = self._graphs.get(len(a.tokens))
+        if g is not None:
+            logits = g.replay(a, prev_ids=self._ids if a.uses_prev else None)
+            keys = g.best_keys
+        else:
+            logits = self.fwd.run(a, prev_ids=self._ids)
+            keys = self.fwd.best_keys
+        if self.fwd.fused is not None:
+            self.fwd.fused.queue_flag(self.stream)
+        return logits, keys
+
+    def _check_barrier(self) -> None:
+        """After a step's stream work is done: a fused step whose grid barrier gave up left
+        garbage; raise, and run every later step per op (graphs dropped: they hold the fused
+        kernel)."""
+        f = self.fwd.fused
+        if f is not None and f.failed():
+            self.fwd.fused = None
+            self.fwd.kernel_path = "per-op launches (the fused kernel's grid barrier timed out)"
+            for g in self._graphs.values():
+                g.close()
+            self._graphs.clear()
+            print(f"zerolayer: {self.fwd.kernel_path}", file=sys.stderr, flush=True)
+            raise RuntimeError("fused step kernel: grid barrier timed out; step lost, "
+                               "later steps run per op")
 
     def step(self, inputs: list[StepInput]) -> np.ndarray:
         """LlamaModel.step on the device: host logits [N, vocab]."""
         a = step_arrays(inputs, self.cfg.vocab)
-        out = self._run(a).copy_to_host(stream=self.stream)
+        out = self._run(a)[0].copy_to_host(stream=self.stream)
         self.stream.synchronize()
+        self._check_barrier()
         for i in inputs:
             i.seq.length += len(i.tokens)
         return out
@@ -401,13 +458,14 @@ class CudaModel:
                 self._ids_host = (cuda.pinned_array(cap, np.int32), cuda.pinned_array(cap, np.int32))
             else:
                 self._ids_next = self._ids
-        logits = self._run(a)  # reads self._ids (the previous step's) where inputs ask for them
+        logits, keys = self._run(a)  # reads self._ids (the previous step's) where asked
         host = None
         if n:
             ids = self._ids_next
             if packed is not None:
                 _pen.apply_rows(logits, *pen, stream=self.stream)
-            _smp.sample_rows(logits, params, ids[:n], stream=self.stream)
+                keys = None  # penalised rows: their argmax is the sampler's to find
+            _smp.sample_rows(logits, params, ids[:n], pre=keys, stream=self.stream)
             self._ids_turn ^= 1
             host = self._ids_host[self._ids_turn]
             ids[:n].copy_to_host(host[:n], stream=self.stream)
@@ -416,4 +474,4 @@ class CudaModel:
         ev.record(self.stream)
         for i in inputs:
             i.seq.length += len(i.tokens)
-        return PendingStep(ev, host, n)
+        return PendingStep(ev, host, n, self._check_barrier)

@@ -62,6 +62,7 @@ class DecodeGraph:
         self._graph = ctypes.c_void_p()
         self._exec = ctypes.c_void_p()
         self.logits = None
+        self.best_keys = None  # the fused kernel's argmax keys of the captured step, if any
 
     def _put(self, a: StepArrays):
         return self.inputs.put(a.tokens, a.tok_seq, a.tok_pos, a.logit_rows, a.tables, a.prev_rows)
@@ -77,6 +78,7 @@ class DecodeGraph:
                "cuStreamBeginCapture")
         try:
             self.logits = self.fwd.launch(*args)
+            self.best_keys = self.fwd.best_keys
         except BaseException:  # leave capture mode; the launch's own error is the one to report
             self._lib.cuStreamEndCapture(sp, ctypes.byref(self._graph))
             raise
@@ -84,8 +86,8 @@ class DecodeGraph:
         # The graph holds raw pointers: keep every buffer it uses alive, even after the forward
         # pass reallocates its buffers for a larger step.
         f = self.fwd
-        self._keep = (f._x, f._xn, f._tmp, f._qkv, f._att, f._gu, f._h, f._logits,
-                      f.partials(self.T, self.splits, self.stream))
+        self._keep = (f.buffers(), f.partials(self.T, self.splits, self.stream),
+                      f.fused and f.fused.scratch(self.T))
         _check(self._lib.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), self._graph,
                                                       ctypes.c_ulonglong(0)),
                "cuGraphInstantiate")

@@ -31,8 +31,11 @@ from numba import float32, int32, int64
 
 from ._cuda_shim import SIM, cuda, device, float_bits, kernel
 
-THREADS = 32 if SIM else 256   # a power of two (tree reductions); the shared arrays' size
-MAX_THREADS = 256
+# A power of two (tree reductions). One block per row, so at batch 1 the block's threads are
+# all the parallelism a 49,152-wide row gets: 1024 (the most a block has; 48 registers a
+# thread, so it fits the register file: tests/test_cuda_ptx.py) reads 48 logits a thread a pass.
+THREADS = 32 if SIM else 1024
+MAX_THREADS = 1024
 NBINS = 256
 NO_LIMIT = float32(3.0e38)     # a mass target that is never reached
 NONE = 2147483647
@@ -159,10 +162,12 @@ def _select(x, V, t, zmax, kcap, target, hc, hm, ctl, ctf, tid, nt):
     return prefix, j, above_m + float32(j) * p_tie
 
 
-@kernel(["void(float32[:, ::1], float32[:, ::1], int32[::1], float32[:, ::1])"])
-def _sample_rows(logits, params, out, probs):
+@kernel(["void(float32[:, ::1], float32[:, ::1], int32[::1], float32[:, ::1], int64[::1])"])
+def _sample_rows(logits, params, out, probs, pre):
     """out[r]: a token drawn from row r of logits under params[r] = (temperature, top_k,
-    top_p, u). probs, when it has a row per logit row, receives the kept distribution."""
+    top_p, u). probs, when it has a row per logit row, receives the kept distribution. pre,
+    when it has a row per logit row, holds each row's argmax key (step_kernel.argmax_key):
+    a greedy row then takes it and never reads its logits."""
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
@@ -177,6 +182,10 @@ def _sample_rows(logits, params, out, probs):
     ctf = cuda.shared.array(2, float32)
     pick = cuda.shared.array(2, int32)
     t, top_k, top_p, u = params[row, 0], int64(params[row, 1]), params[row, 2], params[row, 3]
+    if (t <= float32(0.0) or top_k == 1) and pre.shape[0] == logits.shape[0] and not write_probs:
+        if tid == 0:  # the whole block returns together: no barrier is left waiting
+            out[row] = int32(4294967295 - (pre[row] & 4294967295))
+        return
 
     xmax, amax = _argmax(x, V, fbuf, ibuf, tid, nt)
     if t <= float32(0.0) or top_k == 1:
@@ -255,15 +264,18 @@ def _sample_rows(logits, params, out, probs):
                 rank += 1
 
 
-def sample_rows(logits, params, out, probs=None, stream=0) -> None:
+def sample_rows(logits, params, out, probs=None, pre=None, stream=0) -> None:
     """out[r] = a token id drawn from logits[r] (device arrays) under params[r] =
     (temperature, top_k, top_p, u). probs: optional [rows, vocab] output of the kept
-    distribution (tests and checks; the product passes none)."""
+    distribution (tests and checks; the product passes none). pre: optional argmax keys
+    [rows] from the fused step kernel, taken by greedy rows."""
     if logits.shape[0] == 0:  # a launch of 0 blocks is an error
         return
     if probs is None:
         probs = _no_probs(logits.shape[1])
-    _sample_rows[logits.shape[0], THREADS, stream](logits, params, out, probs)
+    if pre is None:
+        pre = _kept("no keys", np.zeros(0, np.int64))
+    _sample_rows[logits.shape[0], THREADS, stream](logits, params, out, probs, pre)
 
 
 # Constant device arrays, made once and kept: a temporary freed while its kernel still runs

@@ -1,0 +1,135 @@
+"""The host side of step_kernel.py: its weights as 32-bit words, its scratch, and the launch.
+
+``FusedStep.launch`` queues one forward step as one kernel launch (the device plan: one node
+per step, whatever the layer count) and needs nothing but device arrays that keep their
+addresses, so a CUDA graph captures it as it does the per-op path (graph.py). Under the
+simulator the same kernel runs stage by stage (grid_sync.py), and the launch is counted once,
+as the device makes it.
+
+After a step, ``failed(host)`` tells whether the grid barrier gave up (a block waited past
+its limit: the grid was not resident); the caller then stops using this kernel.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..quant import FMT_F32
+
+from . import _cuda_shim as shim
+from . import grid_sync
+from . import step_kernel as sk
+from ._cuda_shim import SIM, cuda
+
+SIM_BLOCKS = 2  # blocks under the simulator: enough to exercise the grid-stride loops
+# How a step's stages are cut into launches (ZEROLAYER_CUDA_STEP_LAUNCH): "step", one launch
+# and a grid barrier between stages (the default); "layer", a launch per layer (barriers
+# within it: 2 + n_layer nodes); "stage", a launch per stage and no barrier at all. The same
+# kernel and the same results: what differs is barriers against launch gaps, which only a
+# GPU can weigh (the GPU check times each).
+SPLITS = ("step", "layer", "stage")
+
+
+def _words(fmt, qs, d, m, w, L: int, stream):
+    """A weight's device arrays as the kernel takes them: qs as uint32 words (4 rows per
+    word); unused arrays as one-element placeholders of the right rank."""
+    if fmt == FMT_F32:
+        z5 = cuda.to_device(np.zeros((L, 1, 1, 1, 1), np.uint32), stream=stream)
+        z4 = cuda.to_device(np.zeros((L, 1, 1, 1), np.float32), stream=stream)
+        return (z5, z4, z4, w, fmt)
+    z3 = cuda.to_device(np.zeros((L, 1, 1), np.float32), stream=stream)
+    return (qs.view(np.uint32), d, m, z3, fmt)
+
+
+class FusedStep:
+    """Device state of the fused step kernel for one CudaForward."""
+
+    def __init__(self, fwd, full: dict, stream):
+        c = fwd.cfg
+        self.cfg, self.stream = c, stream
+        L = c.n_layer
+        self.weights = []
+        for name in ("wqkv", "wo", "wgu", "wdown", "emb", "output"):
+            fmt, arrs = full[name]
+            self.weights.append(_words(fmt, *arrs, L if name not in ("emb", "output") else 1, stream))
+        qb = fwd.qkv_bias_full
+        self.has_bias = qb is not None
+        self.qkv_bias = qb if qb is not None else cuda.to_device(np.zeros((L, 1), np.float32), stream=stream)
+        self.blocks = SIM_BLOCKS if SIM else fwd.sms
+        self.split = os.environ.get("ZEROLAYER_CUDA_STEP_LAUNCH", "step")
+        if self.split not in SPLITS:
+            raise ValueError(f"ZEROLAYER_CUDA_STEP_LAUNCH={self.split!r}: one of {SPLITS}")
+        self.bar = grid_sync.new_state()
+        self.flag_host = cuda.pinned_array(1, np.int32) if not SIM else np.zeros(1, np.int32)
+        self._cap = 0
+
+    def scratch(self, T: int):
+        """Per-(token, KV head) merge counters and per-row argmax keys, for T tokens."""
+        if T > self._cap:
+            cap = max(16, 1 << (T - 1).bit_length())
+            self.cnt = cuda.to_device(np.zeros(cap * self.cfg.n_kv, np.int32), stream=self.stream)
+            self.best = cuda.device_array(cap, np.int64, stream=self.stream)
+            self._cap = cap
+        return self.cnt, self.best
+
+    def splits(self, T: int, max_blocks: int | None = None) -> int:
+        """Attention splits: about one work item per block; no more than the KV blocks of
+        the longest sequence when that is known (a graph fixes splits for every context)."""
+        want = max(1, -(-self.blocks // (T * self.cfg.n_kv)))
+        return want if max_blocks is None else max(1, min(want, max_blocks))
+
+    def launch(self, fwd, d_tok, d_seq, d_pos, d_rows, d_tab, splits: int, part, s):
+        """Queue the step on stream s; returns (logits [n_out, vocab], argmax keys [n_out])."""
+        c = self.cfg
+        T, n_out = d_tok.shape[0], d_rows.shape[0]
+        TT = 1 if T == 1 else sk.TOKEN_TILES[-1]
+        cnt, best = self.scratch(T)
+        part_o, part_m, part_l = part
+        logits = fwd._logits[:n_out]
+        w = [a for wt in self.weights for a in wt]
+        args = (*w, fwd.attn_norm_full, fwd.ffn_norm_full, fwd.out_norm, self.qkv_bias,
+                self.has_bias, fwd.cos, fwd.sin, fwd.k_pool, fwd.v_pool,
+                d_tok, d_seq, d_pos, d_rows, d_tab,
+                fwd._x[:T], fwd._q[:T], fwd._att[:T], fwd._h[:T], logits, part_o, part_m, part_l,
+                cnt, best[:max(n_out, 1)], self.bar,
+                c.n_head, c.n_kv, c.head_dim, c.n_ff, np.float32(c.eps),
+                np.float32(1.0 / np.sqrt(c.head_dim)), splits)
+        k = sk.STEP[TT]
+        n_st = sk.stage_count(c.n_layer)
+        if n_out == 0:
+            n_st -= 1  # no LM head stage
+        for lo, hi in self.launches(n_st):
+            if SIM:  # one stage per launch: the launch boundary is the barrier
+                shim.LAUNCHES[k.name] += 1
+                for st in range(lo, hi):
+                    k.raw[self.blocks, sk.THREADS, s](*args, st, st + 1)
+            else:
+                k[self.blocks, sk.THREADS, s](*args, lo, hi)
+        return logits, best[:n_out]
+
+    def launches(self, n_st: int) -> list[tuple[int, int]]:
+        """The [first, last) stage ranges of a step's launches, by self.split."""
+        if self.split == "step":
+            return [(0, n_st)]
+        if self.split == "stage":
+            return [(i, i + 1) for i in range(n_st)]
+        per = sk.STAGES_PER_LAYER  # embed with layer 0; the LM head alone
+        cuts = [0] + [1 + per * (i + 1) for i in range(self.cfg.n_layer)] + [n_st]
+        return [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]
+
+    def queue_flag(self, s) -> None:
+        """Queue the barrier's error flag's copy to the host (read by ``failed``)."""
+        if not SIM:
+            self.bar[2:3].copy_to_host(self.flag_host, stream=s)
+
+    def failed(self) -> bool:
+        """After the stream reached queue_flag's copy: did a grid barrier give up?"""
+        if SIM:
+            return False
+        return bool(self.flag_host[0])
+
+
+def decode_argmax(keys: np.ndarray) -> np.ndarray:
+    """The row indices in argmax keys (step_kernel.argmax_key), on the host."""
+    return (4294967295 - (np.asarray(keys, np.int64) & 0xFFFFFFFF)).astype(np.int32)

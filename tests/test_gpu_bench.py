@@ -55,3 +55,171 @@ def test_reference64_equals_the_gguf_reference(tmp_path, kind):
         want = np.stack([r.step(int(t)) for r, t in zip(refs, toks)])
         errs.append(float(np.abs(got - want).max() / np.abs(want).max()))
     assert max(errs) < 1e-9, errs
+
+
+def _decode(batch: int, wall: float, dev: float | None) -> dict:
+    """A decode section as gpu_bench.decode records it (split() does the arithmetic)."""
+    gb = _load("gpu_bench")
+
+    class _Gate:
+        ok, why = dev is not None, "simulator: no device timing"
+    out = gb.split([wall] * 3, [] if dev is None else [dev] * 3, [] if dev is None else [20.0] * 3,
+                   batch, _Gate())
+    return {"ok": True, "batch": batch, "s": 1.0, "compile_s": 0.2, **out}
+
+
+def _results(ttft: bool = True) -> dict:
+    s = {"env": {"ok": True, "gpu": "NVIDIA H200", "cc": [9, 0], "sms": 132, "s": 0.1},
+         "compile": {"ok": True, "workers": 14, "jobs": 34, "done": 34, "failed": [], "wall_s": 30.0,
+                     "job_s_sum": 200.0, "s": 29.0, "compile_s": 0.0},
+         "decode_b1": _decode(1, 500.0, 400.0), "decode_b16": _decode(16, 800.0, 700.0),
+         "decode_b64": _decode(64, 1600.0, None), "decode_b1_topk": _decode(1, 520.0, 410.0),
+         "prefill": {**_decode(512, 4096.0, 4000.0), "tokens": 512},
+         "sampler": {"ok": True, "b1": {"topk_device_us": 25.0, "greedy_device_us": 12.0,
+                                        "topk_wall_us": 60.0, "greedy_wall_us": 40.0}, "s": 1.0},
+         "ops": {"ok": True, "nodes_per_step": 62, "nodes_source": "nodes of the captured graph",
+                 "s": 1.0},
+         "forward": {"ok": True, "err": 2e-5, "tol": 1e-3, "per_step_err": [2e-5, 1e-5], "s": 1.0},
+         "kernels": {"ok": False, "error": "Traceback ...", "s": 3.0},
+         "ttft": ({"ok": True, "ttft_ms_p50": 1.5, "ttft_ms_p90": 2.5, "prompt_tokens": 32, "s": 9.0}
+                  if ttft else {"skipped": "time budget spent"})}
+    return {"sections": s}
+
+
+PEER = {"device": "NVIDIA H200", "torch": "2.11.0", "sections": {
+    "torch_graph": {"ok": True, "b1": {"us_per_token": 3000.0, "tok_s": 333.3},
+                    "b16": {"tok_s": 4000.0}, "b64": {"tok_s": 10000.0},
+                    "prefill": {"tokens": 512, "tok_s": 50000.0}, "s": 5.0},
+    "hf_eager": {"ok": True, "b1": {"tok_s": 28.0}, "b16": {"tok_s": 420.0}, "s": 10.0}}}
+
+
+def test_report_rows_targets_and_peer_ratios():
+    gb = _load("gpu_bench")
+    rows = {r["metric"]: r for r in gb.report(_results(), PEER, total_s=230.0)}
+    b1 = rows["decode b1 (us/token)"]
+    assert b1["ours"] == 500.0 and b1["peer"] == 3000.0 and b1["x_peer"] == pytest.approx(6.0)
+    assert b1["met"] == "NO"  # 500 us > 250 us, and 6x < 12x
+    assert "device 400" in b1["ours_txt"] and "host 100" in b1["ours_txt"]
+    b16 = rows["decode b16 (tok/s)"]
+    assert b16["ours"] == pytest.approx(16 / 800e-6) and b16["x_peer"] == pytest.approx(20000 / 4000)
+    assert b16["met"] == "NO"  # 20,000 tok/s < 40,000
+    b64 = rows["decode b64 (tok/s)"]
+    assert b64["met"] == "-" and b64["x_peer"] == pytest.approx(40000 / 10000)
+    assert "device -" in b64["ours_txt"]  # no device time: said, not invented
+    assert rows["prefill 512 (tok/s)"]["met"] == "yes"  # 125,000 >= 100,000
+    assert rows["kernel nodes per decode step"]["met"] == "yes"
+    assert rows["device sampler top-k/top-p, b1 (us)"]["met"] == "yes"
+    assert rows["device sampler greedy, b1 (us)"]["met"] == "NO"  # 12 us > 10 us
+    assert rows["vs HF eager generate, b1 (tok/s)"]["x_peer"] == pytest.approx(2000 / 28)
+    assert rows["TTFT packet->first frame (ms)"]["met"] == "yes"
+    assert rows["one-shot check (s)"]["met"] == "yes"
+
+
+def test_report_without_peer_or_skipped_sections():
+    gb = _load("gpu_bench")
+    rows = {r["metric"]: r for r in gb.report(_results(ttft=False), None)}
+    assert rows["decode b1 (us/token)"]["peer"] is None and rows["decode b1 (us/token)"]["x_peer"] is None
+    assert rows["decode b1 (us/token)"]["met"] == "NO"  # the absolute target alone
+    assert rows["TTFT packet->first frame (ms)"]["ours_txt"] == "skipped (time budget spent)"
+    assert rows["one-shot check (s)"]["met"] == "-"
+    text = gb.table(_results(ttft=False), None)
+    assert "kernels vs CPU twins  ERROR" in text and "peer: not run" in text
+
+
+def test_table_mode_reads_a_runs_files(tmp_path):
+    (tmp_path / "gpu_check.json").write_text(json.dumps(_results()))
+    (tmp_path / "gpu_peer.json").write_text(json.dumps(PEER))
+    out = subprocess.run([sys.executable, str(BENCH / "gpu_bench.py"), "--table", str(tmp_path),
+                          "--total-s", "231"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "speed x peer" in out.stdout and "6.00x" in out.stdout and "231 s" in out.stdout
+    rep = json.loads((tmp_path / "gpu_check_report.json").read_text())
+    assert rep["total_s"] == 231 and any(r["metric"].startswith("decode b1") for r in rep["rows"])
+
+
+def test_sections_record_compile_and_run_time_and_respect_the_budget(tmp_path):
+    gb = _load("gpu_bench")
+    run = gb.Run(budget_s=60)
+    run.path = tmp_path / "gpu_check.json"
+
+    class Clock:
+        total = 0.0
+    run.clock = Clock()
+
+    def compiles():
+        run.clock.total += 0.5  # as the compiler-lock listener would count it
+        return {"x": 1}
+    run.section("a", compiles)
+    run.section("b", lambda: 1 / 0)
+    saved = json.loads(run.path.read_text())["sections"]  # written after every section
+    assert saved["a"]["ok"] and saved["a"]["x"] == 1 and saved["a"]["compile_s"] == 0.5
+    assert saved["a"]["run_s"] == pytest.approx(saved["a"]["s"] - 0.5, abs=0.02)
+    assert saved["b"]["ok"] is False and "ZeroDivisionError" in saved["b"]["error"]
+    run.budget_s = 0
+    assert run.section("c", compiles) is None
+    assert run.results["sections"]["c"] == {"skipped": "time budget spent"}
+
+
+def test_nodes_per_step_prefers_what_the_model_says():
+    gb = _load("gpu_bench")
+
+    class Fwd:
+        def nodes_per_step(self, T):
+            return 40 + T
+
+    class A:
+        fwd, _graphs = Fwd(), {}
+
+    class B:
+        plan, _graphs = list(range(17)), {}
+
+    class C:
+        pass
+    assert gb.nodes_per_step(A(), 1, 30) == (41, "CudaForward.nodes_per_step")
+    assert gb.nodes_per_step(B(), 1, 30) == (17, "CudaModel.plan")
+    assert gb.nodes_per_step(C(), 1, 30) == (None, "unknown")
+
+
+def test_compile_pool_takes_every_job_once(tmp_path):
+    """The compile pool (gpu_warm.py) in its no-GPU mode: sm_90 PTX of two small kernels and
+    one CPU-twin job by two workers, each job claimed by one worker and reported."""
+    env_code = ("import sys, json; sys.path.insert(0, %r); import gpu_warm; "
+                "p = gpu_warm.Pool.start(2, 'ptx', ['bench.empty', 'rmsnorm._rmsnorm', 'cpu:elementwise']); "
+                "print(json.dumps(p.wait(240)))" % str(BENCH))
+    import os
+    env = {k: v for k, v in os.environ.items() if k not in ("ZEROLAYER_GPU_BACKEND", "NUMBA_ENABLE_CUDASIM")}
+    env["ZEROLAYER_CACHE_DIR"] = str(tmp_path / "cache")
+    out = subprocess.run([sys.executable, "-c", env_code], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rep = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (rep["jobs"], rep["done"], rep["failed"], rep["not_done"]) == (3, 3, [], []), rep
+    assert rep["workers"] == 2 and not rep["worker_logs"]
+    assert {r["job"] for r in rep["slowest"]} == {"bench.empty", "rmsnorm._rmsnorm", "cpu:elementwise"}
+
+
+def _torch_python() -> str | None:
+    """A Python with torch and transformers: ZEROLAYER_PEER_PYTHON, or this one."""
+    import os
+    for py in (os.environ.get("ZEROLAYER_PEER_PYTHON"), sys.executable):
+        if py and subprocess.run([py, "-c", "import torch, transformers"],
+                                 capture_output=True).returncode == 0:
+            return py
+    return None
+
+
+def test_peer_logic_on_the_cpu(tmp_path):
+    """gpu_peer.py at tiny shapes on the CPU: the plain model equals HF's Llama with the same
+    weights, decode through the static cache equals prefill, and every section reports."""
+    py = _torch_python()
+    if py is None:
+        pytest.skip("no torch + transformers here (ZEROLAYER_PEER_PYTHON names one elsewhere)")
+    out = subprocess.run([py, str(BENCH / "gpu_peer.py"), "--device", "cpu", "--tiny", "--out",
+                          str(tmp_path), "--budget-s", "600"], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    res = json.loads((tmp_path / "gpu_peer.json").read_text())
+    s = res["sections"]
+    assert s["agree"]["plain_vs_hf"] <= s["agree"]["tol"] and s["agree"]["same_argmax_hf"]
+    assert {"b1", "b4", "prefill"} <= set(s["torch_graph"]) and s["torch_graph"]["graphs"] is False
+    assert {"b1", "b4"} <= set(s["hf_eager"])

@@ -457,9 +457,13 @@ def prefill(model, c: dict, p: dict, sim: bool) -> dict:
 
 
 def device_us_per_call(fn, n: int, stream, gate: Gate) -> float | None:
-    """Device time per call of fn(stream) over n calls queued behind the gate."""
+    """Device time per call of fn(stream) over n calls queued behind the gate. One call first,
+    ungated: a first call may compile, load a module or make its constants with a copy on
+    the legacy stream, which would wait for the held stream."""
     if not gate.ok:
         return None
+    fn(stream)
+    stream.synchronize()
     e0 = gate.close()
     for _ in range(n):
         fn(stream)

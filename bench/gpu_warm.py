@@ -126,6 +126,13 @@ def cache_counts() -> dict:
     return {"cache_hits": hits, "cache_misses": misses}
 
 
+def launch_key(sig: str) -> tuple:
+    """A registered signature as a launch compiles it: the tuple of its argument types."""
+    from numba.cuda.core import sigutils
+    args, _ = sigutils.normalize_signature(sig)
+    return tuple(args)
+
+
 def jobs(only: list[str] | None = None) -> list[str]:
     """Every job, the largest first: the CPU twins' (the matmul twin alone measured 43 CPU-s
     cold, more than any kernel), then the kernels by source length (which stands for their
@@ -219,7 +226,9 @@ def _worker(job_dir: str, mode: str) -> None:
                         cuda.compile_ptx(k.py_func, sig, cc=CC,
                                          fastmath=bool(k.targetoptions.get("fastmath", False)))
                     else:
-                        k.compile(sig)
+                        # as a launch asks for it: a tuple of argument types (the cache's index
+                        # key is the signature as given, and a string would never match)
+                        k.compile(launch_key(sig))
                 res["sigs"] = len(sigs)
         except Exception:
             res["error"] = traceback.format_exc()[-2000:]

@@ -223,3 +223,16 @@ def test_peer_logic_on_the_cpu(tmp_path):
     assert s["agree"]["plain_vs_hf"] <= s["agree"]["tol"] and s["agree"]["same_argmax_hf"]
     assert {"b1", "b4", "prefill"} <= set(s["torch_graph"]) and s["torch_graph"]["graphs"] is False
     assert {"b1", "b4"} <= set(s["hf_eager"])
+
+
+def test_workers_compile_under_the_key_a_launch_looks_up():
+    """numba-cuda's cache index is keyed on the signature exactly as compile() got it; a launch
+    passes a tuple of argument types, so the workers must too (a string never matches)."""
+    code = ("import sys, numpy as np; sys.path.insert(0, %r); import gpu_warm; "
+            "k, sigs = gpu_warm.registry()['rmsnorm._rmsnorm']; x = np.zeros((2, 4), np.float32); "
+            "args = (x, np.zeros(4, np.float32), np.float32(1e-5), x); "
+            "print(gpu_warm.launch_key(sigs[0]) == tuple(k.typeof_pyval(a) for a in args))" % str(BENCH))
+    import os
+    env = {k: v for k, v in os.environ.items() if k not in ("ZEROLAYER_GPU_BACKEND", "NUMBA_ENABLE_CUDASIM")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stderr[-2000:]

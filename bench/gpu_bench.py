@@ -37,6 +37,7 @@ import json
 import math
 import os
 import platform
+import signal
 import sys
 import time
 import traceback
@@ -1190,6 +1191,9 @@ def main(argv=None) -> int:
     if a.sim:
         os.environ["ZEROLAYER_GPU_BACKEND"] = "sim"
         sys.setswitchinterval(1e-4)
+    # killed by gpu-check.sh's time limit (SIGTERM): unwind, so that the daemon section's
+    # `finally` stops zerolayerd and the compile workers are killed (atexit)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # The CPU model here only holds weights and KV bookkeeping: no int8 re-layout of its
     # weights (nothing runs them), and the kernel checks' CPU twins are the float kernels.
     os.environ.setdefault("ZEROLAYER_CPU_KERNELS", "float")

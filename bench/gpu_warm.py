@@ -24,6 +24,7 @@ cold machine: the first process still compiles everything serially.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -265,7 +266,17 @@ class Pool:
         procs = [subprocess.Popen([sys.executable, "-c", code], env=e, stdout=subprocess.DEVNULL,
                                   stderr=open(d / f"worker.{i}.log", "w"))
                  for i in range(n)]
-        return cls(procs, d, names, t0, mode)
+        pool = cls(procs, d, names, t0, mode)
+        # a check killed by its time limit must not leave workers compiling (and holding GPU
+        # contexts) while the peers are timed
+        atexit.register(pool.kill)
+        return pool
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
     def wait(self, timeout_s: float) -> dict:
         """Wait for the workers (at most timeout_s; the rest are killed and their jobs left to

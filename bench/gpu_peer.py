@@ -107,8 +107,9 @@ class PlainLlama:
             q, k = self._rot(q, cos, sin), self._rot(k, cos, sin)
             self.k[i].index_copy_(2, idx, k)
             self.v[i].index_copy_(2, idx, v)
-            K = self.k[i].repeat_interleave(nh // nkv, dim=1)
-            V = self.v[i].repeat_interleave(nh // nkv, dim=1)
+            # GQA: each KV head serves nh // nkv query heads (expand + reshape: no host sync)
+            K = self.k[i][:, :, None].expand(B, nkv, nh // nkv, S, hd).reshape(B, nh, S, hd)
+            V = self.v[i][:, :, None].expand(B, nkv, nh // nkv, S, hd).reshape(B, nh, S, hd)
             a = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
             x = x + a.transpose(1, 2).reshape(B, T, nh * hd) @ L["wo"].T
             h = self._norm(x, L["ffn_norm"])

@@ -53,7 +53,9 @@ done
 # sections that import them.
 SITE=/tmp/zl-site
 missing_required=()
-for spec in gguf:gguf:1 yaml:pyyaml:1 zmq:pyzmq:0 prometheus_client:prometheus-client:0; do
+# (tokenizers and jinja2, the tokenizer's, come with the image's transformers and torch)
+for spec in gguf:gguf:1 yaml:pyyaml:1 tokenizers:tokenizers:1 jinja2:jinja2:1 zmq:pyzmq:0 \
+    prometheus_client:prometheus-client:0; do
   IFS=: read -r mod dist req <<<"$spec"
   if PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} "$PY" -c "import $mod" 2>/dev/null; then
     continue

@@ -236,3 +236,18 @@ def test_workers_compile_under_the_key_a_launch_looks_up():
     env = {k: v for k, v in os.environ.items() if k not in ("ZEROLAYER_GPU_BACKEND", "NUMBA_ENABLE_CUDASIM")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stderr[-2000:]
+
+
+def test_ttft_section_fails_as_soon_as_the_daemon_exits(monkeypatch):
+    """A daemon that cannot load its engine (here: the cuda backend without a GPU) ends the
+    TTFT section with its exit status and log tail, instead of waiting out the bound."""
+    from zerolayer.gpu import backend
+    if backend.probe_cuda()[0]:
+        pytest.skip("this machine has a GPU: the cuda backend would load")
+    gb = _load("gpu_bench")
+    monkeypatch.setenv("ZEROLAYER_GPU_BACKEND", "cuda")
+    with pytest.raises(RuntimeError) as e:
+        gb.daemon_ttft(TINY, False, 600.0)
+    msg = str(e.value)
+    assert "zerolayerd exited with status 2 before it was ready" in msg, msg
+    assert "no CUDA" in msg  # the daemon's own words, from its log

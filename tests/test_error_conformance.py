@@ -248,11 +248,13 @@ ROWS = {
 }
 
 
-def test_every_code_the_table_does_not_cover_is_named():
-    """Every error code has a row; the two OVERLOADED and INTERNAL sources left out are
-    said here: the other bounds (nonce cache, reassembly, result cache, the hand-off) refuse
-    through the same pre-admission path as the wait queue, and an engine that dies ends the
-    daemon (tests/test_dataplane.py)."""
+def test_every_code_has_a_row():
+    """Every error code has a row. The sources left out, with where they are covered: the
+    other OVERLOADED bounds (nonce cache, reassembly, result cache, the hand-off) refuse
+    through the same pre-admission path as the wait queue (tests/test_dataplane.py has the
+    hand-off's); an engine that dies fails its requests INTERNAL in their streams and ends
+    the daemon, and a drain timeout cancels what runs and ends it too (both in
+    tests/test_dataplane.py): neither leaves a daemon for the next row."""
     assert {r.code for r in ROWS.values()} == set(ErrorCode)
 
 

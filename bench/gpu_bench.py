@@ -880,8 +880,8 @@ def mapped_ring(c: dict, sim: bool) -> dict:
     cuda.synchronize()
     ok_out = bool((np.frombuffer(bytes(host[back[0]:back[0] + 256]), "<u4") == ids).all())
     stream = cuda.stream()
-    gather_us = wall_us_per_call(lambda s: mr.gather_token_ids(ring.device, d_offs, got), 3 if sim else 500,
-                                 stream)
+    gather_us = wall_us_per_call(lambda s: mr.gather_token_ids(ring.device, d_offs, got, stream=s),
+                                 3 if sim else 500, stream)
     if not (ok_in and ok_out):
         raise AssertionError(f"mapped ring: ids in {ok_in}, ids out {ok_out}")
     print(f"  mapped UMEM ok; gather of 64 ids from host frames {gather_us:.1f} us", flush=True)

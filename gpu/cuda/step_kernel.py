@@ -62,6 +62,7 @@ ROWS = LANES          # rows per matmul work item: one quant row group
 QUADS = ROWS // 4     # 16 row quads; THREADS // QUADS = 16 K positions
 WARPS = THREADS // 32
 STAGES_PER_LAYER = 5
+HEAD = STAGES_PER_LAYER  # the LM head's stage kind
 MAX_G = 8             # query heads per KV head
 MAX_HD = 128          # head_dim
 BT = BLOCK_TOKENS     # 64 positions per KV block: one score per thread quarter
@@ -89,19 +90,16 @@ def _make(TT):
     ACC = 4 * TT  # accumulators per thread: 4 rows x TT tokens (a constant for local arrays)
 
     @device
-    def x_at(src, rows, use_rows, t0, T, tt, k):
-        t = min(t0 + tt, T - 1)  # past the end: the last token again, never stored
-        if use_rows:
-            t = rows[t]
-        return src[t, k]
-
-    @device
     def dot_group(fmt, qs, d, m, w, layer, g, src, rows, use_rows, t0, T, nw, use_norm, tid,
                   red, reds, res, ssr):
         """res[r, tt] = sum_k W[g*64 + r, k] * xw[t0 + tt, k], xw = src * nw if use_norm;
         ssr[tt] = sum_k src[t0 + tt, k]^2. Every thread of the block calls it."""
         j = tid >> 4
         quad = tid & 15
+        trow = cuda.local.array(TT, int64)  # src row of each token of the tile
+        for tt in range(TT):
+            t = min(t0 + tt, T - 1)  # past the end: the last token again, never stored
+            trow[tt] = rows[t] if use_rows else t
         acc = cuda.local.array(ACC, float32)
         ss = cuda.local.array(TT, float32)
         xa = cuda.local.array(TT, float32)
@@ -116,7 +114,7 @@ def _make(TT):
             for k in range(j, K, 16):
                 sc = nw[k] if use_norm else float32(1.0)
                 for tt in range(TT):
-                    v = x_at(src, rows, use_rows, t0, T, tt, k)
+                    v = src[trow[tt], k]
                     ss[tt] += v * v
                     xa[tt] = v * sc
                 for q in range(4):
@@ -140,8 +138,8 @@ def _make(TT):
                         sa = nw[e] if use_norm else float32(1.0)
                         sb = nw[e + 16] if use_norm else float32(1.0)
                         for tt in range(TT):
-                            va = x_at(src, rows, use_rows, t0, T, tt, e)
-                            vb = x_at(src, rows, use_rows, t0, T, tt, e + 16)
+                            va = src[trow[tt], e]
+                            vb = src[trow[tt], e + 16]
                             ss[tt] += va * va + vb * vb
                             xa[tt] = va * sa
                             xb[tt] = vb * sb
@@ -154,23 +152,33 @@ def _make(TT):
                             for tt in range(TT):
                                 acc[q * TT + tt] += dq * (lo * xa[tt] + hi * xb[tt]) + mq * (xa[tt] + xb[tt])
         else:  # byte formats: BS bytes (= weights) per block, 32 or 16
+            # a thread's words of two blocks (bytes j and j + 16 of each) loaded before use
             nb = d.shape[2]
             BS = qs.shape[3]
-            for b in range(nb):
-                for jj in range(j, BS, 16):
-                    word = qs[layer, g, b, jj, quad]
-                    e = b * BS + jj
-                    sa = nw[e] if use_norm else float32(1.0)
-                    for tt in range(TT):
-                        va = x_at(src, rows, use_rows, t0, T, tt, e)
-                        ss[tt] += va * va
-                        xa[tt] = va * sa
-                    for q in range(4):
-                        qv = float32((word >> uint32(8 * q)) & uint32(255))
-                        dq = d[layer, g, b, 4 * quad + q]
-                        mq = m[layer, g, b, 4 * quad + q]
+            j2 = min(j + 16, BS - 1)  # BS == 16: the second word is never used
+            for b0 in range(0, nb, 2):
+                b1 = min(b0 + 1, nb - 1)
+                w0 = qs[layer, g, b0, j, quad]
+                w1 = qs[layer, g, b0, j2, quad]
+                w2 = qs[layer, g, b1, j, quad]
+                w3 = qs[layer, g, b1, j2, quad]
+                for u in range(4):
+                    b = b0 + u // 2
+                    jj = j + 16 * (u % 2)
+                    if b < nb and jj < BS:
+                        word = w0 if u == 0 else (w1 if u == 1 else (w2 if u == 2 else w3))
+                        e = b * BS + jj
+                        sa = nw[e] if use_norm else float32(1.0)
                         for tt in range(TT):
-                            acc[q * TT + tt] += (dq * qv + mq) * xa[tt]
+                            va = src[trow[tt], e]
+                            ss[tt] += va * va
+                            xa[tt] = va * sa
+                        for q in range(4):
+                            qv = float32((word >> uint32(8 * q)) & uint32(255))
+                            dq = d[layer, g, b, 4 * quad + q]
+                            mq = m[layer, g, b, 4 * quad + q]
+                            for tt in range(TT):
+                                acc[q * TT + tt] += (dq * qv + mq) * xa[tt]
         # the two K positions of a warp (lanes l and l ^ 16), then the 8 warps in shared memory
         lane = tid & 31
         wp = tid >> 5
@@ -271,73 +279,12 @@ def _make(TT):
                         x[t, k] = qv * ed[0, gg, b, l] + em[0, gg, b, l]
                 for i in range(bid * THREADS + tid, n_out, nblocks * THREADS):
                     best[i] = NO_KEY
-            elif st == last - 1:  # ---------------------------------------- LM head
-                R = lw.shape[1] if fl == FMT_F32 else ld.shape[1] * ROWS
-                V = logits.shape[1]
-                ng = (R + ROWS - 1) // ROWS
-                ot = (n_out + TT - 1) // TT
-                for it in range(bid, ng * ot, nblocks):
-                    g = it % ng
-                    t0 = (it // ng) * TT
-                    dot_group(fl, lq, ld, lm, lw, 0, g, x, logit_rows, True, t0, n_out,
-                              out_norm, True, tid, red, reds, res, ssr)
-                    r = g * ROWS + tid % ROWS
-                    tt = tid // ROWS
-                    key = NO_KEY
-                    if tt < TT and t0 + tt < n_out and r < V:
-                        v = res[tid % ROWS, tt] * inv_rms(ssr[tt], D, eps)
-                        logits[t0 + tt, r] = v
-                        key = argmax_key(v, r)
-                    for o in (16, 8, 4, 2, 1):
-                        other = shfl_xor(key, o)
-                        key = max(key, other)
-                    if tid % 32 == 0 and tt < TT and t0 + tt < n_out and key != NO_KEY:
-                        cuda.atomic.max(best, t0 + tt, key)
             else:
                 layer = (st - 1) // STAGES_PER_LAYER
                 kind = (st - 1) % STAGES_PER_LAYER
-                if kind == 0:  # ---------------------------------- A: norm, QKV, RoPE, KV
-                    R = q_w + 2 * kv_w
-                    ng = (R + ROWS - 1) // ROWS
-                    for it in range(bid, ng * ntiles, nblocks):
-                        g = it % ng
-                        t0 = (it // ng) * TT
-                        dot_group(fq, qq, qd, qm, qw, layer, g, x, tok, False, t0, T,
-                                  attn_norm[layer], True, tid, red, reds, res, ssr)
-                        row = tid % ROWS
-                        tt = tid // ROWS
-                        r = g * ROWS + row
-                        if tt < TT:
-                            v = res[row, tt] * inv_rms(ssr[tt], D, eps)
-                            if has_bias and r < R:
-                                v += qkv_bias[layer, r]
-                            res2[row, tt] = v
-                        cuda.syncthreads()
-                        t = t0 + tt
-                        if tt < TT and t < T and r < R:
-                            v = res2[row, tt]
-                            if r < q_w + kv_w:  # Q and K heads: rotate the adjacent pair
-                                p = tok_pos[t]
-                                i = (r % hd) // 2
-                                c = cos[p, i]
-                                s = sin[p, i]
-                                a = res2[row - (row & 1), tt]
-                                bb = res2[row | 1, tt]
-                                v = a * s + bb * c if row & 1 else a * c - bb * s
-                            if r < q_w:
-                                qbuf[t, r] = v
-                            else:
-                                pp = tok_pos[t]
-                                blk = tables[tok_seq[t], pp // BT]
-                                off = pp % BT
-                                rk = r - q_w
-                                if rk < kv_w:
-                                    k_pool[blk, layer, rk // hd, rk % hd, off] = v
-                                else:
-                                    rv = rk - kv_w
-                                    v_pool[blk, layer, rv // hd, off, rv % hd] = v
-                        cuda.syncthreads()
-                elif kind == 1:  # ------------------------------------------- B: attention
+                if st == last - 1:
+                    layer, kind = 0, HEAD
+                if kind == 1:  # ------------------------------------------- B: attention
                     for it in range(bid, T * n_kv * splits, nblocks):
                         sp = it % splits
                         t = (it // splits) // n_kv
@@ -439,39 +386,87 @@ def _make(TT):
                                 if tid == 0:
                                     cnt[t * n_kv + kvh] = 0
                         cuda.syncthreads()
-                elif kind == 2 or kind == 4:  # ------------ C: O-proj / E: down, + residual
-                    R = D
+                else:  # ------------------------------------------ the matmul stages
+                    # One call site of dot_group for all of them: each inlined copy costs
+                    # Numba's front end seconds of compilation.
+                    src, nw, use_norm, use_rows, rows, Tn = x, attn_norm[layer], True, False, tok, T
+                    wq, wd, wm, ww, fmt = qq, qd, qm, qw, fq
+                    R = q_w + 2 * kv_w
+                    passes = 1
+                    if kind == 2:
+                        src, use_norm, R = att, False, D
+                        wq, wd, wm, ww, fmt = oq, od, om, ow, fo
+                    elif kind == 3:
+                        nw, R, passes = ffn_norm[layer], n_ff, 2
+                        wq, wd, wm, ww, fmt = gq, gd, gm, gw, fg
+                    elif kind == 4:
+                        src, use_norm, R = h, False, D
+                        wq, wd, wm, ww, fmt = dq_, dd, dm, dw, fd
+                    elif kind == HEAD:
+                        nw, use_rows, rows, Tn = out_norm, True, logit_rows, n_out
+                        wq, wd, wm, ww, fmt = lq, ld, lm, lw, fl
+                        R = logits.shape[1]
                     ng = (R + ROWS - 1) // ROWS
-                    for it in range(bid, ng * ntiles, nblocks):
+                    tiles = (Tn + TT - 1) // TT
+                    for it in range(bid, ng * tiles, nblocks):
                         g = it % ng
                         t0 = (it // ng) * TT
-                        if kind == 2:
-                            dot_group(fo, oq, od, om, ow, layer, g, att, tok, False, t0, T,
-                                      out_norm, False, tid, red, reds, res, ssr)
-                        else:
-                            dot_group(fd, dq_, dd, dm, dw, layer, g, h, tok, False, t0, T,
-                                      out_norm, False, tid, red, reds, res, ssr)
+                        for ps in range(passes):  # SwiGLU: the gate group, then the up group
+                            dot_group(fmt, wq, wd, wm, ww, layer, g + ps * ng, src, rows, use_rows,
+                                      t0, Tn, nw, use_norm, tid, red, reds,
+                                      res2 if ps + 1 < passes else res, ssr)
                         row = tid % ROWS
                         tt = tid // ROWS
                         r = g * ROWS + row
-                        if tt < TT and t0 + tt < T and r < R:
-                            x[t0 + tt, r] += res[row, tt]
-                        cuda.syncthreads()
-                else:  # kind == 3 ------------------------------ D: norm, gate|up, SwiGLU
-                    ng = n_ff // ROWS
-                    for it in range(bid, ng * ntiles, nblocks):
-                        g = it % ng
-                        t0 = (it // ng) * TT
-                        dot_group(fg, gq, gd, gm, gw, layer, g, x, tok, False, t0, T,
-                                  ffn_norm[layer], True, tid, red, reds, res2, ssr)
-                        dot_group(fg, gq, gd, gm, gw, layer, g + ng, x, tok, False, t0, T,
-                                  ffn_norm[layer], True, tid, red, reds, res, ssr)
-                        row = tid % ROWS
-                        tt = tid // ROWS
-                        if tt < TT and t0 + tt < T:
-                            inv = inv_rms(ssr[tt], D, eps)
-                            gv = res2[row, tt] * inv
-                            h[t0 + tt, g * ROWS + row] = gv / (float32(1.0) + math.exp(-gv)) * (res[row, tt] * inv)
+                        t = t0 + tt
+                        live = tt < TT and t < Tn and r < R
+                        if kind == 0:  # ----------------------------- A: bias, RoPE, K/V out
+                            if tt < TT:
+                                v = res[row, tt] * inv_rms(ssr[tt], D, eps)
+                                if has_bias and r < R:
+                                    v += qkv_bias[layer, r]
+                                res2[row, tt] = v
+                            cuda.syncthreads()
+                            if live:
+                                v = res2[row, tt]
+                                if r < q_w + kv_w:  # Q and K heads: rotate the adjacent pair
+                                    p = tok_pos[t]
+                                    i = (r % hd) // 2
+                                    c = cos[p, i]
+                                    sn = sin[p, i]
+                                    a0 = res2[row - (row & 1), tt]
+                                    a1 = res2[row | 1, tt]
+                                    v = a0 * sn + a1 * c if row & 1 else a0 * c - a1 * sn
+                                if r < q_w:
+                                    qbuf[t, r] = v
+                                else:
+                                    pp = tok_pos[t]
+                                    blk = tables[tok_seq[t], pp // BT]
+                                    off = pp % BT
+                                    rk = r - q_w
+                                    if rk < kv_w:
+                                        k_pool[blk, layer, rk // hd, rk % hd, off] = v
+                                    else:
+                                        rv = rk - kv_w
+                                        v_pool[blk, layer, rv // hd, off, rv % hd] = v
+                        elif kind == 3:  # ------------------------------------ D: SwiGLU
+                            if live:
+                                inv = inv_rms(ssr[tt], D, eps)
+                                gv = res2[row, tt] * inv
+                                h[t, r] = gv / (float32(1.0) + math.exp(-gv)) * (res[row, tt] * inv)
+                        elif kind == HEAD:  # ------------------ logits and the argmax keys
+                            key = NO_KEY
+                            if live:
+                                v = res[row, tt] * inv_rms(ssr[tt], D, eps)
+                                logits[t, r] = v
+                                key = argmax_key(v, r)
+                            for o in (16, 8, 4, 2, 1):
+                                key = max(key, shfl_xor(key, o))
+                            if tid % 32 == 0 and tt < TT and t < Tn and key != NO_KEY:
+                                cuda.atomic.max(best, t, key)
+                        else:  # ------------------------------ C, E: the residual add
+                            if live:
+                                x[t, r] += res[row, tt]
                         cuda.syncthreads()
             if st + 1 < stage_hi:
                 grid_sync(bar, tid)

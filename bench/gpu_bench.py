@@ -333,7 +333,9 @@ class Gate:
 
     def held(self) -> bool:
         """After the step: did the gate hold until it was opened?"""
-        if int(self.status.copy_to_host(stream=self.stream)[0]) == 1:
+        status = self.status.copy_to_host(stream=self.stream)
+        self.stream.synchronize()
+        if int(status[0]) == 1:
             return True
         self.ok = False
         self.why = "the gate gave up: the step waited for the device while it was queued"
@@ -357,12 +359,13 @@ def decode(model, c: dict, p: dict, sim: bool, batch: int, draw=(0.0, 0, 1.0)) -
     are off, sampling on the device, ids back), each sequence feeding back its own token.
     Warm-up steps first (compiling or loading kernels, capturing the graph), timed apart."""
     from zerolayer.gpu.model import StepInput
+    from zerolayer.gpu.model_api import Draw
     _, _, gpu = model
     rng = np.random.default_rng(3 + batch)
     gate = Gate(gpu.stream, sim)
 
     def draws():
-        return [(*draw, float(u)) for u in rng.random(batch)]
+        return [Draw(*draw, float(u)) for u in rng.random(batch)]
 
     seqs = [gpu.new_sequence() for _ in range(batch)]
     try:
@@ -411,11 +414,12 @@ def decode(model, c: dict, p: dict, sim: bool, batch: int, draw=(0.0, 0, 1.0)) -
 def prefill(model, c: dict, p: dict, sim: bool) -> dict:
     """One step of a `prefill`-token prompt, its last token's id drawn on the device."""
     from zerolayer.gpu.model import StepInput
+    from zerolayer.gpu.model_api import Draw
     _, _, gpu = model
     rng = np.random.default_rng(9)
     gate = Gate(gpu.stream, sim)
     n = p["prefill"]
-    draw = [(0.0, 0, 1.0, 0.5)]
+    draw = [Draw(0.0, 0, 1.0, 0.5)]
 
     def one(gated: bool):
         s = gpu.new_sequence()

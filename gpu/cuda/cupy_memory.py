@@ -15,7 +15,7 @@ before any kernel module can create one. Nothing of it applies under the simulat
 Lifetime: a Numba MemoryPointer holds the CuPy block and returns it to the pool when Numba
 lets go of it. CuPy may hand a returned block out again at once, before kernels queued on
 another stream are done with it; every step here ends with a synchronous copy of its result
-to the host, and the per-step inputs live in fixed buffers (forward.Staging), so no
+to the host, and the per-step inputs live in fixed buffers (staging.Staging), so no
 block is returned while a kernel can still read it.
 """
 from __future__ import annotations

@@ -48,6 +48,7 @@ from . import sampling as _smp
 from . import step_kernel as _sk
 from . import swiglu as _sw
 from ._cuda_shim import SIM, cuda, grid_1d, kernel, new_event
+from .staging import Staging, take_prev
 from .step_launch import FusedStep
 
 SIM_SMS = 4  # multiprocessors assumed under the simulator (sizes the attention splits)
@@ -79,21 +80,6 @@ def add_bias(x, b, stream) -> None:
         _add_bias[blocks, threads, stream](x, b)
 
 
-@kernel(["void(int32[::1], int32[::1], int32[::1])"])
-def _take_prev(tokens, prev_rows, prev_ids):
-    """tokens[i] = prev_ids[prev_rows[i]] where prev_rows[i] >= 0: the ids the previous step
-    sampled, still on the device, become this step's inputs (overlapped steps)."""
-    for i in range(cuda.grid(1), tokens.shape[0], cuda.gridsize(1)):
-        r = prev_rows[i]
-        if r >= 0:
-            tokens[i] = prev_ids[r]
-
-
-def take_prev(d_tok, d_prev_rows, prev_ids, stream) -> None:
-    blocks, threads = grid_1d(d_tok.shape[0])
-    _take_prev[blocks, threads, stream](d_tok, d_prev_rows, prev_ids)
-
-
 def _upload_weight(wt, stream, full: dict | None = None, name: str = ""):
     """A quant.Weight -> (fmt, per-layer tuples of device arrays (qs, d, m, w)). The arrays
     a format doesn't use (zero-size) stay behind as None: the launch wrappers never touch them.
@@ -104,47 +90,6 @@ def _upload_weight(wt, stream, full: dict | None = None, name: str = ""):
         full[name] = (wt.fmt, arrs)
     L = wt.d.shape[0]
     return wt.fmt, [tuple(None if a is None else a[i] for a in arrs) for i in range(L)]
-
-
-class Staging:
-    """Host arrays packed into a pinned buffer and copied to one device buffer: one
-    host-to-device copy per step and no allocation. Views of the same shapes always start at
-    the same device addresses (what a captured graph needs). Two pinned buffers alternate:
-    with at most two steps in flight, a buffer is refilled only after the step before the
-    previous one finished (the engine waited for it), so never while a copy from it is still
-    queued. The device buffer needs no pair: the stream orders each copy after the kernels
-    that read the previous contents."""
-
-    def __init__(self, stream, dtype, capacity: int = 0):
-        self.stream, self.dtype = stream, np.dtype(dtype)
-        self.capacity = 0
-        self._turn = 0
-        self._grow(capacity)
-
-    def _grow(self, n: int) -> None:
-        if n <= self.capacity:
-            return
-        cap = max(1024, 1 << (n - 1).bit_length())
-        # (a larger pair replaces the old one only between steps: a copy already queued
-        # from the old buffers keeps them alive through the stream's reference)
-        self._hosts = (cuda.pinned_array(cap, self.dtype), cuda.pinned_array(cap, self.dtype))
-        self.dev = cuda.device_array(cap, self.dtype, stream=self.stream)
-        self.capacity = cap
-
-    def put(self, *arrays):
-        """Copy the arrays to the device; returns their device views, same shapes."""
-        arrays = [np.asarray(a, self.dtype) for a in arrays]
-        ends = np.cumsum([a.size for a in arrays])
-        self._grow(int(ends[-1]))
-        views, start = [], 0
-        self._turn ^= 1
-        host = self._hosts[self._turn]
-        for a, end in zip(arrays, ends):
-            host[start:end] = a.reshape(-1)
-            views.append(self.dev[start:end].reshape(a.shape) if a.ndim > 1 else self.dev[start:end])
-            start = end
-        self.dev[:start].copy_to_device(host[:start], stream=self.stream)
-        return views
 
 
 class CudaForward:
@@ -192,7 +137,8 @@ class CudaForward:
         self.kernel_path = "fused step kernel" if why is None else f"per-op launches ({why})"
         self.best_keys = None  # the last launched step's argmax keys (fused only)
 
-    def _buffers(self, T: int, n_out: int) -> None:
+    def ensure_buffers(self, T: int, n_out: int) -> None:
+        """Activation buffers for steps of up to T tokens and n_out logit rows."""
         if T <= self._cap and n_out <= self._cap:
             return
         cap = max(16, 1 << (max(T, n_out) - 1).bit_length())
@@ -229,7 +175,7 @@ class CudaForward:
         """One step, launched on self.stream; returns the device logits
         [len(logit_rows), vocab], not yet synchronised. prev_ids: the previous step's device
         ids, for inputs that take their token from it (a.prev_rows)."""
-        self._buffers(len(a.tokens), len(a.logit_rows))
+        self.ensure_buffers(len(a.tokens), len(a.logit_rows))
         splits = self.splits_for(len(a.tokens), a.tok_pos)
         d_tok, d_seq, d_pos, d_rows, d_tab, d_prev = self._inputs.put(
             a.tokens, a.tok_seq, a.tok_pos, a.logit_rows, a.tables, a.prev_rows)

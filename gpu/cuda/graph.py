@@ -9,7 +9,7 @@ reuses the kernels as they are. Which one is needed is decided by measurement on
 (bench/gpu_bench.py, section "graph"); see docs/ARCHITECTURE.md.
 
 Capture needs a step that only launches kernels: fixed device buffers for its inputs (token
-ids, sequence ids, positions, logit rows, block tables; forward.Staging), refilled before
+ids, sequence ids, positions, logit rows, block tables; staging.Staging), refilled before
 each replay with one asynchronous copy on the same stream, and the same (T, splits) as at
 capture. The driver's graph API is called through ctypes on libcuda (it works with any
 numba-cuda version), on the model's own stream. Not available under the simulator.
@@ -22,7 +22,7 @@ import numpy as np
 
 from ._cuda_shim import SIM
 from ..model_api import StepArrays
-from .forward import Staging, take_prev
+from .staging import Staging, take_prev
 
 CU_STREAM_CAPTURE_MODE_RELAXED = 2   # numba may call non-capturable APIs (module loads) safely
 
@@ -56,7 +56,7 @@ class DecodeGraph:
             raise RuntimeError("CUDA graphs need a real device (not the simulator)")
         self.fwd, self.T, self.width, self.splits = fwd, T, width, splits
         self.stream = s = fwd.stream  # a stream of its own (CudaModel's), never the legacy one
-        fwd._buffers(T, T)
+        fwd.ensure_buffers(T, T)
         self.inputs = Staging(s, np.int32, 5 * T + T * width)
         self._lib = _lib()
         self._graph = ctypes.c_void_p()

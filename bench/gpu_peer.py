@@ -160,8 +160,12 @@ class Clock:
 
 def agreement(c: dict, device, dtype) -> dict:
     """The plain model against HF's LlamaForCausalLM with the same weights (one prompt), and
-    a decode step through the static cache against the prefill of the same tokens."""
+    a decode step through the static cache against the prefill of the same tokens. In float32
+    and two layers of the full width: what is checked is the structure (RoPE, GQA, masks,
+    norms, the tied head), which bf16 rounding over 30 layers would blur."""
     import torch
+    c = dict(c, n_layer=min(c["n_layer"], 2))
+    dtype = torch.float32
     with torch.no_grad():
         pm = PlainLlama(c, device, dtype, seed=1)
         g = torch.Generator(device="cpu").manual_seed(5)
@@ -179,10 +183,9 @@ def agreement(c: dict, device, dtype) -> dict:
            "decode_vs_prefill": float((step - full).abs().max()) / scale,
            "same_argmax_hf": bool((full.argmax(-1) == ref.argmax(-1)).all()),
            "missing": list(missing), "unexpected": list(unexpected)}
-    # bf16 over a few layers: differences of rounding order only (a wrong RoPE, mask or head
-    # layout gives errors of the order of the logits themselves)
-    tol = 0.02 if dtype == torch.bfloat16 else 1e-4
-    out["tol"] = tol
+    # float32: differences of summation order only (a wrong RoPE base alone gives 5e-2)
+    tol = 1e-4
+    out.update(tol=tol, layers=c["n_layer"], dtype="float32")
     if out["plain_vs_hf"] > tol or out["decode_vs_prefill"] > tol or missing:
         raise AssertionError(f"peer models disagree: {out}")
     return out
@@ -244,7 +247,8 @@ def torch_graph(c: dict, p: dict, device, dtype) -> dict:
             out[f"b{batch}"] = {"batch": batch, "step_us": med * 1e6, "us_per_token": med * 1e6 / batch,
                                 "tok_s": batch / med, "steps": p["steps"], "warm_s": round(warm_s, 3),
                                 "cache_len": length}
-            print(f"  plain torch{' graph' if clock.cuda else ''} b{batch}: {med * 1e6 / batch:,.0f} us/token, "
+            mode = " graph" if clock.cuda else ""
+            print(f"  plain torch{mode} b{batch}: {med * 1e6 / batch:,.0f} us/token, "
                   f"{batch / med:,.0f} tok/s", flush=True)
         n = p["prefill"]
         pm.alloc_cache(1, n)
@@ -292,7 +296,8 @@ def hf_eager(c: dict, p: dict, device, dtype) -> dict:
             per = (b - a) / (n2 - n1)
             out[f"b{batch}"] = {"batch": batch, "ms_per_step": per * 1e3, "ms_per_token": per * 1e3 / batch,
                                 "tok_s": batch / per}
-            print(f"  HF eager generate b{batch}: {per * 1e3:.1f} ms/step, {batch / per:,.0f} tok/s", flush=True)
+            print(f"  HF eager generate b{batch}: {per * 1e3:.1f} ms/step, {batch / per:,.0f} tok/s",
+                  flush=True)
     return out
 
 

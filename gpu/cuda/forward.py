@@ -156,6 +156,10 @@ class CudaForward:
         self._q = cuda.device_array((cap, c.n_head * c.head_dim), f32, stream=s)
         self._cap = cap
 
+    def activations(self, T: int, n_out: int) -> tuple:
+        """Views for a step of T tokens and n_out logit rows: (x, q, att, h, logits)."""
+        return (self._x[:T], self._q[:T], self._att[:T], self._h[:T], self._logits[:n_out])
+
     def buffers(self) -> tuple:
         """Every activation buffer a step writes: what a captured graph must keep alive."""
         return (self._x, self._xn, self._tmp, self._qkv, self._att, self._gu, self._h,
@@ -182,6 +186,24 @@ class CudaForward:
         if a.uses_prev:
             take_prev(d_tok, d_prev, prev_ids, self.stream)
         return self.launch(d_tok, d_seq, d_pos, d_rows, d_tab, splits, self.stream)
+
+    def stage_times(self, a: StepArrays) -> list[float]:
+        """Device microseconds of each stage of the fused kernel for one step of a, each stage
+        its own launch between two CUDA events: where a step's time goes, beside
+        step_plan's bytes (the same order: embed, 5 per layer, the LM head). The step runs
+        for real (it writes its KV): use sequences made for measuring. Device only."""
+        if self.fused is None or SIM:
+            raise RuntimeError("stage times need the fused kernel on a device")
+        self.ensure_buffers(len(a.tokens), len(a.logit_rows))
+        splits = self.splits_for(len(a.tokens), a.tok_pos)
+        d_tok, d_seq, d_pos, d_rows, d_tab, _ = self._inputs.put(
+            a.tokens, a.tok_seq, a.tok_pos, a.logit_rows, a.tables, a.prev_rows)
+        events: list = []
+        self.fused.launch(self, d_tok, d_seq, d_pos, d_rows, d_tab, splits,
+                          self.partials(len(a.tokens), splits, self.stream), self.stream,
+                          events=events)
+        events[-1].synchronize()
+        return [cuda.event_elapsed_time(e0, e1) * 1e3 for e0, e1 in zip(events, events[1:])]
 
     def partials(self, T: int, splits: int, s):
         """Flash-decoding scratch for (T, splits), allocated once and kept."""

@@ -79,19 +79,21 @@ class FusedStep:
         want = max(1, -(-self.blocks // (T * self.cfg.n_kv)))
         return want if max_blocks is None else max(1, min(want, max_blocks))
 
-    def launch(self, fwd, d_tok, d_seq, d_pos, d_rows, d_tab, splits: int, part, s):
-        """Queue the step on stream s; returns (logits [n_out, vocab], argmax keys [n_out])."""
+    def launch(self, fwd, d_tok, d_seq, d_pos, d_rows, d_tab, splits: int, part, s, events=None):
+        """Queue the step on stream s; returns (logits [n_out, vocab], argmax keys [n_out]).
+        events: a list to receive a timing event recorded after each launch (one first),
+        with a launch per stage (the "stage" cut), for CudaForward.stage_times."""
         c = self.cfg
         T, n_out = d_tok.shape[0], d_rows.shape[0]
         TT = 1 if T == 1 else sk.TOKEN_TILES[-1]
         cnt, best = self.scratch(T)
         part_o, part_m, part_l = part
-        logits = fwd._logits[:n_out]
+        x, q, att, h, logits = fwd.activations(T, n_out)
         w = [a for wt in self.weights for a in wt]
         args = (*w, fwd.attn_norm_full, fwd.ffn_norm_full, fwd.out_norm, self.qkv_bias,
                 self.has_bias, fwd.cos, fwd.sin, fwd.k_pool, fwd.v_pool,
                 d_tok, d_seq, d_pos, d_rows, d_tab,
-                fwd._x[:T], fwd._q[:T], fwd._att[:T], fwd._h[:T], logits, part_o, part_m, part_l,
+                x, q, att, h, logits, part_o, part_m, part_l,
                 cnt, best[:max(n_out, 1)], self.bar,
                 c.n_head, c.n_kv, c.head_dim, c.n_ff, np.float32(c.eps),
                 np.float32(1.0 / np.sqrt(c.head_dim)), splits)
@@ -99,13 +101,20 @@ class FusedStep:
         n_st = sk.stage_count(c.n_layer)
         if n_out == 0:
             n_st -= 1  # no LM head stage
-        for lo, hi in self.launches(n_st):
+        ranges = self.launches(n_st) if events is None else [(i, i + 1) for i in range(n_st)]
+        if events is not None:
+            events.append(cuda.event(timing=True))
+            events[-1].record(s)
+        for lo, hi in ranges:
             if SIM:  # one stage per launch: the launch boundary is the barrier
                 shim.LAUNCHES[k.name] += 1
                 for st in range(lo, hi):
                     k.raw[self.blocks, sk.THREADS, s](*args, st, st + 1)
             else:
                 k[self.blocks, sk.THREADS, s](*args, lo, hi)
+            if events is not None:
+                events.append(cuda.event(timing=True))
+                events[-1].record(s)
         return logits, best[:n_out]
 
     def launches(self, n_st: int) -> list[tuple[int, int]]:

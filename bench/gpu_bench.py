@@ -619,6 +619,61 @@ def op_timings(model, c: dict, p: dict, sim: bool) -> dict:
     return out
 
 
+def stage_timings(model, c: dict, p: dict, sim: bool) -> dict:
+    """Where a fused decode step's device time goes: each stage of the step kernel launched
+    on its own between CUDA events (CudaForward.stage_times), beside the bytes the step's plan
+    says it moves (step_plan.py), at batch 1 and 16 after a prompt of p["prompt"] tokens;
+    bytes / time is each stage's achieved bandwidth (an H200's HBM gives ~4,800 GB/s). The
+    plan alone (host code) is reported under the simulator too."""
+    from zerolayer.gpu.model import StepInput
+    from zerolayer.gpu.model_api import Draw, step_arrays
+    cfg, w, gpu = model
+    try:
+        from zerolayer.gpu.cuda import step_plan
+    except ImportError:
+        return {"note": "no step plan in this tree"}
+    fwd = getattr(gpu, "fwd", None)
+    stage_times = getattr(fwd, "stage_times", None)
+    out: dict = {"kernel_path": str(getattr(fwd, "kernel_path", "?"))}
+    rng = np.random.default_rng(12)
+    for batch in (1, 16 if not sim else 2):
+        stages = step_plan.plan(cfg, w, batch, p["prompt"])
+        rec: dict = {"plan_weight_bytes": sum(st.weight_bytes for st in stages),
+                     "plan_bytes": sum(st.bytes for st in stages), "stages": len(stages)}
+        out[f"b{batch}"] = rec
+        if sim or stage_times is None or getattr(fwd, "fused", None) is None:
+            rec["note"] = ("simulator: no device times" if sim else
+                           "no fused step kernel here: no stage times")
+            continue
+        seqs = [gpu.new_sequence() for _ in range(batch)]
+        try:
+            gpu.step_tokens([StepInput(s, rng.integers(0, c["vocab"], p["prompt"])) for s in seqs],
+                            [Draw(0.0, 0, 1.0, 0.5)] * batch)
+            a = step_arrays([StepInput(s, rng.integers(0, c["vocab"], 1)) for s in seqs], cfg.vocab)
+            stage_times(a)  # warm-up (the same KV slot is written again below)
+            us = stage_times(a)
+        finally:
+            for s in seqs:
+                s.release()
+        if len(us) != len(stages):
+            rec["note"] = f"{len(us)} stage times for {len(stages)} planned stages"
+            continue
+        kinds: dict = {}
+        for st, t in zip(stages, us):
+            k = st.name.split(".", 1)[-1] if st.name.startswith("L") else st.name
+            agg = kinds.setdefault(k, {"us": 0.0, "bytes": 0})
+            agg["us"] += t
+            agg["bytes"] += st.bytes
+        for agg in kinds.values():
+            agg["GB_s"] = agg["bytes"] / agg["us"] / 1e3 if agg["us"] > 0 else None
+        rec.update(stage_us_sum=float(sum(us)), kinds=kinds,
+                   GB_s=rec["plan_bytes"] / sum(us) / 1e3 if sum(us) > 0 else None)
+        print(f"  b{batch}: stages {sum(us):.0f} us for {rec['plan_bytes'] / 1e6:.1f} MB "
+              f"({rec['GB_s']:.0f} GB/s); " + ", ".join(
+                  f"{k} {v['us']:.0f} us" for k, v in kinds.items()), flush=True)
+    return out
+
+
 # ------------------------------------------------------------------------------ checks
 
 def forward_check(model, ref: list, c: dict, sim: bool) -> dict:
@@ -1076,6 +1131,13 @@ def report(res: dict, peer: dict | None, total_s: float | None = None) -> list[d
     pv = _get(tg, "prefill", "tok_s")
     row(f"prefill {pf.get('tokens', 512)} (tok/s)", pf.get("tok_s"), dec_txt(pf, False), "prefill_tok_s",
         pv, _fmt(pv, " tok/s"), None if not (pv and pf.get("tok_s")) else pf["tok_s"] / pv)
+    sg1 = _get(s, "stages", "b1") or {}
+    dv1 = _get(d1, "device_us", "median")
+    bw = sg1["plan_bytes"] / dv1 / 1e3 if sg1.get("plan_bytes") and dv1 else None
+    row("decode b1 bytes moved / device time (GB/s)", bw,
+        f"{_fmt(bw, ' GB/s')} ({sg1['plan_bytes'] / 1e6:.1f} MB a step by the plan; HBM ~4,800)"
+        if bw else (f"- ({sg1['plan_bytes'] / 1e6:.1f} MB a step by the plan)" if sg1.get("plan_bytes")
+                    else "-"))
     ops = s.get("ops", {})
     row("kernel nodes per decode step", ops.get("nodes_per_step"),
         f"{ops['nodes_per_step']} ({ops.get('nodes_source')})" if ops.get("nodes_per_step") else _state(ops),
@@ -1244,6 +1306,7 @@ def main(argv=None) -> int:
     if model:
         run.section("decode_b1_topk", decode, model, c, p, a.sim, p["batches"][0], (0.8, 40, 0.9))
         run.section("ops", op_timings, model, c, p, a.sim)
+        run.section("stages", stage_timings, model, c, p, a.sim)
     # ... then the checks
     if model and ref:
         run.section("forward", forward_check, model, ref, c, a.sim)

@@ -79,6 +79,7 @@ def _results(ttft: bool = True) -> dict:
                                         "topk_wall_us": 60.0, "greedy_wall_us": 40.0}, "s": 1.0},
          "ops": {"ok": True, "nodes_per_step": 62, "nodes_source": "nodes of the captured graph",
                  "s": 1.0},
+         "stages": {"ok": True, "b1": {"plan_bytes": 100_000_000}, "s": 1.0},
          "forward": {"ok": True, "err": 2e-5, "tol": 1e-3, "per_step_err": [2e-5, 1e-5], "s": 1.0},
          "kernels": {"ok": False, "error": "Traceback ...", "s": 3.0},
          "ttft": ({"ok": True, "ttft_ms_p50": 1.5, "ttft_ms_p90": 2.5, "prompt_tokens": 32, "s": 9.0}
@@ -113,6 +114,8 @@ def test_report_rows_targets_and_peer_ratios():
     assert rows["vs HF eager generate, b1 (tok/s)"]["x_peer"] == pytest.approx(2000 / 28)
     assert rows["TTFT packet->first frame (ms)"]["met"] == "yes"
     assert rows["one-shot check (s)"]["met"] == "yes"
+    # the plan's bytes over the measured device time of a step: 100 MB / 400 us
+    assert rows["decode b1 bytes moved / device time (GB/s)"]["ours"] == pytest.approx(250.0)
 
 
 def test_report_without_peer_or_skipped_sections():

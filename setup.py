@@ -36,9 +36,10 @@ HTTP = ["starlette>=0.37", "uvicorn>=0.30", "sse-starlette>=2.1", "uvloop>=0.19"
         "httptools>=0.6"]
 EXTRAS = {
     "http": HTTP,
-    # the edge is tested with the real OpenAI and Anthropic SDKs; the client with mypy
-    "test": ["pytest>=8", "hypothesis>=6", "mypy>=1.10", "openai>=1.40", "anthropic>=0.30",
-             "httpx>=0.27", "kubernetes-validate>=1.30", *HTTP],
+    # the edge is tested with the real OpenAI and Anthropic SDKs; the tree with ruff and mypy,
+    # pinned: tests/mypy_baseline.txt holds this mypy's messages, ruff.toml this ruff's rules
+    "test": ["pytest>=8", "hypothesis>=6", "mypy==2.4.1", "ruff==0.17.5", "openai>=1.40",
+             "anthropic>=0.30", "httpx>=0.27", "kubernetes-validate>=1.30", *HTTP],
     "bench": ["matplotlib>=3.8"],
     "gpu": ["numba-cuda[cu12]>=0.30", "cupy-cuda12x>=14"],
 }

@@ -70,8 +70,17 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _serving_clients import (CpuWatch, NativeLlamaServer, ZeroLayerDaemon, chat_body,  # noqa: E402
-                              free_port, http_get_timed, log, top_processes, zl_stream_chat)
+from _serving_clients import (  # noqa: E402
+    CpuWatch,
+    NativeLlamaServer,
+    ZeroLayerDaemon,
+    chat_body,
+    free_port,
+    http_get_timed,
+    log,
+    top_processes,
+    zl_stream_chat,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -174,7 +183,7 @@ def take_lock(max_wait: float, command: str):
                 if waited >= max_wait:
                     f.close()
                     raise SystemExit(f"{LOCK_PATH} ({how}) still held after {waited:.0f} s; "
-                                     "giving up")
+                                     "giving up") from None
                 if not told:
                     f.seek(0)
                     log(f"waiting for {LOCK_PATH} (up to {max_wait:.0f} s), held by: "
@@ -1001,7 +1010,8 @@ def summarise(r: dict, a) -> None:
         prompt_use = set()
         for x in samples("ttft_idle", side):
             u = x.get("usage") or {}
-            cached = u.get("cached_prompt_tokens", (u.get("prompt_tokens_details") or {}).get("cached_tokens"))
+            details = u.get("prompt_tokens_details") or {}
+            cached = u.get("cached_prompt_tokens", details.get("cached_tokens"))
             prompt_use.add((u.get("prompt_tokens"), cached))
         d["ttft_idle_prompt_and_cached_tokens"] = sorted(prompt_use, key=str)
         idle_texts = {x.get("text") for x in samples("ttft_idle", side)}

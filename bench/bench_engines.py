@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Several engines vs one, in one run, on the same model and CPUs ([[engines]], issue 13).
+"""Several engines vs one, in one run, on the same model and CPUs ([[engines]]).
 
     .venv/bin/python bench/bench_engines.py [--streams 16] [--tokens 200] [--rounds 3]
                                             [--cpus 0,1] [--model PATH] [--out PATH]
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
-import os
 import statistics
 import sys
 import tempfile

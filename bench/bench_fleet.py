@@ -8,9 +8,10 @@ Three zerolayerd in three network namespaces on one bridge (tests/netns.fleet_te
 same testbed as tests/test_fleet.py), one key. --workers client threads in a fourth namespace
 each send invoke() after invoke() (the chat question, max_tokens --tokens, a fresh request id
 each), through one SDK Client given all three nodes (rendezvous hashing, failover). After
---before seconds node 3 is SIGKILLed, at the first moment it has a request in flight; "during" is the --during seconds after the kill;
-"after" the rest. Every request is counted by the phase it started in: completed (and of
-those, re-run on another node: InvokeResult.restarts > 0), or lost (an exception). TTFT is
+--before seconds node 3 is SIGKILLed, at the first moment it has a request in flight;
+"during" is the --during seconds after the kill; "after" the rest. Every request is counted
+by the phase it started in: completed (and of those, re-run on another node:
+InvokeResult.restarts > 0), or lost (an exception). TTFT is
 the client's (InvokeResult.ttft_s: first send to first text).
 
 Needs root (namespaces). Holds /tmp/zl-bench.lock. Results: JSON under bench/results/ and a
@@ -33,9 +34,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 from bench_dataplane import machine_info, take_lock  # noqa: E402
+
 from daemon_proc import DaemonProc  # noqa: E402  (the tests' daemon and testbed helpers)
 from netns import fleet_testbed, in_netns  # noqa: E402
-
 from zerolayer.client import ChatMessage, Client  # noqa: E402
 from zerolayer.client.fleet import rendezvous_order  # noqa: E402
 
@@ -132,7 +133,7 @@ def main() -> int:
                                       * 1e3 if ok else None),
                       "ttft_p99_ms": ((p99([s["ttft_s"] for s in ok if s["ttft_s"]]) or 0)
                                       * 1e3 if ok else None)}
-    stamp = _dt.datetime.now(_dt.timezone.utc)
+    stamp = _dt.datetime.now(_dt.UTC)
     out = Path(a.out or REPO / "bench" / "results" / f"fleet-{stamp:%Y%m%d-%H%M%S}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"date": stamp.isoformat(), "args": vars(a), "kill_at_s": k,
@@ -143,7 +144,8 @@ def main() -> int:
           "| TTFT p99 (ms) |")
     print("|---|---|---|---|---|---|---|")
     for name, r in rows.items():
-        f = (lambda v: f"{v:.1f}" if v is not None else "-")
+        def f(v):
+            return f"{v:.1f}" if v is not None else "-"
         print(f"| {name} | {r['started']} | {r['completed']} | {r['lost']} | {r['rerun']} "
               f"| {f(r['ttft_p50_ms'])} | {f(r['ttft_p99_ms'])} |")
     print(f"\nCommand: `{' '.join(sys.argv)}`; JSON: {out}")

@@ -46,8 +46,17 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _serving_clients import (CpuWatch, NativeLlamaServer, ZeroLayerDaemon, _Proc,  # noqa: E402
-                              chat_body, free_port, http_stream_chat, log, zl_stream_chat)
+from _serving_clients import (  # noqa: E402
+    CpuWatch,
+    NativeLlamaServer,
+    ZeroLayerDaemon,
+    _Proc,
+    chat_body,
+    free_port,
+    http_stream_chat,
+    log,
+    zl_stream_chat,
+)
 from bench_dataplane import LOCK_PATH, machine_info, sh, stats, take_lock  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,7 +144,7 @@ class Bench:
         sides = {"llama": self.http_side(self.llama.port, None),
                  "edge": self.http_side(self.edge.port, self.edge.token),
                  "sdk": self.sdk_side()}
-        for name, fn in sides.items():           # warm-up: connections, caches, JIT
+        for fn in sides.values():                # warm-up: connections, caches, JIT
             for _ in range(self.a.warmup):
                 fn()
         out: dict[str, list[dict]] = {k: [] for k in sides}
@@ -349,9 +358,9 @@ def render(r: dict) -> str:
         f"SDK {S['conc_errors']}.",
         f"- Greedy answers (sequential): edge {E['texts']!r}; llama {L['texts']!r}; "
         f"SDK {S['texts']!r}.",
-        f"- HTTP sides in the sequential run: a stdlib client reading SSE lines, a fresh "
-        f"connection per request (connected before the clock starts); "
-        f"concurrent runs: AsyncOpenAI (openai SDK), usage from stream_options.include_usage.",
+        "- HTTP sides in the sequential run: a stdlib client reading SSE lines, a fresh "
+        "connection per request (connected before the clock starts); "
+        "concurrent runs: AsyncOpenAI (openai SDK), usage from stream_options.include_usage.",
         f"- Run took {r['duration_s']:.0f} s. Command: `{r['command']}`",
     ]
     return "\n".join(lines)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""zerolayer vs llama.cpp's own `llama-bench` on the same GGUF, 2 threads each (issue 2).
+"""zerolayer vs llama.cpp's own `llama-bench` on the same GGUF, 2 threads each.
 
     .venv/bin/python bench/bench_runtime.py [--runs N] [--reps R] [--quick] [--out PATH]
     .venv/bin/python bench/bench_runtime.py --reference llama-cpp-python   # the old peer
@@ -83,7 +83,7 @@ N_CTX = 2048  # room for the 1000-token context plus a 500-token prompt or the d
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 NCPU = os.cpu_count() or 1
 
-TARGETS = {  # issue 15's table (prefill 1.25x, cold start 1.5 s); issue 2 had 1.0x and 3 s
+TARGETS = {  # prefill 1.25x, cold start 1.5 s (the first targets were 1.0x and 3 s)
     "decode_ctx50": ("decode ctx 50 vs llama.cpp", ">=", 1.25),
     "decode_ctx1000": ("decode ctx 1000 vs llama.cpp", ">=", 1.25),
     "prefill_100": ("prefill 100 vs llama.cpp", ">=", 1.25),
@@ -457,7 +457,7 @@ def llama_bench_help(binary: Path) -> str:
     return r.stdout + r.stderr
 
 
-def run_llama_bench(cmd: list[str], watch: "CpuWatch") -> tuple[list[dict], dict]:
+def run_llama_bench(cmd: list[str], watch: CpuWatch) -> tuple[list[dict], dict]:
     """Run llama-bench (-o jsonl); each row it prints gets the share of the machine that other
     processes took since the previous row (or the start), so a disturbance is pinned on the
     tests that ran during it."""
@@ -624,7 +624,7 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
 
     watch = CpuWatch([])
     log("warm-up: each of our measurements once (llama-bench warms up each test itself)")
-    for key, (fn, _) in ours.items():
+    for fn, _ in ours.values():
         fn()
 
     # round values: samples[key][side] = [value of each round that has one]
@@ -705,7 +705,7 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
         return sum(r["wall_s"] for r in lb_runs if r["round"] == rnd)
 
     def zl_round(rnd: int, keys: list[str]) -> None:
-        for i, key in enumerate(keys):
+        for key in keys:
             fn, kind = ours[key]
             waited, _ = watch.wait_quiet(args.max_foreign, args.max_wait)
             n_s = 1 if kind == "cold" else reps  # one cold start per round: it takes seconds
@@ -1152,7 +1152,7 @@ def _main_llama_cpp_python(args, command: str, started: _dt.datetime, out_path: 
 
     # llama.cpp's baseline for each metric: its best configuration on that metric.
     best_ll = {}
-    for key, fns, _ in measurements:
+    for key, _fns, _ in measurements:
         cands = [(med(key, s), s) for s in ll_sides if med(key, s) is not None]
         if cands:
             v, s = (min if key in lower_is_better else max)(cands)
@@ -1315,10 +1315,12 @@ def _main_kernels(args, command: str) -> int:
     this CPU runs (gpu/ops/int8_matmul.py), at T = 1, 8 and 100 tokens. Medians of --runs
     samples, each the mean of a timed loop of calls. Also the worst relative error of each
     int8 result against the float one."""
-    from zerolayer.gpu.model import LlamaModel
-    from zerolayer.gpu.ops import cpu_features, int8_matmul as im
-    from zerolayer.gpu.ops.matmul import matmul
     import numba
+
+    from zerolayer.gpu.model import LlamaModel
+    from zerolayer.gpu.ops import cpu_features
+    from zerolayer.gpu.ops import int8_matmul as im
+    from zerolayer.gpu.ops.matmul import matmul
     numba.set_num_threads(THREADS)
     model = LlamaModel.load(args.model)
     w = model.w

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""zerolayerd vs llama-cpp-python's OpenAI-compatible server, side by side in one run (issue 3).
+"""zerolayerd vs llama-cpp-python's OpenAI-compatible server, side by side in one run.
 
     .venv/bin/python bench/bench_serving.py [--out PATH] [--quick]
 
@@ -12,7 +12,7 @@ a stdlib http.client reading the SSE stream line by line, for us the project's S
 1. TTFT and end-to-end latency, chat question "What is the capital of France?", greedy,
    max_tokens 32, --seq requests per side after --warmup warm-ups; p50 and p99.
    TTFT = just before the request is sent -> first non-empty content chunk.
-   Target (issue 3): our TTFT p50 <= 0.5x llama.cpp's.
+   Target: our TTFT p50 <= 0.5x llama.cpp's.
 2. Aggregate tok/s, --conc concurrent streams (threads) of max_tokens --conc-tokens each, one
    short distinct chat prompt per stream; completion tokens (ours: usage from DONE; theirs:
    usage of the same greedy request run non-streamed once beforehand, cross-checked against
@@ -41,9 +41,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _serving_clients import (CpuWatch, LlamaServer, ZeroLayerDaemon, chat_body,  # noqa: E402
-                              free_port, http_chat, http_get_timed, http_stream_chat, log,
-                              top_processes, zl_stream_chat)
+from _serving_clients import (  # noqa: E402
+    CpuWatch,
+    LlamaServer,
+    ZeroLayerDaemon,
+    chat_body,
+    free_port,
+    http_chat,
+    http_get_timed,
+    http_stream_chat,
+    log,
+    top_processes,
+    zl_stream_chat,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_PY = REPO / ".venv-bench" / "bin" / "python"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The XDP fast path against the UDP path and an HTTP /health, side by side in one run (issue 4).
+"""The XDP fast path against the UDP path and an HTTP /health, side by side in one run.
 
     sudo .venv/bin/python bench/bench_xdp.py [--quick] [--out PATH]
 
@@ -24,9 +24,10 @@ leaves the two namespaces, which are deleted at the end.
    sequential chat questions and the daemon's CPU seconds over that window, without and with
    a garbage flood (valid-looking headers, bad magic) sent from the client namespace by a
    sendmmsg loop at its maximum rate. The questions are sent at a fixed rate (one every
-   0.5 s), so the daemon's CPU share over the window is its work, not a busy loop, for the XDP daemon and the UDP daemon. The daemon is
-   pinned to CPU 0 with one model thread; the flood generator to CPU 1. Target (XDP): TTFT and
-   daemon CPU rise by at most 10%. The XDP drop counters and the generator's rate are reported.
+   0.5 s), so the daemon's CPU share over the window is its work, not a busy loop, for the
+   XDP daemon and the UDP daemon. The daemon is pinned to CPU 0 with one model thread; the
+   flood generator to CPU 1. Target (XDP): TTFT and daemon CPU rise by at most 10%. The XDP
+   drop counters and the generator's rate are reported.
 
 Results: JSON under bench/results/ (gitignored) and a markdown table on stdout.
 """
@@ -46,7 +47,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 import uuid
@@ -70,6 +70,7 @@ PIN = ["--cpu-cpus", str(SERVER_CPU), "--model-threads", "1"]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 from _serving_clients import terminate  # noqa: E402
+
 from netns import in_netns  # noqa: E402  (the testbed helpers the tests use too)
 
 
@@ -351,7 +352,8 @@ def main() -> int:
                     finally:
                         d.stop()
                 elif side == "ring":
-                    p = start_proc(srv, ["taskset", "-c", str(SERVER_CPU), str(PY), "-c", ECHO_SERVER, SRV_IF, str(PORT), "120"],
+                    p = start_proc(srv, ["taskset", "-c", str(SERVER_CPU), str(PY), "-c", ECHO_SERVER,
+                                         SRV_IF, str(PORT), "120"],
                                    "ready", tmp, "ring-echo")
                     try:
                         samples[side] += udp_rtts(cli, SRV_V4, signed_pings(
@@ -359,7 +361,8 @@ def main() -> int:
                     finally:
                         stop_proc(p)
                 else:
-                    p = start_proc(srv, ["taskset", "-c", str(SERVER_CPU), str(BENCH_PY), "-m", "uvicorn", "health_app:app",
+                    p = start_proc(srv, ["taskset", "-c", str(SERVER_CPU), str(BENCH_PY), "-m", "uvicorn",
+                                         "health_app:app",
                                          "--host", "0.0.0.0", "--port", str(HTTP_PORT),
                                          "--log-level", "warning", "--no-access-log"],
                                    None, tmp, "uvicorn")
@@ -412,7 +415,7 @@ def main() -> int:
         r[f"flood_{s}_ttft_rise"] = f[s]["flood"]["ttft_p50_ms"] / f[s]["quiet"]["ttft_p50_ms"]
         r[f"flood_{s}_cpu_rise"] = (f[s]["flood"]["daemon_cpu_share"]
                                     / max(f[s]["quiet"]["daemon_cpu_share"], 1e-9))
-    res["meta"] = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    res["meta"] = {"date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                    "command": " ".join(shlex.quote(x) for x in sys.argv),
                    "machine": platform.platform(), "cpus": os.cpu_count(),
                    "cpu_model": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")

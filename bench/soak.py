@@ -4,7 +4,7 @@
     .venv/bin/python bench/soak.py [--duration-s 600] [--warmup-s 180] [--rate 4000]
                                    [--overload-x 10] [--calibrate-s 30]
 
-Issue 14 §8: a UDP fuzz once took the daemon from 350 to 824 MB, and an overload kept it
+Why: a UDP fuzz once took the daemon from 350 to 824 MB, and an overload kept it
 growing. Every buffer now has a bound (docs/OPERATIONS.md "Memory bounds"); this checks the
 sum of them holds in practice. A load generator (a separate process, so its threads never
 hold the sampler's GIL) keeps, for the whole run:

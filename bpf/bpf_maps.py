@@ -11,8 +11,8 @@ import ctypes
 import os
 import platform
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 _SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(platform.machine())
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -94,7 +94,8 @@ class RawMap:
     def map_fd(self) -> int:  # BCC's table attribute name, for the pinning code
         return self.fd
 
-    def _attr(self, key: ctypes.Array | None, value: ctypes.Array | None, flags: int = 0):
+    def _attr(self, key: ctypes.Array | None, value: ctypes.Array | None,
+              flags: int = 0) -> ctypes.Array[ctypes.c_char]:
         return ctypes.create_string_buffer(struct.pack(
             "<IIQQQ", self.fd, 0, 0 if key is None else ctypes.addressof(key),
             0 if value is None else ctypes.addressof(value), flags), 32)

@@ -19,7 +19,7 @@ import os
 import socket
 import subprocess
 import sys
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from .loader import MAP_NAMES, BpfUnavailable, CompileStats, InvokeSteer
 

@@ -13,8 +13,9 @@ invoke_consts.h holds the -D overridable settings and the stats reasons); the pr
 numbers come from wire_consts.py, rendered into the source as zl_wire_consts.h. BCC's
 rewriter only turns `map.lookup()` calls into map-fd loads in the *main* file, so the loader
 pastes the local `#include "..."` headers into one source text (with #line markers, so
-compiler errors still name the right header and line) before compiling. System headers (`<linux/ip.h>`) come from /lib/modules/$(uname -r)/build, which
-scripts/install-bcc.sh provides.
+compiler errors still name the right header and line) before compiling. System headers
+(`<linux/ip.h>`) come from /lib/modules/$(uname -r)/build, which scripts/install-bcc.sh
+provides.
 
 This module never imports zerolayer.daemon. The protocol's numbers come from
 zerolayer.client.wire_consts, the protocol package every room builds on (the SDK, the
@@ -35,11 +36,12 @@ import resource
 import socket
 import struct
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from zerolayer.client import wire_consts
+
 from .bpf_maps import RawMap, bpf
 
 BPF_DIR = Path(__file__).resolve().parent
@@ -188,10 +190,10 @@ class XdpLink:
             os.close(self.fd)
             self.closed = True
 
-    def __enter__(self) -> "XdpLink":
+    def __enter__(self) -> XdpLink:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -212,7 +214,7 @@ class InvokeSteer:
 
     @classmethod
     def from_fds(cls, prog_fd: int, map_fds: Mapping[str, int], stats: CompileStats,
-                 defines: Mapping[str, int]) -> "InvokeSteer":
+                 defines: Mapping[str, int]) -> InvokeSteer:
         """Adopt a loaded program and its maps by fd (they are closed by close())."""
         maps = {name: RawMap(fd) for name, fd in map_fds.items()}
         if set(maps) != set(MAP_NAMES):
@@ -220,7 +222,7 @@ class InvokeSteer:
         return cls(prog_fd, maps, stats, defines, owned_fds=[prog_fd, *map_fds.values()])
 
     @classmethod
-    def from_pins(cls, directory: str | os.PathLike) -> "InvokeSteer":
+    def from_pins(cls, directory: str | os.PathLike) -> InvokeSteer:
         """The maps a running daemon pinned (network.xdp_pin_dir), for ops tools: counters,
         ports and the rate limit, read and changed live. There is no program fd (test_run and
         attach are not available), and the compile-time sizes are the defaults."""
@@ -242,7 +244,7 @@ class InvokeSteer:
 
     @classmethod
     def compile(cls, *, ports: Iterable[int] = (), rate_pps: int = 0, burst: int = 0,
-                defines: Mapping[str, int] | None = None, debug: int = 0) -> "InvokeSteer":
+                defines: Mapping[str, int] | None = None, debug: int = 0) -> InvokeSteer:
         """Compile with BCC and load into the kernel (not attached anywhere yet)."""
         try:
             import bcc
@@ -314,7 +316,11 @@ class InvokeSteer:
         self.table("zl_rate_cfg").update(struct.pack("=I", 0), struct.pack("=II", rate_pps, burst))
 
     def rate(self) -> tuple[int, int]:
-        return struct.unpack("=II", self.table("zl_rate_cfg").lookup(struct.pack("=I", 0)))
+        value = self.table("zl_rate_cfg").lookup(struct.pack("=I", 0))
+        if value is None:   # an array map always holds its index 0
+            raise KeyError("zl_rate_cfg[0]")
+        pps, burst = struct.unpack("=II", value)
+        return pps, burst
 
     def reset_rate_state(self) -> None:
         t = self.table("zl_rate_state")
@@ -411,10 +417,10 @@ class InvokeSteer:
             os.close(fd)
         self._owned = []
 
-    def __enter__(self) -> "InvokeSteer":
+    def __enter__(self) -> InvokeSteer:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -9,13 +9,18 @@ setup.py): no numpy, numba or tokenizer. Typed (py.typed; mypy --strict clean). 
 the XDP loader and the runtime import their protocol numbers and codec from here too, so
 the client and the server cannot disagree about the wire.
 """
+from .address import Address
 from .async_client import AsyncClient, AsyncStream
-from .errors import (ErrorCode, PayloadTooLargeError, StreamRestartedError, ZerolayerError,
-                     ZerolayerTimeoutError)
+from .errors import (
+    ErrorCode,
+    PayloadTooLargeError,
+    StreamRestartedError,
+    ZerolayerError,
+    ZerolayerTimeoutError,
+)
 from .request_machine import InvokeResult
 from .retry_policy import AuditHook
 from .sync_client import Client, Stream
-from .address import Address
 from .wire import ChatMessage, RunState, Timings, Usage
 
 __all__ = ["Address", "AsyncClient", "AsyncStream", "AuditHook", "ChatMessage", "Client",

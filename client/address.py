@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
 from urllib.parse import parse_qs, urlsplit
 
 HostPort = tuple[str, int]
-Address = Union[HostPort, str, Sequence[Union[HostPort, str]]]
+Address = HostPort | str | Sequence[HostPort | str]
 
 
 def node_name(addr: HostPort) -> str:

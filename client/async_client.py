@@ -36,7 +36,7 @@ class AsyncClient(ClientConfig):
 
     _connector: AsyncConnector | None = None
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
@@ -76,7 +76,7 @@ class AsyncClient(ClientConfig):
                      seed: int | None = None, stop: Sequence[str] = (),
                      repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                      frequency_penalty: float = 0.0,
-                     request_id: bytes | str | None = None) -> "AsyncStream":
+                     request_id: bytes | str | None = None) -> AsyncStream:
         """Send the request's first attempt and return the AsyncStream; iterate it with
         `async for` for text chunks. Errors raise subclasses of ZerolayerError."""
         body = build_invoke_body(prompt, messages, token_ids, max_tokens=max_tokens,
@@ -138,7 +138,7 @@ class AsyncStream(AsyncIterator[str]):
     def attempts(self) -> int:
         return self._m.attempts
 
-    def __aiter__(self) -> "AsyncStream":
+    def __aiter__(self) -> AsyncStream:
         return self
 
     async def __anext__(self) -> str:
@@ -182,7 +182,7 @@ class AsyncStream(AsyncIterator[str]):
             pass
         self._release()
 
-    async def __aenter__(self) -> "AsyncStream":
+    async def __aenter__(self) -> AsyncStream:
         return self
 
     async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,

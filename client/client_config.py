@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import threading
 
-from .retry_policy import AuditHook, RetryPolicy
 from .address import Address, parse_address
+from .retry_policy import AuditHook, RetryPolicy
 from .wire import MAX_CHUNK, Mac
 
 

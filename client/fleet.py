@@ -184,7 +184,7 @@ class FleetConnector:
 
 
 class _FleetProtocol(asyncio.DatagramProtocol):
-    def __init__(self, channel: "AsyncFleetChannel") -> None:
+    def __init__(self, channel: AsyncFleetChannel) -> None:
         self._ch = channel
 
     def datagram_received(self, data: bytes, addr: object) -> None:
@@ -232,7 +232,7 @@ class AsyncFleetChannel:
             return self.queue.get_nowait()
         try:
             return await asyncio.wait_for(self.queue.get(), max(timeout_s, 1e-4))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
 
     def close(self) -> None:

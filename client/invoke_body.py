@@ -6,8 +6,15 @@ from collections.abc import Iterable, Sequence
 
 from .errors import PayloadTooLargeError
 from .sampling_params import SamplingParams
-from .wire import (MAX_MESSAGE_BYTES, REQUEST_ID_LEN, ChatMessage, PayloadKind, encode_chat,
-                   encode_invoke_body, encode_token_ids)
+from .wire import (
+    MAX_MESSAGE_BYTES,
+    REQUEST_ID_LEN,
+    ChatMessage,
+    PayloadKind,
+    encode_chat,
+    encode_invoke_body,
+    encode_token_ids,
+)
 
 
 def build_invoke_body(prompt: str | None, messages: Sequence[ChatMessage] | None,

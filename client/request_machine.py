@@ -37,12 +37,30 @@ import hashlib
 import random
 from dataclasses import dataclass
 
-from .errors import (ERROR_INFO, ErrorCode, StreamRestartedError, ZerolayerError,
-                     ZerolayerTimeoutError, error_for)
+from .errors import (
+    ERROR_INFO,
+    ErrorCode,
+    StreamRestartedError,
+    ZerolayerError,
+    ZerolayerTimeoutError,
+    error_for,
+)
 from .retry_policy import SYSTEM_RANDOM, RetryPolicy, WallClock, authenticate, unix_us
 from .transport import Routed
-from .wire import (NO_SEQ, NONCE_LEN, AckFrame, DoneFrame, ErrorFrame, MsgType, PongFrame,
-                   Response, Timings, TokenFrame, Usage, encode_invoke)
+from .wire import (
+    NO_SEQ,
+    NONCE_LEN,
+    AckFrame,
+    DoneFrame,
+    ErrorFrame,
+    MsgType,
+    PongFrame,
+    Response,
+    Timings,
+    TokenFrame,
+    Usage,
+    encode_invoke,
+)
 
 __all__ = ["InvokeResult", "Phase", "RequestMachine"]
 

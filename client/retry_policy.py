@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import ErrorCode, ZerolayerError
-from .wire import (MAX_CHUNK, NONCE_LEN, ErrorFrame, Mac, MsgType, Response, decode_response,
-                   encode_control)
+from .wire import MAX_CHUNK, NONCE_LEN, ErrorFrame, Mac, MsgType, Response, decode_response, encode_control
 
 AuditHook = Callable[[bytes, bytes, int], None]
 WallClock = Callable[[], int]

@@ -229,7 +229,7 @@ class Region:
 
     @classmethod
     def create(cls, req_capacity: int, resp_capacity: int,
-               name: str = "zerolayer-shm") -> tuple["Region", int]:
+               name: str = "zerolayer-shm") -> tuple[Region, int]:
         """A fresh zero-filled memfd (so a new connection never sees old data), its size
         sealed. Returns the region and the memfd (the caller passes it on, then closes it)."""
         check_capacity(req_capacity)

@@ -31,8 +31,16 @@ import socket
 import threading
 import time
 
-from .shm_ring import (HELLO, STATUS_OK, STATUS_REFUSED_PEER, STATUS_TEXT, Region, RingCorrupt,
-                       check_platform, unpack_hello)
+from .shm_ring import (
+    HELLO,
+    STATUS_OK,
+    STATUS_REFUSED_PEER,
+    STATUS_TEXT,
+    Region,
+    RingCorrupt,
+    check_platform,
+    unpack_hello,
+)
 
 RID = slice(16, 32)           # request id in every datagram's common header (wire.py)
 CONNECT_TIMEOUT_S = 5.0
@@ -61,7 +69,7 @@ class ShmSession:
         self.ring_full_drops = 0
 
     @classmethod
-    def connect(cls, path: str, timeout_s: float = CONNECT_TIMEOUT_S) -> "ShmSession":
+    def connect(cls, path: str, timeout_s: float = CONNECT_TIMEOUT_S) -> ShmSession:
         check_platform()
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -74,7 +82,7 @@ class ShmSession:
         return cls.adopt(s, msg, fds)
 
     @classmethod
-    def adopt(cls, s: socket.socket, msg: bytes, fds: list[int]) -> "ShmSession":
+    def adopt(cls, s: socket.socket, msg: bytes, fds: list[int]) -> ShmSession:
         """Turn the daemon's greeting (and its fds) into a session, or raise."""
         try:
             if not msg:
@@ -146,7 +154,7 @@ def _rid(datagram: bytes) -> bytes:
 # -- threads --------------------------------------------------------------------------------
 
 class ShmChannel:
-    def __init__(self, connector: "ShmConnector", request_id: bytes) -> None:
+    def __init__(self, connector: ShmConnector, request_id: bytes) -> None:
         self._conn = connector
         self.request_id = request_id
         self.queue: collections.deque[bytes] = collections.deque()
@@ -334,7 +342,7 @@ class ShmConnector:
 # -- asyncio --------------------------------------------------------------------------------
 
 class AsyncShmChannel:
-    def __init__(self, connector: "AsyncShmConnector", request_id: bytes) -> None:
+    def __init__(self, connector: AsyncShmConnector, request_id: bytes) -> None:
         self._conn = connector
         self.request_id = request_id
         self.queue: asyncio.Queue[bytes] = asyncio.Queue()
@@ -349,7 +357,7 @@ class AsyncShmChannel:
             return self.queue.get_nowait()
         try:
             return await asyncio.wait_for(self.queue.get(), max(timeout_s, 1e-4))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
 
     def close(self) -> None:
@@ -381,7 +389,7 @@ class AsyncShmConnector:
             await self._ensure()
         except ShmRefusedError:
             raise
-        except (OSError, ValueError, asyncio.TimeoutError):
+        except (TimeoutError, OSError, ValueError):
             pass                  # the daemon is not there now: sends are lost, timers retry
         ch = AsyncShmChannel(self, request_id)
         self._channels.setdefault(request_id, []).append(ch)
@@ -478,7 +486,7 @@ class AsyncShmConnector:
     async def _reconnect(self) -> None:
         try:
             await self._connect()
-        except (OSError, ValueError, asyncio.TimeoutError):
+        except (TimeoutError, OSError, ValueError):
             pass
 
     def _unregister(self, ch: AsyncShmChannel) -> None:

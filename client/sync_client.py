@@ -45,7 +45,7 @@ class Client(ClientConfig):
 
     _connector: Connector | None = None
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
@@ -86,7 +86,7 @@ class Client(ClientConfig):
                seed: int | None = None, stop: Sequence[str] = (),
                repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0,
-               request_id: bytes | str | None = None) -> "Stream":
+               request_id: bytes | str | None = None) -> Stream:
         """Start a request; iterate the returned Stream for text chunks (str). When the
         iteration ends, `stream.result` holds the InvokeResult. Exactly one of prompt,
         messages, token_ids. Errors raise subclasses of ZerolayerError."""
@@ -173,7 +173,7 @@ class Stream(Iterator[str]):
     def attempts(self) -> int:
         return self._m.attempts
 
-    def __iter__(self) -> "Stream":
+    def __iter__(self) -> Stream:
         return self
 
     def __next__(self) -> str:
@@ -218,7 +218,7 @@ class Stream(Iterator[str]):
             pass
         self._release()
 
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,

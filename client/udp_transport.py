@@ -87,7 +87,7 @@ class AsyncUdpChannel:
             return self._queue.get_nowait()
         try:
             return await asyncio.wait_for(self._queue.get(), max(timeout_s, 1e-4))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
 
     def close(self) -> None:

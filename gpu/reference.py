@@ -96,9 +96,9 @@ class ReferenceLlama:
 
     def logits_all(self, tokens, rows=slice(None)) -> np.ndarray:
         """Every position's logits [T, vocab] (float64), or those of `rows`, for `tokens`
-        from position 0 of a fresh sequence: the same arithmetic as `step`, but each layer as one matrix product
-        over all positions and causal attention over the whole block, so thousands of
-        positions take seconds (bench/accuracy.py) instead of minutes."""
+        from position 0 of a fresh sequence: the same arithmetic as `step`, but each layer
+        as one matrix product over all positions and causal attention over the whole block,
+        so thousands of positions take seconds (bench/accuracy.py) instead of minutes."""
         c = self.cfg
         hd, rep = c.head_dim, c.n_head // c.n_kv
         tokens = np.asarray(tokens)

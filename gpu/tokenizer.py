@@ -1,6 +1,6 @@
 """In-process tokenizer, chat template and incremental detokenizer, built from GGUF metadata.
 
-The GGUF file is the single source of truth (promise 6: no tokenizer service, no tokenizer.json
+The GGUF file is the single source of truth (no tokenizer service, no tokenizer.json
 on the side). The BPE itself runs in HuggingFace `tokenizers` (Rust); the pre-tokenizer is set
 up to reproduce llama.cpp's pre-tokenizer named by `tokenizer.ggml.pre` (`smollm`, `qwen2`,
 Llama 3's `llama-bpe`) so ids match llama.cpp token for token; other names are refused.
@@ -24,9 +24,8 @@ import gguf
 import numpy as np
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import Regex
+from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
-from tokenizers import models, pre_tokenizers
 
 from .errors import ModelFormatError, UnsupportedModelError
 
@@ -117,7 +116,7 @@ class IncrementalDetokenizer:
     codec's incremental decoder holds back the incomplete tail until the next push completes it.
     """
 
-    def __init__(self, tok: "Tokenizer", skip_special: bool = True) -> None:
+    def __init__(self, tok: Tokenizer, skip_special: bool = True) -> None:
         self._tok = tok
         self._skip_special = skip_special
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -241,7 +240,7 @@ class Tokenizer:
     # ---- construction -------------------------------------------------------------------
 
     @classmethod
-    def from_gguf(cls, reader: gguf.GGUFReader) -> "Tokenizer":
+    def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:
         return cls(**cls.metadata_from_gguf(reader))
 
     @staticmethod
@@ -273,7 +272,7 @@ class Tokenizer:
         )
 
     @classmethod
-    def from_path(cls, path: str) -> "Tokenizer":
+    def from_path(cls, path: str) -> Tokenizer:
         return cls.from_gguf(gguf.GGUFReader(path))
 
     # ---- properties ---------------------------------------------------------------------
@@ -409,7 +408,7 @@ class Tokenizer:
         if first is None:
             return ""
         last = None
-        for last in _WORD_START.finditer(text, max(first.end(), len(text) - window)):
+        for last in _WORD_START.finditer(text, max(first.end(), len(text) - window)):  # noqa: B007 (the last)
             pass
         return text[first.start():last.start()] if last is not None else ""
 

@@ -31,10 +31,9 @@ import subprocess
 import sys
 import tempfile
 
+import llama_cpp
 import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-import llama_cpp
 
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

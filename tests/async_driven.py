@@ -29,7 +29,7 @@ class AsyncDriven:
     def ping(self) -> float:
         return self._run(self._c.ping())
 
-    def stream(self, *a: Any, **k: Any) -> "DrivenStream":
+    def stream(self, *a: Any, **k: Any) -> DrivenStream:
         return DrivenStream(self._run(self._c.stream(*a, **k)), self)
 
     def __repr__(self) -> str:
@@ -61,7 +61,7 @@ class DrivenStream(Iterator[str]):
     def close(self) -> None:
         self._d._run(self._s.aclose())
 
-    def __enter__(self) -> "DrivenStream":
+    def __enter__(self) -> DrivenStream:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -92,7 +92,7 @@ class RawPeer:
         while not self._stop:
             try:
                 data = self.sock.recv(4096)
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             try:
                 f = wire.decode_response(data, self.secret)

@@ -1,4 +1,4 @@
-"""Architectures beyond SmolLM2's plain `llama` (issue 15): Llama 3.1's RoPE frequency factors
+"""Architectures beyond SmolLM2's plain `llama`: Llama 3.1's RoPE frequency factors
 (rope_freqs.weight), linear RoPE scaling, and `qwen2` (Q/K/V biases, neox RoPE, its
 pre-tokenizer and ChatML), each from a tiny GGUF written under the architecture's real
 metadata keys, against the float64 reference (gpu/reference.py) on the CPU and against the
@@ -225,7 +225,8 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path):
     from zerolayer.gpu.tokenizer import Tokenizer
     p = str(tmp_path / "m.gguf")
     write_tiny_llama(p, tokenizer=True, pre="deepseek-llm")
-    with pytest.raises(UnsupportedModelError, match=r"pre='deepseek-llm' \(supported: smollm, qwen2, llama-bpe"):
+    with pytest.raises(UnsupportedModelError,
+                       match=r"pre='deepseek-llm' \(supported: smollm, qwen2, llama-bpe"):
         Tokenizer.from_path(p)
 
 

@@ -9,9 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerolayer.daemon.auth import (KeyFileError, KeyStore, ReplayConfig, ReplayGuard,
-                                   format_key_line, generate_secret, load_keys, parse_keys)
 from zerolayer.client.errors import ExpiredNonceError, InvalidTimestampError, OverloadedError
+from zerolayer.daemon.auth import (
+    KeyFileError,
+    KeyStore,
+    ReplayConfig,
+    ReplayGuard,
+    format_key_line,
+    generate_secret,
+    load_keys,
+    parse_keys,
+)
 
 S1 = "11" * 32
 S2 = "22" * 32

@@ -1,8 +1,9 @@
 """Client SDK mechanics against a tiny in-test UDP responder: retries with backoff (same
 request id, fresh nonce), RESEND gap recovery, keepalives, error → exception mapping,
 spoof resistance. Every scenario runs twice: with the sync Client and with the asyncio
-AsyncClient (through tests/async_driven.py), which must behave the same. The responder uses the real Ingress and ResultCache; the real daemon and
-model are exercised by the end-to-end tests, not here.
+AsyncClient (through tests/async_driven.py), which must behave the same. The responder uses
+the real Ingress and ResultCache; the real daemon and model are exercised by the end-to-end
+tests, not here.
 """
 from __future__ import annotations
 
@@ -16,15 +17,13 @@ from dataclasses import dataclass, field
 import pytest
 
 from async_driven import AsyncDriven
-
-from zerolayer.client import errors, wire
-from zerolayer.daemon.auth import KeyStore, ReplayGuard
-from zerolayer.client import AsyncClient, Client, InvokeResult
+from zerolayer.client import AsyncClient, Client, InvokeResult, errors, wire
 from zerolayer.client.errors import ErrorCode
+from zerolayer.client.wire import ChatMessage, FinishReason, MsgType, RunState, ServerState
+from zerolayer.daemon.auth import KeyStore, ReplayGuard
 from zerolayer.daemon.ingress import ControlRequest, Ingress, InvokeRequest, Rejected
 from zerolayer.daemon.reassembly import Reassembler
 from zerolayer.daemon.result_cache import EntryStatus, ResultCache
-from zerolayer.client.wire import ChatMessage, FinishReason, MsgType, RunState, ServerState
 
 KEY_ID = 11
 SECRET = secrets.token_bytes(32)
@@ -50,7 +49,7 @@ class Script:
     send_ack: bool = True
     lease_ms: int = 10_000
     # Hook to send extra datagrams (spoofs) right before the real stream.
-    before_stream: Callable[["FakeDaemon", tuple], None] | None = None
+    before_stream: Callable[[FakeDaemon, tuple], None] | None = None
     unsigned_error: ErrorCode | None = None
     hold_done: bool = False      # never send DONE until a CANCEL arrives
     resend_limit: int = 64       # frames sent per RESEND
@@ -179,7 +178,8 @@ class ScriptedDaemon:
             if e.status is EntryStatus.RUNNING:
                 self._finish(r.cache_key, FinishReason.CANCELLED, addr)
             return
-        frames = e.frames_from(r.from_seq, limit=self.script.resend_limit) if r.from_seq != wire.NO_SEQ else []
+        frames = (e.frames_from(r.from_seq, limit=self.script.resend_limit)
+                  if r.from_seq != wire.NO_SEQ else [])
         if frames:
             for f in frames:
                 self.send(f, addr)
@@ -202,7 +202,7 @@ class FakeDaemon(ScriptedDaemon, threading.Thread):
         self.address = self.sock.getsockname()
         self._halt = threading.Event()
 
-    def __enter__(self) -> "FakeDaemon":
+    def __enter__(self) -> FakeDaemon:
         self.start()
         return self
 

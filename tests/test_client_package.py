@@ -1,4 +1,4 @@
-"""zerolayer.client as its own small distribution (issue 12 §1): `zerolayer-client` is built
+"""zerolayer.client as its own small distribution: `zerolayer-client` is built
 from this tree, holds only the SDK and the protocol, needs nothing beyond the standard
 library, ships py.typed and passes mypy --strict."""
 from __future__ import annotations

@@ -19,12 +19,11 @@ import pytest
 import zmq
 
 from daemon_proc import DaemonProc
-from zerolayer.daemon import control
+from test_dataplane import Hooks
 from zerolayer.client import Client
 from zerolayer.client.errors import DrainingError
 from zerolayer.client.wire import ChatMessage
-
-from test_dataplane import Hooks
+from zerolayer.daemon import control
 
 FRANCE = [ChatMessage("user", "What is the capital of France?")]
 

@@ -88,7 +88,6 @@ def _child() -> None:
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from tiny_gguf import write_tiny_llama
-
     from zerolayer.gpu.cuda import _cuda_shim as shim
     from zerolayer.gpu.cuda.forward import CudaModel
     from zerolayer.gpu.cuda.step_launch import decode_argmax

@@ -65,7 +65,7 @@ def test_module_kernels_compile_for_sm90_without_float64(ptx_results, module):
 
 
 def test_quant_format_kernels_are_compiled(ptx_results):
-    """The byte-matmul variants of issue 15's formats (FMT_Q8_16: Q6_K's 16-weight blocks) are
+    """The byte-matmul variants of the K-quant formats (FMT_Q8_16: Q6_K's 16-weight blocks) are
     in the compile list: Q4_K, Q5_* and Q8_0 share the Q4 / 32-byte-block kernels checked above."""
     for name in ("matmul._q8b16_tt1", "matmul._q8b16_tt8", "matmul._q8_tt1", "matmul._q4_tt1"):
         assert name in ptx_results["kernels"], name
@@ -129,8 +129,8 @@ def _child() -> None:
 
     from numba import cuda
 
-    from zerolayer.gpu.cuda import _cuda_shim as shim
     import zerolayer.gpu.cuda  # noqa: F401  (registers every kernel)
+    from zerolayer.gpu.cuda import _cuda_shim as shim
 
     assert not shim.SIM
     out = {"kernels": {}}

@@ -92,8 +92,11 @@ def test_engine_on_the_simulated_device(case):
 
 def _child() -> None:
     sys.setswitchinterval(1e-4)  # the simulator's threads hand over much faster
+    import gguf
     import numpy as np
+    from gguf import GGMLQuantizationType as QT
 
+    from zerolayer.gpu import quant
     from zerolayer.gpu.cuda import _cuda_shim as shim
     from zerolayer.gpu.cuda import attention as cu_att
     from zerolayer.gpu.cuda import embedding as cu_emb
@@ -101,11 +104,6 @@ def _child() -> None:
     from zerolayer.gpu.cuda import rmsnorm as cu_rms
     from zerolayer.gpu.cuda import rope as cu_rope
     from zerolayer.gpu.cuda import swiglu as cu_sw
-
-    import gguf
-    from gguf import GGMLQuantizationType as QT
-
-    from zerolayer.gpu import quant
     from zerolayer.gpu.ops import attention as cpu_att
     from zerolayer.gpu.ops.embedding import embed
     from zerolayer.gpu.ops.matmul import matmul
@@ -231,8 +229,8 @@ def _child() -> None:
         import tempfile
 
         from gguf import GGMLQuantizationType as QT
-        from tiny_gguf import write_tiny_llama
 
+        from tiny_gguf import write_tiny_llama
         from zerolayer.gpu.cuda.forward import CudaModel
         from zerolayer.gpu.model import LlamaModel, StepInput
 
@@ -259,8 +257,8 @@ def _child() -> None:
         import tempfile
 
         from gguf import GGMLQuantizationType as QT
-        from tiny_gguf import write_tiny_llama
 
+        from tiny_gguf import write_tiny_llama
         from zerolayer.gpu import backend
         from zerolayer.gpu.generate import on_backend
         from zerolayer.gpu.model import LlamaModel, StepInput
@@ -307,12 +305,11 @@ def _child() -> None:
         import tempfile
 
         from tiny_gguf import write_tiny_llama
-
+        from zerolayer.client.sampling_params import SamplingParams
         from zerolayer.daemon.engine import Engine
         from zerolayer.daemon.request import CancelReason, Request, TextEvent
         from zerolayer.gpu.generate import on_backend
         from zerolayer.gpu.model import LlamaModel
-        from zerolayer.client.sampling_params import SamplingParams
 
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "tiny.gguf")
@@ -374,7 +371,7 @@ def _child() -> None:
         return bad + kv_err
 
     def case_engines_two_on_one_device():
-        """[[engines]] on the CUDA backend (issue 13): two engines on one simulated device,
+        """[[engines]] on the CUDA backend: two engines on one simulated device,
         each a CudaModel over its own copy of one host model (daemon/engines.py: the weights
         shared, a KV arena each; the device selected first, as the daemon's engine threads
         do), their steps interleaved so that any device state they shared would corrupt the
@@ -385,7 +382,6 @@ def _child() -> None:
         import tempfile
 
         from tiny_gguf import write_tiny_llama
-
         from zerolayer.client.sampling_params import SamplingParams
         from zerolayer.daemon.engine import Engine
         from zerolayer.daemon.engines import sibling_model
@@ -427,12 +423,12 @@ def _child() -> None:
         return sum([r.tokens for r in rs] != alone for _, rs in pair)
 
     def case_mapped_ring_token_ids():
-        """The flow of issue 5's mapped ring, with cuda.mapped_array as the UMEM: an INVOKE
-        carrying token ids arrives in a frame (Ethernet/IPv4/UDP, so the payload is not
-        4-byte aligned); a kernel reads the ids out of the frame; another writes ids into a
-        TX frame, which the host reads in place. Returns the fraction of wrong ids."""
+        """The flow of the mapped ring (gpu/cuda/mapped_ring.py), with cuda.mapped_array as
+        the UMEM: an INVOKE carrying token ids arrives in a frame (Ethernet/IPv4/UDP, so the
+        payload is not 4-byte aligned); a kernel reads the ids out of the frame; another
+        writes ids into a TX frame, which the host reads in place. Returns the fraction of
+        wrong ids."""
         from fixtures.packets import udp4
-
         from zerolayer.client import wire
         from zerolayer.gpu.cuda import mapped_ring as mr
 

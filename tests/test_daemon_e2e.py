@@ -12,11 +12,8 @@ import time
 import pytest
 
 from daemon_proc import DaemonProc
-from zerolayer.client import wire
-from zerolayer.client import Client
-from zerolayer.client.errors import ErrorCode
-from zerolayer.client.errors import (ContextOverflowError, InvalidSignatureError,
-                                     UnknownKeyError)
+from zerolayer.client import Client, wire
+from zerolayer.client.errors import ContextOverflowError, ErrorCode, InvalidSignatureError, UnknownKeyError
 from zerolayer.client.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
 
 FRANCE = [ChatMessage("user", "What is the capital of France?")]
@@ -87,7 +84,7 @@ def _frames(sock, secret, until, timeout=60):
         sock.settimeout(max(0.01, end - time.monotonic()))
         try:
             f = wire.decode_response(sock.recv(2048), secret)
-        except socket.timeout:
+        except TimeoutError:
             break
         out.append(f)
         if until(f):
@@ -185,7 +182,7 @@ def test_errors_reach_the_client_as_typed_exceptions(daemon):
 
 def test_a_megabyte_of_tiny_chat_messages_is_refused_and_nothing_stalls(daemon):
     """The most messages a chat may have, each one character, then a megabyte of them
-    crafted by hand (issue 14: 200,000 froze the old daemon for over a minute): the first is
+    crafted by hand (200,000 once froze the daemon for over a minute): the first is
     CONTEXT_OVERFLOW, the second PAYLOAD_TOO_LARGE, and PINGs sent meanwhile are answered."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         payload = (wire.CHAT_MSG_HDR.pack(2, 1) + b"x") * 150_000  # ~1 MiB, by hand
@@ -256,7 +253,7 @@ def _pings(c) -> bool:
 
 
 def test_a_replayed_ping_gets_no_more_bytes_than_it_carried(daemon):
-    """Issue 14 §7 over the wire: a captured PING sent again and again is refused each time
+    """Over the wire: a captured PING sent again and again is refused each time
     with a signed EXPIRED_NONCE no larger than the PING, and the bytes are counted."""
     before = (daemon.metric("zerolayer_ingress_rejected_bytes_total"),
               daemon.metric("zerolayer_ingress_rejection_reply_bytes_total"))
@@ -279,7 +276,7 @@ def test_a_replayed_ping_gets_no_more_bytes_than_it_carried(daemon):
 
 
 def test_every_buffer_exports_its_bytes_and_its_bound(daemon):
-    """Issue 14 §8: each bounded buffer is visible with its bound, and the bound is the
+    """Each bounded buffer is visible with its bound, and the bound is the
     configured one (docs/OPERATIONS.md "Memory bounds")."""
     client(daemon).invoke(messages=FRANCE, max_tokens=4)
     buffers = ("nonce_cache", "reassembly", "result_cache", "admissions", "engine_requests",

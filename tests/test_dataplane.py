@@ -16,10 +16,8 @@ import time
 import pytest
 
 from daemon_proc import DaemonProc, Hooks
-from zerolayer.client import wire
-from zerolayer.client import Client
-from zerolayer.client.errors import (ErrorCode, InternalServerError, OverloadedError,
-                                     UnknownKeyError)
+from zerolayer.client import Client, wire
+from zerolayer.client.errors import ErrorCode, InternalServerError, OverloadedError, UnknownKeyError
 
 COUNT = "Count from one to one thousand: one, two, three,"
 
@@ -150,7 +148,7 @@ def test_admissions_beyond_the_queue_depth_get_overloaded(held_daemon):
                    what="B queued in the hand-off")
         with pytest.raises(OverloadedError, match="admission queue full"):
             client(d, max_attempts=1, timeout=10).invoke("Say hi.", max_tokens=4)
-        # on the wire: an admission refusal, outside any stream (§5.3)
+        # on the wire: an admission refusal, outside any stream (docs/PROTOCOL.md §5.3)
         body = wire.encode_invoke_body(wire.SamplingParams(max_tokens=4), wire.PayloadKind.PROMPT,
                                        b"Say hi.")
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -164,7 +162,7 @@ def test_admissions_beyond_the_queue_depth_get_overloaded(held_daemon):
         d.wait_for(lambda: d.metric("zerolayer_handoff_full_total", 'queue="admissions"')
                    >= full0 + 1, what="the full hand-off counted")
         assert d.metric("zerolayer_request_errors_total", 'code="OVERLOADED"') >= over0 + 1
-        # and which bound was full: the hand-off (issue 11)
+        # and which bound was full: the hand-off to the engine thread
         d.wait_for(lambda: d.metric("zerolayer_overloaded_total", 'bound="admissions"')
                    >= 2, what="the bound counted")
         a.cancel()

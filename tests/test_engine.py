@@ -4,13 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zerolayer.daemon.engine import Engine
 from zerolayer.client.errors import OverloadedError
-from zerolayer.daemon.request import (CancelReason, DoneEvent, FailedEvent, Request,
-                                      TextEvent)
-from zerolayer.gpu.errors import ContextOverflowError
 from zerolayer.client.sampling_params import SamplingParams
+from zerolayer.daemon.engine import Engine
+from zerolayer.daemon.request import CancelReason, DoneEvent, FailedEvent, Request, TextEvent
 from zerolayer.gpu.context_rule import check_context
+from zerolayer.gpu.errors import ContextOverflowError
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -126,7 +125,8 @@ def test_prefix_reuse_skips_the_shared_prompt(engine, generator):
     before = engine.forward_passes_tokens
     engine.submit(req("b", ids, SamplingParams(max_tokens=20)))  # the same question
     run(engine)
-    other = np.array(tok.encode_chat([{"role": "user", "content": "What is the capital of Italy?"}]), np.int32)
+    italy = [{"role": "user", "content": "What is the capital of Italy?"}]
+    other = np.array(tok.encode_chat(italy), np.int32)
     engine.submit(req("c", other, SamplingParams(max_tokens=20)))  # same system prompt
     run(engine)
     rec = engine.rec

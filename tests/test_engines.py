@@ -1,4 +1,4 @@
-"""Several engines in one daemon ([[engines]], issue 13): a real zerolayerd with two CPU
+"""Several engines in one daemon ([[engines]]): a real zerolayerd with two CPU
 engines (one kernel thread each, on CPUs 0 and 1), and the engines held inside a step by the
 test hooks (daemon/test_hooks.py) whenever "busy" matters, so that what each test sees is
 a fact of the test, not a bet on the machine's speed.
@@ -142,7 +142,7 @@ def test_both_engines_serve_spread_by_load(two):
         hooks.wait_held(d, 0)
         hooks.wait_held(d, 1)
         for e in (0, 1):  # each engine has its two: one taken (held before its step), one queued
-            d.wait_for(lambda: d.metric("zerolayer_engine_requests_waiting", f'engine="{e}"')
+            d.wait_for(lambda e=e: d.metric("zerolayer_engine_requests_waiting", f'engine="{e}"')
                        >= 1, what=f"engine {e}'s queue in its metrics")
     finally:
         hooks.release()

@@ -23,8 +23,8 @@ from __future__ import annotations
 import secrets
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import pytest
 
@@ -32,7 +32,7 @@ from daemon_proc import DaemonProc, Hooks
 from raw_peer import RawPeer
 from zerolayer.client import wire
 from zerolayer.client.errors import ErrorCode
-from zerolayer.client.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
+from zerolayer.client.wire import MsgType, PayloadKind, SamplingParams
 from zerolayer.daemon import control
 
 LEASE_S = 2.0

@@ -1,4 +1,4 @@
-"""A fleet on this machine (issue 13 §4): three real zerolayerd in three network namespaces on
+"""A fleet on this machine: three real zerolayerd in three network namespaces on
 one bridge, and the SDK given all three. Requests spread over the nodes; a duplicate request
 id goes to the node that ran it; a drained node's share moves to the others with nothing
 lost; a node SIGKILLed with requests in flight: every request still completes, the re-runs

@@ -1,4 +1,4 @@
-"""The SDK over a fleet (issue 13 §2): rendezvous hashing on the request id, every attempt
+"""The SDK over a fleet: rendezvous hashing on the request id, every attempt
 of a request to one node, failover only when that node is silent or DRAINING, one source
 port per request, and a re-run on another node reported, never silent. Against three fake
 daemons (tests/test_client.py's FakeDaemon: the real Ingress and ResultCache)."""

@@ -63,7 +63,7 @@ def test_stop_checker(pieces, stops, expected, stopped):
 
 
 def test_kernel_builds_are_reported_while_they_happen():
-    """issue 11 §9: a first start reports each kernel that takes a while to build, with a
+    """A first start reports each kernel that takes a while to build, with a
     running count (gpu/jit_progress.py), instead of compiling in silence."""
     import numba
 

@@ -34,7 +34,7 @@ def test_missing_file():
 
 
 def test_unsupported_tensor_type_is_named(tmp_path):
-    p = tmp_path / "mxfp4.gguf"  # (Q5_0 runs since issue 15; MXFP4 is one gguf can write)
+    p = tmp_path / "mxfp4.gguf"  # (Q5_0 runs now; MXFP4 is one gguf can write)
     write_tiny_llama(str(p), override={"ffn_up": QT.MXFP4})
     with pytest.raises(UnsupportedModelError, match=r"blk\.0\.ffn_up\.weight.*MXFP4"):
         LlamaModel.load(str(p))

@@ -1,4 +1,4 @@
-"""Against llama.cpp, on files llama.cpp's own `llama-quantize` wrote (issue 15).
+"""Against llama.cpp, on files llama.cpp's own `llama-quantize` wrote.
 
 scripts/make_quants.sh re-quantizes the bundled Q4_1 model into Q4_K_M, Q5_K_M, Q6_K and
 Q8_0 (outside the repository, ~/.cache/zerolayer/quants); scripts/make_golden.py --quants

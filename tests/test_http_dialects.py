@@ -29,7 +29,7 @@ class FakeStream:
         self.chunks, self.cut, self.request_id = list(chunks), cut, RID
         self.result: InvokeResult | None = None
 
-    def __aiter__(self) -> "FakeStream":
+    def __aiter__(self) -> FakeStream:
         return self
 
     async def __anext__(self) -> str:

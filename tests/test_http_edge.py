@@ -28,8 +28,13 @@ import pytest
 
 from daemon_proc import DaemonProc, Hooks, free_port
 from zerolayer.client import ChatMessage, Client
-from zerolayer.client.errors import (ErrorCode, StreamRestartedError, ZerolayerError,
-                                     ZerolayerTimeoutError, error_for)
+from zerolayer.client.errors import (
+    ErrorCode,
+    StreamRestartedError,
+    ZerolayerError,
+    ZerolayerTimeoutError,
+    error_for,
+)
 from zerolayer.daemon.http_edge import errors as edge_errors
 from zerolayer.daemon.http_edge.config import load as load_config
 from zerolayer.daemon.http_edge.tokens import TokenFileError, digest, parse_tokens
@@ -69,7 +74,7 @@ class EdgeProc:
                 break
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > end:
-                    raise RuntimeError("edge did not start:\n" + self.log.read_text())
+                    raise RuntimeError("edge did not start:\n" + self.log.read_text()) from None
                 time.sleep(0.05)
 
     def metrics_text(self) -> str:
@@ -512,6 +517,30 @@ def test_anthropic_messages_plain_and_streamed(stack):
     assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
 
 
+def test_anthropic_stop_sequence_names_the_matched_string(stack):
+    """A matched stop string ends the message with stop_reason "stop_sequence" and the string
+    itself (DONE's stop_index), plain and streamed; the end of the turn stays "end_turn"."""
+    d, edge, _ = stack
+    c = anth(edge)
+    msgs = [{"role": "user", "content": COUNT}]
+    full = c.messages.create(model=MODEL, max_tokens=16, messages=msgs, extra_body={"temperature": 0})
+    text = full.content[0].text
+    words = text.split()
+    assert len(words) >= 3, text
+    stop = " " + words[2]                   # greedy: the same text comes again, and stops there
+    cut = c.messages.create(model=MODEL, max_tokens=16, messages=msgs, stop_sequences=["zzz", stop],
+                            extra_body={"temperature": 0})
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop, cut
+    assert cut.content[0].text == text[:text.index(stop)]
+    with c.messages.stream(model=MODEL, max_tokens=16, messages=msgs, stop_sequences=[stop],
+                           extra_body={"temperature": 0}) as s:
+        final = s.get_final_message()
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop
+    sdk = direct(d).invoke(messages=[ChatMessage("user", COUNT)], max_tokens=16, stop=["zzz", stop])
+    assert sdk.finish_reason == "stop" and sdk.stop_sequence == stop
+    assert full.stop_reason in ("end_turn", "max_tokens") and full.stop_sequence is None
+
+
 def test_anthropic_errors(stack):
     d, edge, _ = stack
     c = anth(edge)
@@ -557,7 +586,7 @@ def test_drain_is_503_and_a_cut_stream_ends_with_an_sse_error(stack):
         model=MODEL, messages=[{"role": "user", "content": COUNT}], max_tokens=400,
         temperature=0, stream=True)
     it = iter(stream)
-    while not (ch := next(it)).choices[0].delta.content:
+    while not next(it).choices[0].delta.content:
         pass
     hooks.hold(d)
     d.signal()

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from zerolayer.gpu import quant
-from zerolayer.gpu.ops import cpu_features, int8_matmul as im
+from zerolayer.gpu.ops import cpu_features
+from zerolayer.gpu.ops import int8_matmul as im
 from zerolayer.gpu.ops.matmul import matmul
 from zerolayer.gpu.quant import FMT_Q4, FMT_Q8, FMT_Q8_16, LANES
 

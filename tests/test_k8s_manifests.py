@@ -4,9 +4,10 @@ Rendering. Each overlay is rendered by `render()` below, a SUBSET of kustomize: 
 features deploy/k8s uses (`resources` as files or directories, `configMapGenerator` with
 `files` and no hash suffix, `patches` given by `path` as strategic-merge patches that name
 their target, with list merge keys for containers/env/volumes/volumeMounts/ports, `images`
-with newName/newTag) and nothing else; any other kustomization field fails the test rather than being ignored. Where
-`kubectl kustomize` or `kustomize` is installed (the development machines have kubectl with
-kustomize v5 built in; Debian 12 packages neither), `test_subset_renderer_matches_kustomize`
+with newName/newTag) and nothing else; any other kustomization field fails the test rather
+than being ignored. Where `kubectl kustomize` or `kustomize` is installed (the development
+machines have kubectl with kustomize v5 built in; Debian 12 packages neither),
+`test_subset_renderer_matches_kustomize`
 renders every overlay with it too and requires the same objects, so the subset is checked
 against the real thing wherever it can be.
 

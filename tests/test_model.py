@@ -100,7 +100,8 @@ def test_released_blocks_are_reused(tiny_path):
 
 def test_config_from_gguf(model_path):
     cfg = gguf_loader.read_config(gguf_loader.open_gguf(model_path))
-    assert (cfg.n_layer, cfg.d_model, cfg.n_ff, cfg.n_head, cfg.n_kv, cfg.head_dim) == (30, 576, 1536, 9, 3, 64)
+    shape = (cfg.n_layer, cfg.d_model, cfg.n_ff, cfg.n_head, cfg.n_kv, cfg.head_dim)
+    assert shape == (30, 576, 1536, 9, 3, 64)
     assert cfg.rope_base == 100000.0 and cfg.vocab == 49152
 
 
@@ -132,6 +133,7 @@ def test_int8_layout_cache_round_trip(tmp_path, tiny_path):
     """The int8 kernels' weights (packed bits, float16 scales) are cached beside the model
     once per kernel set, then memory-mapped: the same logits as a fresh re-pack."""
     import shutil
+
     from zerolayer.gpu import model_cache
     p = str(tmp_path / "m.gguf")
     shutil.copy(tiny_path, p)

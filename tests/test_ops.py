@@ -8,14 +8,14 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-from numba import njit
 from gguf import GGMLQuantizationType as QT
+from numba import njit
 
 from zerolayer.gpu import quant
 from zerolayer.gpu.ops.attention import BLOCK_TOKENS, attention, attention_ref, kv_write
+from zerolayer.gpu.ops.embedding import embed, embed_ref
 from zerolayer.gpu.ops.exp_f32 import exp_f32
 from zerolayer.gpu.ops.half import from_half_bits, half_bits
-from zerolayer.gpu.ops.embedding import embed, embed_ref
 from zerolayer.gpu.ops.matmul import matmul, matmul_ref
 from zerolayer.gpu.ops.rmsnorm import rmsnorm, rmsnorm_ref
 from zerolayer.gpu.ops.rope import rope, rope_ref, rope_tables
@@ -153,7 +153,7 @@ def test_paged_attention_mixed_prefill_and_decode(splits, pool, n_head, n_kv, hd
             prev[:, (n_head + n_kv) * hd:] = v[:n - new[s]]
             kv_write(prev, k_pool, v_pool, layer, np.full(n - new[s], s, np.int32),
                      np.arange(n - new[s], dtype=np.int32), tables, n_head, n_kv, hd)
-    rows, tok_seq, tok_pos, qs = [], [], [], []
+    rows, tok_seq, tok_pos = [], [], []
     for s, n in enumerate(lengths):
         for p in range(n - new[s], n):
             q = rng.standard_normal(n_head * hd).astype(np.float32)
@@ -170,7 +170,7 @@ def test_paged_attention_mixed_prefill_and_decode(splits, pool, n_head, n_kv, hd
     out = np.full((len(rows), n_head * hd), np.nan, np.float32)
     attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, tables, n_head, n_kv, hd, splits, out)
     i = 0
-    for s, n in enumerate(lengths):
+    for s in range(len(lengths)):
         q = qkv[i:i + new[s], :n_head * hd]
         ref = attention_ref(q, stored(hist[s][0]), stored(hist[s][1]), n_head, n_kv)
         assert rel(out[i:i + new[s]], ref) < TOL, s

@@ -9,16 +9,23 @@ import hashlib
 import hmac
 import struct
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zerolayer.client import errors, wire
-from zerolayer.client.errors import (ErrorCode, InvalidSignatureError, MalformedError,
-                                     ZerolayerError)
-from zerolayer.client.wire import (ChatMessage, FinishReason, MsgType, PayloadKind, RunState,
-                                   SamplingParams, ServerState, Timings, Usage)
+from zerolayer.client.errors import ErrorCode, InvalidSignatureError, MalformedError, ZerolayerError
+from zerolayer.client.wire import (
+    ChatMessage,
+    FinishReason,
+    MsgType,
+    PayloadKind,
+    RunState,
+    SamplingParams,
+    ServerState,
+    Timings,
+    Usage,
+)
 
 SECRET = bytes(range(32))
 KEY_ID = 7
@@ -320,6 +327,11 @@ def test_response_frames_round_trip() -> None:
     d = wire.decode_response(signer.done(4, 99, FinishReason.LENGTH, Usage(10, 4, 6), timings),
                              SECRET)
     assert d == wire.DoneFrame(RID, 4, 99, FinishReason.LENGTH, Usage(10, 4, 6), timings)
+    s = wire.decode_response(signer.done(5, 99, FinishReason.STOP, Usage(10, 4, 6), timings, 3),
+                             SECRET)
+    assert s.finish_reason is FinishReason.STOP and s.stop_index == 3
+    raw = bytearray(signer.done(5, 99, FinishReason.STOP, Usage(10, 4, 6), timings, 3))
+    assert raw[wire.COMMON_LEN + 9] == 3 and raw[wire.COMMON_LEN + 10:wire.COMMON_LEN + 12] == b"\0\0"
     e = wire.decode_response(signer.error(ErrorCode.CONTEXT_OVERFLOW, "too long", 0, 99), SECRET)
     assert e == wire.ErrorFrame(RID, 0, 99, ErrorCode.CONTEXT_OVERFLOW, "too long", True, KEY_ID)
     a = wire.decode_response(signer.ack(5, 99, RunState.RUNNING, 10_000), SECRET)

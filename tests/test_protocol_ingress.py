@@ -14,12 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zerolayer.client import wire
-from zerolayer.daemon.auth import KeyStore, ReplayConfig, ReplayGuard
 from zerolayer.client.errors import ErrorCode
-from zerolayer.daemon.ingress import (ControlRequest, Ingress, InvokeRequest, Pending,
-                                      Rejected)
-from zerolayer.daemon.reassembly import Reassembler
 from zerolayer.client.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
+from zerolayer.daemon.auth import KeyStore, ReplayConfig, ReplayGuard
+from zerolayer.daemon.ingress import ControlRequest, Ingress, InvokeRequest, Pending, Rejected
+from zerolayer.daemon.reassembly import Reassembler
 
 KEY_ID = 3
 SECRET = secrets.token_bytes(32)
@@ -224,7 +223,7 @@ def test_replayed_nonce_is_expired_nonce(clocks: tuple[Clock, Clock]) -> None:
 
 def test_a_replayed_ping_never_gets_more_bytes_back_than_it_sent(
         clocks: tuple[Clock, Clock]) -> None:
-    """Issue 14 §7: a captured PING replayed forever. Each replay is refused with a signed
+    """A captured PING replayed forever. Each replay is refused with a signed
     ERROR (EXPIRED_NONCE while the nonce is remembered, INVALID_TIMESTAMP after), never
     larger than the 112-byte datagram, and the bytes in and out are counted."""
     wall, _ = clocks

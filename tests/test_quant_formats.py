@@ -1,4 +1,4 @@
-"""The GGUF formats people download: Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, BF16 (issue 15).
+"""The GGUF formats people download: Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, BF16.
 
 * Repacking is exact: our dequantization equals ``gguf.quants.dequantize`` bit for bit in
   float32, on random blocks (every byte random, f16 scale fields forced finite).
@@ -144,7 +144,8 @@ def test_mixed_layers_widen_to_the_narrowest_common_format():
                      ((QT.Q6_K, QT.F16), quant.FMT_F32)):
         f, a = quant.concat_rows([parts[q] for q in mix])
         assert f == fmt
-        np.testing.assert_array_equal(quant.dequantize(f, a, np.float64), np.concatenate([refs[q] for q in mix]))
+        np.testing.assert_array_equal(quant.dequantize(f, a, np.float64),
+                                      np.concatenate([refs[q] for q in mix]))
         wt = quant.stack([parts[q] for q in mix])  # one layer per type
         assert wt.fmt == fmt and wt.d.shape[0] == len(mix)
 

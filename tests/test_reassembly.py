@@ -143,7 +143,7 @@ def _start(r: Reassembler, key_id: int, n: int, total: int = 600) -> None:
 
 
 def test_a_flooding_key_cannot_get_another_key_refused():
-    """The attack of issue 14 §2: one key fills every slot with tiny two-fragment starts.
+    """The slot-flooding attack: one key fills every slot with tiny two-fragment starts.
     It gets half the slots; the other half stays open, and another key's requests all
     complete while the flood goes on."""
     r = Reassembler(max_messages=64, clock=Clock())

@@ -5,7 +5,6 @@ is the test's (there is no systemd here): the script's --restart command asks fo
 a file and waits until it is done."""
 from __future__ import annotations
 
-import os
 import subprocess
 import threading
 import time

@@ -26,14 +26,29 @@ import time
 import pytest
 
 from daemon_proc import DaemonProc, Hooks
-from zerolayer.client import AsyncClient, Client
-from zerolayer.client import shm_ring
+from zerolayer.client import AsyncClient, Client, shm_ring
 from zerolayer.client.invoke_body import build_invoke_body
-from zerolayer.client.shm_ring import (HELLO, STATUS_FULL, STATUS_REFUSED_PEER, Region, Ring,
-                                       RingCorrupt, unpack_hello)
+from zerolayer.client.shm_ring import (
+    HELLO,
+    STATUS_FULL,
+    STATUS_REFUSED_PEER,
+    Region,
+    Ring,
+    RingCorrupt,
+    unpack_hello,
+)
 from zerolayer.client.shm_transport import ShmConnector, ShmRefusedError, ShmSession
-from zerolayer.client.wire import (AckFrame, DoneFrame, MsgType, PongFrame, RunState,
-                                   TokenFrame, decode_response, encode_control, encode_invoke)
+from zerolayer.client.wire import (
+    AckFrame,
+    DoneFrame,
+    MsgType,
+    PongFrame,
+    RunState,
+    TokenFrame,
+    decode_response,
+    encode_control,
+    encode_invoke,
+)
 
 COUNT = "Count from one to one thousand: one, two, three,"
 REFUSED_UID = 4243

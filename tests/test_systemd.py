@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 from daemon_proc import DaemonProc
+from test_dataplane import COUNT, Hooks
 from zerolayer.client import Client
 from zerolayer.daemon.sd_notify import Notifier, Watchdog
-from test_dataplane import COUNT, Hooks
+
 
 class FakeSystemd:
     def __init__(self, path: Path):

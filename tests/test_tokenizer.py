@@ -130,7 +130,7 @@ def test_properties(tok: Tokenizer) -> None:
     assert tok.token_bytes(tok.encode("\n")[0]) == b"\n"
 
 
-# ---- the cost of a request is linear in its bytes (issue 14, item 1) ----------------------
+# ---- the cost of a request is linear in its bytes ---------------------------------------
 
 def test_many_messages_encode_like_their_render(tok: Tokenizer) -> None:
     """Thousands of messages: the placeholders are found by one pattern, and the ids are
@@ -175,7 +175,7 @@ def test_a_megabyte_of_tiny_messages_is_refused_before_tokenization(tok: Tokeniz
 
 def test_a_long_run_of_any_shape_is_refused_without_tokenizing_it(tok: Tokenizer,
                                                                    monkeypatch) -> None:
-    """Issue 14 §1: texts with no word to cut at (one letter, CJK, digits, punctuation,
+    """Texts with no word to cut at (one letter, CJK, digits, punctuation,
     emoji, spaces), just under what the per-character bound alone could refuse: refused from
     their bytes, before any tokenization (only chat contents of spaces still need it)."""
     from zerolayer.gpu.errors import ContextOverflowError

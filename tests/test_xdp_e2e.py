@@ -17,8 +17,7 @@ import pytest
 
 from daemon_proc import DaemonProc
 from netns import CLI_V4, SRV_IF, SRV_V4, SRV_V6, in_netns, xdp_testbed
-from zerolayer.client import wire
-from zerolayer.client import Client
+from zerolayer.client import Client, wire
 from zerolayer.client.errors import ContextOverflowError, ZerolayerTimeoutError
 from zerolayer.client.wire import ChatMessage, MsgType
 

@@ -8,8 +8,20 @@ import struct
 
 import pytest
 
-from fixtures.packets import (DST4, DST6, DST_MAC, ETH_P_ARP, SRC4, SRC6, SRC_MAC, checksum16,
-                              eth, ipv4, udp4, udp6)
+from fixtures.packets import (
+    DST4,
+    DST6,
+    DST_MAC,
+    ETH_P_ARP,
+    SRC4,
+    SRC6,
+    SRC_MAC,
+    checksum16,
+    eth,
+    ipv4,
+    udp4,
+    udp6,
+)
 from zerolayer.daemon.xdp_frames import ipv4_header_ok, parse_frame, write_reply
 
 PORT = 7433

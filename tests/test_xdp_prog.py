@@ -28,9 +28,20 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.packets import (
+    ETH_P_ARP,
+    IPPROTO_TCP,
+    IPPROTO_UDP,
+    IPV6_FRAG,
+    eth,
+    ipv4,
+    ipv6,
+    ipv6_frag_hdr,
+    udp,
+    udp4,
+    udp6,
+)
 from netns import in_netns
-from fixtures.packets import (ETH_P_ARP, IPPROTO_TCP, IPPROTO_UDP, IPV6_FRAG, eth, ipv4,
-                              ipv6, ipv6_frag_hdr, udp, udp4, udp6)
 from zerolayer.client import wire
 from zerolayer.client.errors import MalformedError
 
@@ -386,7 +397,7 @@ def _mutants(rng: random.Random, n: int) -> list[bytes]:
 
 
 def test_the_program_redirects_exactly_what_the_daemon_parses(xdp) -> None:
-    """Issue 14 §5, differential: the same frames through BPF_PROG_TEST_RUN and through
+    """Differential: the same frames through BPF_PROG_TEST_RUN and through
     client/wire.py's parse_request. Every frame the program lets through parses, and every
     frame that parses is let through; the one allowed difference is total_len > 1 MiB
     (dropped in the kernel, PAYLOAD_TOO_LARGE from the daemon), see

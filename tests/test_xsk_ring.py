@@ -5,9 +5,9 @@ Root only (CI runs as root); nothing here touches the host's own interfaces."""
 from __future__ import annotations
 
 import os
-import subprocess
 import secrets
 import socket
+import subprocess
 import time
 
 import pytest

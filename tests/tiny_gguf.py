@@ -122,7 +122,8 @@ def write_tiny_llama(path: str, seed: int = 0, arch: str = "llama",
     types.update(override or {})
     shapes = {"attn_q": (dq, d), "attn_k": (dkv, d), "attn_v": (dkv, d), "attn_output": (d, dq),
               "ffn_gate": (ff, d), "ffn_up": (ff, d), "ffn_down": (d, ff)}
-    _tensor(w, "token_embd.weight", rng.standard_normal((c["vocab"], d)), override.get("token_embd", QT.Q8_0) if override else QT.Q8_0)
+    embd_type = override.get("token_embd", QT.Q8_0) if override else QT.Q8_0
+    _tensor(w, "token_embd.weight", rng.standard_normal((c["vocab"], d)), embd_type)
     for i in range(c["n_layer"]):
         for k, shp in shapes.items():
             _tensor(w, f"blk.{i}.{k}.weight", rng.standard_normal(shp) * 0.3, types[k])

@@ -22,7 +22,7 @@ def signatures() -> dict[str, int]:
     for name, mod in list(sys.modules.items()):
         if not name.startswith("zerolayer.gpu") or mod is None:
             continue
-        for attr, obj in vars(mod).items():
+        for obj in vars(mod).values():
             if isinstance(obj, CPUDispatcher):
                 out[f"{obj.py_func.__module__}.{obj.py_func.__qualname__}"] = len(obj.overloads)
     return out
@@ -52,6 +52,7 @@ def first_requests(gen) -> None:
 
 def main(path: str) -> None:
     from numba.core import event
+
     from zerolayer.gpu.generate import Generator
     gen = Generator.load(path)
     before = signatures()

@@ -7,11 +7,10 @@ usage), message_stop; an error after the start is an `event: error`. Supported: 
 max_tokens (required), stop_sequences, temperature, top_p, top_k, stream; text content
 only. The key comes from `x-api-key` (Anthropic's header) or `Authorization: Bearer`.
 
-stop_reason: the daemon's DONE says "stop" both for the end of the turn (EOS) and for a
-matched stop string (PROTOCOL §5.2, finish_reason 0), and the matched string is never sent,
-so the edge cannot tell the two apart: every "stop" is reported as "end_turn" (and
-`stop_sequence` stays null), "length" as "max_tokens". Telling them apart needs a finish
-reason of its own in DONE (a protocol change).
+stop_reason: the daemon's DONE says "stop" for the end of the turn (EOS) and for a matched
+stop string, and its stop_index names which stop string (PROTOCOL §5.2); the SDK's result
+carries it as `stop_sequence`. So "stop" with a stop string is "stop_sequence" with the
+string, without one "end_turn"; "length" is "max_tokens".
 """
 from __future__ import annotations
 
@@ -90,7 +89,13 @@ def parse_messages(body: dict[str, Any], st: EdgeState) -> MessagesRequest:
 
 
 def stop_reason(r: InvokeResult | None) -> str:
-    return "max_tokens" if r is not None and r.finish_reason == "length" else "end_turn"
+    if r is not None and r.finish_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if r is not None and r.stop_sequence is not None else "end_turn"
+
+
+def stop_sequence(r: InvokeResult | None) -> str | None:
+    return r.stop_sequence if r is not None else None
 
 
 def _usage(r: InvokeResult) -> dict[str, Any]:
@@ -134,7 +139,7 @@ class AnthropicChunks:
             named_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
             named_event("message_delta", {
                 "type": "message_delta",
-                "delta": {"stop_reason": stop_reason(r), "stop_sequence": None},
+                "delta": {"stop_reason": stop_reason(r), "stop_sequence": stop_sequence(r)},
                 "usage": _usage(r) if r is not None else {"output_tokens": 0}}),
             named_event("message_stop", {"type": "message_stop"})]
 
@@ -154,7 +159,8 @@ class AnthropicDialect:
              created: int) -> dict[str, Any]:
         return {"id": "msg_" + r.request_id.hex(), "type": "message", "role": "assistant",
                 "model": model, "content": [{"type": "text", "text": text}],
-                "stop_reason": stop_reason(r), "stop_sequence": None, "usage": _usage(r)}
+                "stop_reason": stop_reason(r), "stop_sequence": stop_sequence(r),
+                "usage": _usage(r)}
 
     def chunks(self, req: MessagesRequest, request_id: bytes, model: str,
                created: int) -> AnthropicChunks:

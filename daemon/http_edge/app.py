@@ -98,13 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     # One series per metric on the page, without prometheus_client's *_created companions
     # (process-wide, which is fine: the edge is its own process).
-    disable_created_metrics()  # type: ignore[no-untyped-call]
+    disable_created_metrics()
     try:
         state = make_state(cfg)
     except (TokenFileError, KeyFileError) as e:
         print(f"zerolayer-http: {e}", file=sys.stderr)
         return 2           # a configuration restarting cannot fix (the unit says so)
-    import uvicorn         # after the checks: a refused start stays instant
+    import uvicorn  # after the checks: a refused start stays instant
 
     server = uvicorn.Server(uvicorn.Config(
         build_app(state), host=cfg.listen_host, port=cfg.listen_port,

@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zerolayer.client.errors import (ErrorCode, StreamRestartedError, ZerolayerError,
-                                     ZerolayerTimeoutError)
+from zerolayer.client.errors import ErrorCode, StreamRestartedError, ZerolayerError, ZerolayerTimeoutError
 
 
 @dataclass(frozen=True)
@@ -109,7 +108,7 @@ class ApiError(Exception):
         self.retry_after_s = retry_after_s
 
     @classmethod
-    def from_daemon(cls, exc: ZerolayerError) -> "ApiError":
+    def from_daemon(cls, exc: ZerolayerError) -> ApiError:
         m = mapping_for(exc)
         return cls(m.status, message_for(exc, m), openai_type=m.openai_type,
                    openai_code=m.openai_code, anthropic_type=m.anthropic_type,

@@ -99,7 +99,7 @@ class Generation:
 
     @classmethod
     async def open(cls, request: Request, client: AsyncClient, p: GenParams, api: str,
-                   metrics: EdgeMetrics, t0: float) -> "Generation":
+                   metrics: EdgeMetrics, t0: float) -> Generation:
         """Send the invoke and wait for its first chunk. Raises ApiError (daemon errors,
         mapped) or ClientGone (the stream is then already cancelled)."""
         try:

@@ -6,8 +6,7 @@ every name (tests/test_http_edge.py checks it).
 """
 from __future__ import annotations
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
-                               generate_latest)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 # TTFT of a small model on loopback is milliseconds; a loaded daemon, seconds.

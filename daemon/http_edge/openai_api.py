@@ -2,9 +2,10 @@
 
 The OpenAI dialect of serve.serve (dialect.py): request fields are translated into one
 AsyncClient.stream call (generation.GenParams); responses and stream chunks follow OpenAI's
-shapes field for field, so the official SDK parses them. Supported: max_tokens / max_completion_tokens, temperature, top_p, stop, seed,
-presence_penalty, frequency_penalty, stream, stream_options.include_usage; top_k and the
-repetition penalty (vLLM's repetition_penalty, llama.cpp's repeat_penalty) as extensions.
+shapes field for field, so the official SDK parses them. Supported: max_tokens /
+max_completion_tokens, temperature, top_p, stop, seed, presence_penalty, frequency_penalty,
+stream, stream_options.include_usage; top_k and the repetition penalty (vLLM's
+repetition_penalty, llama.cpp's repeat_penalty) as extensions.
 Parameters that would change the answer in ways the daemon cannot (n > 1, logprobs, tools,
 logit_bias ...) are refused with 400 rather than ignored.
 """
@@ -17,8 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from zerolayer.client import ChatMessage, InvokeResult
-from zerolayer.client.sampling_params import (MAX_ADDITIVE_PENALTY, MAX_REPETITION_PENALTY,
-                                               MAX_STOP)
+from zerolayer.client.sampling_params import MAX_ADDITIVE_PENALTY, MAX_REPETITION_PENALTY, MAX_STOP
 
 from .common import Fields, key_id_for
 from .errors import ApiError, bad_request, not_found

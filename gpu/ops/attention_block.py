@@ -13,9 +13,10 @@ pace; each query head of a GQA group also converted the block's float16 keys aga
   the 64 output dims of gc heads in registers, one value row loaded per position.
 
 V (floats per vector) is 16 where the CPU has AVX-512, else 8 (``kernels(V)`` builds either
-pair; the tests run both); gc x 64/V accumulators stay within the register file (GMAX). The pools are float16 bits (uint16) or float32, known
-from the array type at compile time; gc (1..GMAX) is a switch. hd must be a multiple of 64
-(head dims 64 and 128 in every Llama-family model we load); gpu/ops/attention.py keeps its
+pair; the tests run both); gc x 64/V accumulators stay within the register file (GMAX). The
+pools are float16 bits (uint16) or float32, known from the array type at compile time; gc
+(1..GMAX) is a switch. hd must be a multiple of 64 (head dims 64 and 128 in every
+Llama-family model we load); gpu/ops/attention.py keeps its
 plain loops for the others.
 """
 from __future__ import annotations

@@ -96,7 +96,7 @@ def select(env: str | None = None, feats: frozenset[str] | None = None) -> tuple
     isas = supported_isas(feats)
     want = (env if env is not None else os.environ.get(ENV, "")).strip().lower() or DEFAULT
     if want not in MODES + ("auto",):
-        warnings.warn(f"{ENV}={want!r} is not one of {MODES + ('auto',)}; using auto")
+        warnings.warn(f"{ENV}={want!r} is not one of {MODES + ('auto',)}; using auto", stacklevel=2)
         want = "auto"
     if want == "float":
         return "float", 0
@@ -104,7 +104,7 @@ def select(env: str | None = None, feats: frozenset[str] | None = None) -> tuple
         isa = isa_for_mode(want, isas)
         if isa:
             return want, isa
-        warnings.warn(f"{ENV}={want}: this CPU lacks the instructions; using the best it has")
+        warnings.warn(f"{ENV}={want}: this CPU lacks the instructions; using the best it has", stacklevel=2)
     for mode in ("vnni", "avx2"):
         isa = isa_for_mode(mode, isas)
         if isa:
@@ -115,9 +115,10 @@ def select(env: str | None = None, feats: frozenset[str] | None = None) -> tuple
 MODE, ISA = select()
 
 # The activations' width for the integer kernels: int16 (two byte dot products per int8
-# one, or vpdpwssd on zero-extended Q8 bytes) keeps the float kernels' answers (an activation is off by at most
-# 1/65534 of its block's largest, against 1/254 with int8) at the int8 path's memory traffic,
-# which is what decode waits on; int8 (llama.cpp's choice) has twice the arithmetic
+# one, or vpdpwssd on zero-extended Q8 bytes) keeps the float kernels' answers (an
+# activation is off by at most 1/65534 of its block's largest, against 1/254 with int8) at
+# the int8 path's memory traffic, which is what decode waits on; int8 (llama.cpp's choice)
+# has twice the arithmetic
 # throughput, which prefill uses, and flips near-ties.
 ACT_ENV = "ZEROLAYER_CPU_ACTIVATIONS"
 ACT_DEFAULT = "int16"
@@ -126,7 +127,7 @@ ACT_DEFAULT = "int16"
 def select_wide(env: str | None = None) -> bool:
     want = (env if env is not None else os.environ.get(ACT_ENV, "")).strip().lower() or ACT_DEFAULT
     if want not in ("int8", "int16"):
-        warnings.warn(f"{ACT_ENV}={want!r} is not int8 or int16; using {ACT_DEFAULT}")
+        warnings.warn(f"{ACT_ENV}={want!r} is not int8 or int16; using {ACT_DEFAULT}", stacklevel=2)
         want = ACT_DEFAULT
     return want == "int16"
 
@@ -146,7 +147,7 @@ _KV_TYPES = {"f16": np.uint16, "f32": np.float32}  # float16 lives as its bits (
 def select_kv(env: str | None = None):
     want = (env if env is not None else os.environ.get(KV_ENV, "")).strip().lower() or KV_DEFAULT
     if want not in _KV_TYPES:
-        warnings.warn(f"{KV_ENV}={want!r} is not f16 or f32; using {KV_DEFAULT}")
+        warnings.warn(f"{KV_ENV}={want!r} is not f16 or f32; using {KV_DEFAULT}", stacklevel=2)
         want = KV_DEFAULT
     return _KV_TYPES[want]
 

@@ -159,7 +159,8 @@ def _wide_dots(builder, isa, accs, w, xs):
     int32 lanes (positions 0-1, 2-3); accs[t] = [acc of rows 0..V/2-1, acc of V/2..V-1]."""
     n = w.type.count
     wz = builder.zext(w, _vt(I16, n))
-    halves = [builder.shuffle_vector(wz, wz, ir.Constant(_vt(I32, n // 2), list(range(h * n // 2, (h + 1) * n // 2))))
+    halves = [builder.shuffle_vector(wz, wz, ir.Constant(_vt(I32, n // 2),
+                                                         list(range(h * n // 2, (h + 1) * n // 2))))
               for h in (0, 1)]
     for t, x in enumerate(xs):
         accs[t] = [_dot2w(builder, isa, accs[t][h], halves[h], x) for h in (0, 1)]
@@ -295,10 +296,12 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
             dv = builder.fpext(_load_vec(builder, dbase, v * V, hv), fv)
             mv = builder.fpext(_load_vec(builder, mbase, v * V, hv), fv)
             for t in range(nt):
-                p = builder.bitcast(builder.gep(obase, [ir.Constant(i64, t * LANES + v * V)]), fv.as_pointer())
+                p = builder.bitcast(builder.gep(obase, [ir.Constant(i64, t * LANES + v * V)]),
+                                    fv.as_pointer())
                 o = builder.load(p, align=4)
                 af = builder.sitofp(acc[t, v], fv)
-                o = builder.fadd(o, builder.fmul(dv, builder.fmul(af, s_t[t], flags=_FAST), flags=_FAST), flags=_FAST)
+                scaled = builder.fmul(dv, builder.fmul(af, s_t[t], flags=_FAST), flags=_FAST)
+                o = builder.fadd(o, scaled, flags=_FAST)
                 o = builder.fadd(o, builder.fmul(mv, c_t[t], flags=_FAST), flags=_FAST)
                 builder.store(o, p, align=4)
 

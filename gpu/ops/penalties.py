@@ -64,7 +64,7 @@ class PenaltyState:
             self._new: list[int] = []  # output ids not in the prompt, in order of first use
 
     @classmethod
-    def of(cls, params, prompt_ids) -> "PenaltyState":
+    def of(cls, params, prompt_ids) -> PenaltyState:
         """From a SamplingParams."""
         return cls(params.repetition_penalty, params.presence_penalty, params.frequency_penalty,
                    prompt_ids)

@@ -178,7 +178,7 @@ class KeyStore:
             return True
 
 
-def _nonempty(keys: dict[int, bytes], path) -> dict[int, bytes]:
+def _nonempty(keys: dict[int, bytes], path: str | os.PathLike[str]) -> dict[int, bytes]:
     """A daemon with no keys serves nobody: refused at start, and a reload to an empty file
     keeps the old keys."""
     if not keys:

@@ -39,10 +39,14 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from zerolayer.client.address import node_name, parse_host_port
 
 from .config import NetworkSection, SecuritySection
+
+if TYPE_CHECKING:
+    from zerolayer.client import Client, InvokeResult
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -190,13 +194,13 @@ def resolve_target(args: argparse.Namespace, environ: Mapping[str, str] | None =
     return Target(address, key_id, keys[key_id])
 
 
-def _client(args: argparse.Namespace):
+def _client(args: argparse.Namespace) -> Client:
     from zerolayer.client import Client
     t = resolve_target(args)
     return Client(t.address, t.key_id, t.secret, timeout=args.timeout)
 
 
-def _addr(client) -> str:
+def _addr(client: Client) -> str:
     if isinstance(client.address, str):
         return f"shm://{client.address}"
     return node_name(client.address)
@@ -261,7 +265,7 @@ def cmd_invoke(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_invoke_stats(r) -> None:
+def _print_invoke_stats(r: InvokeResult) -> None:
     u, t = r.usage, r.timings
     # The first token comes out of the prefill; decode_us spans first → last token, so the
     # decode rate is over the completion_tokens - 1 tokens made after the first.

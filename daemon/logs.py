@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TextIO
 
 LOGGER = logging.getLogger("zerolayerd")
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
@@ -28,7 +29,7 @@ class _Format(logging.Formatter):
         return f"<{_PRIORITY.get(record.levelno, 6)}>{line}" if self.journal else line
 
 
-def setup(environ: dict[str, str] | None = None, stream=None) -> logging.Logger:
+def setup(environ: dict[str, str] | None = None, stream: TextIO | None = None) -> logging.Logger:
     env = os.environ if environ is None else environ
     h = logging.StreamHandler(stream or sys.stderr)
     h.setFormatter(_Format(journal=bool(env.get("JOURNAL_STREAM"))))

@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 
 from . import test_hooks
 
 
 class Notifier:
-    def __init__(self, environ: dict[str, str] | None = None, log=print):
+    def __init__(self, environ: dict[str, str] | None = None,
+                 log: Callable[[str], None] = print):
         env = os.environ if environ is None else environ
         path = env.get("NOTIFY_SOCKET", "")
         self.addr = ("\0" + path[1:]) if path.startswith("@") else path
@@ -58,7 +60,8 @@ class Watchdog:
     watchdog interval. A step stuck in a kernel, or a stuck I/O thread, stops the pings and
     systemd restarts the daemon after WatchdogSec=."""
 
-    def __init__(self, notifier: Notifier, beat, clock=time.monotonic):
+    def __init__(self, notifier: Notifier, beat: Callable[[], float],
+                 clock: Callable[[], float] = time.monotonic):
         self.n = notifier
         self.beat = beat              # () -> monotonic time of the engine's last turn
         self.clock = clock

@@ -44,7 +44,7 @@ class Peer:
     _ip_sum: int = field(default=0, repr=False, compare=False)   # IPv4: header sum sans length
     _pseudo_sum: int = field(default=0, repr=False, compare=False)  # IPv6: addresses + proto
 
-    def __getitem__(self, i):  # logs and tests read peer[0], peer[1] like a socket address
+    def __getitem__(self, i: int) -> str | int:  # logs and tests read peer[0], peer[1] like a socket address
         return (self.host, self.port)[i]
 
 

@@ -41,9 +41,11 @@ import os
 import platform
 import socket
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 AF_XDP = 44
 SOL_XDP = 283
@@ -309,7 +311,7 @@ class XskSocket:
         r.publish_consumer(self._rx_ctr)
         return addrs, lens
 
-    def recycle(self, addrs) -> None:
+    def recycle(self, addrs: Sequence[int] | npt.NDArray[np.uint64]) -> None:
         """Give RX frames (a list or array of UMEM offsets) back to the kernel through the
         fill ring, in one write. The ring has room for every RX frame: this never waits."""
         n = len(addrs)
@@ -325,8 +327,8 @@ class XskSocket:
                 _ADDR_S.pack_into(f.mm, f.desc_off + 8 * ((self._fill_ctr + i) & f.mask),
                                   rel - rel % fs)
         else:
-            rel = np.asarray(addrs, np.uint64) - np.uint64(self.base)
-            f.desc[f.slots(self._fill_ctr, n)] = rel - rel % np.uint64(fs)
+            rels = np.asarray(addrs, np.uint64) - np.uint64(self.base)
+            f.desc[f.slots(self._fill_ctr, n)] = rels - rels % np.uint64(fs)
         self._fill_ctr = (self._fill_ctr + n) & _U32
         f.publish_producer(self._fill_ctr)
         if f.needs_wakeup:

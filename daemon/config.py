@@ -16,6 +16,7 @@ import io
 import os
 import tokenize
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -297,12 +298,13 @@ def add_flags(ap: argparse.ArgumentParser, comments: dict[str, str] | None = Non
                            help=f"{what} (default: {f.default!r}{extra})".lstrip())
 
 
-def load(args: argparse.Namespace | None = None, environ: dict[str, str] | None = None) -> DaemonConfig:
+def load(args: argparse.Namespace | None = None,
+         environ: Mapping[str, str] | None = None) -> DaemonConfig:
     """The configuration from every source, checked: raises ConfigError listing every
     problem (a bad value, an unknown section or setting), each with its source."""
-    environ = os.environ if environ is None else environ
+    env: Mapping[str, str] = os.environ if environ is None else environ
     cfg = DaemonConfig()
-    path = getattr(args, "config", None) or environ.get("ZEROLAYER_CONFIG")
+    path = getattr(args, "config", None) or env.get("ZEROLAYER_CONFIG")
     data: dict[str, dict] = {}
     problems: list[str] = []
     if path:
@@ -329,8 +331,8 @@ def load(args: argparse.Namespace | None = None, environ: dict[str, str] | None 
             if name in table:
                 value, source = table[name], f"{path} [{sec.name}] {name}"
             env_name = f"ZEROLAYER_{sec.name}_{name}".upper()
-            if env_name in environ:
-                value, source = environ[env_name], f"${env_name}"
+            if env_name in env:
+                value, source = env[env_name], f"${env_name}"
             flag = getattr(args, f"{sec.name}__{name}", None) if args is not None else None
             if flag is not None:
                 value, source = flag, f"--{sec.name}-{name.replace('_', '-')}"
@@ -344,7 +346,7 @@ def load(args: argparse.Namespace | None = None, environ: dict[str, str] | None 
                 problems.append(f"{sec.name}.{name} ({source}): {value!r} is not {rule[1]}")
                 continue
             setattr(obj, name, value)
-    cfg.engines = _load_engines(data.get("engines"), path, environ,
+    cfg.engines = _load_engines(data.get("engines"), path, env,
                                 getattr(args, "engines", None) if args is not None else None,
                                 problems)
     if cfg.engines and cfg.cpu.engine_cpus:

@@ -129,6 +129,11 @@ class Run:
             out = fn(*args)
             extra = out if isinstance(out, dict) else {}
             rec = {"ok": True, **extra}
+        except SystemExit:  # SIGTERM (the script's time limit): say where, keep what ran
+            self.results["sections"][name] = {"ok": False, "error": "killed during this section",
+                                              "s": round(time.monotonic() - t, 2)}
+            self.save()
+            raise
         except Exception:
             out = None
             rec = {"ok": False, "error": traceback.format_exc()[-4000:]}

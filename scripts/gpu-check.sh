@@ -114,7 +114,7 @@ echo | tee -a "$LOG"
 table_args=(--table "$OUT" --total-s "$total")
 ((SIM)) && table_args+=(--sim)
 "$PY" bench/gpu_bench.py "${table_args[@]}" 2>&1 | tee -a "$LOG"
-echo "gpu-check: gpu_bench exit $rc, peers exit $peer_rc, $total s ($OUT/gpu_check.json, $OUT/gpu_peer.json)" | tee -a "$LOG"
+echo "gpu-check: gpu_bench exit $rc, peers exit $peer_rc, $total s (results in $OUT)" | tee -a "$LOG"
 ((rc != 0)) && exit "$rc"
 ((peer_rc != 0)) && exit 1
 exit 0

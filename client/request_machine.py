@@ -59,6 +59,7 @@ from .wire import (
     Timings,
     TokenFrame,
     Usage,
+    decode_invoke_body,
     encode_invoke,
 )
 
@@ -77,6 +78,7 @@ class InvokeResult:
     attempts: int                    # INVOKE attempts sent (1 = no retry)
     restarts: int = 0                # times a new run replaced one (a restarted or other node)
     node: str | None = None          # the fleet node that answered (None: a single daemon)
+    stop_sequence: str | None = None  # the stop string that ended it (finish_reason "stop")
 
 
 class Phase(enum.Enum):
@@ -271,7 +273,15 @@ class RequestMachine:
         self.result = InvokeResult("".join(self._chunks), d.usage, d.timings,
                                    d.finish_reason.label, self.request_id, self._ttft,
                                    now - self._t0, self.attempts, self.restarts,
-                                   self._route.node if self._route is not None else None)
+                                   self._route.node if self._route is not None else None,
+                                   self._stop_sequence(d.stop_index))
+
+    def _stop_sequence(self, k: int) -> str | None:
+        """The request's k-th stop string (1-based; 0: none), from its own INVOKE body."""
+        if k <= 0:
+            return None
+        stops = decode_invoke_body(self._body).params.stop
+        return stops[k - 1] if k <= len(stops) else None
         self.phase = Phase.DONE
 
     def _failover(self, now: float) -> bool:

@@ -91,7 +91,7 @@ TOKEN_HDR = struct.Struct("<IIHH")            # seq, run_id, n_tokens, reserved
 ERROR_HDR = struct.Struct("<IIHH")            # seq, run_id, code, reserved
 ACK_HDR = struct.Struct("<IIBBHI")            # next_seq, run_id, state, reserved, reserved,
                                                # lease_ms
-DONE_HDR = struct.Struct("<IIB3xIII9Q")       # seq, run_id, finish, pad, usage×3, timings×9
+DONE_HDR = struct.Struct("<IIBB2xIII9Q")      # seq, run_id, finish, stop index, pad, usage×3, timings×9
 PONG_HDR = struct.Struct("<QQB7x")            # echo ts_us, server ts_us, server state, pad
 
 HEADER_LEN: dict[MsgType, int] = {
@@ -152,7 +152,7 @@ class Role(IntEnum):
 
 
 class FinishReason(IntEnum):
-    STOP = 0        # EOS or a stop string
+    STOP = 0        # EOS or a stop string (DONE's stop_index says which, if a stop string)
     LENGTH = 1      # max_tokens reached
     CANCELLED = 2   # the client sent CANCEL
 
@@ -269,6 +269,7 @@ class DoneFrame:
     finish_reason: FinishReason
     usage: Usage
     timings: Timings
+    stop_index: int = 0  # 0: not a stop string (EOS, length, cancel); k: the request's k-th stop
 
 
 @dataclass(frozen=True, slots=True)
@@ -663,9 +664,10 @@ def encode_token(secret: Secret, key_id: int, request_id: bytes, seq: int, run_i
 
 
 def encode_done(secret: Secret, key_id: int, request_id: bytes, seq: int, run_id: int,
-                finish_reason: FinishReason, usage: Usage, timings: Timings) -> bytes:
+                finish_reason: FinishReason, usage: Usage, timings: Timings,
+                stop_index: int = 0) -> bytes:
     buf = _common(MsgType.DONE, 0, key_id, request_id)
-    buf += DONE_HDR.pack(seq, run_id, int(finish_reason), usage.prompt_tokens,
+    buf += DONE_HDR.pack(seq, run_id, int(finish_reason), stop_index, usage.prompt_tokens,
                          usage.cached_prompt_tokens, usage.completion_tokens,
                          *(min(max(int(t), 0), (1 << 64) - 1) for t in timings.as_tuple()))
     return _finish(buf, secret)
@@ -732,12 +734,12 @@ def decode_response(datagram: bytes, secret: Secret) -> Response:
     if body:
         raise MalformedError(f"{mt.name} carries no body", request_id=rid)
     if mt is MsgType.DONE:
-        seq, run_id, finish, p, c, g, *t = DONE_HDR.unpack_from(datagram, COMMON_LEN)
+        seq, run_id, finish, stop_index, p, c, g, *t = DONE_HDR.unpack_from(datagram, COMMON_LEN)
         try:
             fr = FinishReason(finish)
         except ValueError:
             raise MalformedError(f"unknown finish reason {finish}", request_id=rid) from None
-        return DoneFrame(rid, seq, run_id, fr, Usage(p, c, g), Timings(*t))
+        return DoneFrame(rid, seq, run_id, fr, Usage(p, c, g), Timings(*t), stop_index)
     if mt is MsgType.ACK:
         nseq, run_id, state, _, _, lease_ms = ACK_HDR.unpack_from(datagram, COMMON_LEN)
         try:
@@ -779,9 +781,9 @@ class ResponseSigner:
                             n_tokens)
 
     def done(self, seq: int, run_id: int, finish_reason: FinishReason, usage: Usage,
-             timings: Timings) -> bytes:
+             timings: Timings, stop_index: int = 0) -> bytes:
         return encode_done(self._secret, self.key_id, self.request_id, seq, run_id,
-                           finish_reason, usage, timings)
+                           finish_reason, usage, timings, stop_index)
 
     def error(self, code: ErrorCode, message: str = "", seq: int = NO_SEQ,
               run_id: int = 0) -> bytes:

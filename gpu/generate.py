@@ -35,6 +35,7 @@ PREFILL_CHUNK = 512  # prompt tokens per forward call: bounds the activations' m
 class GenerationResult:
     text: str = ""
     finish_reason: str = ""  # "stop" (EOS or a stop string) or "length"
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
     prompt_tokens: int = 0
     completion_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
@@ -221,7 +222,7 @@ class Generator:
                     res.text += chunk
                     yield chunk
                 if stops.stopped:
-                    res.finish_reason = "stop"
+                    res.finish_reason, res.stop_sequence = "stop", stops.matched
                     break
                 if len(res.token_ids) >= params.max_tokens:
                     res.finish_reason = "length"

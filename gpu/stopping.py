@@ -12,13 +12,16 @@ class StopChecker:
         self.stops = tuple(s for s in stops if s)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text, once stopped
 
     def push(self, text: str) -> str:
         """Feed new text; return what can be released now."""
         if self.stopped or not self.stops:
             return "" if self.stopped else text
         buf = self._held + text
-        hit = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        # the earliest match; at one position, the first stop string in the request's order
+        hit, self.matched = min(((i, k, s) for k, s in enumerate(self.stops)
+                                 if (i := buf.find(s)) >= 0), default=(-1, 0, None))[::2]
         if hit >= 0:
             self.stopped = True
             self._held = ""

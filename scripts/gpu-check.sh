@@ -24,7 +24,7 @@
 #   .venv/bin/python -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
 #     gguf==0.19.0 pyzmq==27.3.0 prometheus-client==0.26.0 pyyaml==6.0.3
-# Each module the machine lacks is installed from there into /tmp/zl-site (by pip where the
+# Each module the machine lacks is installed from there into a new /tmp/zl-site.* (by pip where the
 # image has it, else by unzipping the wheel; no dependencies, nothing over what the image
 # has; pyyaml only if gguf's yaml is missing too), and must then import.
 #
@@ -52,7 +52,9 @@ done
 
 # module:distribution:required. Required ones stop the check; the others only fail the
 # sections that import them.
-SITE=/tmp/zl-site
+# a new directory each run: a module left there by an earlier run (or unzipped for another
+# Python) would shadow the image's own, PYTHONPATH coming first
+SITE=$(mktemp -d /tmp/zl-site.XXXXXX)
 install_wheel() {  # distribution name: pip picks the wheel that fits; without pip, unzip it
   if "$PY" -m pip --version >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --find-links .whl --target "$SITE" \

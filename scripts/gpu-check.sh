@@ -24,9 +24,9 @@
 #   .venv/bin/python -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
 #     gguf==0.19.0 pyzmq==27.3.0 prometheus-client==0.26.0 pyyaml==6.0.3
-# Each module the machine lacks is installed from there into a new /tmp/zl-site.* (by pip where the
-# image has it, else by unzipping the wheel; no dependencies, nothing over what the image
-# has; pyyaml only if gguf's yaml is missing too), and must then import.
+# Each module the machine lacks is installed from there into a new /tmp/zl-site.* (by pip
+# where the image has it, else by unzipping the wheel; no dependencies, nothing over what the
+# image has; pyyaml only if gguf's yaml is missing too), and must then import.
 #
 #   bash scripts/gpu-check.sh              # the check (exit 0: every section ran and passed)
 #   bash scripts/gpu-check.sh --sim        # logic check under the CUDA simulator (minutes;

@@ -74,3 +74,16 @@ def test_default_mode_kl_on_a_short_text(model_path, short_text):
         assert r["positions"] == SHORT_CTX // 2 - 1
         assert r["kl_mean"] <= KL_BOUND and r["top1"] >= TOP1_BOUND, (path, r)
     assert np.isfinite(ref[0]).all()
+
+
+def test_batched_reference_equals_the_per_token_one(tiny_path):
+    """The harness's reference (all positions in one pass) is gpu/reference.py's step()."""
+    from zerolayer.gpu import gguf_loader
+    from zerolayer.gpu.reference import ReferenceLlama
+    reader = gguf_loader.open_gguf(tiny_path)
+    ref = ReferenceLlama(reader, gguf_loader.read_config(reader))
+    toks = np.arange(3, 40)
+    batched = ref.logits_all(toks)
+    stepped = np.stack([ref.step(int(t)) for t in toks])
+    np.testing.assert_allclose(batched, stepped, rtol=0, atol=1e-9 * np.abs(stepped).max())
+    np.testing.assert_array_equal(ref.logits_all(toks, slice(5, 9)), batched[5:9])

@@ -180,7 +180,9 @@ done
 T_READY=$(($(now) - T))
 
 T=$(now)
-answer=$(PYTHONPATH=$TMP/sdk python3 -s - "127.0.0.1:$PORT" "$TMP/keys" <<'EOF'
+# An outer bound as well as the SDK's own timeout: a daemon that streams the text but never
+# ends the stream must fail the check, not hang it.
+answer=$(timeout 120 env PYTHONPATH="$TMP/sdk" python3 -s - "127.0.0.1:$PORT" "$TMP/keys" <<'EOF'
 import sys
 from zerolayer.client import ChatMessage, Client
 addr, keys = sys.argv[1], sys.argv[2]
@@ -191,7 +193,7 @@ print(r.text)
 EOF
 ) || {
   "${PODMAN[@]}" logs "$NAME" >&2 || true
-  die "invoke through 127.0.0.1:$PORT failed"
+  die "invoke through 127.0.0.1:$PORT failed or took over 120 s"
 }
 T_INVOKE=$(($(now) - T))
 log "answer: $answer"

@@ -2,26 +2,57 @@
 
 Every command is O(1) or a copy of counters, so running one between datagram batches costs
 the data plane microseconds. A command returns a JSON-able dict or raises ControlError.
+
+The commands see the daemon through `Operated`, the few parts an operator may read or move,
+and change its state only through those parts' own methods: a drain is a lifecycle event,
+an attach or detach a change to the carrier set.
 """
 from __future__ import annotations
 
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from zerolayer.gpu import __version__
 
 from . import config as config_mod
 from . import logs
+from .auth import KeyStore
+from .carriers import Carriers
+from .config import DaemonConfig
 from .control import ControlCall, ControlError
-from zerolayer.client.wire import ServerState
+from .engines import EngineSlot
+from .in_flight import InFlight
+from .lifecycle import Event, Lifecycle, LifecycleError
+from .metrics import Metrics
+from .result_cache import ResultCache
 
 if TYPE_CHECKING:
-    from .server import Daemon
+    from .xdp_io import XdpIO
 
 
-def run(d: "Daemon", call: ControlCall) -> None:
+class Operated(Protocol):
+    """What the control commands read and move (the Daemon has these)."""
+    cfg: DaemonConfig
+    engines: list[EngineSlot]
+    lifecycle: Lifecycle
+    in_flight: InFlight
+    cache: ResultCache
+    carriers: Carriers
+    keys: KeyStore
+    metrics: Metrics
+    started: float
+
+    def log(self, msg: str, level: int = logging.INFO) -> None: ...
+
+    def reload_keys(self) -> bool: ...
+
+    def open_xdp(self, ingress: str | None = None) -> "XdpIO | None": ...
+
+
+
+def run(d: Operated, call: ControlCall) -> None:
     try:
         call.answer(COMMANDS[call.cmd](d, call.args))
     except ControlError as e:
@@ -30,7 +61,7 @@ def run(d: "Daemon", call: ControlCall) -> None:
         call.fail("INTERNAL", f"{type(e).__name__}: {e}")
 
 
-def _engines(d: "Daemon") -> list[dict[str, Any]]:
+def _engines(d: Operated) -> list[dict[str, Any]]:
     """Each engine's state, in the configuration's order ([[engines]]; one engine: one)."""
     out = []
     for s in d.engines:
@@ -40,13 +71,13 @@ def _engines(d: "Daemon") -> list[dict[str, Any]]:
                     "cpus": sorted(s.cpus) if s.cpus else None, "threads": s.threads,
                     "device": None if s.spec is None or s.spec.device < 0 else s.spec.device,
                     "running": running, "waiting": waiting + len(s.admissions),
-                    "in_flight": s.live,
+                    "in_flight": d.in_flight.on_engine(s.index),
                     "kv_usage": round(kv_held / blocks, 4) if blocks and not s.dead else 0.0,
                     **({"error": s.dead} if s.dead else {})})
     return out
 
 
-def status(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+def status(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     engines = _engines(d)
     running = sum(e["running"] for e in engines)
     waiting = sum(e["waiting"] for e in engines)
@@ -54,38 +85,42 @@ def status(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     return {
         "engines": engines,
         "degraded": bool(dead),
-        "state": d.state.name.lower(), "version": __version__, "pid": os.getpid(),
+        "state": _state(d), "version": __version__, "pid": os.getpid(),
         "uptime_s": round(time.monotonic() - d.started, 3),
-        "drain": "stopping" if d._draining else "operator" if d.operator_drain else None,
-        "ingress": "udp" if d.xdp is None else "xdp",
-        "requests": {"in_flight": len(d.live), "running": running, "waiting": waiting},
+        "drain": d.lifecycle.phase.drain,
+        "ingress": "udp" if d.carriers.xdp is None else "xdp",
+        "requests": {"in_flight": len(d.in_flight), "running": running, "waiting": waiting},
         "keys": len(d.keys),
     }
 
 
-def drain(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+def drain(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     """Refuse new work with DRAINING; keep serving what is in flight and every control
     message; stay up. `undrain` ends it."""
-    if not d.operator_drain and not d._draining:
-        d.operator_drain = True
-        d.state = ServerState.DRAINING
-        d.ingress.draining = True
-        d.log(f"draining by the operator: {len(d.live)} requests in flight")
-    return {"state": d.state.name.lower(), "in_flight": len(d.live)}
+    _move(d, Event.DRAIN)
+    return {"state": _state(d), "in_flight": len(d.in_flight)}
 
 
-def undrain(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
-    if d._draining:
-        raise ControlError("UNAVAILABLE", "the daemon is stopping (SIGTERM); it cannot undrain")
-    if d.operator_drain:
-        d.operator_drain = False
-        d.state = ServerState.READY
-        d.ingress.draining = False
-        d.log("undrained by the operator: accepting new requests")
-    return {"state": d.state.name.lower()}
+def undrain(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+    _move(d, Event.UNDRAIN)
+    return {"state": _state(d)}
 
 
-def reload_keys(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+def _move(d: Operated, event: Event) -> None:
+    try:
+        d.lifecycle.handle(event, time.monotonic())
+    except LifecycleError:
+        why = ("the daemon is stopping (SIGTERM); it cannot undrain"
+               if d.lifecycle.phase.drain == "stopping" else
+               f"the daemon is {d.lifecycle.phase.value}")
+        raise ControlError("UNAVAILABLE", why) from None
+
+
+def _state(d: Operated) -> str:
+    return d.lifecycle.phase.wire.name.lower()
+
+
+def reload_keys(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     ok = d.reload_keys()
     if not ok:
         raise ControlError("BAD_ARGUMENT", f"keys file refused, old keys kept: "
@@ -93,26 +128,26 @@ def reload_keys(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     return {"keys": len(d.keys)}
 
 
-def config(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+def config(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     """The effective configuration (defaults < file < environment < flags). Nothing in it is
     secret: the keys file is a path, its contents are never read out."""
     return config_mod.as_dict(d.cfg)
 
 
-def cache_stats(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+def cache_stats(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     c = d.cache
     return {"entries": len(c), "running": c.running, "bytes": c.nbytes,
             "max_entries": c.max_entries, "max_bytes": c.max_bytes, "ttl_s": c.ttl_s,
             **c.stats}
 
 
-def cache_flush(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+def cache_flush(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     """Forget every finished result (a duplicate of one then runs the model again); running
     requests keep their entries, or they could not be resumed or cancelled."""
     return {"flushed": d.cache.flush_finished(), "entries": len(d.cache)}
 
 
-def kv_stats(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+def kv_stats(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     """Summed over the engines; each engine's own under "engines" (its own arena and
     prefix cache)."""
     per = []
@@ -128,69 +163,69 @@ def kv_stats(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
             "engines": per}
 
 
-def xdp_status(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
-    if d.xdp is None:
+def xdp_status(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+    if d.carriers.xdp is None:
         return {"attached": False, "ingress": d.cfg.network.ingress}
-    io = d.xdp
+    io = d.carriers.xdp.io
     return {"attached": True, "interface": io.settings.ifname, "zerocopy": io.zerocopy,
             "queues": len(io.socks), "ports": sorted(io.prog.ports()),
             "rate": dict(zip(("rate_pps", "burst"), io.prog.rate())),
             "packets": io.packet_counts(), "pins": io.pins}
 
 
-def prepare(d: "Daemon", cmd: str, args: dict[str, Any]) -> dict[str, Any]:
+def prepare(d: Operated, cmd: str, args: dict[str, Any]) -> dict[str, Any]:
     """Run on the control thread before a command is handed to the I/O thread: the part
     that takes long. xdp-attach compiles, loads and attaches the XDP program and opens the
     AF_XDP sockets here (a second or so: BCC runs in a helper process), so the data plane
     never waits for it; the I/O thread then only adopts them."""
     if cmd != "xdp-attach":
         return args
-    if d.xdp is not None:
-        raise ControlError("UNAVAILABLE", f"already attached to {d.xdp.settings.ifname}")
+    if d.carriers.xdp is not None:
+        raise ControlError("UNAVAILABLE",
+                           f"already attached to {d.carriers.xdp.io.settings.ifname}")
     try:
-        io = d._open_xdp("xdp")
+        io = d.open_xdp("xdp")
     except (OSError, ValueError) as e:
         raise ControlError("UNAVAILABLE", str(e)) from None
     return {**args, "_io": io}
 
 
-def xdp_attach(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+def xdp_attach(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     """Adopt the XDP program and AF_XDP sockets that prepare() opened, as at start with
     ingress = "xdp". The UDP socket kept serving meanwhile."""
     io = args.get("_io")
     if io is None:
         raise ControlError("BAD_REQUEST", "xdp-attach was not prepared")
-    if d.xdp is not None:  # attached meanwhile by another call: keep that one
+    if d.carriers.xdp is not None:  # attached meanwhile by another call: keep that one
         io.close()
-        raise ControlError("UNAVAILABLE", f"already attached to {d.xdp.settings.ifname}")
-    d.xdp, d.io_changed = io, True
+        raise ControlError("UNAVAILABLE",
+                           f"already attached to {d.carriers.xdp.io.settings.ifname}")
+    d.carriers.attach_xdp(io)
     d.metrics.new_xdp_program()
     return xdp_status(d, {})
 
 
-def xdp_detach(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+def xdp_detach(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     """Detach the program and close the AF_XDP sockets: invoke traffic goes to the kernel's
     UDP path, which the daemon serves too; replies to clients that came over XDP go back
     through the UDP socket."""
-    if d.xdp is None:
+    x = d.carriers.detach_xdp()
+    if x is None:
         raise ControlError("UNAVAILABLE", "the XDP fast path is not attached")
-    from .xdp_io import wait_tx_drained
-    io, d.xdp, d.io_changed = d.xdp, None, True
-    wait_tx_drained(io)
-    io.close()
+    x.close()
     d.metrics.xdp_attached.set(0)
-    d.log(f"XDP detached from {io.settings.ifname} by the operator; serving over UDP",
+    d.log(f"XDP detached from {x.io.settings.ifname} by the operator; serving over UDP",
           logging.WARNING)
     return {"attached": False}
 
 
-def rate_limit(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+def rate_limit(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     """The XDP program's per-source token bucket, in the kernel: with args rate_pps (0 =
     off) and optionally burst, set it first (at once, no restart; sources keep their
     state). UNAVAILABLE without the XDP fast path."""
-    if d.xdp is None:
+    if d.carriers.xdp is None:
         raise ControlError("UNAVAILABLE", "the XDP fast path is not attached (ingress udp)")
-    prog = d.xdp.prog
+    prog = d.carriers.xdp.io.prog
     if "rate_pps" in args or "burst" in args:
         try:
             rate = int(args.get("rate_pps", prog.rate()[0]))
@@ -205,7 +240,7 @@ def rate_limit(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     return {"rate_pps": rate, "burst": burst}
 
 
-def log_level(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+def log_level(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     """The log level now; with args {"level": "debug|info|warning|error"} set it first."""
     if "level" in args:
         try:
@@ -216,7 +251,7 @@ def log_level(d: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     return {"level": logs.level()}
 
 
-COMMANDS: dict[str, Callable[["Daemon", dict[str, Any]], dict[str, Any]]] = {
+COMMANDS: dict[str, Callable[[Operated, dict[str, Any]], dict[str, Any]]] = {
     "status": status, "drain": drain, "undrain": undrain, "reload-keys": reload_keys,
     "config": config, "cache-stats": cache_stats, "cache-flush": cache_flush,
     "kv-stats": kv_stats, "xdp-status": xdp_status, "xdp-attach": xdp_attach,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .config import DaemonConfig, EngineSpec, parse_cpus
 from .engine_thread import EngineThread
@@ -23,7 +23,8 @@ from .request import EngineEvent, Request
 @dataclass(eq=False)
 class EngineSlot:
     """One engine, as the I/O thread sees it. Every field is the I/O thread's, except
-    `thread` (its own) and `model`, `threads` (written once by the engine thread at load)."""
+    `thread` (its own) and `model`, `threads` (written once by the engine thread at load).
+    The requests it holds are counted in the in-flight record (in_flight.py), not here."""
     index: int
     spec: EngineSpec | None                 # None: the single engine of [cpu]/[engine]
     admissions: Handoff[Request]
@@ -32,20 +33,25 @@ class EngineSlot:
     thread: EngineThread | None = None
     model: object = None
     threads: int = 0                        # kernel threads of its thread
-    live: int = 0                           # requests handed to it and not yet closed
     dead: str = ""                          # why it died; "" while it serves
-    refused_full: int = 0                   # OVERLOADED: it held its capacity (`_route`)
-    routed: dict = field(default_factory=dict)
-
-    @property
-    def load(self) -> int:
-        return self.live
+    refused_full: int = 0                   # OVERLOADED: it held its capacity (admission.py)
 
     def held_blocks(self) -> tuple[int, int]:
         """(KV blocks held by requests, blocks in the arena); (0, 0) before it loaded."""
         if self.model is None:
             return 0, 0
         return self.thread.stats[2], self.model.arena.n_blocks
+
+
+def idle(slots: list[EngineSlot]) -> bool:
+    """Nothing for any live engine to do: the I/O thread may spend the core on polling."""
+    for s in slots:
+        if s.dead or s.thread is None:
+            continue
+        running, waiting, _ = s.thread.stats
+        if running or waiting or len(s.admissions):
+            return False
+    return True
 
 
 def cpu_problems(cfg: DaemonConfig) -> list[str]:

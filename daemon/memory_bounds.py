@@ -1,8 +1,8 @@
 """What each of the daemon's buffers holds now and the most it can hold, in bytes.
 
 Every structure that grows with traffic has a bound set by configuration, so hostile input
-can make the daemon use memory only up to the sum of these bounds, never more (issue 14 §8;
-docs/OPERATIONS.md "Memory bounds" gives the same list with the settings behind each).
+can make the daemon use memory only up to the sum of these bounds, never more
+(docs/OPERATIONS.md "Memory bounds" gives the same list with the settings behind each).
 Exported as `zerolayer_memory_bytes{buffer}` and `zerolayer_memory_limit_bytes{buffer}`.
 
 Python objects have no fixed size, so the per-entry figures below are measured upper
@@ -11,12 +11,13 @@ hold bytes objects count them by their length plus the object overhead.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from zerolayer.client.wire import MAX_CHAT_MESSAGES, MAX_MESSAGE_BYTES, InvokeBody
 
-if TYPE_CHECKING:
-    from .server import Daemon
+from .auth import ReplayGuard
+from .config import DaemonConfig
+from .engines import EngineSlot
+from .reassembly import Reassembler
+from .result_cache import ResultCache
 
 # A remembered nonce: its 32-byte bytes object (65 B), the dict slot, its bucket's list slot
 # and per-key counts. Measured ~160 B/entry with 200,000 entries.
@@ -48,24 +49,25 @@ def body_bytes(body: InvokeBody) -> int:
 MAX_BODY_BYTES = 2 * MAX_MESSAGE_BYTES + CHAT_MESSAGE_BYTES * MAX_CHAT_MESSAGES + REQUEST_BYTES
 
 
-def buffers(d: "Daemon") -> dict[str, tuple[int, int]]:
-    """buffer name → (bytes held now, bound in bytes)."""
-    c = d.cfg
-    r = d.ingress.reassembler
-    slots = d.engines  # one per engine ([[engines]]): their sums
+def buffers(c: DaemonConfig, replay: ReplayGuard, r: Reassembler, cache: ResultCache,
+            slots: list[EngineSlot], admitted_bytes: int,
+            umem_bytes: int = 0) -> dict[str, tuple[int, int]]:
+    """buffer name → (bytes held now, bound in bytes); a function of what it is given alone.
+    `slots`: one per engine ([[engines]]), summed; `admitted_bytes`: body bytes ever handed
+    to the engines (InFlight); `umem_bytes`: the AF_XDP UMEM, 0 without it."""
     arenas = [s.model.arena for s in slots]
     threads = [s.thread for s in slots]
     n = len(slots)
     per_request = TOKEN_BYTES * c.model.max_seq_len + REQUEST_BYTES
     out = {
-        "nonce_cache": (NONCE_ENTRY_BYTES * len(d.replay),
-                        NONCE_ENTRY_BYTES * d.replay.config.capacity),
+        "nonce_cache": (NONCE_ENTRY_BYTES * len(replay),
+                        NONCE_ENTRY_BYTES * replay.config.capacity),
         "reassembly": (r.reserved_bytes + REASSEMBLY_MESSAGE_BYTES * len(r),
                        r.budget_bytes + REASSEMBLY_MESSAGE_BYTES * r.max_messages),
         # Running streams may pass max_bytes by what they have emitted so far (a stream is
         # never cut); that part is bounded by the engine's requests below.
-        "result_cache": (d.cache.nbytes, d.cache.max_bytes),
-        "admissions": (max(0, d.admitted_bytes - sum(t.taken_bytes for t in threads)),
+        "result_cache": (cache.nbytes, cache.max_bytes),
+        "admissions": (max(0, admitted_bytes - sum(t.taken_bytes for t in threads)),
                        n * c.engine.queue_depth * MAX_BODY_BYTES),
         "engine_requests": (sum(t.held_tokens * TOKEN_BYTES + REQUEST_BYTES * t.held_requests
                                 for t in threads),
@@ -76,7 +78,6 @@ def buffers(d: "Daemon") -> dict[str, tuple[int, int]]:
         "kv_arena": (sum((a.n_blocks - a.free_blocks) * a.bytes_per_block for a in arenas),
                      sum(a.n_blocks * a.bytes_per_block for a in arenas)),
     }
-    if d.xdp is not None:
-        n = d.xdp.umem.size
-        out["umem"] = (n, n)
+    if umem_bytes:
+        out["umem"] = (umem_bytes, umem_bytes)
     return out

@@ -29,6 +29,8 @@ from zerolayer.client.wire import FinishReason, InvokeBody, ResponseSigner, Timi
 
 if TYPE_CHECKING:
     from zerolayer.gpu.kv_cache import Sequence
+
+    from .carriers import Address
     from zerolayer.gpu.ops.penalties import PenaltyState
     from zerolayer.gpu.stopping import StopChecker
     from zerolayer.gpu.tokenizer import IncrementalDetokenizer
@@ -55,7 +57,7 @@ class Request:
     ingress_us: int = 0                   # first datagram → admitted
     body_bytes: int = 0                   # the body's footprint while queued (memory_bounds.py)
     # -- the I/O thread's
-    addr: object = None                   # where frames go (the client may move)
+    addr: "Address | None" = None         # where frames go, its carrier's (the client may move)
     next_seq: int = 0
     closed: bool = False                  # its last frame (DONE/ERROR) was emitted
     sent_tokens: int = 0                  # tokens whose text was framed (usage on CANCEL)

@@ -2,11 +2,12 @@
 
 Promise 4 of the brief: a retry or a lost-packet recovery never runs the model twice. The
 cache makes that hold without knowing anything about the engine: it stores signed response
-frames (bytes, indexed by their sequence number) and a status, plus an opaque `handle` the
-daemon uses to reach a running generation.
+frames (bytes, indexed by their sequence number) and a status. The running generation
+behind a RUNNING entry is the daemon's to find, in its in-flight record (in_flight.py),
+under the same key.
 
 - A duplicate of a RUNNING request attaches: the daemon replays the frames so far and keeps
-  streaming (it finds the generation through `entry.handle`).
+  streaming.
 - A duplicate of a FINISHED request gets its frames replayed; the model does not run.
 - RESEND(from_seq) is answered from `entry.frames_from(from_seq)`, running or finished.
 - Finished entries live `ttl_s` (300 s) after they finished. Running entries never expire
@@ -29,7 +30,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from zerolayer.client.errors import OverloadedError
 
@@ -53,7 +53,6 @@ class CacheEntry:
     status: EntryStatus
     created: float
     last_seen: float             # last time the client was heard from (lease)
-    handle: Any = None           # the daemon's reference to the running generation
     frames: list[bytes] = field(default_factory=list)   # frames[seq]
     finished_at: float | None = None
     nbytes: int = ENTRY_OVERHEAD
@@ -107,8 +106,7 @@ class ResultCache:
         self.purge(now)
         return self._entries.get(key)
 
-    def start(self, key: CacheKey, handle: Any = None,
-              now: float | None = None) -> CacheEntry:
+    def start(self, key: CacheKey, now: float | None = None) -> CacheEntry:
         """Register a new running request. Raises ValueError if the key is live (the
         caller must lookup() first) and OverloadedError if the cache cannot take it."""
         now = self._clock() if now is None else now
@@ -118,7 +116,7 @@ class ResultCache:
         self._make_room(ENTRY_OVERHEAD, new_entry=True)
         run_id = self._next_run
         self._next_run = (self._next_run + 1) & 0xFFFFFFFF or 1  # 0 means "no run"
-        e = CacheEntry(key, run_id, EntryStatus.RUNNING, now, now, handle)
+        e = CacheEntry(key, run_id, EntryStatus.RUNNING, now, now)
         self._entries[key] = e
         self.nbytes += e.nbytes
         self.stats["started"] += 1
@@ -147,7 +145,6 @@ class ResultCache:
         e = self._entries.get(key)
         if e is None or e.status is EntryStatus.FINISHED:
             return
-        e.handle = None  # release the engine's objects now, not at TTL
         if not cacheable:
             self._remove(key)
             self.stats["not_cached"] += 1

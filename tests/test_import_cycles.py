@@ -1,4 +1,4 @@
-"""No import cycles in the client package, lazy imports included.
+"""No import cycles in the client, daemon and bpf packages, lazy imports included.
 
 A cycle is hidden, not removed, by moving an import into a function: the two modules still
 cannot be understood, tested or shipped one without the other. So every import statement
@@ -78,6 +78,19 @@ def test_the_client_package_has_no_import_cycle() -> None:
     assert all("zerolayer.client.connect" not in graph[f"zerolayer.client.{c}"]
                for c in carriers)                       # dispatch sits above the carriers
     assert cycles(graph) == []
+
+
+def test_the_daemon_package_has_no_import_cycle() -> None:
+    graph = import_graph(ROOT / "daemon", "zerolayer.daemon")
+    server = "zerolayer.daemon.server"
+    assert not [m for m, deps in graph.items() if server in deps]   # the top: nobody's import
+    for low in ("lifecycle", "in_flight", "carriers", "request", "result_cache"):
+        assert server not in graph[f"zerolayer.daemon.{low}"]
+    assert cycles(graph) == []
+
+
+def test_the_bpf_package_has_no_import_cycle() -> None:
+    assert cycles(import_graph(ROOT / "bpf", "zerolayer.bpf")) == []
 
 
 def test_the_checker_sees_a_cycle_through_a_lazy_import(tmp_path: Path) -> None:

@@ -23,18 +23,18 @@ K3 = (2, b"a" * 16)   # same request id, other key: a different request
 def test_duplicate_of_running_attaches_and_of_finished_replays() -> None:
     c = ResultCache(clock=Clock())
     assert c.lookup(K1) is None
-    e = c.start(K1, handle="engine-seq-7")
+    e = c.start(K1)
     assert e.status is EntryStatus.RUNNING and e.run_id != 0
     assert c.append(K1, b"tok0") == 0
     assert c.append(K1, b"tok1") == 1
     dup = c.lookup(K1)
-    assert dup is e and dup.handle == "engine-seq-7" and dup.frames_from(0) == [b"tok0", b"tok1"]
+    assert dup is e and dup.frames_from(0) == [b"tok0", b"tok1"]
     assert c.stats["attached"] == 1
     assert c.lookup(K3) is None               # key id is part of the identity
     c.append(K1, b"done")
     c.finish(K1)
     dup = c.lookup(K1)
-    assert dup is not None and dup.status is EntryStatus.FINISHED and dup.handle is None
+    assert dup is not None and dup.status is EntryStatus.FINISHED
     assert dup.frames_from(1) == [b"tok1", b"done"] and dup.frames_from(3) == []
     assert dup.frames_from(0, limit=2) == [b"tok0", b"tok1"]
     assert c.stats["replayed"] == 1 and c.stats["started"] == 1

@@ -1,0 +1,199 @@
+"""What the daemon opens and starts before it serves, each a function of the configuration:
+the CPU plan, the UDP socket, the AF_XDP fast path, the engine threads.
+
+Ordered by what can fail cheaply: the socket (a port in use, a bad address) and the shm path
+are opened before the model loads, so a bad start fails in milliseconds, not after a minute
+of kernel builds; datagrams that arrive meanwhile wait in the socket buffer.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
+
+from . import config as config_mod
+from . import fault_hooks, test_hooks
+from .config import DaemonConfig
+from .engine import Engine
+from .engine_thread import EngineThread
+from .engines import EngineSlot, load_sibling
+from .metrics import Metrics
+from .sd_notify import Notifier
+
+if TYPE_CHECKING:
+    from .carriers import ShmCarrier
+    from .xdp_io import XdpIO
+
+Log = Callable[..., None]
+
+
+def cpu_plan(cfg: DaemonConfig, log: Log) -> tuple[set[int] | None, set[int] | None]:
+    """[cpu]: cpus = the whole process; io_cpu = the I/O thread; engine_cpus = the engine
+    thread, which pins itself before it loads the model, so that the kernel threads it
+    starts inherit its CPUs."""
+    c = cfg.cpu
+    if c.cpus:
+        os.sched_setaffinity(0, config_mod.parse_cpus(c.cpus))
+        log(f"pinned to CPUs {c.cpus}")
+    io = config_mod.parse_cpus(c.io_cpu) if c.io_cpu else None
+    eng = config_mod.parse_cpus(c.engine_cpus) if c.engine_cpus else None
+    return io, eng
+
+
+def pin_io(cfg: DaemonConfig, engines: list[EngineSlot], io_cpus: set[int] | None,
+           log: Log) -> None:
+    c = cfg.cpu
+    if io_cpus:
+        os.sched_setaffinity(0, io_cpus)  # this (the I/O) thread only, from here on
+    mine = sorted(os.sched_getaffinity(0))
+    if len(engines) == 1:
+        t = engines[0].thread
+        log(f"I/O thread on CPUs {mine}, engine thread on "
+            f"{sorted(t.cpus) if t is not None and t.cpus else 'the same'}")
+    else:
+        log(f"I/O thread on CPUs {mine}; "
+            + "; ".join(f"engine {s.index} on "
+                        f"{sorted(s.cpus) if s.cpus else 'the same'} ({s.threads} threads)"
+                        for s in engines))
+    if c.sched_fifo:
+        try:  # the I/O thread's latency is the one that real-time priority buys
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(c.sched_fifo))
+            log(f"SCHED_FIFO priority {c.sched_fifo} (I/O thread)")
+        except PermissionError:
+            log("SCHED_FIFO refused (needs CAP_SYS_NICE); running with normal scheduling",
+                logging.WARNING)
+
+
+def engine_cpus(slot: EngineSlot, default: set[int] | None) -> set[int] | None:
+    if slot.spec is None:
+        return default
+    return config_mod.parse_cpus(slot.spec.cpus) if slot.spec.cpus else None
+
+
+def start_engine(cfg: DaemonConfig, slot: EngineSlot, first: EngineSlot, multi: bool,
+                 cpus: set[int] | None, metrics: Metrics, sd: Notifier, log: Log) -> None:
+    """Start an engine thread; it loads the model and warms it up itself (see
+    engine_thread.py: the kernels' threads must be that thread's), and this waits.
+    Engines after the first share the first's weights (engines.py)."""
+    m, e = cfg.model, cfg.engine
+    spec = slot.spec
+    threads = (spec.threads if spec else 0) or m.threads or None
+    kv_blocks = (spec.kv_blocks if spec else 0) or e.kv_blocks or None
+
+    def load() -> Engine:
+        test_hooks.before_load()
+        import numba
+
+        from zerolayer.gpu import backend
+        from zerolayer.gpu.generate import Generator
+        if spec is not None and spec.device >= 0 and backend.ON_DEVICE:
+            from numba import cuda  # this thread's current device, before any upload
+            cuda.select_device(spec.device)
+        if slot is first:
+            gen = Generator.load(m.path or None, threads=threads,
+                                 max_seq_len=m.max_seq_len, kv_blocks=kv_blocks,
+                                 warmup=cfg.lifecycle.warmup, log=log)
+            metrics.backend.labels(backend.NAME, getattr(gen.model, "device", "cpu")).set(1)
+        else:
+            gen = load_sibling(first.model, threads=threads, kv_blocks=kv_blocks,
+                               warmup=cfg.lifecycle.warmup,
+                               log=lambda msg: log(f"engine {slot.index}: {msg}"))
+        fault_hooks.after_warmup(slot.index)
+        fault_hooks.wrap_model(gen.model)
+        slot.model, slot.threads = gen.model, numba.get_num_threads()
+        return Engine(gen.model, gen.tokenizer, emit=lambda ev: None,
+                      max_running=e.max_running, max_waiting=e.max_waiting,
+                      step_tokens=e.step_tokens, overlap=e.overlap)
+
+    slot.cpus = cpus
+    t = slot.thread = EngineThread(
+        load, slot.admissions, slot.events, cpus=cpus, log=log, index=slot.index,
+        name=f"zerolayer-engine-{slot.index}" if multi else "zerolayer-engine")
+    t.start()
+    t0 = time.monotonic()
+    sd.notify("STATUS=warming: loading the model")
+    while not t.ready.wait(5.0) and t.is_alive():
+        # the first start in a fresh cache compiles kernels for about a minute: tell
+        # systemd the start is alive, 30 s at a time, as long as it goes on
+        sd.notify("EXTEND_TIMEOUT_USEC=30000000",
+                  f"STATUS=warming: loading the model and compiling kernels "
+                  f"({time.monotonic() - t0:.0f} s)")
+    if t.start_error is not None:
+        raise t.start_error
+    if not t.is_alive():
+        raise RuntimeError("the engine thread failed to start (see above)")
+
+
+def open_socket(cfg: DaemonConfig) -> socket.socket:
+    n = cfg.network
+    fam = socket.AF_INET6 if ":" in n.host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, n.rcvbuf_bytes)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, n.rcvbuf_bytes)
+    if n.busy_poll:
+        try:
+            s.setsockopt(socket.SOL_SOCKET, 46, 50)  # SO_BUSY_POLL, µs (needs CAP_NET_ADMIN)
+        except OSError:
+            pass
+    s.bind((n.host, n.port))
+    s.setblocking(False)
+    return s
+
+
+def open_xdp(cfg: DaemonConfig, port: int, metrics: Metrics, log: Log,
+             ingress: str | None = None) -> "XdpIO | None":
+    """The AF_XDP fast path (network.ingress xdp|auto; `ingress` overrides it for the
+    operator's `xdp-attach`). The UDP socket stays open either way: it serves whatever
+    the XDP program passes on (no socket registered yet, another device, a host without
+    XDP), so both paths always answer."""
+    n = cfg.network
+    ingress = ingress or n.ingress
+    if ingress not in ("udp", "xdp", "auto"):
+        raise ValueError(f"network.ingress must be udp, xdp or auto, not {ingress!r}")
+    if ingress == "udp":
+        return None
+    if not n.interface:
+        if ingress == "xdp":
+            raise ValueError("network.ingress = xdp needs network.interface")
+        log("ingress auto: no network.interface set, using udp")
+        return None
+    from .xdp_io import XdpIO, XdpSettings
+    try:
+        io = XdpIO.open(XdpSettings(n.interface, (port,), attach_mode=n.xdp_attach,
+                                    xsk_mode=n.xsk_mode, ring_size=n.xsk_ring_size,
+                                    rate_pps=n.xdp_rate_pps, rate_burst=n.xdp_rate_burst,
+                                    pin_dir=n.xdp_pin_dir))
+    except (OSError, RuntimeError, ValueError) as e:
+        if ingress == "xdp":
+            raise OSError(f"XDP ingress on {n.interface}: {e}") from e
+        log(f"ingress auto: XDP unavailable on {n.interface} ({e}); using udp",
+            logging.WARNING)
+        return None
+    log(f"XDP attached to {n.interface} ({n.xdp_attach}), {len(io.socks)} AF_XDP socket(s), "
+        f"{'zero-copy' if io.zerocopy else 'copy mode'}; BCC compile (helper process) "
+        f"{io.compile_seconds:.2f} s" + (f"; maps pinned in {n.xdp_pin_dir}" if io.pins else ""))
+    metrics.xdp_attached.set(1)
+    return io
+
+
+def failed_start(shm: "ShmCarrier | None", code: int) -> NoReturn:
+    """End the process of a start that failed, now, with `code`; never returns.
+
+    Returning into the interpreter's shutdown is not safe here: a model load that failed
+    can leave behind what keeps a process alive after main returns (a library's non-daemon
+    thread, an atexit handler waiting on a device in a bad state), and a daemon that said
+    why it cannot start must not then sit there, never ready and never gone, while its
+    supervisor and its callers wait. Nothing of a daemon that never served needs an
+    orderly teardown: the kernel frees its sockets, memory and device contexts; the one
+    thing it leaves on disk, the shared-memory carrier's socket file, is removed first."""
+    try:
+        if shm is not None:
+            shm.close()
+    finally:
+        logging.shutdown()   # every log line out before the process goes
+        sys.stdout.flush()
+        os._exit(code)

@@ -275,6 +275,7 @@ class RequestMachine:
                                    now - self._t0, self.attempts, self.restarts,
                                    self._route.node if self._route is not None else None,
                                    self._stop_sequence(d.stop_index))
+        self.phase = Phase.DONE
 
     def _stop_sequence(self, k: int) -> str | None:
         """The request's k-th stop string (1-based; 0: none), from its own INVOKE body."""
@@ -282,7 +283,6 @@ class RequestMachine:
             return None
         stops = decode_invoke_body(self._body).params.stop
         return stops[k - 1] if k <= len(stops) else None
-        self.phase = Phase.DONE
 
     def _failover(self, now: float) -> bool:
         """Move the request to the next node of its rendezvous order (fleet channels only).

@@ -17,7 +17,7 @@ events (accepts, hang-ups, doorbells: one epoll_wait) are looked at on the same 
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, Protocol, Union
+from typing import TYPE_CHECKING, Protocol
 
 from .shm_ingress import ShmConn, ShmIngress
 from .udp_io import BatchedUDP
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .xdp_io import XdpIO
 
 UdpAddr = tuple  # (host, port) or (host, port, flowinfo, scope_id), as the socket module has it
-Address = Union[UdpAddr, Peer, ShmConn]
+Address = UdpAddr | Peer | ShmConn
 Frames = list[tuple[bytes, Address]]
 RARE = 8   # turns between the busy loop's looks at what costs a syscall
 
@@ -62,7 +62,7 @@ class Carrier(Protocol):
         """The loop is about to sleep: True if it must not (work arrived meanwhile)."""
         ...
 
-    def observe(self, metrics: "Metrics") -> None: ...
+    def observe(self, metrics: Metrics) -> None: ...
 
     def close(self) -> None: ...
 
@@ -109,7 +109,7 @@ class UdpCarrier:
     def before_sleep(self) -> bool:
         return False
 
-    def observe(self, metrics: "Metrics") -> None:
+    def observe(self, metrics: Metrics) -> None:
         pass
 
     def close(self) -> None:
@@ -117,7 +117,7 @@ class UdpCarrier:
 
 
 class XdpCarrier:
-    def __init__(self, io: "XdpIO") -> None:
+    def __init__(self, io: XdpIO) -> None:
         self.io = io
         self.more = False
 
@@ -146,7 +146,7 @@ class XdpCarrier:
     def before_sleep(self) -> bool:
         return False
 
-    def observe(self, metrics: "Metrics") -> None:
+    def observe(self, metrics: Metrics) -> None:
         metrics.update_xdp(self.io)
 
     def close(self) -> None:
@@ -201,7 +201,7 @@ class ShmCarrier:
         """Poll the rings instead of sleeping (shm poll_us): True if anything came."""
         return self.io.spin(seconds, other_fds)
 
-    def observe(self, metrics: "Metrics") -> None:
+    def observe(self, metrics: Metrics) -> None:
         metrics.update_shm(self.io)
 
     def close(self) -> None:
@@ -227,7 +227,7 @@ class Carriers:
         self.udp.rare = self.xdp is not None
         self.changed = True
 
-    def attach_xdp(self, io: "XdpIO") -> None:
+    def attach_xdp(self, io: XdpIO) -> None:
         self.xdp = XdpCarrier(io)
         self._order()
 
@@ -280,7 +280,7 @@ class Carriers:
             pending = c.before_sleep() or pending
         return pending
 
-    def observe(self, metrics: "Metrics") -> None:
+    def observe(self, metrics: Metrics) -> None:
         for c in self.all:
             c.observe(metrics)
 

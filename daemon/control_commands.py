@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from zerolayer.gpu import __version__
 
@@ -48,7 +49,7 @@ class Operated(Protocol):
 
     def reload_keys(self) -> bool: ...
 
-    def open_xdp(self, ingress: str | None = None) -> "XdpIO | None": ...
+    def open_xdp(self, ingress: str | None = None) -> XdpIO | None: ...
 
 
 

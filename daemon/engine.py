@@ -34,17 +34,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from zerolayer.client.errors import ErrorCode, OverloadedError
+from zerolayer.client.wire import FinishReason, Timings, Usage
+from zerolayer.gpu.context_rule import check_context
 from zerolayer.gpu.errors import KVCacheFullError
 from zerolayer.gpu.model_api import Draw, Model, PendingTokens, StepInput
 from zerolayer.gpu.ops.penalties import PenaltyState
 from zerolayer.gpu.prefix_cache import PrefixCache
-from zerolayer.gpu.context_rule import check_context
 from zerolayer.gpu.stopping import StopChecker
 from zerolayer.gpu.tokenizer import Tokenizer
 
-from zerolayer.client.errors import ErrorCode, OverloadedError
 from .request import CancelReason, DoneEvent, EngineEvent, FailedEvent, Request, TextEvent
-from zerolayer.client.wire import FinishReason, Timings, Usage
 
 Emit = Callable[[EngineEvent], None]
 
@@ -95,10 +95,11 @@ class Engine:
         happen under the daemon. It stays for the engine's other callers."""
         assert req.prompt_ids is not None
         check_context(len(req.prompt_ids), req.params.max_tokens, self.model.max_seq_len)
-        if self.in_flight >= self.capacity:
+        if len(self.waiting) + len(self.running) >= self.capacity:
             self._reap_cancelled()  # what the next step would free anyway
-        if self.in_flight >= self.capacity:
-            raise OverloadedError(f"{self.in_flight} requests already held "
+        held = len(self.waiting) + len(self.running)
+        if held >= self.capacity:
+            raise OverloadedError(f"{held} requests already held "
                                   f"(max_running {self.max_running} + max_waiting "
                                   f"{self.max_waiting})")
         req.detok = self.tok.detokenizer()
@@ -111,10 +112,6 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._inflight)
 
-    @property
-    def in_flight(self) -> int:
-        return len(self.waiting) + len(self.running)
-
     def step(self) -> None:
         """Plan and launch one step; complete the step before it (overlap) or this one."""
         self._reap_cancelled()
@@ -124,14 +121,6 @@ class Engine:
         if done is not None:
             self._complete(done)
         self.running = [r for r in self.running if not r.done]
-
-    def fail_all(self, code: ErrorCode, msg: str) -> None:
-        """Every request the engine holds ends with an error (the engine is going away)."""
-        for r in list(self.waiting) + self.running:
-            self._finish_error(r, code, msg)
-        self.waiting.clear()
-        self.running = []
-        self._inflight = None
 
     # ---- internals -----------------------------------------------------------------------
     def _launch(self) -> Batch | None:

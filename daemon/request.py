@@ -18,22 +18,21 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from zerolayer.client.sampling_params import SamplingParams
-
 from zerolayer.client.errors import ErrorCode
+from zerolayer.client.sampling_params import SamplingParams
 from zerolayer.client.wire import FinishReason, InvokeBody, ResponseSigner, Timings, Usage
 
 if TYPE_CHECKING:
     from zerolayer.gpu.kv_cache import Sequence
-
-    from .carriers import Address
     from zerolayer.gpu.ops.penalties import PenaltyState
     from zerolayer.gpu.stopping import StopChecker
     from zerolayer.gpu.tokenizer import IncrementalDetokenizer
+
+    from .carriers import Address
 
 CacheKey = tuple[int, bytes]  # (key id, request id)
 
@@ -57,7 +56,7 @@ class Request:
     ingress_us: int = 0                   # first datagram → admitted
     body_bytes: int = 0                   # the body's footprint while queued (memory_bounds.py)
     # -- the I/O thread's
-    addr: "Address | None" = None         # where frames go, its carrier's (the client may move)
+    addr: Address | None = None           # where frames go, its carrier's (the client may move)
     next_seq: int = 0
     closed: bool = False                  # its last frame (DONE/ERROR) was emitted
     sent_tokens: int = 0                  # tokens whose text was framed (usage on CANCEL)
@@ -68,16 +67,16 @@ class Request:
     # -- the engine thread's
     prompt_ids: np.ndarray | None = None
     tokenize_us: int = 0
-    seq: "Sequence | None" = None
+    seq: Sequence | None = None
     prefilled: int = 0
     cached: int = 0                       # prompt positions reused from the prefix cache
     tokens: list[int] = field(default_factory=list)
     pending_row: int = -1                 # its token's row in the step in flight (overlap)
     pending_step: int = 0                 # ... and that step's number
-    detok: "IncrementalDetokenizer | None" = None
-    stops: "StopChecker | None" = None
+    detok: IncrementalDetokenizer | None = None
+    stops: StopChecker | None = None
     rng: np.random.Generator | None = None
-    penalty: "PenaltyState | None" = None  # its sampling penalties' token counts
+    penalty: PenaltyState | None = None  # its sampling penalties' token counts
     t_admit: float = 0.0
     t_first: float = 0.0
     t_last: float = 0.0
@@ -85,7 +84,7 @@ class Request:
     done: bool = False
 
     @classmethod
-    def for_ids(cls, key, ids, params: SamplingParams) -> "Request":
+    def for_ids(cls, key, ids, params: SamplingParams) -> Request:
         """A request whose prompt is already token ids (the engine's own tests and tools)."""
         r = cls(key, params)
         r.prompt_ids = np.asarray(ids, np.int32)
@@ -133,4 +132,4 @@ class EngineDied:
     message: str
 
 
-EngineEvent = Union[AcceptedEvent, TextEvent, DoneEvent, FailedEvent, EngineDied]
+EngineEvent = AcceptedEvent | TextEvent | DoneEvent | FailedEvent | EngineDied

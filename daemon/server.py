@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import select
 import signal
 import sys
@@ -53,8 +52,8 @@ from .in_flight import InFlight
 from .ingress import Ingress
 from .lifecycle import Event, Lifecycle, LifecycleError, Phase
 from .lifecycle_events import Publisher
-from .phase_report import PhaseReport
 from .metrics import Metrics
+from .phase_report import PhaseReport
 from .reassembly import Reassembler
 from .request import CancelReason, EngineDied, EngineEvent
 from .result_cache import ResultCache

@@ -145,7 +145,7 @@ def open_socket(cfg: DaemonConfig) -> socket.socket:
 
 
 def open_xdp(cfg: DaemonConfig, port: int, metrics: Metrics, log: Log,
-             ingress: str | None = None) -> "XdpIO | None":
+             ingress: str | None = None) -> XdpIO | None:
     """The AF_XDP fast path (network.ingress xdp|auto; `ingress` overrides it for the
     operator's `xdp-attach`). The UDP socket stays open either way: it serves whatever
     the XDP program passes on (no socket registered yet, another device, a host without
@@ -180,7 +180,7 @@ def open_xdp(cfg: DaemonConfig, port: int, metrics: Metrics, log: Log,
     return io
 
 
-def failed_start(shm: "ShmCarrier | None", code: int) -> NoReturn:
+def failed_start(shm: ShmCarrier | None, code: int) -> NoReturn:
     """End the process of a start that failed, now, with `code`; never returns.
 
     Returning into the interpreter's shutdown is not safe here: a model load that failed

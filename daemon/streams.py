@@ -22,8 +22,7 @@ from .carriers import Address
 from .in_flight import InFlight
 from .lifecycle_events import Publisher
 from .metrics import Metrics
-from .request import (AcceptedEvent, CancelReason, DoneEvent, EngineEvent, FailedEvent, Request,
-                      TextEvent)
+from .request import AcceptedEvent, CancelReason, DoneEvent, EngineEvent, FailedEvent, Request, TextEvent
 
 Send = Callable[[bytes, Address], None]
 

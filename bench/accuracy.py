@@ -36,8 +36,17 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import accuracy_llamacpp as lcpp  # noqa: E402
-from accuracy_metrics import (N_CTX, SPEED_ORDER, Mode, acceptable, all_modes, chunks,  # noqa: E402
-                              pick_default, read_kld_base, read_text)
+from accuracy_metrics import (  # noqa: E402
+    N_CTX,
+    SPEED_ORDER,
+    Mode,
+    acceptable,
+    all_modes,
+    chunks,
+    pick_default,
+    read_kld_base,
+    read_text,
+)
 from accuracy_runs import PATHS, available, reference_logp, score_mode  # noqa: E402
 
 TEXT = os.path.join(HERE, "accuracy", "alice_ch1.txt")
@@ -146,7 +155,8 @@ def table(results: list[dict], paths) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", help="GGUF file (repeatable; default: the bundled model)")
-    ap.add_argument("--quants", action="store_true", help="also the files of scripts/make_quants.sh that exist")
+    ap.add_argument("--quants", action="store_true",
+                    help="also the files of scripts/make_quants.sh that exist")
     ap.add_argument("--modes", default="all", help="comma-separated kernels/activations/kv, or all")
     ap.add_argument("--paths", default=",".join(PATHS), help="prefill,decode")
     ap.add_argument("--text", default=TEXT)
@@ -173,7 +183,7 @@ def main(argv=None) -> int:
     text = read_text(a.text)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
 
-    started = datetime.datetime.now(datetime.timezone.utc)
+    started = datetime.datetime.now(datetime.UTC)
     results = []
     for path in models:
         res = measure_file(path, modes, text, a.n_ctx, paths, not a.no_llamacpp, a.workdir, log,

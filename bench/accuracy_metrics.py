@@ -69,7 +69,7 @@ class Score:
     top: list
 
     @classmethod
-    def empty(cls) -> "Score":
+    def empty(cls) -> Score:
         return cls([], [])
 
     def add(self, ref_logp: np.ndarray, logits: np.ndarray) -> None:
@@ -128,7 +128,7 @@ class Mode:
         return f"{self.kernels}/{self.activations}/{self.kv}"
 
     @classmethod
-    def parse(cls, name: str) -> "Mode":
+    def parse(cls, name: str) -> Mode:
         k, a, kv = name.split("/")
         return cls(k, a, kv)
 

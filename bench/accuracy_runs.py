@@ -11,7 +11,6 @@ a step, as generation runs: the packed decode kernels, not the prefill's unpacke
 from __future__ import annotations
 
 import numpy as np
-
 from accuracy_metrics import Mode, Score, log_softmax, scored
 
 PATHS = ("prefill", "decode")

@@ -26,13 +26,13 @@ from . import gguf_loader, model_cache
 from .gguf_loader import ModelConfig, ModelWeights
 from .kv_cache import KVArena, Sequence
 from .model_api import Draw, ReadyTokens, StepInput, step_arrays  # noqa: F401 (StepInput: API)
+from .ops import cpu_features, int8_matmul  # the int8 CPU kernels
+from .ops import penalties as _penalties
 from .ops.attention import BLOCK_TOKENS, attention, kv_write
-from .ops import cpu_features, int8_matmul  # issue 15: int8 CPU kernels
 from .ops.embedding import embed
 from .ops.matmul import matmul
 from .ops.rmsnorm import rmsnorm
 from .ops.rope import rope, rope_tables
-from .ops import penalties as _penalties
 from .ops.sampling import sample
 from .ops.swiglu import swiglu
 from .tokenizer import Tokenizer
@@ -118,7 +118,7 @@ class LlamaModel:
                                          cfg.rope_attn_factor)
         self.qkv_bias = (weights.qkv_bias if weights.qkv_bias is not None
                          else np.zeros((cfg.n_layer, 0), np.float32))
-        # --- int8 CPU kernels (issue 15; gpu/ops/int8_matmul.py): the matmul weights re-laid
+        # --- int8 CPU kernels (gpu/ops/int8_matmul.py): the matmul weights re-laid
         # out once for the kernel set chosen at import (gpu/ops/cpu_features.py), or given
         # already so (prepared: from the model cache); self.w keeps the original layout (the
         # CUDA forward reads it)
@@ -131,7 +131,7 @@ class LlamaModel:
         # --- end int8
 
     @classmethod
-    def load(cls, path: str | None = None, *, use_cache: bool = True, **kw) -> "LlamaModel":
+    def load(cls, path: str | None = None, *, use_cache: bool = True, **kw) -> LlamaModel:
         """Load a GGUF (default: the bundled model), through the repacked-model cache."""
         path = path or gguf_loader.default_model_path()
         if not os.path.exists(path):

@@ -30,7 +30,19 @@ float64).
 """
 from __future__ import annotations
 
-from . import _cuda_shim
-from . import (attention, embedding, forward, grid_sync, mapped_ring, matmul,  # noqa: F401
-               penalties, rmsnorm, rope, sampling, step_kernel, swiglu)  # (each registers its kernels)
+from . import (  # noqa: F401
+               _cuda_shim,
+               attention,
+               embedding,
+               forward,
+               grid_sync,
+               mapped_ring,
+               matmul,
+               penalties,  # (each registers its kernels)
+               rmsnorm,
+               rope,
+               sampling,
+               step_kernel,
+               swiglu,
+)
 from ._cuda_shim import KERNELS, SIM, device_available  # noqa: F401

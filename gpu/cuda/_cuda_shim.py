@@ -2,8 +2,9 @@
 
 Backend: ``ZEROLAYER_GPU_BACKEND=sim`` turns on Numba's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``, set by gpu/backend.py when zerolayer.gpu is imported, before
-``numba.cuda``); the simulator can only be chosen then, once per process. Anything else leaves the real CUDA target (which needs a
-driver only to *launch*; compiling to PTX works without a GPU, see tests/test_cuda_ptx.py).
+``numba.cuda``); the simulator can only be chosen then, once per process. Anything else
+leaves the real CUDA target (which needs a driver only to *launch*; compiling to PTX works
+without a GPU, see tests/test_cuda_ptx.py).
 
 Every kernel module does ``from ._cuda_shim import cuda`` and uses ``cuda.*`` through that
 module-level global: the simulator runs a kernel as plain Python, one thread per CUDA thread,
@@ -36,15 +37,16 @@ import sys
 import threading
 from collections import Counter
 
-from .. import backend  # noqa: E402,F401  (ZEROLAYER_GPU_BACKEND=sim turns the simulator on)
-
 import numpy as np  # noqa: E402
+
+from .. import backend  # noqa: E402,F401  (ZEROLAYER_GPU_BACKEND=sim turns the simulator on)
 
 # A decode step's launches are mostly small grids (one token): Numba would build and raise a
 # low-occupancy performance warning at each of them, which costs on the launch path. Small
 # grids are by design here.
 os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
 from numba import cuda, float32  # noqa: E402
+
 try:  # numba-cuda >= 0.2x keeps its own config; older ones read numba's
     from numba.cuda.core import config as _cuda_config  # noqa: E402
 except ImportError:  # pragma: no cover
@@ -65,7 +67,7 @@ WARP = 32
 # (name, kernel, [signature, ...]) of every kernel; see kernel()
 KERNELS: list[tuple[str, object, list[str]]] = []
 # kernel name -> launches since the counter was last cleared: what a step costs in kernel
-# nodes, counted the same way on a GPU and under the simulator (tests/test_cuda_launches.py)
+# nodes, counted the same way on a GPU and under the simulator (tests/test_cuda_fused.py)
 LAUNCHES: Counter = Counter()
 
 

@@ -19,7 +19,6 @@ import numpy as np
 from numba import float32
 
 from ..ops.attention import BLOCK_TOKENS
-
 from ._cuda_shim import cuda, grid_1d, kernel
 
 MAX_G = 8        # query heads per KV head (GQA group) a thread block holds

@@ -9,7 +9,6 @@ from __future__ import annotations
 from numba import float32
 
 from ..quant import FMT_F32, FMT_Q4, LANES, QK
-
 from ._cuda_shim import cuda, grid_1d, kernel
 
 THREADS = 256

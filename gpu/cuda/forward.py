@@ -37,7 +37,6 @@ import sys
 import numpy as np
 
 from ..model_api import Draw, StepArrays, StepInput, step_arrays
-
 from . import attention as _att
 from . import embedding as _emb
 from . import matmul as _mm
@@ -123,8 +122,9 @@ class CudaForward:
         self.cos = cuda.to_device(cos, stream=s)
         self.sin = cuda.to_device(sin, stream=s)
         BT = _att.BLOCK_TOKENS
-        self.k_pool = cuda.device_array((n_blocks, cfg.n_layer, cfg.n_kv, cfg.head_dim, BT), np.float32, stream=s)
-        self.v_pool = cuda.device_array((n_blocks, cfg.n_layer, cfg.n_kv, BT, cfg.head_dim), np.float32, stream=s)
+        kv = (n_blocks, cfg.n_layer, cfg.n_kv)
+        self.k_pool = cuda.device_array((*kv, cfg.head_dim, BT), np.float32, stream=s)
+        self.v_pool = cuda.device_array((*kv, BT, cfg.head_dim), np.float32, stream=s)
         self.sms = SIM_SMS if SIM else cuda.get_current_device().MULTIPROCESSOR_COUNT
         self._cap = 0
         self._part: dict[tuple[int, int], tuple] = {}

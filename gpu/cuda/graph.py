@@ -20,8 +20,8 @@ import ctypes
 
 import numpy as np
 
-from ._cuda_shim import SIM
 from ..model_api import StepArrays
+from ._cuda_shim import SIM
 from .staging import Staging, take_prev
 
 CU_STREAM_CAPTURE_MODE_RELAXED = 2   # numba may call non-capturable APIs (module loads) safely

@@ -22,7 +22,6 @@ from __future__ import annotations
 from numba import float32
 
 from ..quant import FMT_F32, FMT_Q4, LANES, QK, QK_16
-
 from ._cuda_shim import WARP, cuda, device, kernel
 
 KSPLIT = 4          # threads per row (split over K blocks): 256 threads per thread block

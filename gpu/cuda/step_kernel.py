@@ -53,8 +53,7 @@ from numba import float32, int32, int64, uint32
 
 from ..ops.attention import BLOCK_TOKENS
 from ..quant import FMT_F32, FMT_Q4, LANES
-
-from ._cuda_shim import SIM, cuda, device, float_bits, kernel, shfl_xor, warp_max, warp_sum
+from ._cuda_shim import cuda, device, float_bits, kernel, shfl_xor, warp_max, warp_sum
 from .grid_sync import grid_sync
 
 THREADS = 256
@@ -254,7 +253,6 @@ def _make(TT):
         c_s = cuda.shared.array(MAX_G, float32)
         flag = cuda.shared.array(1, int32)
         sc = cuda.local.array(MAX_G, float32)
-        ntiles = (T + TT - 1) // TT
         last = stage_count_dev(L)
         for st in range(stage_lo, stage_hi):
             if st == 0:  # ---------------------------------------------------- embedding

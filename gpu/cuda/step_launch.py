@@ -16,7 +16,6 @@ import os
 import numpy as np
 
 from ..quant import FMT_F32
-
 from . import _cuda_shim as shim
 from . import grid_sync
 from . import step_kernel as sk

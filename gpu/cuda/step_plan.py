@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ops.attention import BLOCK_TOKENS
 from ..quant import FMT_F32, LANES
 
 TOKEN_TILE = 4  # step_kernel.TOKEN_TILES[-1]: tokens per item when a step has more than one

@@ -60,10 +60,13 @@ install_wheel() {  # distribution name: pip picks the wheel that fits; without p
     "$PY" -m pip install -q --no-index --no-deps --no-compile --find-links .whl --target "$SITE" \
       "$1" 2>/dev/null
   else
-    local w
-    w=$(ls .whl/ 2>/dev/null | grep -i "^${1//-/_}-.*\.whl$" | head -1)
-    [[ -n $w ]] && "$PY" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
-      ".whl/$w" "$SITE"
+    local w name=${1//-/_}
+    shopt -s nullglob nocaseglob
+    for w in .whl/"$name"-*.whl; do
+      "$PY" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$w" "$SITE"
+      break
+    done
+    shopt -u nullglob nocaseglob
   fi
 }
 missing_required=()

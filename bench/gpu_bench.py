@@ -306,9 +306,8 @@ class Gate:
         self.why = "simulator: no device timing" if sim else ""
         if sim:
             return
-        from numba import cuda
-
         import gpu_warm
+        from numba import cuda
         self.kernel = next(k for name, k, _ in gpu_warm.bench_kernels() if name == "bench.gate")
         self.flag = cuda.device_array(1, np.int32)
         self.status = cuda.device_array(1, np.int32)
@@ -578,9 +577,9 @@ def op_timings(model, c: dict, p: dict, sim: bool) -> dict:
     """Per op at batch-1 decode shapes: device time per call (back-to-back behind the gate)
     and wall time per call from Python (launch included); an empty kernel's launch cost;
     kernel nodes per decode step."""
+    import gpu_warm
     from numba import cuda
 
-    import gpu_warm
     from zerolayer.gpu import quant
     from zerolayer.gpu.cuda import matmul as cu_mm
     _, _, gpu = model
@@ -791,8 +790,12 @@ def kernel_checks(c: dict, sim: bool) -> dict:
     from numba import cuda
 
     from zerolayer.gpu import quant
-    from zerolayer.gpu.cuda import attention as cu_att, embedding as cu_emb, matmul as cu_mm
-    from zerolayer.gpu.cuda import rmsnorm as cu_rms, rope as cu_rope, swiglu as cu_sw
+    from zerolayer.gpu.cuda import attention as cu_att
+    from zerolayer.gpu.cuda import embedding as cu_emb
+    from zerolayer.gpu.cuda import matmul as cu_mm
+    from zerolayer.gpu.cuda import rmsnorm as cu_rms
+    from zerolayer.gpu.cuda import rope as cu_rope
+    from zerolayer.gpu.cuda import swiglu as cu_sw
     from zerolayer.gpu.ops import attention as att
     from zerolayer.gpu.ops.embedding import embed
     from zerolayer.gpu.ops.matmul import matmul

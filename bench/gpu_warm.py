@@ -250,7 +250,7 @@ class Pool:
 
     @classmethod
     def start(cls, workers: int | None = None, mode: str = "cubin",
-              only: list[str] | None = None, env: dict | None = None) -> "Pool":
+              only: list[str] | None = None, env: dict | None = None) -> Pool:
         t0 = time.monotonic()
         names = jobs(only)
         d = Path(tempfile.mkdtemp(prefix="zl-warm-"))

@@ -37,12 +37,12 @@ import threading
 import time
 from collections.abc import Callable
 
+from zerolayer.client.errors import ErrorCode, ZerolayerError
 from zerolayer.gpu.errors import RuntimeModelError
 from zerolayer.gpu.generate import encode_prompt
 
 from . import test_hooks
 from .engine import Engine
-from zerolayer.client.errors import ErrorCode, ZerolayerError
 from .handoff import Handoff
 from .request import AcceptedEvent, EngineDied, EngineEvent, FailedEvent, Request
 

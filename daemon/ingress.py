@@ -27,18 +27,39 @@ import hmac
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Union
 
-from .auth import KeyStore, ReplayGuard
-from zerolayer.client.errors import (ContextOverflowError, DrainingError, ErrorCode,
-                                     ExpiredNonceError, MalformedError, PayloadTooLargeError,
-                                     UnknownKeyError, ZerolayerError)
+from zerolayer.client.errors import (
+    ContextOverflowError,
+    DrainingError,
+    ErrorCode,
+    ExpiredNonceError,
+    MalformedError,
+    PayloadTooLargeError,
+    UnknownKeyError,
+    ZerolayerError,
+)
+from zerolayer.client.wire import (
+    COMMON_LEN,
+    MAGIC,
+    MAX_MESSAGE_BYTES,
+    REQUEST_TYPES,
+    VERSION,
+    ControlMessage,
+    InvokeBody,
+    InvokeFragment,
+    Mac,
+    MsgType,
+    ResponseSigner,
+    decode_invoke_body,
+    encode_error,
+    parse_request,
+    verify_tag,
+)
 from zerolayer.gpu.context_rule import check_context
 from zerolayer.gpu.errors import RuntimeModelError
+
+from .auth import KeyStore, ReplayGuard
 from .reassembly import Reassembler
-from zerolayer.client.wire import (COMMON_LEN, MAGIC, MAX_MESSAGE_BYTES, REQUEST_TYPES, VERSION,
-                   ControlMessage, InvokeBody, InvokeFragment, Mac, MsgType, ResponseSigner,
-                   decode_invoke_body, encode_error, parse_request, verify_tag)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +112,7 @@ class Rejected:
     reply: bytes | None        # the ERROR datagram to send back, or None: stay silent
 
 
-IngressResult = Union[InvokeRequest, ControlRequest, Pending, Rejected]
+IngressResult = InvokeRequest | ControlRequest | Pending | Rejected
 
 
 class Ingress:

@@ -36,8 +36,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from zerolayer.client.shm_ring import (STATUS_FULL, STATUS_OK, STATUS_REFUSED_PEER, Region,
-                                       RingCorrupt, check_platform, pack_hello)
+from zerolayer.client.shm_ring import (
+    STATUS_FULL,
+    STATUS_OK,
+    STATUS_REFUSED_PEER,
+    Region,
+    RingCorrupt,
+    check_platform,
+    pack_hello,
+)
 
 if TYPE_CHECKING:
     from .config import ShmSection
@@ -112,7 +119,7 @@ class ShmIngress:
     def open(cls, path: str, *, mode: int = 0o660, group: str = "", ring_bytes: int,
              max_clients: int, allowed_uids: frozenset[int] = frozenset(),
              allowed_gids: frozenset[int] = frozenset(), batch: int = 64,
-             log: Callable[..., None] = print) -> "ShmIngress":
+             log: Callable[..., None] = print) -> ShmIngress:
         """Bind and listen on `path` (a stale socket file of an earlier run is replaced)."""
         check_platform()
         if os.path.lexists(path):
@@ -352,7 +359,7 @@ class ShmIngress:
             pass
 
 
-def open_from_config(cfg: "ShmSection", batch: int,
+def open_from_config(cfg: ShmSection, batch: int,
                      log: Callable[..., None]) -> ShmIngress | None:
     """The ingress for the [shm] section, or None when it is off."""
     path = resolve_path(cfg.socket)

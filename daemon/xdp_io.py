@@ -58,7 +58,7 @@ class XdpIO:
         self.pins: dict = {}           # map name -> pinned path (settings.pin_dir)
 
     @classmethod
-    def open(cls, s: XdpSettings) -> "XdpIO":
+    def open(cls, s: XdpSettings) -> XdpIO:
         """Compile and load the program, open a socket on every RX queue, register them in
         the XSKMAP, then attach. Anything that fails undoes what was done and raises."""
         n_q = rx_queue_count(s.ifname)

@@ -19,7 +19,7 @@ import pytest
 from async_driven import AsyncDriven
 from zerolayer.client import AsyncClient, Client, InvokeResult, errors, wire
 from zerolayer.client.errors import ErrorCode
-from zerolayer.client.wire import ChatMessage, FinishReason, MsgType, RunState, ServerState
+from zerolayer.client.wire import ChatMessage, FinishReason, MsgType, ResponseSigner, RunState, ServerState
 from zerolayer.daemon.auth import KeyStore, ReplayGuard
 from zerolayer.daemon.ingress import ControlRequest, Ingress, InvokeRequest, Rejected
 from zerolayer.daemon.reassembly import Reassembler
@@ -69,6 +69,7 @@ class ScriptedDaemon:
         self._wall = wall
         self.ingress = self._ingress()
         self.cache = ResultCache(clock=clock)
+        self.signers: dict[tuple, ResponseSigner] = {}  # per request: what signs its frames
         self.invokes: list[InvokeRequest] = []
         self.controls: list[ControlRequest] = []
         self.rejected: list[Rejected] = []
@@ -130,7 +131,8 @@ class ScriptedDaemon:
             for f in e.frames:
                 self.send(f, addr)
             return
-        e = self.cache.start(r.cache_key, handle=r.signer)
+        e = self.cache.start(r.cache_key)
+        self.signers[r.cache_key] = r.signer
         self.runs += 1
         if s.send_ack:
             self.send(r.signer.ack(0, e.run_id, RunState.QUEUED, s.lease_ms), addr)
@@ -145,7 +147,7 @@ class ScriptedDaemon:
         e = self.cache.get(key)
         assert e is not None
         seq = e.next_seq
-        signer = e.handle
+        signer = self.signers[key]
         self._emit(key, signer.done(seq, e.run_id, reason, USAGE, TIMINGS), seq, addr)
         self.cache.finish(key)
 

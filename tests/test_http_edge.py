@@ -432,7 +432,10 @@ def test_disconnect_before_the_first_token_cancels_too(stack):
     hooks.hold(d)
     try:
         cancels0 = edge.metric("zerolayer_http_cancels_total")
-        waiting0 = d.metric("zerolayer_requests_waiting")
+        # admitted = handed to the engine by the I/O thread; the waiting gauge is the engine
+        # thread's, which the hold may keep from taking the request at all
+        routed = 'engine="0",reason="load"'
+        routed0 = d.metric("zerolayer_engine_routed_total", routed)
         body = json.dumps({"model": MODEL, "max_tokens": 50, "stream": True,
                            "messages": [{"role": "user", "content": "Say hello."}]}).encode()
         sock = socket.create_connection(("127.0.0.1", edge.port), timeout=30)
@@ -440,7 +443,7 @@ def test_disconnect_before_the_first_token_cancels_too(stack):
                      b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
                      b"Content-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        d.wait_for(lambda: d.metric("zerolayer_requests_waiting") >= waiting0 + 1,
+        d.wait_for(lambda: d.metric("zerolayer_engine_routed_total", routed) >= routed0 + 1,
                    what="the edge's request admitted")
         sock.close()                    # gone before the edge could answer anything
         d.wait_for(lambda: edge.metric("zerolayer_http_cancels_total") >= cancels0 + 1,

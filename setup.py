@@ -1,12 +1,14 @@
 """Two distributions from one tree, both under the `zerolayer` import namespace.
 
-- `zerolayer` (the default): the three rooms (bpf/, daemon/, gpu/) plus the protocol and SDK
-  package client/ -> `zerolayer.client`. package_dir maps each directory into
+- `zerolayer` (the default): the three rooms (bpf/, daemon/, gpu/), the wire protocol
+  protocol/ -> `zerolayer.protocol` (which every room imports) and the SDK client/ ->
+  `zerolayer.client`. package_dir maps each directory into
   `zerolayer.*` so nothing generic (`gpu`, `daemon`) lands in site-packages; `zerolayer`
   itself is an implicit namespace package.
-- `zerolayer-client` (ZEROLAYER_DIST=client): only `zerolayer.client`, the SDK and the wire
-  protocol, standard library only, typed (py.typed). For applications that call a daemon
-  and must not pull in numba, the CUDA wheels or the tokenizer:
+- `zerolayer-client` (ZEROLAYER_DIST=client): only `zerolayer.client` and
+  `zerolayer.protocol`, the SDK and the wire protocol, standard library only, typed
+  (py.typed). For applications that call a daemon and must not pull in numba, the CUDA
+  wheels or the tokenizer:
       ZEROLAYER_DIST=client pip install .        # or: pip wheel, then install the wheel
   Install one or the other in an environment: `zerolayer` already contains the client.
 """
@@ -14,10 +16,10 @@ import os
 
 from setuptools import setup
 
-CLIENT = {"zerolayer.client": "client"}
+CLIENT = {"zerolayer.client": "client", "zerolayer.protocol": "protocol"}
 ROOMS = {"bpf": "bpf", "daemon": "daemon", "gpu": "gpu"}
 SUBPACKAGES = ["gpu.ops", "gpu.cuda", "daemon.http_edge"]
-CLIENT_DATA = {"zerolayer.client": ["py.typed"]}
+CLIENT_DATA = {"zerolayer.client": ["py.typed"], "zerolayer.protocol": ["py.typed"]}
 
 DAEMON_REQUIRES = [
     "numpy>=1.26,<2.5",

@@ -22,9 +22,10 @@ import threading
 import time
 from collections import Counter
 
-from zerolayer.client import Client, wire
-from zerolayer.client.errors import ErrorCode, ZerolayerError
-from zerolayer.client.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
+from zerolayer.client import Client
+from zerolayer.protocol import wire
+from zerolayer.protocol.errors import ErrorCode, ZerolayerError
+from zerolayer.protocol.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
 
 PROMPT = "Write about the sea."
 MAX_TOKENS = 16

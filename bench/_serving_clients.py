@@ -333,7 +333,7 @@ def http_get_timed(conn: http.client.HTTPConnection, path: str) -> float:
 def zl_stream_chat(client, content: str | list[tuple[str, str]], max_tokens: int) -> dict:
     """client.stream(chat) iterated chunk by chunk; same clock points as http_stream_chat
     (t0 just before the call that builds and sends the request)."""
-    from zerolayer.client.wire import ChatMessage
+    from zerolayer.protocol.wire import ChatMessage
     t0 = time.perf_counter()
     ttft = None
     parts: list[str] = []

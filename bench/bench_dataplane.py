@@ -30,7 +30,7 @@ Metrics (each side in turn; with --rounds > 1 the order alternates A B / B A per
    theirs: usage of the final SSE chunk, "stream_options": {"include_usage": true}, else
    timings.predicted_n) / wall time from a common start line to the last stream's end.
 5. Datagrams lost in the kernel (ours only; llama-server has no UDP path): --flood-rate
-   datagrams/s (half signed PINGs from zerolayer.client.wire.encode_control, half garbage) for
+   datagrams/s (half signed PINGs from zerolayer.protocol.wire.encode_control, half garbage) for
    --flood-s seconds while 8 streams decode. lost = datagrams sent to the daemon (the flood,
    plus every datagram the SDK sent, counted by wrapping the SDK's send) - the delta of the
    daemon's zerolayer_ingress_datagrams_total. Also the delta of Udp RcvbufErrors in
@@ -228,7 +228,7 @@ class ZlSide:
         return r
 
     def probe(self, content: str, max_tokens: int, cancel: bool) -> dict:
-        from zerolayer.client.wire import ChatMessage
+        from zerolayer.protocol.wire import ChatMessage
         out: dict = {"ttft_s": None}
         t0 = time.perf_counter()
         s = self.client.stream(messages=[ChatMessage("user", content)], max_tokens=max_tokens,
@@ -450,7 +450,7 @@ def loadgen_main(spec: dict) -> int:
     counter = None
     if spec["side"] == "zl":
         from zerolayer.client import Client
-        from zerolayer.client.wire import ChatMessage
+        from zerolayer.protocol.wire import ChatMessage
         counter = SendCounter()
         client = Client(("127.0.0.1", spec["port"]), spec["key_id"], bytes.fromhex(spec["secret"]),
                         timeout=60)
@@ -697,7 +697,7 @@ class Bench:
 
     def flood(self) -> dict:
         """Metric 5: datagrams to the daemon while 8 streams decode; lost in the kernel."""
-        from zerolayer.client.wire import Mac, MsgType, encode_control
+        from zerolayer.protocol.wire import Mac, MsgType, encode_control
         a, d = self.a, self.zl
         n = int(a.flood_rate * a.flood_s)
         mac = Mac(d.secret)
@@ -848,6 +848,9 @@ class Bench:
             if not (base / room).is_dir():
                 raise SystemExit(f"--baseline-repo {base}: no {room}/")
             (pkg / room).symlink_to(base / room)
+        for room in ("client", "protocol"):   # the baseline's own wire, where it has them
+            if (base / room).is_dir():
+                (pkg / room).symlink_to(base / room)
         env = {"PYTHONPATH": str(pkg.parent)}
         where = subprocess.run(
             [sys.executable, "-c", "import os, zerolayer.daemon.server as s, zerolayer.gpu.model as m;"

@@ -50,7 +50,7 @@ def parse_cpus(spec: str) -> list[int]:
 
 def run_streams(d: ZeroLayerDaemon, streams: int, tokens: int) -> dict:
     from zerolayer.client import Client
-    from zerolayer.client.wire import ChatMessage
+    from zerolayer.protocol.wire import ChatMessage
     start = threading.Barrier(streams + 1)
     done: list[tuple[int, float]] = []
     errors: list[str] = []

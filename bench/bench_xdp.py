@@ -176,8 +176,8 @@ def stop_proc(p) -> None:
 # ---------------------------------------------------------------------------- clients
 
 def signed_pings(key_id: int, secret: bytes, n: int) -> list[bytes]:
-    from zerolayer.client import wire
-    from zerolayer.client.wire import MsgType
+    from zerolayer.protocol import wire
+    from zerolayer.protocol.wire import MsgType
     now = time.time_ns() // 1000
     return [wire.encode_control(MsgType.PING, key_id, secret, secrets.token_bytes(16), now,
                                 secrets.token_bytes(32)) for _ in range(n)]
@@ -221,7 +221,7 @@ def ttfts(ns: str, d: Daemon, n: int, interval: float = 0.0) -> list[float]:
     """TTFT of n chat questions, one after another; with `interval`, each starts `interval`
     seconds after the previous one started (a fixed request rate)."""
     from zerolayer.client import Client
-    from zerolayer.client.wire import ChatMessage
+    from zerolayer.protocol.wire import ChatMessage
 
     def run():
         c = Client((SRV_V4, PORT), d.key_id, d.secret, timeout=30)
@@ -322,6 +322,8 @@ def main() -> int:
     ap.add_argument("--flood-requests", type=int, default=20)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=["ping", "ttft", "flood"], help="run one part")
+    ap.add_argument("--sides", default="xdp,udp,ring,http_veth,http_lo",
+                    help="PING sides to run, comma-separated (ratios need xdp, udp, http_veth)")
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.quick:
@@ -339,7 +341,10 @@ def main() -> int:
     try:
         (tmp / "health_app.py").write_text(HEALTH_APP)
         # --- 1. ping ----------------------------------------------------------------------
-        sides = ["xdp", "udp", "ring", "http_veth", "http_lo"]
+        sides = a.sides.split(",")
+        if a.only in (None, "ping") and any(x.startswith("http") for x in sides):
+            # the HTTP peer runs in its own environment, built on first use
+            subprocess.run(["bash", str(REPO / "scripts" / "bench-venv.sh"), "http"], check=True)
         samples: dict[str, list[float]] = {s: [] for s in sides}
         for block in (sides, sides[::-1]) if a.only in (None, "ping") else ():
             for side in block:
@@ -406,9 +411,9 @@ def main() -> int:
 
     p, f, t = res["ping_us"], res["flood"], res["ttft_ms"]
     r = res["ratios"] = {}
-    if p:
-        r["ping_p50_xdp_over_udp"] = p["xdp"]["p50"] / p["udp"]["p50"]
-        r["ping_p50_xdp_over_http_veth"] = p["xdp"]["p50"] / p["http_veth"]["p50"]
+    for num, den in (("xdp", "udp"), ("xdp", "ring"), ("xdp", "http_veth")):
+        if num in p and den in p:
+            r[f"ping_p50_{num}_over_{den}"] = p[num]["p50"] / p[den]["p50"]
     if t:
         r["ttft_p50_xdp_over_udp"] = t["xdp"]["p50"] / t["udp"]["p50"]
     for s in f:
@@ -432,6 +437,8 @@ def main() -> int:
               "http_veth": "uvicorn+FastAPI GET /health over veth",
               "http_lo": "uvicorn+FastAPI GET /health over loopback"}
     for s, lab in labels.items() if p else ():
+        if s not in p:
+            continue
         print(f"| {lab} | {p[s]['p50']:.1f} | {p[s]['p99']:.1f} |")
     if t:
         print(f"\nTTFT p50: AF_XDP {t['xdp']['p50']:.1f} ms, UDP {t['udp']['p50']:.1f} ms")

@@ -73,8 +73,8 @@ TOPICS = ["the sea", "a lighthouse", "bread", "a violin", "the moon", "a fox", "
 
 def _hostile_datagrams(addr, key_id: int, secret: bytes):
     """An endless rotation of hostile datagrams, each kind built fresh where it must be."""
-    from zerolayer.client import wire
-    from zerolayer.client.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
+    from zerolayer.protocol import wire
+    from zerolayer.protocol.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
 
     def now_us() -> int:
         return time.time_ns() // 1000
@@ -122,8 +122,8 @@ def _hostile_datagrams(addr, key_id: int, secret: bytes):
 
 def loadgen(a: argparse.Namespace) -> None:
     from zerolayer.client import Client
-    from zerolayer.client.errors import ZerolayerError
-    from zerolayer.client.wire import ChatMessage
+    from zerolayer.protocol.errors import ZerolayerError
+    from zerolayer.protocol.wire import ChatMessage
     addr = ("127.0.0.1", a.port)
     secret = bytes.fromhex(a.secret)
     stop = threading.Event()

@@ -1,4 +1,4 @@
-/* invoke_steer: the protocol checks of docs/PROTOCOL.md §10, in client/wire.py's order
+/* invoke_steer: the protocol checks of docs/PROTOCOL.md §10, in protocol/wire.py's order
  * (_parse_common, then parse_request): every fixed header field the daemon's structural
  * parser checks, so that whatever this redirects, the daemon parses (tests/test_xdp_prog.py
  * checks it on random and mutated frames). The one exception is stricter here: total_len

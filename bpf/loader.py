@@ -18,7 +18,7 @@ compiler errors still name the right header and line) before compiling. System h
 provides.
 
 This module never imports zerolayer.daemon. The protocol's numbers come from
-zerolayer.client.wire_consts, the protocol package every room builds on (the SDK, the
+zerolayer.protocol.wire_consts, the protocol package every room builds on (the SDK, the
 daemon's parser and this program all read the same file).
 
 Only bcc (Debian's python3-bpfcc) and the kernel's bpf(2) are needed. BCC is used to compile
@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zerolayer.client import wire_consts
+from zerolayer.protocol import wire_consts
 
 from .bpf_maps import RawMap, bpf
 
@@ -66,7 +66,7 @@ REASONS: tuple[str, ...] = (
     "drop_rate_limited",
 )
 
-# Protocol constants the program checks: one source, client/wire_consts.py (client/wire.py
+# Protocol constants the program checks: one source, protocol/wire_consts.py (protocol/wire.py
 # imports the same dict); source_text() renders them as the header zl_wire_consts.h.
 WIRE = wire_consts.WIRE
 GENERATED = {"zl_wire_consts.h": wire_consts.c_header}

@@ -20,14 +20,15 @@ import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from types import TracebackType
 
+from zerolayer.protocol.errors import ZerolayerError, ZerolayerTimeoutError
+from zerolayer.protocol.wire import ChatMessage
+
 from .client_config import ClientConfig
 from .connect import async_connector_for
-from .errors import ZerolayerError, ZerolayerTimeoutError
 from .invoke_body import build_invoke_body, request_id_bytes
 from .ping_rule import PingAttempts
 from .request_machine import InvokeResult, RequestMachine
 from .transport import AsyncChannel, AsyncConnector, Routed
-from .wire import ChatMessage
 
 
 class AsyncClient(ClientConfig):

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import threading
 
+from zerolayer.protocol.wire import MAX_CHUNK, Mac
+
 from .address import Address, parse_address
 from .retry_policy import AuditHook, RetryPolicy
-from .wire import MAX_CHUNK, Mac
 
 
 class ClientConfig:

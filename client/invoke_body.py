@@ -4,9 +4,9 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Sequence
 
-from .errors import PayloadTooLargeError
-from .sampling_params import SamplingParams
-from .wire import (
+from zerolayer.protocol.errors import PayloadTooLargeError
+from zerolayer.protocol.sampling_params import SamplingParams
+from zerolayer.protocol.wire import (
     MAX_MESSAGE_BYTES,
     REQUEST_ID_LEN,
     ChatMessage,

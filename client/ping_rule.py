@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import random
 
-from .errors import ERROR_INFO, ZerolayerError, ZerolayerTimeoutError, error_for
+from zerolayer.protocol.errors import ERROR_INFO, ZerolayerError, ZerolayerTimeoutError, error_for
+from zerolayer.protocol.wire import REQUEST_ID_LEN, ErrorFrame, MsgType, PongFrame
+
 from .retry_policy import SYSTEM_RANDOM, RetryPolicy, WallClock, authenticate, unix_us
-from .wire import REQUEST_ID_LEN, ErrorFrame, MsgType, PongFrame
 
 
 class PingAttempts:

@@ -37,7 +37,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 
-from .errors import (
+from zerolayer.protocol.errors import (
     ERROR_INFO,
     ErrorCode,
     StreamRestartedError,
@@ -45,9 +45,7 @@ from .errors import (
     ZerolayerTimeoutError,
     error_for,
 )
-from .retry_policy import SYSTEM_RANDOM, RetryPolicy, WallClock, authenticate, unix_us
-from .transport import Routed
-from .wire import (
+from zerolayer.protocol.wire import (
     NO_SEQ,
     NONCE_LEN,
     AckFrame,
@@ -62,6 +60,9 @@ from .wire import (
     decode_invoke_body,
     encode_invoke,
 )
+
+from .retry_policy import SYSTEM_RANDOM, RetryPolicy, WallClock, authenticate, unix_us
+from .transport import Routed
 
 __all__ = ["InvokeResult", "Phase", "RequestMachine"]
 

@@ -12,8 +12,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import ErrorCode, ZerolayerError
-from .wire import MAX_CHUNK, NONCE_LEN, ErrorFrame, Mac, MsgType, Response, decode_response, encode_control
+from zerolayer.protocol.errors import ErrorCode, ZerolayerError
+from zerolayer.protocol.wire import (
+    MAX_CHUNK,
+    NONCE_LEN,
+    ErrorFrame,
+    Mac,
+    MsgType,
+    Response,
+    decode_response,
+    encode_control,
+)
 
 AuditHook = Callable[[bytes, bytes, int], None]
 WallClock = Callable[[], int]

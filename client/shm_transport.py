@@ -4,7 +4,7 @@ shared-memory carrier"): ShmConnector (threads) and AsyncShmConnector (asyncio).
 The datagrams are exactly those of UDP, signed and checked the same way; only the carrier
 differs. A connector holds one *session*: a SOCK_SEQPACKET connection to the daemon's
 socket, over which the daemon passed a memfd with a request ring and a response ring
-(client/shm_ring.py) and two eventfds, the doorbells. All channels of a connector (one per
+(protocol/shm_ring.py) and two eventfds, the doorbells. All channels of a connector (one per
 request) share the session: sends go into the request ring under a lock, and responses are
 sorted to channels by the request id at bytes 16..32 of every response datagram.
 
@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 
-from .shm_ring import (
+from zerolayer.protocol.shm_ring import (
     HELLO,
     STATUS_OK,
     STATUS_REFUSED_PEER,

@@ -27,15 +27,16 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 
+from zerolayer.protocol.errors import ZerolayerError, ZerolayerTimeoutError, error_for
+from zerolayer.protocol.wire import REQUEST_ID_LEN, ChatMessage, ErrorFrame, Mac, MsgType, PongFrame
+
 from .client_config import ClientConfig
 from .connect import connector_for
-from .errors import ZerolayerError, ZerolayerTimeoutError, error_for
 from .invoke_body import build_invoke_body, request_id_bytes
 from .ping_rule import PingAttempts
 from .request_machine import InvokeResult, RequestMachine
 from .retry_policy import AuditHook, authenticate
 from .transport import Channel, Connector, Routed
-from .wire import REQUEST_ID_LEN, ChatMessage, ErrorFrame, Mac, MsgType, PongFrame
 
 
 class Client(ClientConfig):

@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from zerolayer.client.errors import ErrorCode, OverloadedError
-from zerolayer.client.wire import NO_SEQ, InvokeBody, MsgType, RunState, ServerState
+from zerolayer.protocol.errors import ErrorCode, OverloadedError
+from zerolayer.protocol.wire import NO_SEQ, InvokeBody, MsgType, RunState, ServerState
 
 from . import memory_bounds
 from .carriers import Address

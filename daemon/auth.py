@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from zerolayer.client.errors import ExpiredNonceError, InvalidTimestampError, OverloadedError
-from zerolayer.client.wire import Mac
+from zerolayer.protocol.errors import ExpiredNonceError, InvalidTimestampError, OverloadedError
+from zerolayer.protocol.wire import Mac
 
 MIN_SECRET_BYTES = 16
 MAX_SECRET_BYTES = 64

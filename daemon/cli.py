@@ -239,7 +239,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 # --- invoke --------------------------------------------------------------------------------
 
 def cmd_invoke(args: argparse.Namespace) -> int:
-    from zerolayer.client.wire import ChatMessage
+    from zerolayer.protocol.wire import ChatMessage
     text = sys.stdin.read() if args.text == "-" else args.text
     client = _client(args)
     payload = {"prompt": text} if args.raw else {"messages": [ChatMessage("user", text)]}
@@ -291,7 +291,7 @@ def _print_invoke_stats(r: InvokeResult) -> None:
 # --- ping ----------------------------------------------------------------------------------
 
 def cmd_ping(args: argparse.Namespace) -> int:
-    from zerolayer.client.errors import ZerolayerTimeoutError
+    from zerolayer.protocol.errors import ZerolayerTimeoutError
     if args.count < 1:
         raise UsageError("--count must be at least 1")
     client = _client(args)
@@ -519,7 +519,7 @@ def cmd_ctl_keys(args: argparse.Namespace) -> int:
 
 
 def _error_name(e: Exception) -> str:
-    from zerolayer.client.errors import StreamRestartedError, ZerolayerTimeoutError
+    from zerolayer.protocol.errors import StreamRestartedError, ZerolayerTimeoutError
     code = getattr(e, "code", None)
     if code is not None:
         return code.name
@@ -531,7 +531,7 @@ def _error_name(e: Exception) -> str:
 
 
 def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    from zerolayer.client.errors import ZerolayerError, ZerolayerTimeoutError
+    from zerolayer.protocol.errors import ZerolayerError, ZerolayerTimeoutError
     try:
         return func(args)
     except UsageError as e:

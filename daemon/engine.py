@@ -34,8 +34,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zerolayer.client.errors import ErrorCode, OverloadedError
-from zerolayer.client.wire import FinishReason, Timings, Usage
 from zerolayer.gpu.context_rule import check_context
 from zerolayer.gpu.errors import KVCacheFullError
 from zerolayer.gpu.model_api import Draw, Model, PendingTokens, StepInput
@@ -43,6 +41,8 @@ from zerolayer.gpu.ops.penalties import PenaltyState
 from zerolayer.gpu.prefix_cache import PrefixCache
 from zerolayer.gpu.stopping import StopChecker
 from zerolayer.gpu.tokenizer import Tokenizer
+from zerolayer.protocol.errors import ErrorCode, OverloadedError
+from zerolayer.protocol.wire import FinishReason, Timings, Usage
 
 from .request import CancelReason, DoneEvent, EngineEvent, FailedEvent, Request, TextEvent
 

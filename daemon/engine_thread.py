@@ -37,9 +37,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from zerolayer.client.errors import ErrorCode, ZerolayerError
 from zerolayer.gpu.errors import RuntimeModelError
 from zerolayer.gpu.generate import encode_prompt
+from zerolayer.protocol.errors import ErrorCode, ZerolayerError
 
 from . import test_hooks
 from .engine import Engine

@@ -28,7 +28,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from zerolayer.client.errors import (
+from zerolayer.gpu.context_rule import check_context
+from zerolayer.gpu.errors import RuntimeModelError
+from zerolayer.protocol.errors import (
     ContextOverflowError,
     DrainingError,
     ErrorCode,
@@ -38,7 +40,7 @@ from zerolayer.client.errors import (
     UnknownKeyError,
     ZerolayerError,
 )
-from zerolayer.client.wire import (
+from zerolayer.protocol.wire import (
     COMMON_LEN,
     MAGIC,
     MAX_MESSAGE_BYTES,
@@ -55,8 +57,6 @@ from zerolayer.client.wire import (
     parse_request,
     verify_tag,
 )
-from zerolayer.gpu.context_rule import check_context
-from zerolayer.gpu.errors import RuntimeModelError
 
 from .auth import KeyStore, ReplayGuard
 from .reassembly import Reassembler

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import Enum
 
-from zerolayer.client.wire import ServerState
+from zerolayer.protocol.wire import ServerState
 
 EXIT_OK = 0
 EXIT_ENGINE_DIED = 1      # systemd restarts the daemon: never half-alive

@@ -11,7 +11,7 @@ hold bytes objects count them by their length plus the object overhead.
 """
 from __future__ import annotations
 
-from zerolayer.client.wire import MAX_CHAT_MESSAGES, MAX_MESSAGE_BYTES, InvokeBody
+from zerolayer.protocol.wire import MAX_CHAT_MESSAGES, MAX_MESSAGE_BYTES, InvokeBody
 
 from .auth import ReplayGuard
 from .config import DaemonConfig

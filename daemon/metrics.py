@@ -16,8 +16,8 @@ from wsgiref.types import StartResponse, WSGIEnvironment
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, make_wsgi_app
 
-from zerolayer.client.errors import ErrorCode
 from zerolayer.gpu import __version__
+from zerolayer.protocol.errors import ErrorCode
 
 # What OVERLOADED can come from (docs/OPERATIONS.md "Error codes"): the nonce cache, one
 # key's share of it, reassembly memory or slots, one key's share of those, the result

@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from zerolayer.client.errors import MalformedError, OverloadedError
+from zerolayer.protocol.errors import MalformedError, OverloadedError
 
 
 @dataclass(slots=True)

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from zerolayer.client.errors import ErrorCode
-from zerolayer.client.sampling_params import SamplingParams
-from zerolayer.client.wire import FinishReason, InvokeBody, ResponseSigner, Timings, Usage
+from zerolayer.protocol.errors import ErrorCode
+from zerolayer.protocol.sampling_params import SamplingParams
+from zerolayer.protocol.wire import FinishReason, InvokeBody, ResponseSigner, Timings, Usage
 
 if TYPE_CHECKING:
     from zerolayer.gpu.kv_cache import Sequence

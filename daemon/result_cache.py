@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from zerolayer.client.errors import OverloadedError
+from zerolayer.protocol.errors import OverloadedError
 
 CacheKey = tuple[int, bytes]  # (key id, request id)
 

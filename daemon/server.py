@@ -35,8 +35,8 @@ import signal
 import sys
 import time
 
-from zerolayer.client.errors import ErrorCode
-from zerolayer.client.wire import ServerState
+from zerolayer.protocol.errors import ErrorCode
+from zerolayer.protocol.wire import ServerState
 
 from . import config as config_mod
 from . import control as control_mod

@@ -2,7 +2,7 @@
 
 A client on this host connects to a Unix SOCK_SEQPACKET socket ([shm] socket). For each
 connection this module makes a fresh memfd holding a request ring and a response ring
-(zerolayer/client/shm_ring.py, the layout both sides import) and two eventfds (doorbells),
+(protocol/shm_ring.py, the layout both sides import) and two eventfds (doorbells),
 and passes the three fds with SCM_RIGHTS in its one greeting message. The connection then
 stays open only so that each side sees the other die: EOF on it frees the client's rings.
 
@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from zerolayer.client.shm_ring import (
+from zerolayer.protocol.shm_ring import (
     STATUS_FULL,
     STATUS_OK,
     STATUS_REFUSED_PEER,

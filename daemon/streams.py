@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zerolayer.client.errors import ERROR_INFO, ErrorCode
-from zerolayer.client.wire import MAX_TEXT, FinishReason, Timings, Usage, split_utf8
+from zerolayer.protocol.errors import ERROR_INFO, ErrorCode
+from zerolayer.protocol.wire import MAX_TEXT, FinishReason, Timings, Usage, split_utf8
 
 from .carriers import Address
 from .in_flight import InFlight

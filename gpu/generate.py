@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from zerolayer.client.sampling_params import SamplingParams  # noqa: F401 (API)
+from zerolayer.protocol.sampling_params import SamplingParams  # noqa: F401 (API)
 
 from . import backend
 from .context_rule import check_context

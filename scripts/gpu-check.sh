@@ -92,10 +92,10 @@ fi
 ((DEPS_ONLY)) && exit 0
 
 # zerolayer.* without installing: each directory under one namespace directory, as setup.py
-# maps them (gpu, daemon and bpf are rooms of their own; client/ is zerolayer.client)
+# maps them (gpu, daemon, bpf and protocol are rooms of their own; client/ is zerolayer.client)
 ns=$(mktemp -d)
 mkdir -p "$ns/zerolayer"
-for room in gpu daemon bpf client; do ln -s "$PWD/$room" "$ns/zerolayer/$room"; done
+for room in gpu daemon bpf protocol client; do ln -s "$PWD/$room" "$ns/zerolayer/$room"; done
 export PYTHONPATH=$ns:$PYTHONPATH
 # numba's OpenMP threading layer (gpu/__init__.py's default) only where the image has it
 "$PY" -c 'from numba.np.ufunc import omppool' 2>/dev/null || export NUMBA_THREADING_LAYER=workqueue

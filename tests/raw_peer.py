@@ -10,8 +10,8 @@ import socket
 import threading
 import time
 
-from zerolayer.client import wire
-from zerolayer.client.wire import MsgType
+from zerolayer.protocol import wire
+from zerolayer.protocol.wire import MsgType
 
 KEEPALIVE_S = 0.1
 

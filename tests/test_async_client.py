@@ -10,7 +10,7 @@ import pytest
 
 from daemon_proc import DaemonProc
 from zerolayer.client import AsyncClient, ChatMessage, Client
-from zerolayer.client.errors import ContextOverflowError
+from zerolayer.protocol.errors import ContextOverflowError
 
 FRANCE = [ChatMessage("user", "What is the capital of France?")]
 

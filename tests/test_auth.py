@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerolayer.client.errors import ExpiredNonceError, InvalidTimestampError, OverloadedError
 from zerolayer.daemon.auth import (
     KeyFileError,
     KeyStore,
@@ -20,6 +19,7 @@ from zerolayer.daemon.auth import (
     load_keys,
     parse_keys,
 )
+from zerolayer.protocol.errors import ExpiredNonceError, InvalidTimestampError, OverloadedError
 
 S1 = "11" * 32
 S2 = "22" * 32

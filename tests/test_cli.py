@@ -17,9 +17,9 @@ import time
 import pytest
 
 from test_client import KEY_ID, SECRET, FakeDaemon, Script
-from zerolayer.client.errors import ErrorCode
 from zerolayer.daemon import cli
 from zerolayer.daemon.auth import load_keys, parse_keys
+from zerolayer.protocol.errors import ErrorCode
 
 ENV = (cli.ENV_ADDR, cli.ENV_KEY_ID, cli.ENV_SECRET, cli.ENV_KEYS_FILE)
 

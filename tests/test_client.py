@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 import pytest
 
 from async_driven import AsyncDriven
-from zerolayer.client import AsyncClient, Client, InvokeResult, errors, wire
-from zerolayer.client.errors import ErrorCode
-from zerolayer.client.wire import ChatMessage, FinishReason, MsgType, ResponseSigner, RunState, ServerState
+from zerolayer.client import AsyncClient, Client, InvokeResult
 from zerolayer.daemon.auth import KeyStore, ReplayGuard
 from zerolayer.daemon.ingress import ControlRequest, Ingress, InvokeRequest, Rejected
 from zerolayer.daemon.reassembly import Reassembler
 from zerolayer.daemon.result_cache import EntryStatus, ResultCache
+from zerolayer.protocol import errors, wire
+from zerolayer.protocol.errors import ErrorCode
+from zerolayer.protocol.wire import ChatMessage, FinishReason, MsgType, ResponseSigner, RunState, ServerState
 
 KEY_ID = 11
 SECRET = secrets.token_bytes(32)

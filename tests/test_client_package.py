@@ -25,8 +25,8 @@ def client_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src")
     for name in ("setup.py", "setup.cfg", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "client", src / "client",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for pkg in ("client", "protocol"):
+        shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                     "--no-build-isolation", "-w", str(out), str(src)],
@@ -49,10 +49,11 @@ def test_the_client_wheel_holds_only_the_sdk_and_requires_nothing(client_wheel: 
         names = z.namelist()
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     code = [n for n in names if ".dist-info/" not in n]
-    assert code and all(n.startswith("zerolayer/client/") for n in code), code
-    assert "zerolayer/client/py.typed" in code
+    assert code and all(n.startswith(("zerolayer/client/", "zerolayer/protocol/"))
+                        for n in code), code
+    assert {"zerolayer/client/py.typed", "zerolayer/protocol/py.typed"} <= set(code)
     assert {"zerolayer/client/async_client.py", "zerolayer/client/sync_client.py",
-            "zerolayer/client/wire.py"} <= set(code)
+            "zerolayer/protocol/wire.py"} <= set(code)
     assert "Name: zerolayer-client" in meta
     assert "Requires-Dist" not in meta            # not even numpy
     assert not any(n.endswith("entry_points.txt") for n in names)
@@ -64,8 +65,8 @@ def test_it_imports_and_signs_with_the_standard_library_alone(installed: Path) -
 import sys
 sys.path.insert(0, {str(installed)!r})
 from zerolayer.client import AsyncClient, ChatMessage, Client
-from zerolayer.client import wire
-from zerolayer.client.sampling_params import SamplingParams
+from zerolayer.protocol import wire
+from zerolayer.protocol.sampling_params import SamplingParams
 body = wire.encode_invoke_body(SamplingParams(max_tokens=4), wire.PayloadKind.TOKEN_IDS,
                                wire.encode_token_ids([1, 2, 3]))
 frags = wire.encode_invoke(1, b"k" * 32, bytes(16), 1, bytes(32), body)
@@ -87,7 +88,8 @@ print("ok", sorted(m for m in sys.modules if m.startswith("zerolayer"))[:3])
 
 def test_the_client_package_passes_mypy_strict(installed: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
-                        "--cache-dir", os.devnull, "-p", "zerolayer.client"],
+                        "--cache-dir", os.devnull, "-p", "zerolayer.client", "-p",
+                        "zerolayer.protocol"],
                        cwd=installed, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
 

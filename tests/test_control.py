@@ -21,9 +21,9 @@ import zmq
 from daemon_proc import DaemonProc
 from test_dataplane import Hooks
 from zerolayer.client import Client
-from zerolayer.client.errors import DrainingError
-from zerolayer.client.wire import ChatMessage
 from zerolayer.daemon import control
+from zerolayer.protocol.errors import DrainingError
+from zerolayer.protocol.wire import ChatMessage
 
 FRANCE = [ChatMessage("user", "What is the capital of France?")]
 

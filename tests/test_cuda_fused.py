@@ -157,9 +157,9 @@ def _child() -> None:
         step N's device ids), against the engine on the CPU model: greedy requests joining
         at different steps, one with a repetition penalty (its argmax from the sampler, not
         the kernel's keys). Tokens must be equal."""
-        from zerolayer.client.sampling_params import SamplingParams
         from zerolayer.daemon.engine import Engine
         from zerolayer.daemon.request import Request
+        from zerolayer.protocol.sampling_params import SamplingParams
 
         cpu, gpu = models("engine", kv_blocks=12, tokenizer=True)
         prompts = [rng.integers(3, 200, n).astype(np.int32) for n in (5, 3, 4)]

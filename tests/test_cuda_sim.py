@@ -305,11 +305,11 @@ def _child() -> None:
         import tempfile
 
         from tiny_gguf import write_tiny_llama
-        from zerolayer.client.sampling_params import SamplingParams
         from zerolayer.daemon.engine import Engine
         from zerolayer.daemon.request import CancelReason, Request, TextEvent
         from zerolayer.gpu.generate import on_backend
         from zerolayer.gpu.model import LlamaModel
+        from zerolayer.protocol.sampling_params import SamplingParams
 
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "tiny.gguf")
@@ -382,12 +382,12 @@ def _child() -> None:
         import tempfile
 
         from tiny_gguf import write_tiny_llama
-        from zerolayer.client.sampling_params import SamplingParams
         from zerolayer.daemon.engine import Engine
         from zerolayer.daemon.engines import sibling_model
         from zerolayer.daemon.request import Request
         from zerolayer.gpu.generate import on_backend
         from zerolayer.gpu.model import LlamaModel
+        from zerolayer.protocol.sampling_params import SamplingParams
 
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "tiny.gguf")
@@ -429,8 +429,8 @@ def _child() -> None:
         writes ids into a TX frame, which the host reads in place. Returns the fraction of
         wrong ids."""
         from fixtures.packets import udp4
-        from zerolayer.client import wire
         from zerolayer.gpu.cuda import mapped_ring as mr
+        from zerolayer.protocol import wire
 
         umem = shim.cuda.mapped_array(4 * 4096, dtype=np.uint8)
         umem[:] = 0

@@ -12,9 +12,10 @@ import time
 import pytest
 
 from daemon_proc import DaemonProc
-from zerolayer.client import Client, wire
-from zerolayer.client.errors import ContextOverflowError, ErrorCode, InvalidSignatureError, UnknownKeyError
-from zerolayer.client.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
+from zerolayer.client import Client
+from zerolayer.protocol import wire
+from zerolayer.protocol.errors import ContextOverflowError, ErrorCode, InvalidSignatureError, UnknownKeyError
+from zerolayer.protocol.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
 
 FRANCE = [ChatMessage("user", "What is the capital of France?")]
 

@@ -16,8 +16,9 @@ import time
 import pytest
 
 from daemon_proc import DaemonProc, Hooks
-from zerolayer.client import Client, wire
-from zerolayer.client.errors import ErrorCode, InternalServerError, OverloadedError, UnknownKeyError
+from zerolayer.client import Client
+from zerolayer.protocol import wire
+from zerolayer.protocol.errors import ErrorCode, InternalServerError, OverloadedError, UnknownKeyError
 
 COUNT = "Count from one to one thousand: one, two, three,"
 
@@ -176,7 +177,7 @@ def test_admissions_beyond_the_queue_depth_get_overloaded(held_daemon):
 def test_sigterm_drains_in_flight_then_exits_zero(tmp_path):
     """SIGTERM while a step is held: new work gets DRAINING, the in-flight request still
     completes once the step goes on, and the daemon exits 0."""
-    from zerolayer.client.errors import DrainingError
+    from zerolayer.protocol.errors import DrainingError
     hooks = Hooks(tmp_path / "hooks")
     d = DaemonProc(tmp_path, "--lifecycle-drain-linger-s", "600",
                    env={"ZEROLAYER_TEST_HOOKS": str(hooks.dir)})
@@ -215,7 +216,7 @@ def test_sigterm_drains_in_flight_then_exits_zero(tmp_path):
 def test_drain_timeout_cancels_with_an_error_never_silence(tmp_path):
     """The drain timeout passes while the step is held: the request ends with ERROR
     CANCELLED (drain), and the daemon still exits 0."""
-    from zerolayer.client.errors import RequestCancelledError
+    from zerolayer.protocol.errors import RequestCancelledError
     hooks = Hooks(tmp_path / "hooks")
     d = DaemonProc(tmp_path, "--lifecycle-drain-timeout-s", "0.5",
                    env={"ZEROLAYER_TEST_HOOKS": str(hooks.dir)})

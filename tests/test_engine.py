@@ -4,12 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zerolayer.client.errors import OverloadedError
-from zerolayer.client.sampling_params import SamplingParams
 from zerolayer.daemon.engine import Engine
 from zerolayer.daemon.request import CancelReason, DoneEvent, FailedEvent, Request, TextEvent
 from zerolayer.gpu.context_rule import check_context
 from zerolayer.gpu.errors import ContextOverflowError
+from zerolayer.protocol.errors import OverloadedError
+from zerolayer.protocol.sampling_params import SamplingParams
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -28,10 +28,10 @@ import pytest
 
 from daemon_proc import DaemonProc
 from zerolayer.client import Client
-from zerolayer.client.errors import InternalServerError
-from zerolayer.client.wire import ChatMessage
 from zerolayer.daemon import config
 from zerolayer.daemon.routing import BOUNDARIES, Router, boundary_hashes
+from zerolayer.protocol.errors import InternalServerError
+from zerolayer.protocol.wire import ChatMessage
 
 TWO_ENGINES = '[{cpus="0", threads=1}, {cpus="1", threads=1}]'
 COUNT = "Count from one to one thousand: one, two, three,"

@@ -30,10 +30,10 @@ import pytest
 
 from daemon_proc import DaemonProc, Hooks
 from raw_peer import RawPeer
-from zerolayer.client import wire
-from zerolayer.client.errors import ErrorCode
-from zerolayer.client.wire import MsgType, PayloadKind, SamplingParams
 from zerolayer.daemon import control
+from zerolayer.protocol import wire
+from zerolayer.protocol.errors import ErrorCode
+from zerolayer.protocol.wire import MsgType, PayloadKind, SamplingParams
 
 LEASE_S = 2.0
 VOCAB = 49152  # the bundled model's

@@ -13,8 +13,8 @@ import pytest
 
 from test_client import KEY_ID, SECRET, FakeDaemon, Script
 from zerolayer.client import AsyncClient, Client
-from zerolayer.client.errors import ErrorCode
 from zerolayer.client.fleet import node_name, rendezvous_order
+from zerolayer.protocol.errors import ErrorCode
 
 
 def _fleet(*scripts: Script) -> list[FakeDaemon]:

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from zerolayer.client import InvokeResult
-from zerolayer.client.errors import RequestCancelledError
-from zerolayer.client.wire import Timings, Usage
 from zerolayer.daemon.http_edge import anthropic_api, openai_api, serve
 from zerolayer.daemon.http_edge.errors import ApiError, bad_request
 from zerolayer.daemon.http_edge.generation import Generation, GenParams
 from zerolayer.daemon.http_edge.metrics import EdgeMetrics
+from zerolayer.protocol.errors import RequestCancelledError
+from zerolayer.protocol.wire import Timings, Usage
 
 RID = bytes(range(16))
 RESULT = InvokeResult("Hello world", Usage(7, 2, 3), Timings(1, 2, 3, 4), "length", RID,

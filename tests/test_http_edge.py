@@ -28,16 +28,16 @@ import pytest
 
 from daemon_proc import DaemonProc, Hooks, free_port
 from zerolayer.client import ChatMessage, Client
-from zerolayer.client.errors import (
+from zerolayer.daemon.http_edge import errors as edge_errors
+from zerolayer.daemon.http_edge.config import load as load_config
+from zerolayer.daemon.http_edge.tokens import TokenFileError, digest, parse_tokens
+from zerolayer.protocol.errors import (
     ErrorCode,
     StreamRestartedError,
     ZerolayerError,
     ZerolayerTimeoutError,
     error_for,
 )
-from zerolayer.daemon.http_edge import errors as edge_errors
-from zerolayer.daemon.http_edge.config import load as load_config
-from zerolayer.daemon.http_edge.tokens import TokenFileError, digest, parse_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-test"
@@ -214,10 +214,10 @@ def test_an_error_after_the_stream_started_is_an_error_event():
     import asyncio
     from types import SimpleNamespace
 
-    from zerolayer.client.errors import RequestCancelledError
     from zerolayer.daemon.http_edge import anthropic_api, serve
     from zerolayer.daemon.http_edge.generation import Generation
     from zerolayer.daemon.http_edge.metrics import EdgeMetrics
+    from zerolayer.protocol.errors import RequestCancelledError
 
     class CutStream:           # the daemon cuts the request after the first chunk
         request_id = bytes(16)

@@ -103,6 +103,28 @@ def test_the_gpu_package_has_no_import_cycle() -> None:
     assert cycles(graph) == []
 
 
+def test_the_protocol_imports_no_other_room() -> None:
+    graph = import_graph(ROOT / "protocol", "zerolayer.protocol")
+    assert cycles(graph) == []
+    for f in (ROOT / "protocol").rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                assert not node.module.startswith("zerolayer."), (f, node.module)
+
+
+def test_the_daemon_gpu_and_bpf_speak_the_protocol_not_the_sdk() -> None:
+    """The wire belongs to no side: a room imports zerolayer.protocol, and only the daemon's
+    parts that are clients themselves (the CLI, the HTTP edge, the SDK alias) import the SDK."""
+    sdk_users = {ROOT / "daemon" / "cli.py", ROOT / "daemon" / "client.py"}
+    for room in ("daemon", "gpu", "bpf"):
+        for f in (ROOT / room).rglob("*.py"):
+            if f in sdk_users or "http_edge" in f.parts:
+                continue
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    assert not node.module.startswith("zerolayer.client"), (f, node.module)
+
+
 def test_nothing_in_gpu_or_bpf_imports_the_daemon() -> None:
     for room in ("gpu", "bpf"):
         for f in (ROOT / room).rglob("*.py"):

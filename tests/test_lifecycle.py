@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from zerolayer.client.wire import ServerState
 from zerolayer.daemon.lifecycle import EXIT_ENGINE_DIED, TRANSITIONS, Event, Lifecycle, LifecycleError, Phase
+from zerolayer.protocol.wire import ServerState
 
 
 def ready(timeout: float = 30.0, linger: float = 2.0) -> tuple[Lifecycle, list]:

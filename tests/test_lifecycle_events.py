@@ -9,8 +9,8 @@ import zmq
 
 from daemon_proc import DaemonProc
 from zerolayer.client import Client
-from zerolayer.client.errors import ContextOverflowError
 from zerolayer.daemon.lifecycle_events import Publisher
+from zerolayer.protocol.errors import ContextOverflowError
 
 
 def _events_of(sub: zmq.Socket, rid: bytes, n: int) -> list[dict]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zerolayer.client.sampling_params import SamplingParams
 from zerolayer.gpu.model_api import StepInput
 from zerolayer.gpu.ops.penalties import PenaltyState, apply, apply_ref
+from zerolayer.protocol.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize("factors", [(1.3, 0.0, 0.0), (0.7, 0.0, 0.0), (1.0, 0.5, 0.0),

@@ -1,4 +1,4 @@
-"""Wire format v1 codec (client/wire.py) and the error table (client/errors.py).
+"""Wire format v1 codec (protocol/wire.py) and the error table (protocol/errors.py).
 
 Round trips, the fixed offsets the XDP program will rely on, and property tests: the parsers
 turn any bytes into either a value or a typed ZerolayerError, never another exception.
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zerolayer.client import errors, wire
-from zerolayer.client.errors import ErrorCode, InvalidSignatureError, MalformedError, ZerolayerError
-from zerolayer.client.wire import (
+from zerolayer.protocol import errors, wire
+from zerolayer.protocol.errors import ErrorCode, InvalidSignatureError, MalformedError, ZerolayerError
+from zerolayer.protocol.wire import (
     ChatMessage,
     FinishReason,
     MsgType,
@@ -418,7 +418,7 @@ def test_protocol_doc_lists_every_code_and_type() -> None:
 
 
 def test_a_chat_has_at_most_max_chat_messages():
-    from zerolayer.client.errors import PayloadTooLargeError
+    from zerolayer.protocol.errors import PayloadTooLargeError
     ok = [wire.ChatMessage("user", "x")] * wire.MAX_CHAT_MESSAGES
     assert len(wire._decode_chat(wire.encode_chat(ok))) == wire.MAX_CHAT_MESSAGES
     with pytest.raises(PayloadTooLargeError):

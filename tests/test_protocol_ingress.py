@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zerolayer.client import wire
-from zerolayer.client.errors import ErrorCode
-from zerolayer.client.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
 from zerolayer.daemon.auth import KeyStore, ReplayConfig, ReplayGuard
 from zerolayer.daemon.ingress import ControlRequest, Ingress, InvokeRequest, Pending, Rejected
 from zerolayer.daemon.reassembly import Reassembler
+from zerolayer.protocol import wire
+from zerolayer.protocol.errors import ErrorCode
+from zerolayer.protocol.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
 
 KEY_ID = 3
 SECRET = secrets.token_bytes(32)

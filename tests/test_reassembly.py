@@ -5,8 +5,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from zerolayer.client.errors import MalformedError, OverloadedError
 from zerolayer.daemon.reassembly import Reassembler
+from zerolayer.protocol.errors import MalformedError, OverloadedError
 
 
 class Clock:

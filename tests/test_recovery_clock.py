@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 import pytest
 
 from test_client import KEY_ID, SECRET, Script, ScriptedDaemon
-from zerolayer.client import InvokeResult, errors
-from zerolayer.client.errors import ErrorCode
+from zerolayer.client import InvokeResult
 from zerolayer.client.invoke_body import build_invoke_body
 from zerolayer.client.ping_rule import PingAttempts
 from zerolayer.client.request_machine import Phase, RequestMachine
 from zerolayer.client.retry_policy import RetryPolicy
-from zerolayer.client.wire import Mac, MsgType
+from zerolayer.protocol import errors
+from zerolayer.protocol.errors import ErrorCode
+from zerolayer.protocol.wire import Mac, MsgType
 
 EPOCH = 1_800_000_000.0     # the wall clock at fake time 0
 CLIENT = ("127.0.0.1", 40000)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from zerolayer.client.errors import OverloadedError
 from zerolayer.daemon.result_cache import ENTRY_OVERHEAD, FRAME_OVERHEAD, EntryStatus, ResultCache
+from zerolayer.protocol.errors import OverloadedError
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""The same-host shared-memory carrier: the ring (client/shm_ring.py) on its own, then a real
+"""The same-host shared-memory carrier: the ring (protocol/shm_ring.py) on its own, then a real
 zerolayerd with [shm] on (one daemon for the module): PING, invoke and stream through the
 SDK (sync and asyncio); a request id shared with the UDP path (idempotency is global);
 clients that die, write garbage, or take a dead client's slot; SO_PEERCRED; max_clients.
@@ -26,9 +26,11 @@ import time
 import pytest
 
 from daemon_proc import DaemonProc, Hooks
-from zerolayer.client import AsyncClient, Client, shm_ring
+from zerolayer.client import AsyncClient, Client
 from zerolayer.client.invoke_body import build_invoke_body
-from zerolayer.client.shm_ring import (
+from zerolayer.client.shm_transport import ShmConnector, ShmRefusedError, ShmSession
+from zerolayer.protocol import shm_ring
+from zerolayer.protocol.shm_ring import (
     HELLO,
     STATUS_FULL,
     STATUS_REFUSED_PEER,
@@ -37,8 +39,7 @@ from zerolayer.client.shm_ring import (
     RingCorrupt,
     unpack_hello,
 )
-from zerolayer.client.shm_transport import ShmConnector, ShmRefusedError, ShmSession
-from zerolayer.client.wire import (
+from zerolayer.protocol.wire import (
     AckFrame,
     DoneFrame,
     MsgType,

@@ -17,9 +17,10 @@ import pytest
 
 from daemon_proc import DaemonProc
 from netns import CLI_V4, SRV_IF, SRV_V4, SRV_V6, in_netns, xdp_testbed
-from zerolayer.client import Client, wire
-from zerolayer.client.errors import ContextOverflowError, ZerolayerTimeoutError
-from zerolayer.client.wire import ChatMessage, MsgType
+from zerolayer.client import Client
+from zerolayer.protocol import wire
+from zerolayer.protocol.errors import ContextOverflowError, ZerolayerTimeoutError
+from zerolayer.protocol.wire import ChatMessage, MsgType
 
 if os.geteuid() != 0:  # pragma: no cover - CI runs as root
     pytest.skip("XDP and network namespaces need root", allow_module_level=True)

@@ -42,8 +42,8 @@ from fixtures.packets import (
     udp6,
 )
 from netns import in_netns
-from zerolayer.client import wire
-from zerolayer.client.errors import MalformedError
+from zerolayer.protocol import wire
+from zerolayer.protocol.errors import MalformedError
 
 if os.geteuid() != 0:  # pragma: no cover - CI runs as root
     pytest.skip("loading BPF programs needs root", allow_module_level=True)
@@ -115,12 +115,12 @@ def run(p: InvokeSteer, frame: bytes, **kw) -> tuple[int, dict[str, int]]:
     return r.action, {k: after[k] - before[k] for k in after if after[k] != before[k]}
 
 
-# --- the C headers and the Python mirrors agree with client/wire.py ---------------------------
+# --- the C headers and the Python mirrors agree with protocol/wire.py ---------------------------
 
 def test_wire_constants_have_one_source() -> None:
-    """client/wire_consts.py is the only place the numbers are written: the program's source
-    gets them rendered, client/wire.py imports them, and no header copy exists."""
-    from zerolayer.client import wire_consts
+    """protocol/wire_consts.py is the only place the numbers are written: the program's source
+    gets them rendered, protocol/wire.py imports them, and no header copy exists."""
+    from zerolayer.protocol import wire_consts
     assert not (BPF_DIR / "zl_wire_consts.h").exists()
     text = loader.source_text()
     assert wire_consts.c_header() in text and text.count("#define ZL_MAGIC ") == 1
@@ -398,7 +398,7 @@ def _mutants(rng: random.Random, n: int) -> list[bytes]:
 
 def test_the_program_redirects_exactly_what_the_daemon_parses(xdp) -> None:
     """Differential: the same frames through BPF_PROG_TEST_RUN and through
-    client/wire.py's parse_request. Every frame the program lets through parses, and every
+    protocol/wire.py's parse_request. Every frame the program lets through parses, and every
     frame that parses is let through; the one allowed difference is total_len > 1 MiB
     (dropped in the kernel, PAYLOAD_TOO_LARGE from the daemon), see
     test_fragment_field_edges. Half the frames go through IPv4 (some with options), half
@@ -556,7 +556,7 @@ import json, os, sys
 sys.path.insert(0, sys.argv[1])
 from fixtures.packets import udp4
 from zerolayer.bpf.compile_helper import compile_isolated
-from zerolayer.client import wire
+from zerolayer.protocol import wire
 p = compile_isolated(ports=[7433], rate_pps=7, burst=3)
 ping = wire.encode_control(wire.MsgType.PING, 1, b"k" * 32, bytes(16), 1, bytes(32))
 out = {"pass": p.test_run(udp4(ping, 7433)).action_name,

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from netns import CLI_V4, CLI_V6, SRV_IF, SRV_V4, SRV_V6, in_netns, xdp_testbed
-from zerolayer.client import wire
-from zerolayer.client.wire import MsgType
+from zerolayer.protocol import wire
+from zerolayer.protocol.wire import MsgType
 
 if os.geteuid() != 0:  # pragma: no cover - CI runs as root
     pytest.skip("AF_XDP and network namespaces need root", allow_module_level=True)

@@ -29,9 +29,9 @@ def signatures() -> dict[str, int]:
 
 
 def first_requests(gen) -> None:
-    from zerolayer.client.sampling_params import SamplingParams
     from zerolayer.daemon.engine import Engine
     from zerolayer.daemon.request import Request
+    from zerolayer.protocol.sampling_params import SamplingParams
     vocab = gen.model.cfg.vocab
     ids = [int(i) for i in np.arange(3, 3 + 40) % vocab]
     gen.complete(token_ids=ids, params=SamplingParams(max_tokens=4))

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from zerolayer.client import ChatMessage, InvokeResult
-from zerolayer.client.sampling_params import MAX_STOP
+from zerolayer.protocol.sampling_params import MAX_STOP
 
 from .common import Fields
 from .errors import ApiError, bad_request, not_found

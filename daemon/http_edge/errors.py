@@ -1,6 +1,6 @@
 """The one table from daemon errors to HTTP, and the two APIs' error bodies.
 
-Every wire code of client/errors.py (a closed list) has a row here; tests check that no code
+Every wire code of protocol/errors.py (a closed list) has a row here; tests check that no code
 is missing. How a row was chosen:
 - the caller's request is at fault (MALFORMED, CONTEXT_OVERFLOW, PAYLOAD_TOO_LARGE): 4xx, so
   HTTP clients do not retry it;
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zerolayer.client.errors import ErrorCode, StreamRestartedError, ZerolayerError, ZerolayerTimeoutError
+from zerolayer.protocol.errors import ErrorCode, StreamRestartedError, ZerolayerError, ZerolayerTimeoutError
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from zerolayer.client import ChatMessage, InvokeResult
-from zerolayer.client.sampling_params import MAX_ADDITIVE_PENALTY, MAX_REPETITION_PENALTY, MAX_STOP
+from zerolayer.protocol.sampling_params import MAX_ADDITIVE_PENALTY, MAX_REPETITION_PENALTY, MAX_STOP
 
 from .common import Fields, key_id_for
 from .errors import ApiError, bad_request, not_found

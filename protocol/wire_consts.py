@@ -1,13 +1,13 @@
 """The wire protocol's fixed numbers, in one place (docs/PROTOCOL.md §2-§4, §10).
 
-Both sides of the data plane read them from here: client/wire.py imports them (the host
+Both sides of the data plane read them from here: protocol/wire.py imports them (the host
 parser and encoder), and bpf/loader.py renders them as `#define`s into the XDP program's
 source when it compiles it (`#include "zl_wire_consts.h"` gets `c_header()`; there is no
 copy on disk to drift). The program then checks exactly the fields the daemon's structural
 parser checks; tests/test_xdp_prog.py runs both on the same random and mutated frames.
 
 Offsets are into the UDP payload (the datagram), little-endian, as the C structs of
-invoke_structs.h lay them out; client/wire.py asserts its struct formats agree.
+invoke_structs.h lay them out; protocol/wire.py asserts its struct formats agree.
 
 Change a value here and both sides change; a layout or rule change bumps ZL_VERSION.
 """
@@ -43,7 +43,7 @@ _COMMENT = {
 
 def c_header() -> str:
     """zl_wire_consts.h, as the XDP program's source includes it."""
-    lines = ["/* Generated from client/wire_consts.py by bpf/loader.py: do not edit. */",
+    lines = ["/* Generated from protocol/wire_consts.py by bpf/loader.py: do not edit. */",
              "#ifndef __ZL_WIRE_CONSTS_H", "#define __ZL_WIRE_CONSTS_H", ""]
     for name, value in WIRE.items():
         text = f"{value:#x}u" if name == "ZL_MAGIC" else str(value)

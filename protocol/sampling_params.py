@@ -1,6 +1,6 @@
 """The one SamplingParams: what a request asks of the sampler and the stopping rules.
 
-The wire format (client/wire.py) encodes exactly these fields, the runtime's Generator and
+The wire format (protocol/wire.py) encodes exactly these fields, the runtime's Generator and
 the daemon's engine run them, and `validate` is the one rule set for all of them. It lives
 in the protocol package because every side uses it (the SDK validates before sending, the
 daemon after parsing, the runtime when generating); the daemon turns InvalidSamplingParams

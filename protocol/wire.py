@@ -43,7 +43,7 @@ from .sampling_params import MAX_STOP, MAX_STOP_BYTES, MAX_TEMPERATURE, InvalidS
 from .wire_consts import WIRE
 
 # --- constants (docs/PROTOCOL.md §2) -------------------------------------------------------
-# The numbers the XDP program checks too come from client/wire_consts.py, the one source; the
+# The numbers the XDP program checks too come from protocol/wire_consts.py, the one source; the
 # struct formats below must agree with them (checked at import, after the formats).
 
 MAGIC_U32 = WIRE["ZL_MAGIC"]   # 0x52594C5A, what a u32 load at offset 0 sees
@@ -124,7 +124,7 @@ CHAT_MSG_HDR = struct.Struct("<BI")    # role, content length
 
 
 def _agree_with_the_xdp_program() -> None:
-    """The layouts above against client/wire_consts.py: a mismatch is a build error."""
+    """The layouts above against protocol/wire_consts.py: a mismatch is a build error."""
     derived = {
         "ZL_COMMON_LEN": COMMON_LEN, "ZL_HLEN_INVOKE": HEADER_LEN[MsgType.INVOKE],
         "ZL_HLEN_CONTROL": HEADER_LEN[MsgType.PING],
@@ -133,7 +133,7 @@ def _agree_with_the_xdp_program() -> None:
     }
     wrong = {k: (v, WIRE[k]) for k, v in derived.items() if WIRE[k] != v}
     if wrong or len({HEADER_LEN[t] for t in CONTROL_TYPES}) != 1:
-        raise RuntimeError(f"client/wire.py disagrees with client/wire_consts.py: {wrong}")
+        raise RuntimeError(f"protocol/wire.py disagrees with protocol/wire_consts.py: {wrong}")
 
 
 _agree_with_the_xdp_program()

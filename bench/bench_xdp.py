@@ -14,10 +14,14 @@ leaves the two namespaces, which are deleted at the end.
    - zerolayerd --network-ingress udp (busy-polling): the same through recvmmsg/sendto;
    - the AF_XDP rings alone: an echo loop on daemon/xdp_io.XdpIO with no protocol (the
      transport's floor in Python);
+   - a UDP socket alone: a busy-polling recvfrom/sendto echo with no protocol (the kernel
+     path's floor in Python);
    - HTTP GET /health on uvicorn + FastAPI (what vLLM serves), one keep-alive connection,
      over the same veth, and over loopback inside the server namespace.
-   The client is a minimal loop: pre-signed PINGs (fresh nonces), send, blocking recv. Servers
-   are pinned to CPU 0 (one model thread), the client thread to CPU 1.
+   The client is a minimal loop: pre-signed PINGs (fresh nonces), send, then a blocking recv,
+   or with --spin-client a polling one (see udp_rtts: on a VM the sleeping client's wake-up
+   adds ~15 µs to any server slower than a few µs). Servers are pinned to CPU 0 (one model
+   thread), the client thread to CPU 1.
 2. TTFT of the chat question ("What is the capital of France?", greedy, max_tokens 16) over
    AF_XDP and over UDP, the project's SDK as client, --ttft requests per side in two blocks.
 3. Flood (daemon not busy-polling, so its CPU time is work): TTFT of --flood-requests
@@ -70,6 +74,7 @@ PIN = ["--cpu-cpus", str(SERVER_CPU), "--model-threads", "1"]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 from _serving_clients import terminate  # noqa: E402
+from bench_dataplane import take_lock  # noqa: E402  (the benches' shared flock)
 
 from netns import in_netns  # noqa: E402  (the testbed helpers the tests use too)
 
@@ -147,6 +152,21 @@ while time.monotonic() < end:
 io.close()
 """
 
+UDP_ECHO_SERVER = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.setblocking(False)
+print("ready", flush=True)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    try:
+        d, a = s.recvfrom(4096)
+    except BlockingIOError:
+        continue
+    s.sendto(d, a)
+"""
+
 HEALTH_APP = r"""
 from fastapi import FastAPI
 app = FastAPI()
@@ -183,17 +203,32 @@ def signed_pings(key_id: int, secret: bytes, n: int) -> list[bytes]:
                                 secrets.token_bytes(32)) for _ in range(n)]
 
 
-def udp_rtts(ns: str, host: str, datagrams: list[bytes], warm: int) -> list[float]:
+def udp_rtts(ns: str, host: str, datagrams: list[bytes], warm: int,
+             spin: bool = False) -> list[float]:
+    """Round trips of `datagrams`, one at a time. spin: the client polls its socket instead
+    of sleeping in recv(). On a VM a vCPU that slept costs an IPI and a VM exit to wake
+    (~15 µs here), and it sleeps only when the reply takes more than a few µs: so the
+    sleeping client adds a step to every server slower than that, the polling one doesn't."""
     def run():
         os.sched_setaffinity(0, {CLIENT_CPU})  # this thread only
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.connect((host, PORT))
         s.settimeout(2.0)
+        if spin:
+            s.setblocking(False)
         out = []
         for d in datagrams:
             t = time.perf_counter_ns()
             s.send(d)
-            s.recv(4096)
+            while spin:
+                try:
+                    s.recv(4096)
+                    break
+                except BlockingIOError:
+                    if time.perf_counter_ns() - t > 2_000_000_000:
+                        raise TimeoutError("no reply in 2 s") from None
+            else:
+                s.recv(4096)
             out.append((time.perf_counter_ns() - t) / 1e3)
         s.close()
         return out[warm:]
@@ -322,8 +357,12 @@ def main() -> int:
     ap.add_argument("--flood-requests", type=int, default=20)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=["ping", "ttft", "flood"], help="run one part")
-    ap.add_argument("--sides", default="xdp,udp,ring,http_veth,http_lo",
+    ap.add_argument("--spin-client", action="store_true",
+                    help="PING clients poll their socket instead of sleeping in recv()")
+    ap.add_argument("--sides", default="xdp,udp,ring,udp_echo,http_veth,http_lo",
                     help="PING sides to run, comma-separated (ratios need xdp, udp, http_veth)")
+    ap.add_argument("--lock-wait", type=float, default=3600,
+                    help="wait this long for the benches' lock (/tmp/zl-bench.lock)")
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.quick:
@@ -332,6 +371,8 @@ def main() -> int:
         print("needs root (namespaces, XDP)", file=sys.stderr)
         return 2
     warm = 300
+    # the machine alone: every bench takes the same lock while it measures
+    lock, lock_wait = take_lock(a.lock_wait, " ".join(sys.argv))
     name = f"zlb{uuid.uuid4().hex[:6]}"
     subprocess.run(["bash", str(TESTBED), "up", name], check=True, stdout=subprocess.DEVNULL)
     bed = (f"{name}-srv", f"{name}-cli")
@@ -353,16 +394,17 @@ def main() -> int:
                     d = Daemon(srv, tmp, side, busy=True, extra=PIN, taskset=str(SERVER_CPU))
                     try:
                         samples[side] += udp_rtts(cli, SRV_V4, signed_pings(
-                            d.key_id, d.secret, a.pings + warm), warm)
+                            d.key_id, d.secret, a.pings + warm), warm, a.spin_client)
                     finally:
                         d.stop()
-                elif side == "ring":
-                    p = start_proc(srv, ["taskset", "-c", str(SERVER_CPU), str(PY), "-c", ECHO_SERVER,
-                                         SRV_IF, str(PORT), "120"],
-                                   "ready", tmp, "ring-echo")
+                elif side in ("ring", "udp_echo"):
+                    echo = ([ECHO_SERVER, SRV_IF, str(PORT), "120"] if side == "ring"
+                            else [UDP_ECHO_SERVER, str(PORT), "120"])
+                    p = start_proc(srv, ["taskset", "-c", str(SERVER_CPU), str(PY), "-c", *echo],
+                                   "ready", tmp, f"{side}-echo")
                     try:
                         samples[side] += udp_rtts(cli, SRV_V4, signed_pings(
-                            1, b"k" * 32, a.pings + warm), warm)
+                            1, b"k" * 32, a.pings + warm), warm, a.spin_client)
                     finally:
                         stop_proc(p)
                 else:
@@ -408,10 +450,11 @@ def main() -> int:
             res["flood"][side] = flood_phase(bed, tmp, side, a.flood_requests)
     finally:
         subprocess.run(["bash", str(TESTBED), "down", name], check=False)
+        lock.close()
 
     p, f, t = res["ping_us"], res["flood"], res["ttft_ms"]
     r = res["ratios"] = {}
-    for num, den in (("xdp", "udp"), ("xdp", "ring"), ("xdp", "http_veth")):
+    for num, den in (("xdp", "udp"), ("xdp", "ring"), ("udp", "udp_echo"), ("xdp", "http_veth")):
         if num in p and den in p:
             r[f"ping_p50_{num}_over_{den}"] = p[num]["p50"] / p[den]["p50"]
     if t:
@@ -426,6 +469,7 @@ def main() -> int:
                    "cpu_model": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
                                       if ln.startswith("model name")), "?"),
                    "kernel": platform.release(), "quick": a.quick, "only": a.only,
+                   "spin_client": a.spin_client, "lock_waited_s": round(lock_wait, 1),
                    "loadavg": os.getloadavg()}
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = Path(a.out) if a.out else RESULTS / f"xdp-{time.strftime('%Y%m%d-%H%M%S')}.json"
@@ -434,6 +478,7 @@ def main() -> int:
     print("| PING round trip | p50 µs | p99 µs |\n|---|---|---|")
     labels = {"xdp": "zerolayerd over AF_XDP", "udp": "zerolayerd over UDP",
               "ring": "AF_XDP rings alone (echo, no protocol)",
+              "udp_echo": "UDP socket alone (echo, no protocol)",
               "http_veth": "uvicorn+FastAPI GET /health over veth",
               "http_lo": "uvicorn+FastAPI GET /health over loopback"}
     for s, lab in labels.items() if p else ():

@@ -268,7 +268,7 @@ class Carriers:
 
     @property
     def backlog(self) -> bool:
-        return any(c.backlog for c in self.all)
+        return self.xdp is not None and self.xdp.backlog   # the only carrier that has one
 
     def flush(self) -> None:
         for c in self.all:

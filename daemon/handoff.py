@@ -8,6 +8,12 @@ select/poll on `fileno()` (an eventfd); the producer makes it readable after put
 Items are put first and the fd written second, and the consumer clears the fd before it
 drains, so a wake-up is never lost: at worst the consumer wakes once with nothing to do.
 
+Draining an empty queue costs no system call: a busy-polling consumer (the I/O thread
+under busy_poll) looks every few microseconds and never sleeps on the fd, so it never needs
+it clear. The fd can then be left readable with nothing queued (the producer's write came
+after the items were taken); a consumer about to sleep on it calls `rearm()` first, which
+clears it and then looks at the queue once more, so that sleep is neither lost nor empty.
+
 A full queue is the producer's to handle, explicitly: `put` returns False and counts it in
 `full`; the I/O thread answers OVERLOADED, the engine thread waits for room. Never a drop.
 """
@@ -59,24 +65,36 @@ class Handoff(Generic[T]):
             pass
 
     def drain(self, limit: int | None = None) -> list[T]:
-        """Take every queued item (at most `limit`), oldest first. Clears the wake-up first."""
+        """Take every queued item (at most `limit`), oldest first. Clears the wake-up first;
+        with nothing queued, returns at once (no system call)."""
+        q = self._q
+        if not q:
+            return []
         try:
             os.eventfd_read(self._fd)
         except BlockingIOError:
             pass
-        q = self._q
         n = len(q) if limit is None else min(limit, len(q))
         out = [q.popleft() for _ in range(n)]
         if q:  # left behind by `limit`: stay readable
             self.wake()
         return out
 
+    def rearm(self) -> bool:
+        """Before sleeping on the fd: clear it, then True if something is queued (do not
+        sleep). An item put meanwhile is seen here or keeps the fd readable."""
+        try:
+            os.eventfd_read(self._fd)
+        except BlockingIOError:
+            pass
+        return bool(self._q)
+
     def wait(self, timeout: float | None) -> bool:
         """Sleep until something is queued (or timeout); True if there is."""
         if self._q:
             return True
         select.select([self._fd], [], [], timeout)
-        return bool(self._q)
+        return bool(self._q) or self.rearm()   # woken with nothing queued: clear the fd
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -80,6 +80,7 @@ class Daemon:
         self.metrics = Metrics()
         self.lifecycle = Lifecycle(cfg.lifecycle.drain_timeout_s, cfg.lifecycle.drain_linger_s)
         self.out: Frames = []
+        self._handoffs: list[Handoff] = []   # the loop's hand-offs in (rearmed before a sleep)
         self._reload = False
         self.started = time.monotonic()
         self.carriers: Carriers | None = None
@@ -216,10 +217,10 @@ class Daemon:
                     self._on_datagram(data, addr)
                 if not more:
                     break
-            # Drained every turn, not only when items are seen: the engine writes the eventfd
-            # after queueing its events, so this thread may take the events first and find
-            # the fd still readable afterwards; left set, it would make select() return at
-            # once, turn after turn (a spinning I/O thread, competing with the kernels).
+            # Looked at every turn; an empty hand-off costs no system call. Its eventfd may
+            # be left readable by a write that came after its items were taken: the sleep
+            # below rearms each fd first, or select() would return at once, turn after
+            # turn (a spinning I/O thread, competing with the kernels).
             for slot in self.engines:
                 for ev in slot.events.drain():
                     self._on_event(ev, slot)
@@ -237,18 +238,20 @@ class Daemon:
             if self.lifecycle.tick(now, len(self.in_flight)) is Phase.STOPPED:
                 break
             if not busy:
+                pending = any([h.rearm() for h in self._handoffs])  # each one, before any wait
                 shm = carriers.shm
-                if (shm is not None and shm_poll_s and shm.has_clients and engines_mod.idle(self.engines)
-                        and shm.spin(shm_poll_s, wait_fds)):
+                if (not pending and shm is not None and shm_poll_s and shm.has_clients
+                        and engines_mod.idle(self.engines) and shm.spin(shm_poll_s, wait_fds)):
                     continue   # a same-host client wrote while we looked: no sleep, no wake-up
-                pending = carriers.before_sleep()
+                pending = carriers.before_sleep() or pending
                 select.select(wait_fds, [], [], 0.0 if pending else max(0.0, next_house - now))
         self._shutdown()
         return self.lifecycle.exit_code
 
     def _wait_fds(self) -> list:
         assert self.carriers is not None
-        return [*(s.events for s in self.engines), self.ctl_calls, *self.carriers.fds()]
+        self._handoffs = [*(s.events for s in self.engines), self.ctl_calls]
+        return [*self._handoffs, *self.carriers.fds()]
 
     def _send(self, frame: bytes, addr: Address) -> None:
         self.out.append((frame, addr))

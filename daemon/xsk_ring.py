@@ -165,9 +165,11 @@ class _Ring:
                             prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=pgoff)
         self.desc_off = desc
         self.item = dtype.itemsize
-        self._producer = np.frombuffer(self.mm, np.uint32, 1, prod)
-        self._consumer = np.frombuffer(self.mm, np.uint32, 1, cons)
-        self._flags = np.frombuffer(self.mm, np.uint32, 1, flags)
+        # The three u32 words as memoryviews: an index reads or writes a Python int in ~30
+        # ns, where a numpy scalar costs ~150 ns, and the idle loop reads one every turn.
+        self._mv = memoryview(self.mm)
+        self._words = [self._mv[o:o + 4].cast("I") for o in (prod, cons, flags)]
+        self._producer, self._consumer, self._flags = self._words
         self.desc = np.frombuffer(self.mm, dtype, size, desc)
         self.size = size
         self.mask = size - 1
@@ -175,11 +177,11 @@ class _Ring:
     # Python ints, not numpy scalars: the indices wrap at 2^32 and are compared freely.
     @property
     def producer(self) -> int:
-        return int(self._producer[0])
+        return self._producer[0]
 
     @property
     def consumer(self) -> int:
-        return int(self._consumer[0])
+        return self._consumer[0]
 
     def publish_producer(self, value: int) -> None:
         self._producer[0] = value & _U32
@@ -189,7 +191,7 @@ class _Ring:
 
     @property
     def needs_wakeup(self) -> bool:
-        return bool(self._flags[0] & XDP_RING_NEED_WAKEUP)
+        return (self._flags[0] & XDP_RING_NEED_WAKEUP) != 0
 
     def occupancy(self) -> int:
         return (self.producer - self.consumer) & _U32
@@ -198,7 +200,10 @@ class _Ring:
         return (start + np.arange(n, dtype=np.int64)) & self.mask
 
     def close(self) -> None:
-        self._producer = self._consumer = self._flags = self.desc = None
+        for w in self._words:
+            w.release()
+        self._mv.release()   # the words are unusable from here (ValueError), not stale
+        self.desc = None
         self.mm.close()
 
 

@@ -43,6 +43,22 @@ def test_wake_up_and_drain_clear_it() -> None:
     assert readable(h) and h.drain() == ["b", "c"]
 
 
+def test_a_wake_up_after_the_items_were_taken_is_cleared_by_rearm() -> None:
+    """The producer's fd write can come after the consumer took its items. A busy-polling
+    consumer leaves that fd alone (draining an empty queue is free); one about to sleep
+    rearms first, and wait() clears it by itself, so neither spins on a readable fd."""
+    h: Handoff[str] = Handoff(8)
+    h.put("a", wake=False)
+    assert h.drain() == ["a"]
+    h.wake()                                  # the late write
+    assert h.drain() == [] and readable(h)    # no system call on an empty queue
+    assert h.rearm() is False and not readable(h)
+    h.put("b")
+    assert h.rearm() is True and h.drain() == ["b"]   # queued: do not sleep
+    h.wake()
+    assert h.wait(0) is False and not readable(h)
+
+
 def test_drain_with_a_limit_stays_readable_for_the_rest() -> None:
     h: Handoff[int] = Handoff(8)
     for i in range(5):

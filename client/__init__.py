@@ -16,6 +16,7 @@ from zerolayer.protocol.errors import (
     ZerolayerError,
     ZerolayerTimeoutError,
 )
+from zerolayer.protocol.logprobs import TokenLogprob, TopLogprob
 from zerolayer.protocol.wire import ChatMessage, RunState, Timings, Usage
 
 from .address import Address
@@ -26,5 +27,6 @@ from .sync_client import Client, Stream
 
 __all__ = ["Address", "AsyncClient", "AsyncStream", "AuditHook", "ChatMessage", "Client",
            "ErrorCode", "InvokeResult", "PayloadTooLargeError", "RunState", "Stream",
-           "StreamRestartedError", "Timings", "Usage", "ZerolayerError",
+           "StreamRestartedError", "Timings", "TokenLogprob", "TopLogprob", "Usage",
+           "ZerolayerError",
            "ZerolayerTimeoutError"]

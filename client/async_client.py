@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from types import TracebackType
 
 from zerolayer.protocol.errors import ZerolayerError, ZerolayerTimeoutError
+from zerolayer.protocol.logprobs import TokenLogprob
 from zerolayer.protocol.wire import ChatMessage
 
 from .client_config import ClientConfig
@@ -56,13 +57,15 @@ class AsyncClient(ClientConfig):
                      seed: int | None = None, stop: Sequence[str] = (),
                      repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                      frequency_penalty: float = 0.0,
+                     logprobs: bool = False, top_logprobs: int = 0,
                      request_id: bytes | str | None = None) -> InvokeResult:
         """Run one request to completion and return its text, usage and timings."""
         s = await self.stream(prompt, messages, token_ids, max_tokens=max_tokens,
                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                               stop=stop, repetition_penalty=repetition_penalty,
                               presence_penalty=presence_penalty,
-                              frequency_penalty=frequency_penalty, request_id=request_id)
+                              frequency_penalty=frequency_penalty, logprobs=logprobs,
+                              top_logprobs=top_logprobs, request_id=request_id)
         s._m.restartable = True  # the caller sees no text until the end
         async with s:
             async for _ in s:
@@ -77,6 +80,7 @@ class AsyncClient(ClientConfig):
                      seed: int | None = None, stop: Sequence[str] = (),
                      repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                      frequency_penalty: float = 0.0,
+                     logprobs: bool = False, top_logprobs: int = 0,
                      request_id: bytes | str | None = None) -> AsyncStream:
         """Send the request's first attempt and return the AsyncStream; iterate it with
         `async for` for text chunks. Errors raise subclasses of ZerolayerError."""
@@ -84,7 +88,8 @@ class AsyncClient(ClientConfig):
                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                                  stop=stop, repetition_penalty=repetition_penalty,
                                  presence_penalty=presence_penalty,
-                                 frequency_penalty=frequency_penalty)
+                                 frequency_penalty=frequency_penalty, logprobs=logprobs,
+                                 top_logprobs=top_logprobs)
         rid = request_id_bytes(request_id)
         ch = await self._open(rid)
         route = ch if isinstance(ch, Routed) else None
@@ -138,6 +143,12 @@ class AsyncStream(AsyncIterator[str]):
     @property
     def attempts(self) -> int:
         return self._m.attempts
+
+    @property
+    def logprobs(self) -> list[TokenLogprob]:
+        """With logprobs asked: one TokenLogprob per sampled token so far, in order; a
+        token's entry arrives no later than the chunk that completes its text."""
+        return self._m.logprobs
 
     def __aiter__(self) -> AsyncStream:
         return self

@@ -21,7 +21,8 @@ def build_invoke_body(prompt: str | None, messages: Sequence[ChatMessage] | None
                       token_ids: Iterable[int] | None, *, max_tokens: int, temperature: float,
                       top_k: int, top_p: float, seed: int | None,
                       stop: Sequence[str], repetition_penalty: float = 1.0,
-                      presence_penalty: float = 0.0, frequency_penalty: float = 0.0) -> bytes:
+                      presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                      logprobs: bool = False, top_logprobs: int = 0) -> bytes:
     """Exactly one of prompt, messages, token_ids. Raises ValueError for a wrong call,
     MalformedError for out-of-range parameters and PayloadTooLargeError past 1 MiB, all
     before anything is sent."""
@@ -32,7 +33,8 @@ def build_invoke_body(prompt: str | None, messages: Sequence[ChatMessage] | None
                             top_p=top_p, seed=seed, stop=tuple(stop),
                             repetition_penalty=repetition_penalty,
                             presence_penalty=presence_penalty,
-                            frequency_penalty=frequency_penalty)
+                            frequency_penalty=frequency_penalty, logprobs=logprobs,
+                            top_logprobs=top_logprobs)
     if prompt is not None:
         kind, payload = PayloadKind.PROMPT, prompt.encode("utf-8")
     elif messages is not None:

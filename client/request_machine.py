@@ -26,6 +26,9 @@ check a 30 s recovery in milliseconds. The rules (docs/PROTOCOL.md §7-§8.6):
 - While waiting, a keepalive (RESEND from NO_SEQ, answered by ACK) renews the lease every
   lease/4, and after probe_interval_s of silence. If the daemon stays silent for
   contact_timeout_s the INVOKE is re-sent (the daemon may have restarted).
+- Logprobs (asked in the INVOKE body) ride in the TOKEN frames; they are assembled per token
+  in sequence order, as the text is, and count as delivered like text (a stream that handed
+  some out cannot switch to a new run).
 - Frames that fail the HMAC check are dropped. Unsigned ERROR frames are believed only for
   the pre-authentication codes, only if they echo our random request id, and only before
   the daemon has accepted the request.
@@ -45,6 +48,7 @@ from zerolayer.protocol.errors import (
     ZerolayerTimeoutError,
     error_for,
 )
+from zerolayer.protocol.logprobs import Positions, TokenLogprob
 from zerolayer.protocol.wire import (
     NO_SEQ,
     NONCE_LEN,
@@ -57,6 +61,7 @@ from zerolayer.protocol.wire import (
     Timings,
     TokenFrame,
     Usage,
+    asks_logprobs,
     decode_invoke_body,
     encode_invoke,
 )
@@ -80,6 +85,8 @@ class InvokeResult:
     restarts: int = 0                # times a new run replaced one (a restarted or other node)
     node: str | None = None          # the fleet node that answered (None: a single daemon)
     stop_sequence: str | None = None  # the stop string that ended it (finish_reason "stop")
+    # one per sampled token (EOS aside), when the request asked for logprobs; else None
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 class Phase(enum.Enum):
@@ -141,6 +148,7 @@ class RequestMachine:
         self._next_seq = 0             # next sequence number to hand out
         self._known_end = 0            # frames known to exist (from ACK / later frames)
         self._chunks: list[str] = []
+        self._positions = Positions() if asks_logprobs(body) else None
         self._delivered = False
         self._ttft: float | None = None
         self._last_heard = now
@@ -166,6 +174,9 @@ class RequestMachine:
             if isinstance(f, DoneFrame):
                 self._finish(f, now)
                 return None
+            if f.logprobs and self._positions is not None:
+                self._positions.feed(f.logprobs)
+                self._delivered = True
             if f.text:
                 self._chunks.append(f.text)
                 if self._ttft is None:
@@ -173,6 +184,11 @@ class RequestMachine:
                 self._delivered = True
                 return f.text
         return None
+
+    @property
+    def logprobs(self) -> list[TokenLogprob]:
+        """The tokens' logprobs handed out so far (empty when not asked)."""
+        return self._positions.done if self._positions is not None else []
 
     def get_timer(self) -> float:
         """The time at which the driver must call handle_timer if no datagram came first;
@@ -275,7 +291,9 @@ class RequestMachine:
                                    d.finish_reason.label, self.request_id, self._ttft,
                                    now - self._t0, self.attempts, self.restarts,
                                    self._route.node if self._route is not None else None,
-                                   self._stop_sequence(d.stop_index))
+                                   self._stop_sequence(d.stop_index),
+                                   tuple(self._positions.done)
+                                   if self._positions is not None else None)
         self.phase = Phase.DONE
 
     def _stop_sequence(self, k: int) -> str | None:
@@ -325,6 +343,8 @@ class RequestMachine:
                 if self._delivered and self.restartable:
                     # invoke(): nothing reached the caller, start over on the new run
                     self._chunks.clear()
+                    if self._positions is not None:
+                        self._positions.clear()
                     self._next_seq = 0
                     self._delivered = False
                     self._ttft = None

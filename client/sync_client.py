@@ -9,6 +9,9 @@
             print(chunk, end="")
     print(s.result.usage)        # InvokeResult, set once the iteration ended
 
+    r = c.invoke(prompt="2 + 2 =", max_tokens=4, logprobs=True, top_logprobs=5)
+    r.logprobs[0].logprob, r.logprobs[0].top_logprobs   # per token (protocol/logprobs.py)
+
 The address is a UDP ("host", port) / "host:port", or "shm:///path/shm.sock" for the
 same-host shared-memory carrier (client/address.py). The reliability rules (retries,
 recovery window, resends, keepalives, which frames are believed) live in one place,
@@ -28,6 +31,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 
 from zerolayer.protocol.errors import ZerolayerError, ZerolayerTimeoutError, error_for
+from zerolayer.protocol.logprobs import TokenLogprob
 from zerolayer.protocol.wire import REQUEST_ID_LEN, ChatMessage, ErrorFrame, Mac, MsgType, PongFrame
 
 from .client_config import ClientConfig
@@ -68,13 +72,15 @@ class Client(ClientConfig):
                seed: int | None = None, stop: Sequence[str] = (),
                repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0,
+               logprobs: bool = False, top_logprobs: int = 0,
                request_id: bytes | str | None = None) -> InvokeResult:
         """Run one request to completion and return its text, usage and timings."""
         with self.stream(prompt, messages, token_ids, max_tokens=max_tokens,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                          stop=stop, repetition_penalty=repetition_penalty,
                          presence_penalty=presence_penalty,
-                         frequency_penalty=frequency_penalty, request_id=request_id) as s:
+                         frequency_penalty=frequency_penalty, logprobs=logprobs,
+                         top_logprobs=top_logprobs, request_id=request_id) as s:
             s._m.restartable = True  # the caller sees no text until the end
             for _ in s:
                 pass
@@ -87,6 +93,7 @@ class Client(ClientConfig):
                seed: int | None = None, stop: Sequence[str] = (),
                repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0,
+               logprobs: bool = False, top_logprobs: int = 0,
                request_id: bytes | str | None = None) -> Stream:
         """Start a request; iterate the returned Stream for text chunks (str). When the
         iteration ends, `stream.result` holds the InvokeResult. Exactly one of prompt,
@@ -95,7 +102,8 @@ class Client(ClientConfig):
                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                                  stop=stop, repetition_penalty=repetition_penalty,
                                  presence_penalty=presence_penalty,
-                                 frequency_penalty=frequency_penalty)
+                                 frequency_penalty=frequency_penalty, logprobs=logprobs,
+                                 top_logprobs=top_logprobs)
         return Stream(self, body, request_id_bytes(request_id))
 
     def ping(self) -> float:
@@ -173,6 +181,12 @@ class Stream(Iterator[str]):
     @property
     def attempts(self) -> int:
         return self._m.attempts
+
+    @property
+    def logprobs(self) -> list[TokenLogprob]:
+        """With logprobs asked: one TokenLogprob per sampled token so far, in order; a
+        token's entry arrives no later than the chunk that completes its text."""
+        return self._m.logprobs
 
     def __iter__(self) -> Stream:
         return self

@@ -10,6 +10,14 @@ and tokens stream out as soon as they are sampled. No scheduler process: the eng
 What happens to a request is reported as typed events (request.py) through `emit`: text,
 done (FinishReason, Usage, Timings) or failed (ErrorCode). The engine never touches sockets.
 
+Logprobs are asked of the model only for the rows of requests that want them, and a step
+with no such row is launched exactly as before. A token's entries are encoded here, where
+the tokenizer is, and held with the request until the text they belong to goes out: the
+detokenizer and the stop-string rule may hold a token's text back, and a client reading
+`logprobs` next to the text should find each token no later than its text. What is still
+held when the request ends goes out with the tail, before DONE; EOS gets no entry (it is
+no part of the answer).
+
 Admission reserves the KV blocks for prompt + max_tokens up front (the one context rule,
 gpu/context_rule.check_context), so a request that was accepted can never fail later for
 lack of memory; one that doesn't fit yet waits. An engine holds at most `capacity` =
@@ -37,11 +45,13 @@ import numpy as np
 from zerolayer.gpu.context_rule import check_context
 from zerolayer.gpu.errors import KVCacheFullError
 from zerolayer.gpu.model_api import Draw, Model, PendingTokens, StepInput
+from zerolayer.gpu.ops.logprobs import RowLogprobs
 from zerolayer.gpu.ops.penalties import PenaltyState
 from zerolayer.gpu.prefix_cache import PrefixCache
 from zerolayer.gpu.stopping import StopChecker
 from zerolayer.gpu.tokenizer import Tokenizer
 from zerolayer.protocol.errors import ErrorCode, OverloadedError
+from zerolayer.protocol.logprobs import encode_position
 from zerolayer.protocol.wire import FinishReason, Timings, Usage
 
 from .request import CancelReason, DoneEvent, EngineEvent, FailedEvent, Request, TextEvent
@@ -57,6 +67,7 @@ class Batch:
     pending: PendingTokens
     n_tokens: int
     step: int
+    logprobs: bool = False  # some row asked: pending.logprobs() has them
 
 
 class Engine:
@@ -154,8 +165,11 @@ class Engine:
                  for r in with_logits]
         penalties = ([r.penalty.spec() for r in with_logits]
                      if any(r.penalty.active for r in with_logits) else None)
+        asked = [r.params.top_logprobs if r.params.logprobs else -1 for r in with_logits]
+        lps = asked if max(asked, default=-1) >= 0 else None
         try:  # sampled where the logits are
-            pending = self.model.launch_tokens(inputs, draws, penalties)
+            pending = (self.model.launch_tokens(inputs, draws, penalties) if lps is None else
+                       self.model.launch_tokens(inputs, draws, penalties, logprobs=lps))
         except Exception as e:  # never let one bad step take the daemon down
             for r in owners:
                 self._finish_error(r, ErrorCode.INTERNAL, f"forward pass failed: {e}")
@@ -165,7 +179,7 @@ class Engine:
             r.pending_row, r.pending_step = row, self.steps
         n_tokens = sum(len(i.tokens) for i in inputs)
         self.forward_passes_tokens += n_tokens
-        return Batch(owners, with_logits, pending, n_tokens, self.steps)
+        return Batch(owners, with_logits, pending, n_tokens, self.steps, lps is not None)
 
     def _complete(self, b: Batch) -> None:
         try:
@@ -175,12 +189,13 @@ class Engine:
                 self._finish_error(r, ErrorCode.INTERNAL, f"forward pass failed: {e}")
             return
         now = time.monotonic()
+        lps = b.pending.logprobs() if b.logprobs else None
         for row, r in enumerate(b.with_logits):
             if r.pending_step == b.step:  # not already given a next token in a newer step
                 r.pending_row = -1
             if r.done:  # finished or cancelled meanwhile: a speculative token, dropped
                 continue
-            self._emit_token(r, int(tokens[row]), now)
+            self._emit_token(r, int(tokens[row]), now, lps[row] if lps is not None else None)
 
     def _reap_cancelled(self) -> None:
         for r in [r for r in self.waiting if r.cancel is not None]:
@@ -209,7 +224,8 @@ class Engine:
             r.t_admit = time.monotonic()
             self.running.append(r)
 
-    def _emit_token(self, r: Request, tok: int, now: float) -> None:
+    def _emit_token(self, r: Request, tok: int, now: float,
+                    lp: RowLogprobs | None = None) -> None:
         p = r.params
         if not r.tokens:
             r.t_first = now
@@ -220,13 +236,28 @@ class Engine:
             return self._finish(r, FinishReason.STOP)
         r.tokens.append(tok)
         r.penalty.push(tok)
+        if lp is not None:
+            r.lp_held.append(self._position(tok, lp))
         text = r.stops.push(r.detok.push(tok))
         if text:
-            self.emit(TextEvent(r, text, 1))
+            self.emit(TextEvent(r, text, 1, self._take_held(r)))
         if r.stops.stopped:
             return self._finish(r, FinishReason.STOP)
         if len(r.tokens) >= p.max_tokens:
             return self._finish(r, FinishReason.LENGTH)
+
+    def _position(self, tok: int, lp: RowLogprobs) -> tuple[bytes, ...]:
+        """A sampled token's logprob entries."""
+        tb = self.tok.token_bytes
+        return encode_position(tok, lp.logprob, tb(tok),
+                               [(int(i), float(v), tb(int(i)))
+                                for i, v in zip(lp.top_ids, lp.top_logprobs)])
+
+    @staticmethod
+    def _take_held(r: Request) -> tuple[tuple[bytes, ...], ...]:
+        held = tuple(r.lp_held)
+        r.lp_held.clear()
+        return held
 
     def _release(self, r: Request, keep_prefix: bool) -> None:
         r.done = True
@@ -243,8 +274,8 @@ class Engine:
     def _finish(self, r: Request, reason: FinishReason) -> None:
         if reason is not FinishReason.CANCELLED:
             tail = r.stops.push(r.detok.flush()) + r.stops.flush()
-            if tail:
-                self.emit(TextEvent(r, tail, 0))
+            if tail or r.lp_held:
+                self.emit(TextEvent(r, tail, 0, self._take_held(r)))
         # A cancelled or closed-early stream keeps its prompt's KV too: the same prompt
         # again (a client retrying, or coming back) skips its prefill.
         self._release(r, keep_prefix=True)

@@ -77,6 +77,8 @@ class Request:
     stops: StopChecker | None = None
     rng: np.random.Generator | None = None
     penalty: PenaltyState | None = None  # its sampling penalties' token counts
+    lp_held: list[tuple[bytes, ...]] = field(default_factory=list)  # logprob entries of
+                                          # tokens whose text is not out yet (logprobs.py)
     t_admit: float = 0.0
     t_first: float = 0.0
     t_last: float = 0.0
@@ -101,9 +103,12 @@ class AcceptedEvent:
 
 @dataclass(slots=True)
 class TextEvent:
+    """Text to send; with logprobs asked, the encoded entries of the tokens it completes
+    (protocol/logprobs.py), which travel in the same frames as that text."""
     req: Request
     text: str
     n_tokens: int
+    logprobs: tuple[tuple[bytes, ...], ...] = ()
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zerolayer.protocol.errors import ERROR_INFO, ErrorCode
+from zerolayer.protocol.logprobs import pack_frames
 from zerolayer.protocol.wire import MAX_TEXT, FinishReason, Timings, Usage, split_utf8
 
 from .carriers import Address
@@ -68,9 +69,13 @@ class Streams:
         if ev.n_tokens:
             r.t_text = now
         pieces = split_utf8(ev.text.encode("utf-8"), MAX_TEXT)
-        for i, piece in enumerate(pieces):
-            n = ev.n_tokens if i == len(pieces) - 1 else 0
-            self.emit(r, r.signer.token(r.next_seq, r.run_id, piece, n))
+        # With logprobs asked, their entries follow the text, in as many frames as they
+        # need; without, the frames are the text's alone (no entries: lp_len 0).
+        frames = (pack_frames(pieces, ev.n_tokens, ev.logprobs, MAX_TEXT) if ev.logprobs else
+                  [(p, b"", ev.n_tokens if i == len(pieces) - 1 else 0)
+                   for i, p in enumerate(pieces)])
+        for piece, entries, n in frames:
+            self.emit(r, r.signer.token(r.next_seq, r.run_id, piece, n, entries))
         r.sent_tokens += ev.n_tokens
 
     def emit(self, r: Request, frame: bytes) -> None:

@@ -30,6 +30,7 @@ from .ops import cpu_features, int8_matmul  # the int8 CPU kernels
 from .ops import penalties as _penalties
 from .ops.attention import BLOCK_TOKENS, attention, kv_write
 from .ops.embedding import embed
+from .ops.logprobs import row_logprobs
 from .ops.matmul import matmul
 from .ops.rmsnorm import rmsnorm
 from .ops.rope import rope, rope_tables
@@ -200,16 +201,23 @@ class LlamaModel:
         """step(), then one token id drawn from each logit row with draws[r]
         (gpu/ops/sampling.sample), after penalties[r] (gpu/ops/penalties.py; None: none).
         int32 [N]."""
+        return self.launch_tokens(inputs, draws, penalties).wait()
+
+    def launch_tokens(self, inputs: list[StepInput], draws: list[Draw],
+                      penalties: list | None = None,
+                      logprobs: list[int] | None = None) -> ReadyTokens:
+        """step_tokens, already done: the CPU kernels are the CPU's whole work. Logprobs
+        (model_api) are computed from the same penalised rows the sampler read, only for
+        the rows that ask."""
         logits = self.step(inputs)
         for row, p in zip(logits, penalties or ()):
             if p is not None:
                 _penalties.apply(row, p)
-        return np.array([sample(row, *d) for row, d in zip(logits, draws)], np.int32)
-
-    def launch_tokens(self, inputs: list[StepInput], draws: list[Draw],
-                      penalties: list | None = None) -> ReadyTokens:
-        """step_tokens, already done: the CPU kernels are the CPU's whole work."""
-        return ReadyTokens(self.step_tokens(inputs, draws, penalties))
+        ids = np.array([sample(row, *d) for row, d in zip(logits, draws)], np.int32)
+        if logprobs is None:
+            return ReadyTokens(ids)
+        return ReadyTokens(ids, [row_logprobs(row, int(t), n) if n >= 0 else None
+                                 for row, t, n in zip(logits, ids, logprobs)])
 
 
 def set_threads(n: int | None = None) -> int:

@@ -11,6 +11,11 @@ is False); on a GPU it returns while the device works, so the engine can plan an
 next step meanwhile. An input may then take its one token from a row of the previous step's
 sampled ids, still on the device (`StepInput.from_prev`), which is what lets step N+1 be
 queued before step N's tokens have reached the host.
+
+Logprobs (gpu/ops/logprobs.py) are asked per logit row: `logprobs[r]` is the number of
+alternatives row r wants (0..20), or -1 for none. A step in which no row asks is given
+`logprobs=None` and does exactly what it did without them; `PendingTokens.logprobs()` then
+answers None for every row.
 """
 from __future__ import annotations
 
@@ -76,15 +81,24 @@ class PendingTokens(Protocol):
         """The sampled ids, int32 [rows with logits], once the step is done."""
         ...
 
+    def logprobs(self) -> list:
+        """After wait(): per row a gpu/ops/logprobs.RowLogprobs, or None where the row did
+        not ask (every row, when the step was launched without `logprobs`)."""
+        ...
+
 
 class ReadyTokens:
     """A step that already ran (the CPU model): wait() returns at once."""
 
-    def __init__(self, ids: np.ndarray):
+    def __init__(self, ids: np.ndarray, lps: list | None = None):
         self.ids = ids
+        self.lps = lps
 
     def wait(self) -> np.ndarray:
         return self.ids
+
+    def logprobs(self) -> list:
+        return self.lps if self.lps is not None else [None] * len(self.ids)
 
 
 @runtime_checkable
@@ -104,8 +118,10 @@ class Model(Protocol):
     def step_tokens(self, inputs: list[StepInput], draws: list[Draw],
                     penalties: list | None = None) -> np.ndarray: ...
 
+    # logprobs: per logit row the alternatives wanted (0..20) or -1; None: no row asks
     def launch_tokens(self, inputs: list[StepInput], draws: list[Draw],
-                      penalties: list | None = None) -> PendingTokens: ...
+                      penalties: list | None = None,
+                      logprobs: list[int] | None = None) -> PendingTokens: ...
 
 
 def step_arrays(inputs: list[StepInput], vocab: int) -> StepArrays:

@@ -127,21 +127,23 @@ def pack_frames(pieces: Sequence[bytes], n_tokens: int, positions: Iterable[Sequ
     logprobs. The entries follow the last piece; a token's entries move whole to a fresh
     frame (empty text, n_tokens 0) when they do not fit where they would go, and are cut
     between entries only when they fit no frame at all."""
-    frames: list[list] = [[p, bytearray(), 0] for p in pieces] or [[b"", bytearray(), 0]]
-    frames[-1][2] = n_tokens
-    room = limit - len(frames[-1][0])
+    texts = list(pieces) or [b""]
+    counts = [0] * (len(texts) - 1) + [n_tokens]
+    entries = [bytearray() for _ in texts]
+    room = limit - len(texts[-1])
     for pos in positions:
         size = sum(len(e) for e in pos)
-        if size > room and size <= limit:
-            frames.append([b"", bytearray(), 0])
-            room = limit
         for e in pos:
-            if len(e) > room:
-                frames.append([b"", bytearray(), 0])
+            # a fresh frame for the token if it fits one but not this one; for an entry only
+            # when the token fits no frame and the entry not this one
+            if len(e) > room or (e is pos[0] and room < size <= limit):
+                texts.append(b"")
+                counts.append(0)
+                entries.append(bytearray())
                 room = limit
-            frames[-1][1] += e
+            entries[-1] += e
             room -= len(e)
-    return [(t, bytes(lp), n) for t, lp, n in frames]
+    return [(t, bytes(lp), n) for t, lp, n in zip(texts, entries, counts)]
 
 
 # --- TOKEN: the client's side ---------------------------------------------------------------

@@ -16,6 +16,7 @@ MAX_TEMPERATURE = 100.0  # beyond this sampling is uniform noise; also keeps f32
 MAX_STOP_BYTES = 128
 MAX_REPETITION_PENALTY = 10.0  # past this a seen token is all but banned; keeps f32 finite
 MAX_ADDITIVE_PENALTY = 2.0     # OpenAI's range for presence and frequency penalties
+MAX_TOP_LOGPROBS = 20          # OpenAI's limit for top_logprobs; bounds a token's entries
 
 
 class InvalidSamplingParams(ValueError):
@@ -38,6 +39,11 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # The sampled token's logprob with each token, and the top_logprobs most likely tokens
+    # at its position (0..20), of the distribution after penalties, before temperature,
+    # top-k and top-p (vLLM's default; protocol/logprobs.py). Off: nothing extra is sent.
+    logprobs: bool = False
+    top_logprobs: int = 0
 
     @property
     def penalized(self) -> bool:
@@ -65,6 +71,11 @@ class SamplingParams:
             if not (math.isfinite(v) and abs(v) <= MAX_ADDITIVE_PENALTY):
                 raise InvalidSamplingParams(
                     f"{name} must be in [-{MAX_ADDITIVE_PENALTY}, {MAX_ADDITIVE_PENALTY}], got {v}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidSamplingParams(
+                f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {self.top_logprobs}")
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidSamplingParams("top_logprobs needs logprobs=True")
         if len(self.stop) > MAX_STOP:
             raise InvalidSamplingParams(f"at most {MAX_STOP} stop strings, got {len(self.stop)}")
         for s in self.stop:

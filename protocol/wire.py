@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TypedDict
 
+from . import logprobs as lp
 from .errors import ErrorCode, InvalidSignatureError, MalformedError, PayloadTooLargeError
 from .sampling_params import MAX_STOP, MAX_STOP_BYTES, MAX_TEMPERATURE, InvalidSamplingParams, SamplingParams  # noqa: F401
 from .wire_consts import WIRE
@@ -87,7 +88,7 @@ CONTROL_TYPES = frozenset({MsgType.CANCEL, MsgType.RESEND, MsgType.PING})
 INVOKE_HDR = struct.Struct("<Q32s32sIHHHH")   # ts_us, nonce, body_sha256, total_len,
                                                # frag_index, frag_count, chunk_len, reserved
 CONTROL_HDR = struct.Struct("<Q32sII")        # ts_us, nonce, arg (RESEND: from_seq), reserved
-TOKEN_HDR = struct.Struct("<IIHH")            # seq, run_id, n_tokens, reserved
+TOKEN_HDR = struct.Struct("<IIHH")            # seq, run_id, n_tokens, lp_len (logprobs.py)
 ERROR_HDR = struct.Struct("<IIHH")            # seq, run_id, code, reserved
 ACK_HDR = struct.Struct("<IIBBHI")            # next_seq, run_id, state, reserved, reserved,
                                                # lease_ms
@@ -120,6 +121,8 @@ PARAMS_LEN = PARAMS.size  # 32
 PARAM_SEED_SET = 0x0001
 PARAM_PENALTIES = 0x0002  # a penalty block follows the parameter block
 PENALTIES = struct.Struct("<fff")  # repetition, presence, frequency
+PARAM_LOGPROBS = 0x0004   # a logprobs block follows (and the penalty block, if any)
+PARAM_FLAGS = PARAM_SEED_SET | PARAM_PENALTIES | PARAM_LOGPROBS
 CHAT_MSG_HDR = struct.Struct("<BI")    # role, content length
 
 
@@ -259,6 +262,8 @@ class TokenFrame:
     run_id: int
     n_tokens: int
     text: str
+    # logprob entries (protocol/logprobs.py), only in a stream that asked for them
+    logprobs: tuple[lp.LogprobEntry, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,17 +435,27 @@ def encode_invoke_body(params: SamplingParams, kind: PayloadKind, payload: bytes
         seed = params.seed
     if params.penalized:  # only then: a request without penalties is v1's first layout
         flags |= PARAM_PENALTIES
+    if params.logprobs:
+        flags |= PARAM_LOGPROBS
     out = bytearray(PARAMS.pack(params.max_tokens, params.temperature, params.top_p,
                                 params.top_k, seed, int(kind), len(params.stop), flags,
                                 len(payload)))
     if params.penalized:
         out += PENALTIES.pack(params.repetition_penalty, params.presence_penalty,
                               params.frequency_penalty)
+    if params.logprobs:
+        out += lp.encode_block(params.top_logprobs)
     for s in params.stop:
         b = s.encode("utf-8")
         out += struct.pack("<H", len(b)) + b
     out += payload
     return bytes(out)
+
+
+def asks_logprobs(body: bytes) -> bool:
+    """Whether an INVOKE body sets the LOGPROBS flag (the SDK's question, without parsing
+    the rest of a body that may be a megabyte)."""
+    return len(body) >= PARAMS_LEN and bool(PARAMS.unpack_from(body, 0)[7] & PARAM_LOGPROBS)
 
 
 def decode_invoke_body(body: bytes) -> InvokeBody:
@@ -449,7 +464,7 @@ def decode_invoke_body(body: bytes) -> InvokeBody:
         raise MalformedError("body shorter than the parameter block")
     (max_tokens, temperature, top_p, top_k, seed, kind, n_stop, flags,
      payload_len) = PARAMS.unpack_from(body, 0)
-    if flags & ~(PARAM_SEED_SET | PARAM_PENALTIES):
+    if flags & ~PARAM_FLAGS:
         raise MalformedError("unknown parameter flags")
     try:
         pkind = PayloadKind(kind)
@@ -462,6 +477,9 @@ def decode_invoke_body(body: bytes) -> InvokeBody:
             raise MalformedError("body shorter than the penalty block")
         penalties = PENALTIES.unpack_from(body, off)
         off += PENALTIES.size
+    top_logprobs = lp.decode_block(body, off) if flags & PARAM_LOGPROBS else 0
+    if flags & PARAM_LOGPROBS:
+        off += lp.LOGPROBS_BLOCK.size
     stops: list[str] = []
     for _ in range(n_stop):
         if off + 2 > len(body):
@@ -477,7 +495,8 @@ def decode_invoke_body(body: bytes) -> InvokeBody:
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed if flags & PARAM_SEED_SET else None,
                             stop=tuple(stops), repetition_penalty=penalties[0],
-                            presence_penalty=penalties[1], frequency_penalty=penalties[2])
+                            presence_penalty=penalties[1], frequency_penalty=penalties[2],
+                            logprobs=bool(flags & PARAM_LOGPROBS), top_logprobs=top_logprobs)
     validate_params(params)
     payload = bytes(body[off:])
     if pkind is PayloadKind.PROMPT:
@@ -654,12 +673,15 @@ def split_utf8(data: bytes, limit: int = MAX_TEXT) -> list[bytes]:
 
 
 def encode_token(secret: Secret, key_id: int, request_id: bytes, seq: int, run_id: int,
-                 text: str | bytes, n_tokens: int) -> bytes:
+                 text: str | bytes, n_tokens: int, logprobs: bytes = b"") -> bytes:
+    """A TOKEN frame; `logprobs`, the encoded entries (protocol/logprobs.py), follow the
+    text, and the header's lp_len says how many bytes they take (0: none, v1's frame)."""
     b = text.encode("utf-8") if isinstance(text, str) else text
-    if len(b) > MAX_TEXT:
-        raise ValueError(f"TOKEN text of {len(b)} bytes > {MAX_TEXT}; use split_utf8")
-    buf = _common(MsgType.TOKEN, len(b), key_id, request_id)
-    buf += TOKEN_HDR.pack(seq, run_id, n_tokens, 0) + b
+    if len(b) + len(logprobs) > MAX_TEXT:
+        raise ValueError(f"TOKEN text and logprobs of {len(b) + len(logprobs)} bytes > "
+                         f"{MAX_TEXT}; use split_utf8 / logprobs.pack_frames")
+    buf = _common(MsgType.TOKEN, len(b) + len(logprobs), key_id, request_id)
+    buf += TOKEN_HDR.pack(seq, run_id, n_tokens, len(logprobs)) + b + logprobs
     return _finish(buf, secret)
 
 
@@ -725,8 +747,12 @@ def decode_response(datagram: bytes, secret: Secret) -> Response:
     hlen = HEADER_LEN[mt]
     body = bytes(datagram[hlen:len(datagram) - TAG_LEN])
     if mt is MsgType.TOKEN:
-        seq, run_id, n_tok, _ = TOKEN_HDR.unpack_from(datagram, COMMON_LEN)
-        return TokenFrame(rid, seq, run_id, n_tok, _utf8(body, "TOKEN text"))
+        seq, run_id, n_tok, lp_len = TOKEN_HDR.unpack_from(datagram, COMMON_LEN)
+        if lp_len > len(body):
+            raise MalformedError("TOKEN lp_len past the body", request_id=rid)
+        cut = len(body) - lp_len
+        return TokenFrame(rid, seq, run_id, n_tok, _utf8(body[:cut], "TOKEN text"),
+                          lp.decode_entries(body[cut:]) if lp_len else ())
     if mt is MsgType.ERROR:
         seq, run_id, code, _ = ERROR_HDR.unpack_from(datagram, COMMON_LEN)
         return ErrorFrame(rid, seq, run_id, code, body.decode("utf-8", "replace"),
@@ -776,9 +802,10 @@ class ResponseSigner:
         after a rotation removed the key)."""
         return self._secret
 
-    def token(self, seq: int, run_id: int, text: str | bytes, n_tokens: int) -> bytes:
+    def token(self, seq: int, run_id: int, text: str | bytes, n_tokens: int,
+              logprobs: bytes = b"") -> bytes:
         return encode_token(self._secret, self.key_id, self.request_id, seq, run_id, text,
-                            n_tokens)
+                            n_tokens, logprobs)
 
     def done(self, seq: int, run_id: int, finish_reason: FinishReason, usage: Usage,
              timings: Timings, stop_index: int = 0) -> bytes:

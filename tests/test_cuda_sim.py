@@ -31,14 +31,14 @@ CASES = [
     *[f"matmul_{qt}_T{T}" for qt in ("q4_1", "q4_0", "q8_0", "f16") for T in (1, 3, 11)],
     "kv_write", "attention_splits1", "attention_splits3", "attention_gqa1",
     "forward_tiny_model", "backend_prefix_tokens", "mapped_ring_token_ids",
-    "sample_greedy", "sample_filtered", "penalties",
+    "sample_greedy", "sample_filtered", "penalties", "logprobs",
 ]
 # The daemon's engine on the simulated CUDA model: whole steps of a whole (tiny) model, which
 # the simulator runs slowly (minutes), so in a child of its own with its own time limit.
-ENGINE_CASES = ["engine_overlap", "engines_two_on_one_device"]
+ENGINE_CASES = ["engine_overlap", "engines_two_on_one_device", "engine_logprobs"]
 TOL = {"kv_write": 0.0, "forward_tiny_model": 1e-4, "backend_prefix_tokens": 0.0,
        "mapped_ring_token_ids": 0.0, "sample_greedy": 0.0, "engine_overlap": 0.0,
-       "engines_two_on_one_device": 0.0}
+       "engines_two_on_one_device": 0.0, "engine_logprobs": 1e-3}
 ELEMENTWISE = ("rope", "swiglu", "add", "embed_")
 CHILD_TIMEOUT_S = 900  # generous: the simulator is slow, more so on a busy machine
 ENGINE_CHILD_TIMEOUT_S = 1200
@@ -494,6 +494,96 @@ def _child() -> None:
         wrong = sum(int(out[r]) != sample(logits[r], *d) for r, d in enumerate(draws))
         return err + wrong
 
+    def case_logprobs():
+        """The logprob kernel over the rows that ask (not all of them, not in order), with
+        ties at and around the top-N cut: the sampled token's logprob and the top N (ids in
+        the float64 reference's order, values) against a float64 log-softmax. Returns the
+        largest logprob difference, plus 1 per row whose ids differ."""
+        from zerolayer.gpu.cuda import logprobs as cu_lp
+        V = 300
+        logits = (rng.standard_normal((5, V)) * 3).astype(np.float32)
+        logits[1, 40:70] = logits[1].max()        # 30 ties for first place
+        logits[3, :] = np.round(logits[3, :])     # ties everywhere
+        sampled = rng.integers(0, V, 5).astype(np.int32)
+        rows = np.array([3, 0, 1], np.int32)
+        tops = np.array([20, 0, 7], np.int32)
+        out_ids = np.zeros((3, cu_lp.WIDTH), np.int32)
+        out_lps = np.zeros((3, cu_lp.WIDTH), np.float32)
+        cu_lp.logprob_rows(logits, rows, tops, sampled, out_ids, out_lps)
+        err, wrong = 0.0, 0
+        for b, (r, n) in enumerate(zip(rows, tops)):
+            z = logits[r].astype(np.float64)
+            ref = z - (z.max() + np.log(np.exp(z - z.max()).sum()))
+            order = np.lexsort((np.arange(V), -ref))[:n]
+            wrong += int(out_ids[b, 0] != sampled[r]) + int(
+                out_ids[b, 1:1 + n].tolist() != order.tolist())
+            err = max(err, abs(out_lps[b, 0] - ref[sampled[r]]),
+                      float(np.abs(out_lps[b, 1:1 + n] - ref[order]).max(initial=0.0)))
+        return err + wrong
+
+    def case_engine_logprobs():
+        """The engine on the simulated device (overlapped steps) with requests that ask for
+        logprobs and one that does not, in one batch: the same tokens and entries as the
+        engine on the CPU model. Returns the largest logprob difference (any other
+        difference fails): the two models' float32 logits differ by about 1e-5 of their
+        size (forward_tiny_model), which is the tolerance here, not the kernel's (the
+        "logprobs" case checks that against float64)."""
+        import tempfile
+
+        from tiny_gguf import write_tiny_llama
+        from zerolayer.daemon.engine import Engine
+        from zerolayer.daemon.request import Request, TextEvent
+        from zerolayer.gpu.generate import on_backend
+        from zerolayer.gpu.model import LlamaModel
+        from zerolayer.protocol import logprobs as lp
+        from zerolayer.protocol.sampling_params import SamplingParams
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "tiny.gguf")
+            write_tiny_llama(path, tokenizer=True)
+            kw = dict(use_cache=False, max_seq_len=64, kv_blocks=16)
+            cpu = LlamaModel.load(path, **kw)
+            dev = on_backend(LlamaModel.load(path, **kw))
+        tok = cpu.tokenizer()
+        tok._eos_ids = frozenset({-1})
+        prompts = [rng.integers(3, 200, n).astype(np.int32) for n in (5, 7, 4)]
+        params = [SamplingParams(max_tokens=4, logprobs=True, top_logprobs=5),
+                  SamplingParams(max_tokens=3),
+                  SamplingParams(max_tokens=4, temperature=0.9, seed=3, logprobs=True,
+                                 top_logprobs=20, presence_penalty=0.5)]
+
+        def run(model, overlap):
+            got: dict = {}
+
+            def emit(ev):
+                if isinstance(ev, TextEvent):
+                    p = got.setdefault(ev.req.key, lp.Positions())
+                    for pos in ev.logprobs:
+                        p.feed(lp.decode_entries(b"".join(pos)))
+            eng = Engine(model, tok, emit=emit, max_running=4, step_tokens=16, overlap=overlap)
+            reqs = [Request.for_ids(k, p, sp) for k, (p, sp) in enumerate(zip(prompts, params))]
+            for r in reqs:
+                eng.submit(r)
+            while eng.has_work:
+                eng.step()
+            return [r.tokens for r in reqs], {k: p.done for k, p in got.items()}
+
+        cpu_tokens, cpu_lps = run(cpu, False)
+        dev_tokens, dev_lps = run(dev, True)
+        assert cpu_tokens == dev_tokens, (cpu_tokens, dev_tokens)
+        assert not cpu_lps.get(1) and not dev_lps.get(1)   # it did not ask: no entries
+        assert set(dev_lps) == set(cpu_lps)
+        err = 0.0
+        for k in (0, 2):
+            assert len(dev_lps[k]) == len(cpu_tokens[k])
+            for a, b in zip(cpu_lps[k], dev_lps[k]):
+                assert a.token_id == b.token_id and a.token_bytes == b.token_bytes
+                assert [x.token_id for x in a.top_logprobs] == [x.token_id for x in b.top_logprobs]
+                err = max(err, abs(a.logprob - b.logprob),
+                          *(abs(x.logprob - y.logprob)
+                            for x, y in zip(a.top_logprobs, b.top_logprobs)))
+        return err
+
     def case_penalties():
         """The penalty kernel against the CPU twin (gpu/ops/penalties.py): rows with and
         without penalties, ids in both lists, an empty output, zero logits."""
@@ -531,7 +621,8 @@ def _child() -> None:
             "backend_prefix_tokens": case_backend_prefix_tokens,
             "mapped_ring_token_ids": case_mapped_ring_token_ids,
             "sample_greedy": case_sample_greedy, "sample_filtered": case_sample_filtered,
-            "penalties": case_penalties,
+            "penalties": case_penalties, "logprobs": case_logprobs,
+            "engine_logprobs": case_engine_logprobs,
             "engine_overlap": case_engine_overlap,
             "engines_two_on_one_device": case_engines_two_on_one_device}
     for qt in ("q4_1", "q4_0", "q8_0", "f32"):

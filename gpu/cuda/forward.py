@@ -39,6 +39,7 @@ import numpy as np
 from ..model_api import Draw, StepArrays, StepInput, step_arrays
 from . import attention as _att
 from . import embedding as _emb
+from . import logprobs as _lp
 from . import matmul as _mm
 from . import penalties as _pen
 from . import rmsnorm as _rms
@@ -264,11 +265,14 @@ class CudaForward:
 
 class PendingStep:
     """A launched step's ids: ``wait`` blocks on the step's event (the host thread sleeps in
-    the driver, holding no GIL), then copies the ids out of their pinned buffer."""
+    the driver, holding no GIL), then copies the ids out of their pinned buffer, and the
+    logprobs of the rows that asked (``lp``: their pinned buffers, the asking rows and their
+    counts) out of theirs."""
 
-    def __init__(self, event, host_ids, n: int, check=None):
-        self.event, self.host_ids, self.n, self.check = event, host_ids, n, check
+    def __init__(self, event, host_ids, n: int, check=None, lp=None):
+        self.event, self.host_ids, self.n, self.check, self.lp = event, host_ids, n, check, lp
         self._ids: np.ndarray | None = None
+        self._lps: list = [None] * n
 
     def wait(self) -> np.ndarray:
         if self._ids is None:
@@ -276,7 +280,15 @@ class PendingStep:
             if self.check is not None:
                 self.check()
             self._ids = self.host_ids[:self.n].copy() if self.n else np.zeros(0, np.int32)
+            if self.lp is not None:
+                h_ids, h_lps, rows, tops = self.lp
+                m = len(rows)
+                for r, res in zip(rows, _lp.row_results(h_ids[:m], h_lps[:m], tops)):
+                    self._lps[r] = res
         return self._ids
+
+    def logprobs(self) -> list:
+        return self._lps
 
 
 class CudaModel:
@@ -315,6 +327,10 @@ class CudaModel:
         self._draws = Staging(self.stream, np.float32)
         self._pen_ints = Staging(self.stream, np.int32)  # penalties.pack's arrays, per step
         self._pen_floats = Staging(self.stream, np.float32)
+        self._lp_ints = Staging(self.stream, np.int32)     # asking rows and their counts
+        self._lp_cap = 0            # logprob outputs: device [cap, WIDTH] ids and values,
+        self._lp_dev: tuple = ()    # and a pair of pinned copies of each, by _ids_turn
+        self._lp_host: tuple = ()
         self._ids = None            # the last launched step's device ids (read by from_prev)
         self._ids_host: tuple = ()  # a pair of pinned buffers, alternating per step
         self._ids_turn = 0
@@ -408,12 +424,18 @@ class CudaModel:
         return self.launch_tokens(inputs, draws, penalties).wait()
 
     def launch_tokens(self, inputs: list[StepInput], draws: list[Draw],
-                      penalties: list | None = None) -> PendingStep:
+                      penalties: list | None = None,
+                      logprobs: list[int] | None = None) -> PendingStep:
         """Queue the step, the sampler and the ids' copy back on self.stream; returns at once.
         Sequence lengths advance now (the host's bookkeeping): the next step is planned
-        against them while this one runs."""
+        against them while this one runs. Rows that ask for logprobs (model_api) get them
+        from gpu/cuda/logprobs.py after the sampler, over those rows only; their results
+        come back with the ids."""
         a = step_arrays(inputs, self.cfg.vocab)
         n = len(a.logit_rows)
+        asking = [(r, min(k, self.cfg.vocab)) for r, k in enumerate(logprobs or ()) if k >= 0]
+        if asking:  # staged before the step, like the draws
+            lp_rows, lp_tops = self._lp_ints.put([r for r, _ in asking], [k for _, k in asking])
         if n:  # (none when the step was only prompt chunks that want no logits)
             (params,) = self._draws.put(_smp.pack_params(draws))  # queued before the step
             packed = _pen.pack(penalties)
@@ -438,8 +460,33 @@ class CudaModel:
             host = self._ids_host[self._ids_turn]
             ids[:n].copy_to_host(host[:n], stream=self.stream)
             self._ids = ids
+        lp = None
+        if asking and n:
+            m = len(asking)
+            self._ensure_lp(m)
+            d_ids, d_lps = self._lp_dev
+            _lp.logprob_rows(logits, lp_rows, lp_tops, ids, d_ids[:m], d_lps[:m],
+                             stream=self.stream)
+            h_ids, h_lps = self._lp_host[self._ids_turn]
+            d_ids[:m].copy_to_host(h_ids[:m], stream=self.stream)
+            d_lps[:m].copy_to_host(h_lps[:m], stream=self.stream)
+            lp = (h_ids, h_lps, [r for r, _ in asking], [k for _, k in asking])
         ev = new_event()
         ev.record(self.stream)
         for i in inputs:
             i.seq.length += len(i.tokens)
-        return PendingStep(ev, host, n, self._check_barrier)
+        return PendingStep(ev, host, n, self._check_barrier, lp)
+
+    def _ensure_lp(self, m: int) -> None:
+        """Room for m asking rows' logprob outputs (grown by powers of two, never shrunk;
+        the old device pair is kept one more step: a queued launch may still write it)."""
+        if m <= self._lp_cap:
+            return
+        cap = max(16, 1 << (m - 1).bit_length())
+        self._lp_retired = self._lp_dev
+        w = _lp.WIDTH
+        self._lp_dev = (cuda.device_array((cap, w), np.int32),
+                        cuda.device_array((cap, w), np.float32))
+        self._lp_host = tuple((cuda.pinned_array((cap, w), np.int32),
+                               cuda.pinned_array((cap, w), np.float32)) for _ in range(2))
+        self._lp_cap = cap

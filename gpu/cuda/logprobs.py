@@ -18,13 +18,20 @@ float32 anyway).
 Output per asking row b: ids[b, 0] the sampled id and lps[b, 0] its logprob; ids[b, 1 + k],
 lps[b, 1 + k] the k-th best (k < N). The host slices what each row asked for.
 """
+# mypy reads Numba's device intrinsics (cuda.threadIdx.x, cuda.syncthreads()) through their
+# host-side stubs and misreports them inside kernels; those three codes are that and nothing
+# else here, and the host-side functions below are annotated and checked.
+# mypy: disable-error-code="call-arg,call-overload,comparison-overlap"
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 from numba import float32, int32
 
+from ..ops.logprobs import RowLogprobs
 from ._cuda_shim import SIM, cuda, device, kernel
 
 THREADS = 32 if SIM else 256   # a power of two (the tree reductions)
@@ -105,7 +112,10 @@ def _logprob_rows(logits, rows, tops, sampled, out_ids, out_lps):
             out_lps[b, 1 + k] = pv - lse
 
 
-def logprob_rows(logits, rows, tops, sampled, out_ids, out_lps, stream=0) -> None:
+def logprob_rows(logits: npt.NDArray[np.float32], rows: npt.NDArray[np.int32],
+                 tops: npt.NDArray[np.int32], sampled: npt.NDArray[np.int32],
+                 out_ids: npt.NDArray[np.int32], out_lps: npt.NDArray[np.float32],
+                 stream: object = 0) -> None:
     """For each asking row b (device int32 arrays rows, tops of the same length), fill
     out_ids[b], out_lps[b] (device [>= len(rows), WIDTH]); sampled: the step's drawn ids."""
     if rows.shape[0] == 0:  # a launch of 0 blocks is an error
@@ -113,9 +123,9 @@ def logprob_rows(logits, rows, tops, sampled, out_ids, out_lps, stream=0) -> Non
     _logprob_rows[rows.shape[0], THREADS, stream](logits, rows, tops, sampled, out_ids, out_lps)
 
 
-def row_results(ids: np.ndarray, lps: np.ndarray, tops) -> list:
+def row_results(ids: npt.NDArray[np.int32], lps: npt.NDArray[np.float32],
+                tops: Sequence[int]) -> list[RowLogprobs]:
     """The host copies of out_ids/out_lps, as gpu/ops/logprobs.RowLogprobs per asking row."""
-    from ..ops.logprobs import RowLogprobs
     return [RowLogprobs(float(lps[b, 0]), ids[b, 1:1 + n].copy(),
                         lps[b, 1:1 + n].astype(np.float64))
             for b, n in enumerate(tops)]

@@ -16,16 +16,17 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 
 class RowLogprobs(NamedTuple):
     """One logit row's answer: the sampled token's logprob and the top N, best first."""
     logprob: float
-    top_ids: np.ndarray        # int32 [N]
-    top_logprobs: np.ndarray   # float64 [N]
+    top_ids: npt.NDArray[np.int32]           # [N]
+    top_logprobs: npt.NDArray[np.float64]    # [N]
 
 
-def top_ids(z: np.ndarray, n: int) -> np.ndarray:
+def top_ids(z: npt.NDArray[np.float64], n: int) -> npt.NDArray[np.int32]:
     """The n largest entries' ids in (value descending, id ascending) order, exactly: all
     above the n-th value, then as many of the ties at it as fit, lowest id first."""
     if n <= 0:
@@ -38,7 +39,7 @@ def top_ids(z: np.ndarray, n: int) -> np.ndarray:
     return cand[np.lexsort((cand, -z[cand]))].astype(np.int32)
 
 
-def row_logprobs(logits: np.ndarray, token: int, n: int) -> RowLogprobs:
+def row_logprobs(logits: npt.ArrayLike, token: int, n: int) -> RowLogprobs:
     """logits: one row as the sampler saw it (penalised); token: the id it drew."""
     z = np.asarray(logits, np.float64)
     m = z.max()

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from zerolayer.client import InvokeResult
+from zerolayer.client import InvokeResult, TokenLogprob
 from zerolayer.daemon.http_edge import anthropic_api, openai_api, serve
 from zerolayer.daemon.http_edge.errors import ApiError, bad_request
 from zerolayer.daemon.http_edge.generation import Generation, GenParams
@@ -28,6 +28,7 @@ class FakeStream:
     def __init__(self, chunks: list[str], cut: bool) -> None:
         self.chunks, self.cut, self.request_id = list(chunks), cut, RID
         self.result: InvokeResult | None = None
+        self.logprobs: list[TokenLogprob] = []      # none asked
 
     def __aiter__(self) -> FakeStream:
         return self

@@ -33,6 +33,7 @@ from zerolayer.daemon.http_edge.config import load as load_config
 from zerolayer.daemon.http_edge.tokens import TokenFileError, digest, parse_tokens
 from zerolayer.protocol.errors import (
     ErrorCode,
+    MalformedError,
     StreamRestartedError,
     ZerolayerError,
     ZerolayerTimeoutError,
@@ -325,6 +326,82 @@ def test_stop_string_and_length(stack):
     assert one.choices[0].finish_reason == "length" and one.usage.completion_tokens == 3
 
 
+def test_logprobs_through_the_sdk(stack):
+    """The SDK against the daemon: one entry per completion token, best first, greedy's
+    token the best, the entries' bytes spelling the text, each token's entry no later than
+    the chunk that completes its text; none when not asked. (Their values against a float64
+    softmax of the model's logits: test_logprobs.py.)"""
+    d, _, _ = stack
+    msgs = [ChatMessage("user", QUESTION)]
+    with direct(d) as c:
+        r = c.invoke(messages=msgs, max_tokens=10, logprobs=True, top_logprobs=4)
+        assert r.logprobs is not None and len(r.logprobs) == r.usage.completion_tokens
+        for t in r.logprobs:
+            lps = [a.logprob for a in t.top_logprobs]
+            assert len(lps) == 4 and lps == sorted(lps, reverse=True) and lps[0] <= 0.0
+            assert t.top_logprobs[0].token_id == t.token_id and t.logprob == lps[0]
+        assert b"".join(t.token_bytes for t in r.logprobs).decode() == r.text
+        assert c.invoke(messages=msgs, max_tokens=4).logprobs is None
+        with c.stream(messages=msgs, max_tokens=10, logprobs=True) as s:
+            so_far = ""
+            for chunk in s:
+                so_far += chunk
+                assert b"".join(t.token_bytes for t in s.logprobs).startswith(so_far.encode())
+        assert s.result is not None and s.result.logprobs is not None
+        assert [t.token_id for t in s.result.logprobs] == [t.token_id for t in r.logprobs]
+        assert all(t.top_logprobs == () for t in s.result.logprobs)
+        for got, ref in zip(s.result.logprobs, r.logprobs):
+            assert got.logprob == pytest.approx(ref.logprob, abs=1e-4)
+        with pytest.raises(MalformedError, match="top_logprobs must be in 0..20, got 21"):
+            c.invoke(messages=msgs, max_tokens=4, logprobs=True, top_logprobs=21)
+
+
+def test_openai_logprobs_chat_and_completions(stack):
+    """With the real openai package: chat's logprobs.content[] (token, logprob, bytes,
+    top_logprobs) and legacy completions' tokens / token_logprobs / top_logprobs /
+    text_offset, plain and streamed, with the SDK's values."""
+    d, edge, _ = stack
+    c = oai(edge)
+    msgs = [{"role": "user", "content": QUESTION}]
+    ref = direct(d).invoke(messages=[ChatMessage("user", QUESTION)], max_tokens=10,
+                           logprobs=True, top_logprobs=3)
+    assert ref.logprobs is not None
+    r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=10, temperature=0,
+                                  logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert r.choices[0].message.content == ref.text
+    assert [x.token for x in content] == [t.token for t in ref.logprobs]
+    for x, t in zip(content, ref.logprobs):
+        assert x.logprob == pytest.approx(t.logprob, abs=1e-4)
+        assert bytes(x.bytes) == t.token_bytes
+        assert [a.token for a in x.top_logprobs] == [a.token for a in t.top_logprobs]
+        assert [bytes(a.bytes) for a in x.top_logprobs] == [a.token_bytes for a in t.top_logprobs]
+    streamed = [x for ch in c.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=10, temperature=0, logprobs=True,
+        top_logprobs=3, stream=True) if ch.choices and ch.choices[0].logprobs
+        for x in ch.choices[0].logprobs.content]
+    assert [x.token for x in streamed] == [x.token for x in content]
+    plain = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+    prompt = "The capital of France is"
+    r2 = c.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
+                              logprobs=2)
+    lp = r2.choices[0].logprobs
+    assert "".join(lp.tokens) == r2.choices[0].text and len(lp.tokens) == 6
+    assert len(lp.token_logprobs) == 6 and all(v <= 0.0 for v in lp.token_logprobs)
+    assert all(len(m) in (2, 3) and tok in m for m, tok in zip(lp.top_logprobs, lp.tokens))
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    parts = [ch.choices[0].logprobs for ch in c.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=2, stream=True)
+        if ch.choices and ch.choices[0].logprobs]
+    assert [t for p in parts for t in p.tokens] == lp.tokens
+    assert [o for p in parts for o in p.text_offset] == lp.text_offset
+    with pytest.raises(openai.BadRequestError) as ei:
+        c.completions.create(model=MODEL, prompt=prompt, max_tokens=2, logprobs=21)
+    assert ei.value.body["param"] == "logprobs"
+
+
 def test_penalties_reach_the_daemon(stack):
     """OpenAI's presence/frequency penalties and the repetition penalty (vLLM's and
     llama.cpp's names) give the SDK's answer with the same penalties, and change it."""
@@ -348,7 +425,9 @@ def test_unsupported_parameters_are_refused(stack):
     d, edge, _ = stack
     c = oai(edge)
     msgs = [{"role": "user", "content": "hi"}]
-    for kwargs, param in [({"n": 2}, "n"), ({"logprobs": True}, "logprobs"),
+    for kwargs, param in [({"n": 2}, "n"), ({"logprobs": "yes"}, "logprobs"),
+                          ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                          ({"top_logprobs": 2}, "top_logprobs"),
                           ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
                           ({"presence_penalty": 2.5}, "presence_penalty"),
                           ({"logit_bias": {"5": 10}}, "logit_bias"),

@@ -14,13 +14,14 @@ string, without one "end_turn"; "length" is "max_tokens".
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from zerolayer.client import ChatMessage, InvokeResult
+from zerolayer.client import ChatMessage, InvokeResult, TokenLogprob
 from zerolayer.protocol.sampling_params import MAX_STOP
 
 from .common import Fields
@@ -126,7 +127,8 @@ class AnthropicChunks:
                                                 "content_block": {"type": "text", "text": ""}}),
             named_event("ping", {"type": "ping"})]
 
-    def chunk(self, text: str) -> bytes:
+    def chunk(self, text: str, logprobs: Sequence[TokenLogprob] = ()) -> bytes:
+        # (Anthropic's API has no logprobs; a request here never asks for them)
         return named_event("content_block_delta", {
             "type": "content_block_delta", "index": 0,
             "delta": {"type": "text_delta", "text": text}})

@@ -8,8 +8,9 @@ supplies only what the two APIs disagree on:
                 anything it cannot honour)
     error_body  an ApiError in the API's error shape (the status and headers are common)
     body        the whole answer, when not streaming
-    chunks      the stream's events: what opens it, one event per text chunk, an in-band
-                error once the status line is out, and what closes it
+    chunks      the stream's events: what opens it, one event per text chunk (with the
+                logprobs of the tokens it completes, if asked), an in-band error once the
+                status line is out, and what closes it
 
 OpenAI's chat completions and completions (openai_api.py) and Anthropic's messages
 (anthropic_api.py) are the dialects; none of them touches the daemon stream or the HTTP
@@ -17,9 +18,10 @@ connection, so each is checked by feeding it values.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
-from zerolayer.client import InvokeResult
+from zerolayer.client import InvokeResult, TokenLogprob
 
 from .errors import ApiError
 from .generation import GenParams
@@ -37,7 +39,7 @@ class Parsed(Protocol):
 class ChunkShape(Protocol):
     """One stream's events, in the dialect's framing (bytes ready for the SSE body)."""
     def start(self) -> list[bytes]: ...
-    def chunk(self, text: str) -> bytes: ...
+    def chunk(self, text: str, logprobs: Sequence[TokenLogprob] = ()) -> bytes: ...
     def error(self, e: ApiError) -> bytes: ...
     def end(self, r: InvokeResult | None) -> list[bytes]: ...
 

@@ -25,7 +25,14 @@ from typing import TypeVar
 import anyio
 from starlette.requests import Request
 
-from zerolayer.client import AsyncClient, AsyncStream, ChatMessage, InvokeResult, ZerolayerError
+from zerolayer.client import (
+    AsyncClient,
+    AsyncStream,
+    ChatMessage,
+    InvokeResult,
+    TokenLogprob,
+    ZerolayerError,
+)
 
 from .errors import ApiError
 from .metrics import EdgeMetrics
@@ -55,6 +62,8 @@ class GenParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logprobs: bool = False
+    top_logprobs: int = 0
 
 
 async def until_disconnect(request: Request, fn: Callable[[], Awaitable[T]]) -> T:
@@ -96,6 +105,7 @@ class Generation:
         self.t0 = t0                        # time.monotonic() when the HTTP request arrived
         self.first: str | None = None       # the first chunk, taken by open()
         self._finished = False
+        self._lp_taken = 0                  # the stream's logprobs handed out so far
 
     @classmethod
     async def open(cls, request: Request, client: AsyncClient, p: GenParams, api: str,
@@ -109,7 +119,8 @@ class Generation:
                                     seed=p.seed, stop=p.stop,
                                     repetition_penalty=p.repetition_penalty,
                                     presence_penalty=p.presence_penalty,
-                                    frequency_penalty=p.frequency_penalty)
+                                    frequency_penalty=p.frequency_penalty,
+                                    logprobs=p.logprobs, top_logprobs=p.top_logprobs)
         except ZerolayerError as e:         # refused locally: bad parameters, too large
             raise daemon_error(e, metrics) from None
         g = cls(s, api, metrics, t0)
@@ -141,6 +152,13 @@ class Generation:
             yield self.first
         async for chunk in self.stream:
             yield chunk
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The tokens' logprobs that arrived since the last call: after a chunk, those of the
+        tokens it completes (empty when none were asked)."""
+        got = self.stream.logprobs
+        new, self._lp_taken = got[self._lp_taken:], len(got)
+        return new
 
     async def text(self) -> str:
         parts = [c async for c in self.chunks()]

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Sequence
-from typing import Any
 
 from zerolayer.client import TokenLogprob
 
 
-def chat_logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
+def chat_logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, object]:
     return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token_bytes),
                          "top_logprobs": [{"token": a.token, "logprob": a.logprob,
                                            "bytes": list(a.token_bytes)}
@@ -34,7 +33,7 @@ class CompletionLogprobs:
         self._chars = 0
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
-    def next(self, tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
+    def next(self, tokens: Sequence[TokenLogprob]) -> dict[str, object]:
         """The logprobs object of the next tokens of the answer."""
         offsets = []
         for t in tokens:

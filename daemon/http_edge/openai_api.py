@@ -4,25 +4,33 @@ The OpenAI dialect of serve.serve (dialect.py): request fields are translated in
 AsyncClient.stream call (generation.GenParams); responses and stream chunks follow OpenAI's
 shapes field for field, so the official SDK parses them. Supported: max_tokens /
 max_completion_tokens, temperature, top_p, stop, seed, presence_penalty, frequency_penalty,
-stream, stream_options.include_usage; top_k and the repetition penalty (vLLM's
-repetition_penalty, llama.cpp's repeat_penalty) as extensions.
-Parameters that would change the answer in ways the daemon cannot (n > 1, logprobs, tools,
+stream, stream_options.include_usage, logprobs (chat: logprobs + top_logprobs 0..20;
+completions: logprobs 0..20, OpenAI's limit there being 5; logprobs.py); top_k and the
+repetition penalty (vLLM's repetition_penalty, llama.cpp's repeat_penalty) as extensions.
+Parameters that would change the answer in ways the daemon cannot (n > 1, tools,
 logit_bias ...) are refused with 400 rather than ignored.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from zerolayer.client import ChatMessage, InvokeResult
-from zerolayer.protocol.sampling_params import MAX_ADDITIVE_PENALTY, MAX_REPETITION_PENALTY, MAX_STOP
+from zerolayer.client import ChatMessage, InvokeResult, TokenLogprob
+from zerolayer.protocol.sampling_params import (
+    MAX_ADDITIVE_PENALTY,
+    MAX_REPETITION_PENALTY,
+    MAX_STOP,
+    MAX_TOP_LOGPROBS,
+)
 
 from .common import Fields, key_id_for
 from .errors import ApiError, bad_request, not_found
 from .generation import GenParams
+from .logprobs import CompletionLogprobs, chat_logprobs
 from .serve import error_response, serve
 from .state import EdgeState, edge
 from .streaming import data_event
@@ -111,9 +119,12 @@ def _text_content(content: Any, where: str) -> str:
 def parse_chat(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
     f = Fields(body)
     common = _common(f, st, ("max_tokens", "max_completion_tokens"))
-    f.neutral("logprobs", False)
+    logprobs = f.boolean("logprobs")
+    top = f.integer("top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not logprobs:
+        raise bad_request("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
     f.neutral("parallel_tool_calls", True, False)
-    f.refuse("top_logprobs", "tools", "tool_choice", "functions", "function_call",
+    f.refuse("tools", "tool_choice", "functions", "function_call",
              "audio", "modalities", "prediction", "reasoning_effort", "web_search_options")
     fmt = f.raw("response_format")
     if fmt is not None and fmt != {"type": "text"}:
@@ -141,8 +152,8 @@ def parse_chat(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
                                 else _text_content(content, where)))
     stream, include_usage = _stream_flags(f)
     f.refuse_unknown()
-    return OpenAIRequest(GenParams(prompt=None, messages=tuple(msgs), **common), stream,
-                         include_usage)
+    return OpenAIRequest(GenParams(prompt=None, messages=tuple(msgs), logprobs=logprobs,
+                                   top_logprobs=top or 0, **common), stream, include_usage)
 
 
 def parse_completion(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
@@ -151,7 +162,7 @@ def parse_completion(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
     f.neutral("echo", False)
     f.neutral("best_of", 1)
     f.neutral("suffix", "")
-    f.refuse("logprobs")
+    top = f.integer("logprobs", 0, MAX_TOP_LOGPROBS)   # null: none; N: the top N as well
     prompt = f.raw("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -160,8 +171,8 @@ def parse_completion(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
                           "are not supported)", "prompt")
     stream, include_usage = _stream_flags(f)
     f.refuse_unknown()
-    return OpenAIRequest(GenParams(prompt=prompt, messages=None, **common), stream,
-                         include_usage)
+    return OpenAIRequest(GenParams(prompt=prompt, messages=None, logprobs=top is not None,
+                                   top_logprobs=top or 0, **common), stream, include_usage)
 
 
 def finish_reason(r: InvokeResult | None) -> str:
@@ -185,6 +196,8 @@ class OpenAIChunks:
                  created: int) -> None:
         self._chat = chat
         self._include_usage = req.include_usage
+        self._logprobs = req.params.logprobs
+        self._offsets = CompletionLogprobs()
         self._base: dict[str, Any] = {
             "id": ("chatcmpl-" if chat else "cmpl-") + request_id.hex(),
             "object": "chat.completion.chunk" if chat else "text_completion",
@@ -193,7 +206,7 @@ class OpenAIChunks:
             self._base["usage"] = None    # OpenAI: null on every chunk but the last one
 
     def _chunk(self, text: str | None, finish: str | None = None,
-               role: bool = False) -> bytes:
+               role: bool = False, logprobs: Sequence[TokenLogprob] | None = None) -> bytes:
         if self._chat:
             delta: dict[str, Any] = {}
             if role:
@@ -203,15 +216,16 @@ class OpenAIChunks:
             choice: dict[str, Any] = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": text or ""}
-        choice["logprobs"] = None
+        choice["logprobs"] = (None if logprobs is None else chat_logprobs(logprobs) if self._chat
+                              else self._offsets.next(logprobs))
         choice["finish_reason"] = finish
         return data_event({**self._base, "choices": [choice]})
 
     def start(self) -> list[bytes]:
         return [self._chunk("", role=True)] if self._chat else []
 
-    def chunk(self, text: str) -> bytes:
-        return self._chunk(text)
+    def chunk(self, text: str, logprobs: Sequence[TokenLogprob] = ()) -> bytes:
+        return self._chunk(text, logprobs=logprobs if self._logprobs else None)
 
     def error(self, e: ApiError) -> bytes:
         return data_event(e.openai_body())   # OpenAI's in-stream error: no event name
@@ -239,17 +253,21 @@ class OpenAIDialect:
 
     def body(self, req: OpenAIRequest, r: InvokeResult, text: str, model: str,
              created: int) -> dict[str, Any]:
+        lps = r.logprobs if req.params.logprobs else None
         if self.chat:
             return {"id": "chatcmpl-" + r.request_id.hex(), "object": "chat.completion",
                     "created": created, "model": model, "system_fingerprint": None,
                     "choices": [{"index": 0,
                                  "message": {"role": "assistant", "content": text,
                                              "refusal": None},
-                                 "logprobs": None, "finish_reason": finish_reason(r)}],
+                                 "logprobs": None if lps is None else chat_logprobs(lps),
+                                 "finish_reason": finish_reason(r)}],
                     "usage": usage(r)}
         return {"id": "cmpl-" + r.request_id.hex(), "object": "text_completion",
                 "created": created, "model": model, "system_fingerprint": None,
-                "choices": [{"index": 0, "text": text, "logprobs": None,
+                "choices": [{"index": 0, "text": text,
+                             "logprobs": (None if lps is None
+                                          else CompletionLogprobs().next(lps)),
                              "finish_reason": finish_reason(r)}],
                 "usage": usage(r)}
 

@@ -74,10 +74,13 @@ async def events(gen: Generation, shape: ChunkShape, st: EdgeState) -> AsyncIter
         yield e
     try:
         async for text in gen.chunks():
-            yield shape.chunk(text)
+            yield shape.chunk(text, gen.take_logprobs())
     except ZerolayerError as err:
         st.metrics.stream_errors.labels(gen.api).inc()
         yield shape.error(daemon_error(err, st.metrics))
         return
+    rest = gen.take_logprobs()  # tokens whose text never came (held back, then cut by a stop)
+    if rest:
+        yield shape.chunk("", rest)
     for e in shape.end(gen.result):
         yield e

@@ -89,6 +89,14 @@ def test_sampler_fits_a_block_of_1024_threads(ptx_results):
     assert 1024 * r["regs"] <= 65536, r
 
 
+def test_logprob_kernel_fits_its_block_without_spills(ptx_results):
+    """The logprob kernel runs THREADS (256) a block beside the sampler; its N arg-max passes
+    keep their running best in registers, never in local memory."""
+    r = ptx_results["kernels"]["logprobs._logprob_rows"]
+    assert "regs" in r, f"ptxas gave no register count ({r.get('ptxas')})"
+    assert 256 * r["regs"] <= 65536 and r["spill_bytes"] == 0, r
+
+
 def test_float64_check_catches_a_float_literal(ptx_results):
     """Negative control: the usual slip (a bare 1.0 in a float32 kernel) does show as .f64."""
     assert ptx_results["control_f64"], "the .f64 check did not see a known float64 kernel"

@@ -289,3 +289,69 @@ def test_positions_refuse_a_broken_sequence():
     p = lp.Positions()
     with pytest.raises(MalformedError):
         p.feed(lp.decode_entries(a + a))                   # the alternative never came
+
+
+# ---------------------------------------------------------------- the SDK's state machine
+
+def _machine(logprobs: bool):
+    from zerolayer.client.invoke_body import build_invoke_body
+    from zerolayer.client.request_machine import RequestMachine
+    from zerolayer.client.retry_policy import RetryPolicy
+    body = build_invoke_body("hi", None, None, max_tokens=4, temperature=0, top_k=0, top_p=1,
+                             seed=None, stop=(), logprobs=logprobs, top_logprobs=1 if logprobs else 0)
+    m = RequestMachine(RetryPolicy(1, wire.Mac(SECRET)), body, RID, 0.0)
+    m.start(0.0)
+    return m
+
+
+def _frames(run_id: int, tokens: list[tuple[int, bytes, str]]) -> list[bytes]:
+    """One TOKEN frame per (id, bytes, text), then DONE."""
+    signer = wire.ResponseSigner(1, SECRET, RID)
+    out = [signer.token(i, run_id, text, 1, b"".join(lp.encode_position(
+        tid, -0.5 * (i + 1), tb, [(tid, -0.5 * (i + 1), tb)])))
+        for i, (tid, tb, text) in enumerate(tokens)]
+    out.append(signer.done(len(tokens), run_id, wire.FinishReason.LENGTH,
+                           wire.Usage(2, 0, len(tokens)), wire.Timings()))
+    return out
+
+
+def _drain(m) -> str:
+    text = ""
+    while (c := m.pop_ready(1.0)) is not None:
+        text += c
+    return text
+
+
+def test_the_sdk_assembles_in_sequence_order_and_starts_over_on_a_new_run():
+    from zerolayer.protocol.errors import StreamRestartedError
+    m = _machine(True)
+    run1 = _frames(5, [(10, b"He", "He"), (11, b"\xe2\x82", ""), (12, b"\xac!", "\u20ac!")])
+    for dg in reversed(run1[:3]):          # out of order: assembled in seq order all the same
+        m.receive(dg, 0.5)
+    assert _drain(m) == "He\u20ac!" and [t.token_id for t in m.logprobs] == [10, 11, 12]
+    # invoke(): a new run replaces the old one's text and logprobs alike
+    m.restartable = True
+    run2 = _frames(6, [(20, b"Yo", "Yo")])
+    for dg in run2:
+        m.receive(dg, 0.6)
+    _drain(m)
+    assert m.result is not None and m.result.text == "Yo"
+    assert [t.token_id for t in m.result.logprobs] == [20]
+    assert m.result.logprobs[0].top_logprobs[0].token_id == 20
+    # stream(): logprobs handed out, even with no text yet, count as delivered
+    m = _machine(True)
+    m.receive(_frames(5, [(11, b"\xe2\x82", "")])[0], 0.5)
+    _drain(m)
+    assert len(m.logprobs) == 1
+    with pytest.raises(StreamRestartedError):
+        m.receive(_frames(6, [(20, b"Yo", "Yo")])[0], 0.6)
+
+
+def test_the_sdk_without_logprobs_has_none():
+    m = _machine(False)
+    signer = wire.ResponseSigner(1, SECRET, RID)
+    for dg in (signer.token(0, 5, "Hi", 1),
+               signer.done(1, 5, wire.FinishReason.LENGTH, wire.Usage(2, 0, 1), wire.Timings())):
+        m.receive(dg, 0.5)
+    assert _drain(m) == "Hi" and m.logprobs == []
+    assert m.result is not None and m.result.logprobs is None

@@ -1,0 +1,182 @@
+#!/usr/bin/env python
+"""A synthetic model bigger than the L3: TinyLlama-1.1B's shapes, random weights, as GGUF.
+
+    .venv/bin/python bench/synth_gguf.py                 # F16 base, then Q4_1 and Q4_K_M
+    .venv/bin/python bench/synth_gguf.py --types Q4_1    # just one quantized file
+    .venv/bin/python bench/synth_gguf.py --out-dir DIR --seed 1
+
+Decode speed depends on the shapes and the formats, not on the values, so a model whose
+weights stream from DRAM (not from a large L3, as the bundled 135M model does on a 480 MiB
+L3) can be made on any host without downloading one. Shapes (TinyLlama-1.1B): 22 layers,
+d_model 2048, n_ff 5632, 32 heads, 4 KV heads, head dim 64, untied LM head. The vocabulary
+is the bundled SmolLM2 model's (49152 tokens, not TinyLlama's 32000): its tokenizer metadata
+is copied so that llama.cpp and our loader both accept the file, and the embedding and LM
+head follow its size (2 x 49152 x 2048 weights instead of 2 x 32000 x 2048).
+
+The F16 base file is written here (1-D norm weights as F32, as llama.cpp's converter does);
+llama.cpp's own `llama-quantize` (bench/setup_llamacpp.sh) makes the quantized files from it,
+so the K-quant mixes are the ones llama.cpp picks (Q4_K_M: Q6_K for the LM head and for some
+layers' attn_v and ffn_down).
+
+Values: normal with std 0.02 (GPT-2's initialisation; about 1/sqrt(d_model)), norm weights
+1. With these the residual stream stays O(1) through 22 layers and the logits are finite
+(checked after writing: one forward through our runtime, --no-check skips it). Larger
+random weights overflow float16 and give NaNs, which may take other code paths.
+
+Output (never committed; *.gguf is git-ignored anywhere, and the default directory is outside
+the repository, beside scripts/make_quants.sh's): ~/.cache/zerolayer/synth/
+tinyllama-1.1b-synth.{F16,Q4_1,Q4_K_M}.gguf. An existing file is kept (--force rewrites).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+QUANTIZE = REPO / ".bench-llamacpp" / "bin" / "llama-quantize"
+DEFAULT_DIR = Path(os.environ.get("ZEROLAYER_SYNTH_DIR",
+                                  Path.home() / ".cache" / "zerolayer" / "synth"))
+NAME = "tinyllama-1.1b-synth"
+
+# TinyLlama-1.1B (its config.json), the vocabulary aside
+SHAPES = {"n_layer": 22, "d_model": 2048, "n_ff": 5632, "n_head": 32, "n_kv": 4,
+          "head_dim": 64, "context_length": 2048, "rope_base": 10000.0, "eps": 1e-5}
+STD = 0.02
+
+
+def log(msg: str) -> None:
+    print(f"[synth_gguf] {msg}", file=sys.stderr, flush=True)
+
+
+def bundled_model() -> str:
+    from zerolayer.gpu.gguf_loader import default_model_path
+    return default_model_path()
+
+
+def copy_tokenizer(writer, src: str) -> int:
+    """Every tokenizer.* key of the bundled GGUF, with its type; returns the vocab size."""
+    from gguf import GGUFReader, GGUFValueType
+    r = GGUFReader(src, "r")
+    n = 0
+    for key, f in r.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = GGUFValueType(f.types[0])
+        sub = GGUFValueType(f.types[1]) if vtype == GGUFValueType.ARRAY else None
+        writer.add_key_value(key, f.contents(), vtype, sub)
+        if key == "tokenizer.ggml.tokens":
+            n = len(f.data)
+    if not n:
+        raise SystemExit(f"{src} has no tokenizer.ggml.tokens")
+    return n
+
+
+def write_f16(path: Path, seed: int) -> None:
+    import gguf
+    s = SHAPES
+    D, F, hd = s["d_model"], s["n_ff"], s["head_dim"]
+    dq, dkv = s["n_head"] * hd, s["n_kv"] * hd
+    tmp = path.with_suffix(".tmp")  # renamed when complete: a crash leaves no half file
+    w = gguf.GGUFWriter(str(tmp), "llama")
+    w.add_name(f"{NAME} (random weights, seed {seed})")
+    w.add_context_length(s["context_length"])
+    w.add_embedding_length(D)
+    w.add_block_count(s["n_layer"])
+    w.add_feed_forward_length(F)
+    w.add_head_count(s["n_head"])
+    w.add_head_count_kv(s["n_kv"])
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(s["rope_base"])
+    w.add_layer_norm_rms_eps(s["eps"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    vocab = copy_tokenizer(w, bundled_model())
+    w.add_vocab_size(vocab)
+    rng = np.random.default_rng(seed)
+
+    def mat(rows: int, cols: int) -> np.ndarray:  # numpy [rows, cols] = ggml [cols, rows]
+        return (rng.standard_normal((rows, cols), np.float32) * np.float32(STD)).astype(np.float16)
+
+    ones = np.ones(D, np.float32)
+    w.add_tensor("token_embd.weight", mat(vocab, D))
+    for i in range(s["n_layer"]):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", ones)
+        w.add_tensor(p + "attn_q.weight", mat(dq, D))
+        w.add_tensor(p + "attn_k.weight", mat(dkv, D))
+        w.add_tensor(p + "attn_v.weight", mat(dkv, D))
+        w.add_tensor(p + "attn_output.weight", mat(D, dq))
+        w.add_tensor(p + "ffn_norm.weight", ones)
+        w.add_tensor(p + "ffn_gate.weight", mat(F, D))
+        w.add_tensor(p + "ffn_up.weight", mat(F, D))
+        w.add_tensor(p + "ffn_down.weight", mat(D, F))
+    w.add_tensor("output_norm.weight", ones)
+    w.add_tensor("output.weight", mat(vocab, D))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+
+
+def quantize(src: Path, dst: Path, qtype: str, threads: int) -> None:
+    if not os.access(QUANTIZE, os.X_OK):
+        raise SystemExit(f"missing {QUANTIZE}: run bench/setup_llamacpp.sh")
+    tmp = dst.with_suffix(".tmp")
+    cmd = ["nice", "-n", "19", str(QUANTIZE), str(src), str(tmp), qtype, str(threads)]
+    log(" ".join(cmd))
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode:
+        sys.stderr.write(res.stdout[-3000:] + res.stderr[-3000:])
+        raise SystemExit(f"llama-quantize {qtype} failed ({res.returncode})")
+    os.replace(tmp, dst)
+
+
+def check(path: Path) -> None:
+    """One forward through our runtime: finite logits, or the weights need a smaller scale."""
+    from zerolayer.gpu.model import LlamaModel, StepInput
+    m = LlamaModel.load(str(path), max_seq_len=64)
+    seq = m.new_sequence()
+    logits = m.step([StepInput(seq, np.arange(1, 9, dtype=np.int32))])
+    seq.release()
+    if not np.isfinite(logits).all():
+        raise SystemExit(f"{path}: non-finite logits; lower STD")
+    log(f"{path.name}: logits finite (std {float(logits.std()):.3f}, max |x| "
+        f"{float(np.abs(logits).max()):.2f})")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out-dir", default=str(DEFAULT_DIR))
+    ap.add_argument("--types", default="Q4_1,Q4_K_M", help="llama-quantize types (default Q4_1,Q4_K_M)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--force", action="store_true", help="rewrite files that exist")
+    ap.add_argument("--no-check", action="store_true", help="skip the finite-logits forward")
+    args = ap.parse_args()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base = out / f"{NAME}.F16.gguf"
+    if args.force or not base.exists():
+        t0 = time.perf_counter()
+        write_f16(base, args.seed)
+        log(f"wrote {base} ({base.stat().st_size / 1e9:.2f} GB, {time.perf_counter() - t0:.0f} s)")
+    for qtype in filter(None, args.types.split(",")):
+        dst = out / f"{NAME}.{qtype}.gguf"
+        if args.force or not dst.exists():
+            t0 = time.perf_counter()
+            quantize(base, dst, qtype, args.threads)
+            log(f"wrote {dst} ({dst.stat().st_size / 1e6:.0f} MB, {time.perf_counter() - t0:.0f} s)")
+        if not args.no_check:
+            check(dst)
+        print(dst)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -917,7 +917,35 @@ def sampling_check(c: dict, sim: bool) -> dict:
     print(f"  sampling: prob err {err:.1e}, {same}/{len(cfgs)} tokens as the CPU twin", flush=True)
     if err > 1e-5 or same < len(cfgs):
         raise AssertionError(f"device sampler disagrees: prob err {err:.2g}, {same}/{len(cfgs)} tokens")
-    return {"prob_err": err, "same_token_as_cpu": same, "rows": len(cfgs)}
+    lp = logprobs_check(cuda.to_device(logits), out_ids, logits, ids)
+    return {"prob_err": err, "same_token_as_cpu": same, "rows": len(cfgs), **lp}
+
+
+def logprobs_check(d_logits, d_ids, logits: np.ndarray, ids: np.ndarray) -> dict:
+    """The logprob kernel (gpu/cuda/logprobs.py) on some of the sampler's rows, at the real
+    vocabulary: the sampled token's logprob and the top N (ids in order, values) against a
+    float64 log-softmax."""
+    from numba import cuda
+
+    from zerolayer.gpu.cuda import logprobs as cu_lp
+    rows, tops = np.array([0, 2, 5], np.int32), np.array([20, 5, 0], np.int32)
+    o_ids = cuda.device_array((len(rows), cu_lp.WIDTH), np.int32)
+    o_lps = cuda.device_array((len(rows), cu_lp.WIDTH), np.float32)
+    cu_lp.logprob_rows(d_logits, cuda.to_device(rows), cuda.to_device(tops), d_ids, o_ids, o_lps)
+    got_ids, got_lps = o_ids.copy_to_host(), o_lps.copy_to_host()
+    err, wrong = 0.0, 0
+    for b, (r, n) in enumerate(zip(rows, tops)):
+        z = logits[r].astype(np.float64)
+        ref = z - (z.max() + np.log(np.exp(z - z.max()).sum()))
+        order = np.lexsort((np.arange(len(z)), -ref))[:n]
+        wrong += int(got_ids[b, 1:1 + n].tolist() != order.tolist()) + int(got_ids[b, 0] != ids[r])
+        err = max(err, abs(float(got_lps[b, 0]) - ref[ids[r]]),
+                  float(np.abs(got_lps[b, 1:1 + n] - ref[order]).max(initial=0.0)))
+    print(f"  logprobs: err {err:.1e}, {len(rows) - wrong}/{len(rows)} rows' top-N as float64",
+          flush=True)
+    if err > 1e-4 or wrong:
+        raise AssertionError(f"logprob kernel disagrees: err {err:.2g}, {wrong} rows wrong")
+    return {"logprob_err": err}
 
 
 def mapped_ring(c: dict, sim: bool) -> dict:

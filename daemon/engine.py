@@ -165,8 +165,8 @@ class Engine:
                  for r in with_logits]
         penalties = ([r.penalty.spec() for r in with_logits]
                      if any(r.penalty.active for r in with_logits) else None)
-        asked = [r.params.top_logprobs if r.params.logprobs else -1 for r in with_logits]
-        lps = asked if max(asked, default=-1) >= 0 else None
+        lps = ([r.params.top_logprobs if r.params.logprobs else -1 for r in with_logits]
+               if any(r.params.logprobs for r in with_logits) else None)
         try:  # sampled where the logits are
             pending = (self.model.launch_tokens(inputs, draws, penalties) if lps is None else
                        self.model.launch_tokens(inputs, draws, penalties, logprobs=lps))

@@ -20,6 +20,7 @@ wrappers take device arrays (Numba device arrays, or CuPy arrays through
                     launches); CudaModel.step
     sampling.py     greedy / temperature / top-k / top-p per row: only token ids leave the GPU
     penalties.py    repetition / presence / frequency penalties on the rows before sampling
+    logprobs.py     the sampled token's logprob and the top N, for the rows that ask only
     mapped_ring.py  the AF_XDP UMEM as mapped memory: token ids in/out of frames
     cupy_memory.py  Numba's device allocations from CuPy's memory pool (EMM plugin)
 
@@ -36,6 +37,7 @@ from . import (  # noqa: F401
                embedding,
                forward,
                grid_sync,
+               logprobs,
                mapped_ring,
                matmul,
                penalties,  # (each registers its kernels)

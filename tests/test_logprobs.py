@@ -18,7 +18,7 @@ from zerolayer.gpu.ops.logprobs import row_logprobs, top_ids
 from zerolayer.gpu.ops.penalties import apply_ref
 from zerolayer.protocol import logprobs as lp
 from zerolayer.protocol import wire
-from zerolayer.protocol.errors import MalformedError
+from zerolayer.protocol.errors import ErrorCode, MalformedError
 from zerolayer.protocol.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
 
 SECRET = b"s" * 32
@@ -231,6 +231,25 @@ def test_top_logprobs_bounds_are_refused_as_malformed():
     with pytest.raises(MalformedError, match="got 21"):   # the SDK refuses before sending
         build_invoke_body("hi", None, None, max_tokens=4, temperature=0, top_k=0, top_p=1,
                           seed=None, stop=(), logprobs=True, top_logprobs=21)
+
+
+def test_the_daemon_answers_21_alternatives_malformed():
+    """A client other than the SDK that sends top_logprobs 21 gets the daemon's signed
+    MALFORMED ERROR, with the message; 20 is admitted."""
+    import test_protocol_ingress as ti
+    from zerolayer.daemon.ingress import InvokeRequest, Rejected
+    ing = ti._ingress((ti.Clock(ti.NOW), ti.Clock(50.0)))
+    good = wire.encode_invoke_body(SamplingParams(max_tokens=4, logprobs=True, top_logprobs=20),
+                                   wire.PayloadKind.PROMPT, b"hi")
+    ok = ing.feed(ti._invoke(good)[0])
+    assert isinstance(ok, InvokeRequest) and ok.body.params.top_logprobs == 20
+    bad = bytearray(good)
+    bad[wire.PARAMS_LEN] = 21
+    r = ing.feed(ti._invoke(bytes(bad))[0])
+    assert isinstance(r, Rejected) and r.reply is not None
+    f = wire.decode_response(r.reply, ti.SECRET)
+    assert isinstance(f, wire.ErrorFrame) and f.signed and f.code == ErrorCode.MALFORMED
+    assert f.message == "top_logprobs must be in 0..20, got 21"
 
 
 def test_a_token_frame_carries_text_then_entries():

@@ -223,6 +223,7 @@ def test_an_error_after_the_stream_started_is_an_error_event():
     class CutStream:           # the daemon cuts the request after the first chunk
         request_id = bytes(16)
         result = None
+        logprobs: list = []    # (none asked)
 
         def __aiter__(self):
             return self

@@ -1,0 +1,541 @@
+#!/usr/bin/env python
+"""Where one decode token's time goes: per kernel class, against the bytes it reads and the
+machine's measured read bandwidth; and llama.cpp's decode on the same files.
+
+    .venv/bin/python bench/synth_gguf.py                  # once: the synthetic 1.1B files
+    .venv/bin/python bench/bench_kernels.py               # bundled model + synthetic Q4_1, Q4_K_M
+    .venv/bin/python bench/bench_kernels.py --model PATH --depths 0 --runs 3
+    .venv/bin/python bench/bench_kernels.py --peer        # + llama-bench tg32 vs our decode
+    .venv/bin/python bench/bench_kernels.py --render bench/results/kernels-....json
+
+1. Read bandwidth: a plain streaming kernel (a Numba parallel XOR over an array of 64-bit
+   words, one contiguous half per thread), over --bw-mib (default 2048 MiB, several times a 480 MiB L3)
+   and, for a model that sits in the L3, over 128 MiB; median of --bw-runs passes, after one
+   untimed pass (the array is written first, so no page is the shared zero page).
+2. Per kernel: one decode token (batch 1) at each of --depths, run through
+   _timed_forward.timed_forward, which is gpu/model.forward with a time-stamp counter read
+   between its kernels, on the loaded model's own arrays (the int8 kernels' layout where the
+   CPU has them). Each class is summed over the layers of a token; the table gives the median
+   over --runs x --tokens tokens, each token at the same position (its KV slot is rewritten).
+   Interleaved with it, the plain compiled forward (same arrays) and model.step (the Python
+   side included) are timed, so the classes' sum can be checked against the real thing.
+   Bytes: each matmul's weight arrays as the kernels read them (their nbytes: packed values,
+   scales, padding), beside the same tensors' bytes in the GGUF file; attention reads the
+   float16 K and V of every position so far. GB/s = bytes / time, and its fraction of the
+   streaming kernel's bandwidth.
+3. --peer: llama.cpp's `llama-bench -t 2 -p 0 -n 32` (tg32) on the same files, in rounds
+   interleaved with our 32-token greedy decode after a 1-token prompt (positions 1-32; theirs
+   0-31), 2 threads each; each round's value is the median of --peer-reps samples, the table
+   the median over --peer-rounds rounds. Per mode (-fa 0/1, --repack 0/1); the ratio is ours
+   / the best mode that serves prompts too (llama.cpp 0c1e570's AMX repacking crashes on any
+   prompt of more than one token, so --repack 1 is reported beside it, not as the baseline).
+
+Holds /tmp/zl-bench.lock (bench_runtime.bench_lock) for all of it; the load average and the
+other processes' CPU share are recorded. Output: a markdown table on stdout, JSON under
+bench/results/kernels-<time>.json (git-ignored).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import bench_runtime as br
+import numpy as np
+from numba import njit, prange
+
+REPO = br.REPO
+SYNTH_DIR = Path(os.environ.get("ZEROLAYER_SYNTH_DIR", Path.home() / ".cache" / "zerolayer" / "synth"))
+SYNTH = ("tinyllama-1.1b-synth.Q4_1.gguf", "tinyllama-1.1b-synth.Q4_K_M.gguf")
+THREADS = 2
+log = br.log
+
+
+# ---------------------------------------------------------------- read bandwidth
+
+@njit(parallel=True, cache=True, nogil=True)
+def stream_xor(a, parts):
+    """XOR of a's 64-bit words, in len(parts) contiguous chunks (prange gives each thread a
+    run of them). Integer XOR, not a float sum: a float32 sum measured 20-23 GB/s here where
+    this reads 30 (its adds, not the loads, were the limit), whatever the array's size."""
+    n = a.shape[0]
+    k = parts.shape[0]
+    for c in prange(k):
+        s = np.uint64(0)
+        for i in range(c * n // k, (c + 1) * n // k):
+            s ^= a[i]
+        parts[c] = s
+    return parts[0]
+
+
+def read_bandwidth(mib: int, runs: int, noise) -> dict:
+    import numba
+    a = np.ones(mib * (1 << 20) // 8, np.uint64)  # written: every page backed by its own memory
+    parts = np.empty(16 * numba.get_num_threads(), np.uint64)
+    stream_xor(a, parts)
+    attempts = 0
+    while True:  # measured again (up to noise.retries times) when others took the CPUs
+        attempts += 1
+        noise.watch.wait_quiet(noise.max_foreign, noise.max_wait)
+        ts = []
+        snap = noise.watch.snap()
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            stream_xor(a, parts)
+            ts.append(time.perf_counter() - t0)
+        share = noise.watch.foreign(snap, noise.watch.snap())
+        if share <= noise.max_foreign or attempts > noise.retries:
+            break
+        log(f"  bandwidth run disturbed ({share:.0%} of the machine taken by others); again")
+    gbs = [a.nbytes / t / 1e9 for t in ts]
+    return {"mib": mib, "threads": numba.get_num_threads(), "runs": runs,
+            "gb_s": statistics.median(gbs), "min": min(gbs), "max": max(gbs),
+            "foreign_share": share, "attempts": attempts}
+
+
+class Streamer:
+    """The streaming kernel on one array, for a bandwidth figure next to each timed run: the
+    host's memory system is shared with other VMs, so its bandwidth moves from minute to
+    minute (17-33 GB/s here), and a fraction is only meaningful against a figure from the
+    same minute."""
+
+    def __init__(self, mib: int):
+        import numba
+        self.a = np.ones(mib * (1 << 20) // 8, np.uint64)
+        self.parts = np.empty(16 * numba.get_num_threads(), np.uint64)
+        stream_xor(self.a, self.parts)
+
+    def gb_s(self, passes: int = 3) -> float:
+        ts = []
+        for _ in range(passes):
+            t0 = time.perf_counter()
+            stream_xor(self.a, self.parts)
+            ts.append(time.perf_counter() - t0)
+        return self.a.nbytes / statistics.median(ts) / 1e9
+
+
+# ---------------------------------------------------------------- bytes per kernel class
+
+MATMULS = {"qkv matmul": "wqkv", "o matmul": "wo", "gate|up matmul": "wgu",
+           "down matmul": "wdown", "LM head": "output"}
+FILE_TENSORS = {"qkv matmul": ("attn_q", "attn_k", "attn_v"), "o matmul": ("attn_output",),
+                "gate|up matmul": ("ffn_gate", "ffn_up"), "down matmul": ("ffn_down",)}
+
+
+def weight_nbytes(w) -> int:
+    return int(sum(a.nbytes for a in (w.qs, w.d, w.m, w.w)))
+
+
+def file_bytes(path: str) -> dict:
+    """Per matmul class: bytes in the GGUF, weights, and the tensor types with their counts."""
+    from gguf import GGUFReader
+    r = GGUFReader(path, "r")
+    names = {t.name: t for t in r.tensors}
+    out = {}
+    for cls, parts in FILE_TENSORS.items():
+        ts = [t for n, t in names.items() if n.startswith("blk.") and n.split(".")[2] in parts
+              and n.endswith(".weight")]
+        out[cls] = ts
+    out["LM head"] = [names.get("output.weight") or names["token_embd.weight"]]
+    res = {}
+    for cls, ts in out.items():
+        types: dict[str, int] = {}
+        for t in ts:
+            types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+        res[cls] = {"bytes": int(sum(int(t.n_bytes) for t in ts)),
+                    "weights": int(sum(int(t.n_elements) for t in ts)), "types": types}
+    return res
+
+
+def fmt_name(fmt: int) -> str:
+    from zerolayer.gpu import quant
+    from zerolayer.gpu.ops import int8_matmul as i8
+    if fmt >= i8.FMT_I8:
+        kind = ("q4 nibbles", "q8 bytes", "q8 bytes (split)", "q5 nibbles+bits",
+                "q6 nibbles+bits")[fmt % 8]
+        return f"int8 path, {kind}, f16 scales"
+    return {quant.FMT_Q4: "float path, q4 nibbles, f32 scales", quant.FMT_Q8: "float path, bytes",
+            quant.FMT_Q8_16: "float path, bytes /16", quant.FMT_F32: "f32"}[fmt]
+
+
+# ---------------------------------------------------------------- per-kernel timing
+
+def tick_seconds() -> float:
+    """Seconds per time-stamp-counter tick, against perf_counter over 0.3 s."""
+    from _timed_forward import tsc_now
+    tsc_now()
+    c0, t0 = tsc_now(), time.perf_counter()
+    time.sleep(0.3)
+    c1, t1 = tsc_now(), time.perf_counter()
+    return (t1 - t0) / (c1 - c0)
+
+
+def load_model(path: str, max_seq: int):
+    from zerolayer.gpu.model import LlamaModel, set_threads
+    set_threads(THREADS)
+    t0 = time.perf_counter()
+    m = LlamaModel.load(path, max_seq_len=max_seq)
+    log(f"loaded {path} in {time.perf_counter() - t0:.1f} s")
+    return m
+
+
+class Noise:
+    """Other processes' CPU share (bench_runtime.CpuWatch): wait for quiet before a run,
+    measure a run again when others took more than max_foreign of the machine."""
+
+    def __init__(self, max_foreign: float, max_wait: float, retries: int):
+        self.watch = br.CpuWatch([])
+        self.max_foreign, self.max_wait, self.retries = max_foreign, max_wait, retries
+
+
+def kernel_times(model, path: str, depths: list[int], runs: int, tokens: int, spt: float,
+                 noise: Noise, streamer: Streamer) -> dict:
+    import numba
+    from _timed_forward import CLASSES, timed_forward
+
+    from zerolayer.gpu.model import StepInput, forward
+    from zerolayer.gpu.model_api import step_arrays
+    from zerolayer.gpu.ops.attention import BLOCK_TOKENS
+    cfg = model.cfg
+    rng = np.random.default_rng(0)
+    fbytes = file_bytes(path)
+    wargs = model._wargs  # (emb, wqkv, wo, wgu, wdown, attn_norm, ffn_norm, out_norm, output, bias)
+    mats = dict(zip(("wqkv", "wo", "wgu", "wdown", "output"), wargs[1:5] + (wargs[8],)))
+    res = {"model": path, "config": {k: getattr(cfg, k) for k in
+                                     ("n_layer", "d_model", "n_ff", "n_head", "n_kv", "head_dim",
+                                      "vocab")},
+           "weights": {}, "depths": {}}
+    for cls, key in MATMULS.items():
+        w = mats[key]
+        res["weights"][cls] = {"bytes": weight_nbytes(w), "format": fmt_name(int(w.fmt)),
+                               "file": fbytes[cls]}
+    kv_item = model.arena.k_pool.itemsize
+    for depth in depths:
+        seq = model.new_sequence()
+        done = 0
+        while done < depth:  # real KV to read (an untouched pool page reads as the zero page)
+            n = min(512, depth - done)
+            model.step([StepInput(seq, rng.integers(0, cfg.vocab, n).astype(np.int32),
+                                  logits=False)])
+            done += n
+        tok = np.array([int(rng.integers(0, cfg.vocab))], np.int32)
+        arr = step_arrays([StepInput(seq, tok)], cfg.vocab)
+        blocks = -(-(depth + 1) // BLOCK_TOKENS)
+        splits = max(1, min((4 * numba.get_num_threads()) // cfg.n_kv, blocks))
+        logits = np.empty((1, cfg.vocab), np.float32)
+        a = model.arena
+        head = (arr.tokens, arr.tok_seq, arr.tok_pos, arr.logit_rows, arr.tables, a.k_pool, a.v_pool,
+                *wargs)
+        tail = (model.cos, model.sin, cfg.n_head, cfg.n_kv, cfg.head_dim, cfg.n_ff,
+                np.float32(cfg.eps), splits, logits)
+        acc = np.zeros(len(CLASSES), np.int64)
+        for _ in range(3):  # warm: compiled (or loaded from the JIT cache), caches filled
+            forward(*head, *tail)
+            timed_forward(*head, *tail, acc)
+        per_token, totals, fwd, step, shares, bws = [], [], [], [], [], []
+        for _ in range(runs):
+            for attempt in range(noise.retries + 1):  # a disturbed run is measured again
+                noise.watch.wait_quiet(noise.max_foreign, noise.max_wait)
+                a = noise.watch.snap()
+                run = ([], [], [], [])
+                for _ in range(tokens):
+                    acc[:] = 0
+                    run[0].append(timed_forward(*head, *tail, acc) * spt)
+                    run[1].append(acc * spt)
+                    t0 = time.perf_counter()
+                    forward(*head, *tail)
+                    run[2].append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    model.step([StepInput(seq, tok)])
+                    run[3].append(time.perf_counter() - t0)
+                    seq.length = depth  # the same position again
+                bw = streamer.gb_s()
+                share = noise.watch.foreign(a, noise.watch.snap())
+                if share <= noise.max_foreign or attempt == noise.retries:
+                    break
+                log(f"  run disturbed ({share:.0%} of the machine taken by others); again")
+            shares.append(share)
+            bws.append(bw)
+            for dst, src in zip((totals, per_token, fwd, step), run):
+                dst += src
+        seq.release()
+        pt = np.array(per_token)
+        kv_bytes = 2 * cfg.n_layer * cfg.n_kv * cfg.head_dim * (depth + 1) * kv_item
+        rows = {}
+        for i, cls in enumerate(CLASSES):
+            rows[cls] = {"s": float(np.median(pt[:, i])), "min": float(pt[:, i].min())}
+            if cls in MATMULS:
+                rows[cls]["bytes"] = res["weights"][cls]["bytes"]
+            elif cls == "attention":
+                rows[cls]["bytes"] = kv_bytes
+        res["depths"][str(depth)] = {
+            "position": depth, "splits": splits, "samples": len(fwd), "classes": rows,
+            "sum_of_medians_s": float(sum(r["s"] for r in rows.values())),
+            "timed_forward_s": statistics.median(totals),
+            "forward_s": statistics.median(fwd), "forward_min_s": min(fwd),
+            "step_s": statistics.median(step), "foreign_share_per_run": shares,
+            "bw_gb_s": statistics.median(bws), "bw_gb_s_per_run": bws,
+            "bytes": int(sum(r.get("bytes", 0) for r in rows.values())),
+        }
+        log(f"  depth {depth}: forward {statistics.median(fwd) * 1e3:.2f} ms, classes sum "
+            f"{res['depths'][str(depth)]['sum_of_medians_s'] * 1e3:.2f} ms")
+    return res
+
+
+# ---------------------------------------------------------------- llama-bench vs our decode
+
+def our_decode(model, steps: int, watch) -> dict:
+    from zerolayer.gpu.model import StepInput
+    seq = model.new_sequence()
+    try:
+        a = watch.snap()
+        tok = int(model.step([StepInput(seq, np.array([1], np.int32))])[0].argmax())
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            tok = int(model.step([StepInput(seq, np.array([tok], np.int32))])[0].argmax())
+        dt = time.perf_counter() - t0
+        share = watch.foreign(a, watch.snap())
+    finally:
+        seq.release()
+    return {"tok_s": steps / dt, "foreign_share": share}
+
+
+def _theirs(rec: dict, path: str, first: bool, reps: int, lb: str, noise: Noise) -> None:
+    """One llama-bench run per --repack mode, both flash-attention modes in each."""
+    for repack in (0, 1):
+        cmd = [lb, "-m", path, "-t", str(THREADS), "-p", "0", "-n", "32", "-fa", "0,1",
+               "--repack", str(repack), "-r", str(reps), "-o", "jsonl"]
+        if first:
+            rec["commands"].append(shlex.join(cmd))
+        noise.watch.wait_quiet(noise.max_foreign, noise.max_wait)
+        try:
+            rows, _ = br.run_llama_bench(cmd, noise.watch)
+        except br.LlamaBenchCrash as e:
+            rec["crashed"].append(f"repack {repack}: {str(e)[:200]}")
+            continue
+        for row in rows:
+            key = f"fa {row.get('flash_attn')}, repack {repack}"
+            rec["llama_bench"].setdefault(key, []).append(
+                {"tok_s": row["value"], "foreign_share": row["foreign_share"],
+                 "build": row.get("build_commit")})
+
+
+def _ours(rec: dict, model, reps: int, noise: Noise) -> None:
+    noise.watch.wait_quiet(noise.max_foreign, noise.max_wait)
+    s = [our_decode(model, 32, noise.watch) for _ in range(reps)]
+    rec["ours"].append({"tok_s": statistics.median(x["tok_s"] for x in s), "samples": s})
+
+
+def peer(models: dict, paths: list[str], rounds: int, reps: int, lb: str, noise: Noise) -> dict:
+    out = {}
+    for path in paths:
+        model = models[path]
+        our_decode(model, 4, noise.watch)  # warm
+        rec: dict = {"ours": [], "llama_bench": {}, "crashed": [], "commands": []}
+        for r in range(rounds):  # the side that goes first alternates
+            for side in (("theirs", "ours") if r % 2 == 0 else ("ours", "theirs")):
+                if side == "ours":
+                    _ours(rec, model, reps, noise)
+                else:
+                    _theirs(rec, path, r == 0, reps, lb, noise)
+            log(f"  round {r + 1}/{rounds}: ours {rec['ours'][-1]['tok_s']:.1f} tok/s; "
+                + ", ".join(f"{k} {v[-1]['tok_s']:.1f}" for k, v in rec["llama_bench"].items()))
+        out[path] = rec
+    return out
+
+
+# ---------------------------------------------------------------- output
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def render(r: dict) -> str:
+    m = r["machine"]
+    bw = r["bandwidth"]
+    dram = bw["dram"]["gb_s"]
+    lines = [f"Host: {m['cpu_model']}, {m['cpus']} CPUs ({m.get('hypervisor') or 'bare metal'}), "
+             f"L3 {m.get('l3')}, flags {', '.join(m['simd_flags'])}; kernels: {r['cpu_kernels']}; "
+             f"{r['date']}, git {r['git']}; load average {r['loadavg_before']} before, "
+             f"{r['loadavg_after']} after.", "",
+             f"Read bandwidth (streaming XOR, {bw['dram']['threads']} threads): "
+             f"{bw['dram']['mib']} MiB array {dram:.1f} GB/s (min–max "
+             f"{bw['dram']['min']:.1f}–{bw['dram']['max']:.1f}); {bw['l3']['mib']} MiB array "
+             f"{bw['l3']['gb_s']:.1f} GB/s; 1 thread, {bw['dram_1t']['mib']} MiB: "
+             f"{bw['dram_1t']['gb_s']:.1f} GB/s; 2 threads again at the end: "
+             f"{bw.get('dram_after', bw['dram'])['gb_s']:.1f} GB/s.", ""]
+    for km in r["kernels"]:
+        name = Path(km["model"]).name
+        c = km["config"]
+        shares = [x for d in km["depths"].values() for x in d.get("foreign_share_per_run", [])]
+        noise = (f"; other processes took {100 * statistics.median(shares):.0f}% of the machine "
+                 f"(median over runs, max {100 * max(shares):.0f}%)") if shares else ""
+        ds = list(km["depths"].values())
+        # "of BW": against the streaming kernel run right after each timed run (the host's
+        # bandwidth moves); older results have only the run's global figure
+        bws = [d.get("bw_gb_s", dram) for d in ds]
+        lines.append(f"**{name}** ({c['n_layer']} layers, d {c['d_model']}, n_ff {c['n_ff']}, "
+                     f"{c['n_head']}/{c['n_kv']} heads, vocab {c['vocab']}){noise}; read bandwidth "
+                     "beside the runs (\"of BW\"): " + ", ".join(
+                         f"pos {d['position']} {b:.1f} GB/s" for d, b in zip(ds, bws)))
+        lines.append("")
+        hdr = ("| kernel class | " + " | ".join(f"pos {d['position']}: ms | GB/s | of BW" for d in ds)
+               + " | MB read | MB in file | format read (file types) |")
+        lines += [hdr, "|---|" + "---|---|---|" * len(ds) + "---|---|---|"]
+        for cls in ds[0]["classes"]:
+            cells = []
+            for d, bwd in zip(ds, bws):
+                row = d["classes"][cls]
+                b = row.get("bytes")
+                gbs = b / row["s"] / 1e9 if b else None
+                cells.append(f"{row['s'] * 1e3:.3f} | " + (f"{gbs:.1f} | {_pct(gbs / bwd)}"
+                                                           if gbs else "– | –"))
+            w = km["weights"].get(cls)
+            if w:
+                types = ", ".join(f"{k}×{v}" for k, v in w["file"]["types"].items())
+                extra = f"{w['bytes'] / 1e6:.1f} | {w['file']['bytes'] / 1e6:.1f} | {w['format']} ({types})"
+            elif cls == "attention":
+                extra = " / ".join(f"{d['classes'][cls]['bytes'] / 1e6:.2f}" for d in ds) + \
+                    " (f16 KV) | – | –"
+            else:
+                extra = "– | – | –"
+            lines.append(f"| {cls} | " + " | ".join(cells) + f" | {extra} |")
+        cells = []
+        for d, bwd in zip(ds, bws):
+            gbs = d["bytes"] / d["forward_s"] / 1e9
+            cells.append(f"**{d['forward_s'] * 1e3:.2f}** | {gbs:.1f} | **{_pct(gbs / bwd)}**")
+        lines.append("| **whole forward** (plain, compiled) | " + " | ".join(cells) +
+                     f" | {ds[-1]['bytes'] / 1e6:.1f} (at pos {ds[-1]['position']}) | – | – |")
+        lines.append("| sum of the classes' medians | " + " | ".join(
+            f"{d['sum_of_medians_s'] * 1e3:.2f} | | " for d in ds) + " | | |")
+        lines.append("| model.step (Python side included) | " + " | ".join(
+            f"{d['step_s'] * 1e3:.2f} | | " for d in ds) + " | | |")
+        lines.append("")
+    if r.get("peer"):
+        lines += ["| model file | ours tok/s | llama-bench tg32, best mode that serves prompts "
+                  "(repack 0) | ratio | best AMX repack mode (crashes on prompts) | ratio | "
+                  "llama-bench, every mode (tok/s) |", "|---|---|---|---|---|---|---|"]
+        lim = r["noise"]["max_foreign"]
+        dropped = 0
+
+        def quiet(xs: list[dict]) -> list[dict]:
+            """The samples others left alone (all of them if none was)."""
+            nonlocal dropped
+            ok = [x for x in xs if x["foreign_share"] <= lim] or xs
+            dropped += len(xs) - len(ok)
+            return ok
+        for path, p in r["peer"].items():
+            ours = statistics.median(x["tok_s"] for rnd in p["ours"] for x in quiet(rnd["samples"]))
+            modes = {k: statistics.median(x["tok_s"] for x in quiet(v))
+                     for k, v in p["llama_bench"].items()}
+            cells = []
+            for rp in ("repack 0", "repack 1"):
+                sub = {k: v for k, v in modes.items() if k.endswith(rp)}
+                bk = max(sub, key=sub.get) if sub else None
+                cells.append(f"{sub[bk]:.1f} ({bk}) | {ours / sub[bk]:.2f}×" if bk else "– | –")
+            allm = "; ".join(f"{k}: {v:.1f}" for k, v in modes.items())
+            lines.append(f"| {Path(path).name} | {ours:.1f} | {' | '.join(cells)} | {allm} |")
+            if p["crashed"]:
+                lines.append(f"| | crashed: {'; '.join(p['crashed'])} | | | | | |")
+        reps = r.get("peer_reps", 3)
+        lines += ["", f"Medians over every sample of every round (ours: {reps} decodes a round; "
+                  f"llama-bench: one row a round per mode, the median of its -r {reps}), leaving "
+                  f"out {dropped} in which other processes took more than {lim:.0%} of the "
+                  "machine.", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append", help="GGUF (repeatable; default: the bundled "
+                    "model and the synthetic Q4_1 and Q4_K_M files that exist)")
+    ap.add_argument("--depths", default="0,1000", help="positions of the timed token (default 0,1000)")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=8, help="tokens per run (default 8)")
+    ap.add_argument("--bw-mib", type=int, default=2048)
+    ap.add_argument("--bw-runs", type=int, default=9)
+    ap.add_argument("--peer", action="store_true", help="also llama-bench tg32 vs our decode")
+    ap.add_argument("--peer-rounds", type=int, default=3)
+    ap.add_argument("--peer-reps", type=int, default=3)
+    ap.add_argument("--llama-bench", default=str(br.LLAMA_BENCH))
+    ap.add_argument("--max-foreign", type=float, default=0.10,
+                    help="share of the machine others may take during a run before it is "
+                    "measured again (default 0.10)")
+    ap.add_argument("--max-wait", type=float, default=60.0,
+                    help="seconds to wait for a quiet machine before each run (default 60)")
+    ap.add_argument("--retries", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--render", default=None, help="print the table of an earlier run's JSON")
+    args = ap.parse_args()
+    if args.render:
+        print(render(json.loads(Path(args.render).read_text())))
+        return 0
+    if args.peer and not os.access(args.llama_bench, os.X_OK):
+        log(f"missing {args.llama_bench}: build it with bench/setup_llamacpp.sh")
+        return 2
+    from zerolayer.gpu.gguf_loader import default_model_path
+    paths = args.model or [default_model_path()] + [str(SYNTH_DIR / f) for f in SYNTH
+                                                    if (SYNTH_DIR / f).exists()]
+    depths = [int(d) for d in args.depths.split(",")]
+    started = _dt.datetime.now(_dt.UTC)
+    out = Path(args.out) if args.out else br.RESULTS / f"kernels-{started:%Y%m%d-%H%M%S}.json"
+    command = shlex.join([sys.executable, *sys.argv])
+    machine = br.machine_info()
+    lscpu = dict(line.split(":", 1) for line in br.sh(["lscpu"]).splitlines() if ":" in line)
+    flags = lscpu.get("Flags", "").split()
+    machine["l3"] = lscpu.get("L3 cache", "").strip()
+    machine["simd_flags"] = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8",
+                                         "amx_bf16") if f in flags]
+    from zerolayer.gpu.ops import cpu_features
+    r = {"command": command, "date": f"{started:%Y-%m-%d %H:%M} UTC", "machine": machine,
+         "git": br.sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
+         "gpu_source": br.gpu_source_hash(), "cpu_kernels": cpu_features.describe()}
+    noise = Noise(args.max_foreign, args.max_wait, args.retries)
+    r["noise"] = {"max_foreign": args.max_foreign, "max_wait_s": args.max_wait,
+                  "retries": args.retries}
+    with br.bench_lock(command) as waited:
+        r["lock_waited_s"] = waited
+        r["loadavg_before"] = " ".join(open("/proc/loadavg").read().split()[:3])
+        spt = tick_seconds()
+        models = {}
+        for p in paths:
+            models[p] = load_model(p, max(depths) + 64)
+        log("read bandwidth")
+        from zerolayer.gpu.model import set_threads
+        set_threads(1)
+        bw1 = read_bandwidth(args.bw_mib, args.bw_runs, noise)
+        set_threads(THREADS)
+        r["bandwidth"] = {"dram": read_bandwidth(args.bw_mib, args.bw_runs, noise),
+                          "l3": read_bandwidth(128, args.bw_runs * 4, noise), "dram_1t": bw1}
+        log(f"  {r['bandwidth']['dram']['gb_s']:.1f} GB/s ({args.bw_mib} MiB), "
+            f"{r['bandwidth']['l3']['gb_s']:.1f} GB/s (128 MiB), 1 thread {bw1['gb_s']:.1f}")
+        r["kernels"] = []
+        streamer = Streamer(args.bw_mib)
+        for p in paths:
+            log(f"kernels: {p}")
+            r["kernels"].append(kernel_times(models[p], p, depths, args.runs, args.tokens, spt,
+                                             noise, streamer))
+        r["bandwidth"]["dram_after"] = read_bandwidth(args.bw_mib, args.bw_runs, noise)
+        if args.peer:
+            log("llama-bench tg32 vs our decode")
+            r["peer_reps"] = args.peer_reps
+            r["peer"] = peer(models, [p for p in paths if "synth" in p] or paths,
+                             args.peer_rounds, args.peer_reps, args.llama_bench, noise)
+        r["tick_s"] = [spt, tick_seconds()]
+        r["loadavg_after"] = " ".join(open("/proc/loadavg").read().split()[:3])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(r, indent=1, default=str))
+    log(f"wrote {out}")
+    print(render(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

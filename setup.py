@@ -30,6 +30,9 @@ DAEMON_REQUIRES = [
     "pyzmq>=25",
     "prometheus-client>=0.20",
     "pyroute2>=0.7",
+    # constrained decoding (structured output): one wheel, no dependencies; measured against
+    # xgrammar, which pulls torch + CUDA + transformers (docs/BENCHMARKS.md)
+    "llguidance>=1.9,<2",
 ]
 # The HTTP+SSE edge (zerolayer-http) is a separate process: the data plane stays HTTP-free.
 # uvloop and httptools: uvicorn picks them up by itself; measured here they take ~2 ms off
@@ -41,7 +44,7 @@ EXTRAS = {
     # the edge is tested with the real OpenAI and Anthropic SDKs; the tree with ruff and mypy,
     # pinned: tests/mypy_baseline.txt holds this mypy's messages, ruff.toml this ruff's rules
     "test": ["pytest>=8", "hypothesis>=6", "mypy==2.4.1", "ruff==0.17.5", "openai>=1.40",
-             "anthropic>=0.30", "httpx>=0.27", "kubernetes-validate>=1.30", *HTTP],
+             "anthropic>=0.30", "httpx>=0.27", "jsonschema>=4", "kubernetes-validate>=1.30", *HTTP],
     "bench": ["matplotlib>=3.8"],
     "gpu": ["numba-cuda[cu12]>=0.30", "cupy-cuda12x>=14"],
 }

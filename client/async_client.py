@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from types import TracebackType
 
+from zerolayer.protocol.constraint import ResponseFormat
 from zerolayer.protocol.errors import ZerolayerError, ZerolayerTimeoutError
 from zerolayer.protocol.logprobs import TokenLogprob
 from zerolayer.protocol.wire import ChatMessage
@@ -58,6 +59,7 @@ class AsyncClient(ClientConfig):
                      repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                      frequency_penalty: float = 0.0,
                      logprobs: bool = False, top_logprobs: int = 0,
+                     response_format: ResponseFormat | None = None,
                      request_id: bytes | str | None = None) -> InvokeResult:
         """Run one request to completion and return its text, usage and timings."""
         s = await self.stream(prompt, messages, token_ids, max_tokens=max_tokens,
@@ -65,7 +67,8 @@ class AsyncClient(ClientConfig):
                               stop=stop, repetition_penalty=repetition_penalty,
                               presence_penalty=presence_penalty,
                               frequency_penalty=frequency_penalty, logprobs=logprobs,
-                              top_logprobs=top_logprobs, request_id=request_id)
+                              top_logprobs=top_logprobs, response_format=response_format,
+                              request_id=request_id)
         s._m.restartable = True  # the caller sees no text until the end
         async with s:
             async for _ in s:
@@ -81,6 +84,7 @@ class AsyncClient(ClientConfig):
                      repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                      frequency_penalty: float = 0.0,
                      logprobs: bool = False, top_logprobs: int = 0,
+                     response_format: ResponseFormat | None = None,
                      request_id: bytes | str | None = None) -> AsyncStream:
         """Send the request's first attempt and return the AsyncStream; iterate it with
         `async for` for text chunks. Errors raise subclasses of ZerolayerError."""
@@ -89,7 +93,7 @@ class AsyncClient(ClientConfig):
                                  stop=stop, repetition_penalty=repetition_penalty,
                                  presence_penalty=presence_penalty,
                                  frequency_penalty=frequency_penalty, logprobs=logprobs,
-                                 top_logprobs=top_logprobs)
+                                 top_logprobs=top_logprobs, response_format=response_format)
         rid = request_id_bytes(request_id)
         ch = await self._open(rid)
         route = ch if isinstance(ch, Routed) else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Sequence
 
+from zerolayer.protocol.constraint import ResponseFormat, from_response_format
 from zerolayer.protocol.errors import PayloadTooLargeError
 from zerolayer.protocol.sampling_params import SamplingParams
 from zerolayer.protocol.wire import (
@@ -22,10 +23,11 @@ def build_invoke_body(prompt: str | None, messages: Sequence[ChatMessage] | None
                       top_k: int, top_p: float, seed: int | None,
                       stop: Sequence[str], repetition_penalty: float = 1.0,
                       presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                      logprobs: bool = False, top_logprobs: int = 0) -> bytes:
+                      logprobs: bool = False, top_logprobs: int = 0,
+                      response_format: ResponseFormat | None = None) -> bytes:
     """Exactly one of prompt, messages, token_ids. Raises ValueError for a wrong call,
     MalformedError for out-of-range parameters and PayloadTooLargeError past 1 MiB, all
-    before anything is sent."""
+    before anything is sent. response_format: OpenAI's shape (protocol/constraint.py)."""
     given = [x is not None for x in (prompt, messages, token_ids)]
     if sum(given) != 1:
         raise ValueError("give exactly one of prompt, messages, token_ids")
@@ -34,7 +36,8 @@ def build_invoke_body(prompt: str | None, messages: Sequence[ChatMessage] | None
                             repetition_penalty=repetition_penalty,
                             presence_penalty=presence_penalty,
                             frequency_penalty=frequency_penalty, logprobs=logprobs,
-                            top_logprobs=top_logprobs)
+                            top_logprobs=top_logprobs,
+                            constraint=from_response_format(response_format))
     if prompt is not None:
         kind, payload = PayloadKind.PROMPT, prompt.encode("utf-8")
     elif messages is not None:

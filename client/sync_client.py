@@ -12,6 +12,10 @@
     r = c.invoke(prompt="2 + 2 =", max_tokens=4, logprobs=True, top_logprobs=5)
     r.logprobs[0].logprob, r.logprobs[0].top_logprobs   # per token (protocol/logprobs.py)
 
+    r = c.invoke(prompt="A user as JSON:", max_tokens=64, response_format={
+        "type": "json_schema", "json_schema": {"name": "user", "schema": SCHEMA}})
+    json.loads(r.text)   # valid against SCHEMA (unless max_tokens cut it: finish "length")
+
 The address is a UDP ("host", port) / "host:port", or "shm:///path/shm.sock" for the
 same-host shared-memory carrier (client/address.py). The reliability rules (retries,
 recovery window, resends, keepalives, which frames are believed) live in one place,
@@ -30,6 +34,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 
+from zerolayer.protocol.constraint import ResponseFormat
 from zerolayer.protocol.errors import ZerolayerError, ZerolayerTimeoutError, error_for
 from zerolayer.protocol.logprobs import TokenLogprob
 from zerolayer.protocol.wire import REQUEST_ID_LEN, ChatMessage, ErrorFrame, Mac, MsgType, PongFrame
@@ -73,6 +78,7 @@ class Client(ClientConfig):
                repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0,
                logprobs: bool = False, top_logprobs: int = 0,
+               response_format: ResponseFormat | None = None,
                request_id: bytes | str | None = None) -> InvokeResult:
         """Run one request to completion and return its text, usage and timings."""
         with self.stream(prompt, messages, token_ids, max_tokens=max_tokens,
@@ -80,7 +86,8 @@ class Client(ClientConfig):
                          stop=stop, repetition_penalty=repetition_penalty,
                          presence_penalty=presence_penalty,
                          frequency_penalty=frequency_penalty, logprobs=logprobs,
-                         top_logprobs=top_logprobs, request_id=request_id) as s:
+                         top_logprobs=top_logprobs, response_format=response_format,
+                         request_id=request_id) as s:
             s._m.restartable = True  # the caller sees no text until the end
             for _ in s:
                 pass
@@ -94,6 +101,7 @@ class Client(ClientConfig):
                repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0,
                logprobs: bool = False, top_logprobs: int = 0,
+               response_format: ResponseFormat | None = None,
                request_id: bytes | str | None = None) -> Stream:
         """Start a request; iterate the returned Stream for text chunks (str). When the
         iteration ends, `stream.result` holds the InvokeResult. Exactly one of prompt,
@@ -103,7 +111,7 @@ class Client(ClientConfig):
                                  stop=stop, repetition_penalty=repetition_penalty,
                                  presence_penalty=presence_penalty,
                                  frequency_penalty=frequency_penalty, logprobs=logprobs,
-                                 top_logprobs=top_logprobs)
+                                 top_logprobs=top_logprobs, response_format=response_format)
         return Stream(self, body, request_id_bytes(request_id))
 
     def ping(self) -> float:

@@ -18,6 +18,17 @@ detokenizer and the stop-string rule may hold a token's text back, and a client 
 held when the request ends goes out with the tail, before DONE; EOS gets no entry (it is
 no part of the answer).
 
+Structured output: a request with a constraint (a JSON schema, any JSON object) gets a
+matcher when it is submitted, from a grammar compiled once per distinct schema and cached
+(gpu/grammar.py); this runs on the engine thread, never the I/O thread, and a schema that
+cannot be compiled or satisfied is refused there like a prompt over the context (a request
+that never started, MALFORMED, with the reason). Each step the constrained rows' allowed
+tokens go to the sampler as bit masks (a step with none is launched as before), and the
+sampled token advances the matcher. When the grammar is complete and allows nothing more,
+the request ends there (stop, as at EOS) rather than spend a step to sample the only token
+left. With overlap a constrained row waits a step instead of taking its token from the
+device: its next mask depends on that token.
+
 Admission reserves the KV blocks for prompt + max_tokens up front (the one context rule,
 gpu/context_rule.check_context), so a request that was accepted can never fail later for
 lack of memory; one that doesn't fit yet waits. An engine holds at most `capacity` =
@@ -44,6 +55,7 @@ import numpy as np
 
 from zerolayer.gpu.context_rule import check_context
 from zerolayer.gpu.errors import KVCacheFullError
+from zerolayer.gpu.grammar import Grammars, mask_words
 from zerolayer.gpu.model_api import Draw, Model, PendingTokens, StepInput
 from zerolayer.gpu.ops.logprobs import RowLogprobs
 from zerolayer.gpu.ops.penalties import PenaltyState
@@ -82,6 +94,8 @@ class Engine:
         self.step_tokens = step_tokens
         self.overlap = model.overlaps if overlap is None else (overlap and model.overlaps)
         self.prefix = PrefixCache(model.arena, max_entries=prefix_entries)
+        vocab: int = model.cfg.vocab  # type: ignore[attr-defined]  # (Model.cfg: object)
+        self.grammars = Grammars(tokenizer, vocab)  # grammars compiled on first use
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._inflight: Batch | None = None
@@ -117,6 +131,8 @@ class Engine:
         req.stops = StopChecker(req.params.stop)
         req.rng = np.random.default_rng(req.params.seed)
         req.penalty = PenaltyState.of(req.params, req.prompt_ids)
+        if req.params.constraint is not None:  # ValueError: the daemon's MALFORMED
+            req.matcher = self.grammars.matcher(req.params.constraint)
         self.waiting.append(req)
 
     @property
@@ -141,8 +157,8 @@ class Engine:
         for r in self.running:  # decodes first: they are what users are waiting on
             if r.prefilled == len(r.prompt_ids):
                 if r.pending_row >= 0:  # its last token is still on the device (overlap)
-                    if r.penalty.active:  # its penalties count that token: a step later
-                        continue
+                    if r.penalty.active or r.matcher is not None:
+                        continue  # its penalties, its mask, depend on that token: a step later
                     inputs.append(StepInput(r.seq, np.zeros(1, np.int32), from_prev=r.pending_row))
                 else:
                     inputs.append(StepInput(r.seq, np.array([r.tokens[-1]], np.int32)))
@@ -167,9 +183,10 @@ class Engine:
                      if any(r.penalty.active for r in with_logits) else None)
         lps = ([r.params.top_logprobs if r.params.logprobs else -1 for r in with_logits]
                if any(r.params.logprobs for r in with_logits) else None)
+        masks = self._masks(with_logits)
+        extra = {k: v for k, v in (("logprobs", lps), ("masks", masks)) if v is not None}
         try:  # sampled where the logits are
-            pending = (self.model.launch_tokens(inputs, draws, penalties) if lps is None else
-                       self.model.launch_tokens(inputs, draws, penalties, logprobs=lps))
+            pending = self.model.launch_tokens(inputs, draws, penalties, **extra)
         except Exception as e:  # never let one bad step take the daemon down
             for r in owners:
                 self._finish_error(r, ErrorCode.INTERNAL, f"forward pass failed: {e}")
@@ -180,6 +197,24 @@ class Engine:
         n_tokens = sum(len(i.tokens) for i in inputs)
         self.forward_passes_tokens += n_tokens
         return Batch(owners, with_logits, pending, n_tokens, self.steps, lps is not None)
+
+    def _masks(self, rows: list[Request]) -> list | None:
+        """The constrained rows' allowed next tokens (None for the others); None when no
+        row is constrained."""
+        if all(r.matcher is None for r in rows):
+            return None
+        n = sum(r.matcher is not None for r in rows)
+        buf = np.empty((n, mask_words(self.grammars.vocab)), np.uint32)
+        out: list = []
+        k = 0
+        for r in rows:
+            if r.matcher is None:
+                out.append(None)
+            else:
+                r.matcher.fill(buf[k])
+                out.append(buf[k])
+                k += 1
+        return out
 
     def _complete(self, b: Batch) -> None:
         try:
@@ -236,12 +271,16 @@ class Engine:
             return self._finish(r, FinishReason.STOP)
         r.tokens.append(tok)
         r.penalty.push(tok)
+        if r.matcher is not None and not r.matcher.advance(tok):
+            return self._finish_error(r, ErrorCode.INTERNAL,
+                                      f"constrained decoding: token {tok} refused: "
+                                      f"{r.matcher.error}")
         if lp is not None:
             r.lp_held.append(self._position(tok, lp))
         text = r.stops.push(r.detok.push(tok))
         if text:
             self.emit(TextEvent(r, text, 1, self._take_held(r)))
-        if r.stops.stopped:
+        if r.stops.stopped or (r.matcher is not None and r.matcher.stopped):
             return self._finish(r, FinishReason.STOP)
         if len(r.tokens) >= p.max_tokens:
             return self._finish(r, FinishReason.LENGTH)

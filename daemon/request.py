@@ -27,6 +27,7 @@ from zerolayer.protocol.sampling_params import SamplingParams
 from zerolayer.protocol.wire import FinishReason, InvokeBody, ResponseSigner, Timings, Usage
 
 if TYPE_CHECKING:
+    from zerolayer.gpu.grammar import Matcher
     from zerolayer.gpu.kv_cache import Sequence
     from zerolayer.gpu.ops.penalties import PenaltyState
     from zerolayer.gpu.stopping import StopChecker
@@ -79,6 +80,7 @@ class Request:
     penalty: PenaltyState | None = None  # its sampling penalties' token counts
     lp_held: list[tuple[bytes, ...]] = field(default_factory=list)  # logprob entries of
                                           # tokens whose text is not out yet (logprobs.py)
+    matcher: Matcher | None = None        # its constraint's state (structured output)
     t_admit: float = 0.0
     t_first: float = 0.0
     t_last: float = 0.0

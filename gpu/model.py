@@ -28,6 +28,7 @@ from .kv_cache import KVArena, Sequence
 from .model_api import Draw, ReadyTokens, StepInput, step_arrays  # noqa: F401 (StepInput: API)
 from .ops import cpu_features, int8_matmul  # the int8 CPU kernels
 from .ops import penalties as _penalties
+from .ops import token_mask as _token_mask
 from .ops.attention import BLOCK_TOKENS, attention, kv_write
 from .ops.embedding import embed
 from .ops.logprobs import row_logprobs
@@ -205,14 +206,19 @@ class LlamaModel:
 
     def launch_tokens(self, inputs: list[StepInput], draws: list[Draw],
                       penalties: list | None = None,
-                      logprobs: list[int] | None = None) -> ReadyTokens:
+                      logprobs: list[int] | None = None,
+                      masks: list | None = None) -> ReadyTokens:
         """step_tokens, already done: the CPU kernels are the CPU's whole work. Logprobs
         (model_api) are computed from the same penalised rows the sampler read, only for
-        the rows that ask."""
+        the rows that ask. A row with a token mask (model_api) has it applied after its
+        penalties; the other rows are not touched."""
         logits = self.step(inputs)
         for row, p in zip(logits, penalties or ()):
             if p is not None:
                 _penalties.apply(row, p)
+        for row, m in zip(logits, masks or ()):
+            if m is not None:
+                _token_mask.apply(row, m)
         ids = np.array([sample(row, *d) for row, d in zip(logits, draws)], np.int32)
         if logprobs is None:
             return ReadyTokens(ids)

@@ -16,6 +16,12 @@ Logprobs (gpu/ops/logprobs.py) are asked per logit row: `logprobs[r]` is the num
 alternatives row r wants (0..20), or -1 for none. A step in which no row asks is given
 `logprobs=None` and does exactly what it did without them; `PendingTokens.logprobs()` then
 answers None for every row.
+
+Token masks (constrained decoding, gpu/grammar.py) are given per logit row too: `masks[r]`
+is row r's allowed tokens as uint32 words (one bit per id, gpu/ops/token_mask.py), or None
+for a free row; a step with no constrained row is given `masks=None`. A masked row's token
+is drawn among the allowed ids only, and its logprobs are of that masked distribution (the
+mask is applied to the logits after the penalties, before the sampler, as vLLM does).
 """
 from __future__ import annotations
 
@@ -121,7 +127,8 @@ class Model(Protocol):
     # logprobs: per logit row the alternatives wanted (0..20) or -1; None: no row asks
     def launch_tokens(self, inputs: list[StepInput], draws: list[Draw],
                       penalties: list | None = None,
-                      logprobs: list[int] | None = None) -> PendingTokens: ...
+                      logprobs: list[int] | None = None,
+                      masks: list | None = None) -> PendingTokens: ...
 
 
 def step_arrays(inputs: list[StepInput], vocab: int) -> StepArrays:

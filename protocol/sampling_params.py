@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .constraint import Constraint
+from .errors import MalformedError
+
 MAX_STOP = 8
 MAX_TEMPERATURE = 100.0  # beyond this sampling is uniform noise; also keeps f32 finite
 MAX_STOP_BYTES = 128
@@ -44,6 +47,9 @@ class SamplingParams:
     # top-k and top-p (vLLM's default; protocol/logprobs.py). Off: nothing extra is sent.
     logprobs: bool = False
     top_logprobs: int = 0
+    # Structured output: what the generated text must be (protocol/constraint.py), enforced
+    # by a token mask before sampling, greedy included. None: free text.
+    constraint: Constraint | None = None
 
     @property
     def penalized(self) -> bool:
@@ -76,6 +82,11 @@ class SamplingParams:
                 f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {self.top_logprobs}")
         if self.top_logprobs and not self.logprobs:
             raise InvalidSamplingParams("top_logprobs needs logprobs=True")
+        if self.constraint is not None:
+            try:
+                self.constraint.check()
+            except MalformedError as e:
+                raise InvalidSamplingParams(str(e)) from None
         if len(self.stop) > MAX_STOP:
             raise InvalidSamplingParams(f"at most {MAX_STOP} stop strings, got {len(self.stop)}")
         for s in self.stop:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TypedDict
 
+from . import constraint as cst
 from . import logprobs as lp
 from .errors import ErrorCode, InvalidSignatureError, MalformedError, PayloadTooLargeError
 from .sampling_params import MAX_STOP, MAX_STOP_BYTES, MAX_TEMPERATURE, InvalidSamplingParams, SamplingParams  # noqa: F401
@@ -122,7 +123,8 @@ PARAM_SEED_SET = 0x0001
 PARAM_PENALTIES = 0x0002  # a penalty block follows the parameter block
 PENALTIES = struct.Struct("<fff")  # repetition, presence, frequency
 PARAM_LOGPROBS = 0x0004   # a logprobs block follows (and the penalty block, if any)
-PARAM_FLAGS = PARAM_SEED_SET | PARAM_PENALTIES | PARAM_LOGPROBS
+PARAM_CONSTRAINT = 0x0008  # a constraint block follows (after the logprobs block, if any)
+PARAM_FLAGS = PARAM_SEED_SET | PARAM_PENALTIES | PARAM_LOGPROBS | PARAM_CONSTRAINT
 CHAT_MSG_HDR = struct.Struct("<BI")    # role, content length
 
 
@@ -437,6 +439,8 @@ def encode_invoke_body(params: SamplingParams, kind: PayloadKind, payload: bytes
         flags |= PARAM_PENALTIES
     if params.logprobs:
         flags |= PARAM_LOGPROBS
+    if params.constraint is not None:
+        flags |= PARAM_CONSTRAINT
     out = bytearray(PARAMS.pack(params.max_tokens, params.temperature, params.top_p,
                                 params.top_k, seed, int(kind), len(params.stop), flags,
                                 len(payload)))
@@ -445,6 +449,8 @@ def encode_invoke_body(params: SamplingParams, kind: PayloadKind, payload: bytes
                               params.frequency_penalty)
     if params.logprobs:
         out += lp.encode_block(params.top_logprobs)
+    if params.constraint is not None:
+        out += cst.encode_block(params.constraint)
     for s in params.stop:
         b = s.encode("utf-8")
         out += struct.pack("<H", len(b)) + b
@@ -480,6 +486,9 @@ def decode_invoke_body(body: bytes) -> InvokeBody:
     top_logprobs = lp.decode_block(body, off) if flags & PARAM_LOGPROBS else 0
     if flags & PARAM_LOGPROBS:
         off += lp.LOGPROBS_BLOCK.size
+    constraint = None
+    if flags & PARAM_CONSTRAINT:
+        constraint, off = cst.decode_block(body, off)
     stops: list[str] = []
     for _ in range(n_stop):
         if off + 2 > len(body):
@@ -496,7 +505,8 @@ def decode_invoke_body(body: bytes) -> InvokeBody:
                             top_p=top_p, seed=seed if flags & PARAM_SEED_SET else None,
                             stop=tuple(stops), repetition_penalty=penalties[0],
                             presence_penalty=penalties[1], frequency_penalty=penalties[2],
-                            logprobs=bool(flags & PARAM_LOGPROBS), top_logprobs=top_logprobs)
+                            logprobs=bool(flags & PARAM_LOGPROBS), top_logprobs=top_logprobs,
+                            constraint=constraint)
     validate_params(params)
     payload = bytes(body[off:])
     if pkind is PayloadKind.PROMPT:

@@ -32,13 +32,16 @@ CASES = [
     "kv_write", "attention_splits1", "attention_splits3", "attention_gqa1",
     "forward_tiny_model", "backend_prefix_tokens", "mapped_ring_token_ids",
     "sample_greedy", "sample_filtered", "penalties", "logprobs",
+    "sample_masked",  # last: the cases before it draw from the shared rng as they always did
 ]
 # The daemon's engine on the simulated CUDA model: whole steps of a whole (tiny) model, which
 # the simulator runs slowly (minutes), so in a child of its own with its own time limit.
-ENGINE_CASES = ["engine_overlap", "engines_two_on_one_device", "engine_logprobs"]
+ENGINE_CASES = ["engine_overlap", "engines_two_on_one_device", "engine_logprobs",
+                "engine_structured"]
 TOL = {"kv_write": 0.0, "forward_tiny_model": 1e-4, "backend_prefix_tokens": 0.0,
        "mapped_ring_token_ids": 0.0, "sample_greedy": 0.0, "engine_overlap": 0.0,
-       "engines_two_on_one_device": 0.0, "engine_logprobs": 1e-3}
+       "engines_two_on_one_device": 0.0, "engine_logprobs": 1e-3, "sample_masked": 1e-5,
+       "engine_structured": 0.0}
 ELEMENTWISE = ("rope", "swiglu", "add", "embed_")
 CHILD_TIMEOUT_S = 900  # generous: the simulator is slow, more so on a busy machine
 ENGINE_CHILD_TIMEOUT_S = 1200
@@ -494,6 +497,101 @@ def _child() -> None:
         wrong = sum(int(out[r]) != sample(logits[r], *d) for r, d in enumerate(draws))
         return err + wrong
 
+    def case_sample_masked():
+        """Token masks (constrained decoding) given to the sampler for some rows only, not in
+        order, greedy and filtered, a mask of one token, one of all but one: the drawn token
+        against the CPU twin's (mask, then sample; any mismatch counts 1, as does a drawn
+        token the mask forbids), the kept distribution against the float64 reference of the
+        masked row, and the rows without a mask left exactly as they were."""
+        from zerolayer.gpu.cuda import sampling as cu_smp
+        from zerolayer.gpu.ops.sampling import sample, sample_probs_ref
+        from zerolayer.gpu.ops.token_mask import allowed, masked
+        V = 300
+        W = (V + 31) // 32
+        cfgs = [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 40, 0.9), (1.0, 0, 1.0), (0.0, 0, 1.0),
+                (1.3, 0, 0.5)]
+        logits = (rng.standard_normal((len(cfgs), V)) * 3).astype(np.float32)
+        rows = np.array([4, 1, 2, 5], np.int32)             # rows 0 and 3 are free
+        words = rng.integers(0, 1 << 32, (4, W), dtype=np.uint64).astype(np.uint32)
+        words[1] = 0
+        words[1, 7] = 1 << 3                                # token 227 alone
+        words[2] = 0xFFFFFFFF
+        words[2, 0] = 0xFFFFFFFE                            # all but token 0
+        cpu = logits.copy()
+        for r, w in zip(rows, words):
+            cpu[r] = masked(cpu[r], w)
+        draws, refs = [], []
+        for r, (t, k, p) in enumerate(cfgs):
+            ref = (sample_probs_ref(cpu[r], t, k, p) if t > 0 else
+                   np.eye(V)[int(np.argmax(cpu[r]))])
+            cdf = np.cumsum(ref)
+            while True:
+                u = float(np.float32(rng.random()))
+                if np.abs(cdf - u).min() > 1e-4:
+                    break
+            draws.append((t, k, p, u))
+            refs.append(ref)
+        out = np.zeros(len(cfgs), np.int32)
+        probs = np.zeros((len(cfgs), V), np.float32)
+        dev = logits.copy()
+        cu_smp.sample_rows(dev, cu_smp.pack_params(draws), out, probs, mask=(rows, words))
+        wrong = sum(int(out[r]) != sample(cpu[r], *d) for r, d in enumerate(draws))
+        wrong += sum(not allowed(w, V)[out[r]] for r, w in zip(rows, words))
+        wrong += int(out[1] != 227) + int(not (dev[[0, 3]] == logits[[0, 3]]).all())
+        return float(np.abs(probs - np.array(refs)).max()) + wrong
+
+    def case_engine_structured():
+        """The engine on the simulated device (overlapped steps) with constrained requests
+        (a JSON schema greedy, json_object sampled) beside a free one, in one batch: the
+        same tokens as the engine on the CPU model, and every constrained token allowed by
+        its grammar (the engine fails a request whose token its matcher refuses)."""
+        import tempfile
+
+        from tiny_gguf import write_tiny_llama
+        from zerolayer.daemon.engine import Engine
+        from zerolayer.daemon.request import FailedEvent, Request
+        from zerolayer.gpu.generate import on_backend
+        from zerolayer.gpu.model import LlamaModel
+        from zerolayer.protocol.constraint import Constraint, ConstraintKind
+        from zerolayer.protocol.sampling_params import SamplingParams
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "tiny.gguf")
+            write_tiny_llama(path, tokenizer=True)
+            kw = dict(use_cache=False, max_seq_len=64, kv_blocks=16)
+            cpu = LlamaModel.load(path, **kw)
+            dev = on_backend(LlamaModel.load(path, **kw))
+        tok = cpu.tokenizer()
+        schema = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(
+            {"type": "object", "properties": {"a": {"enum": ["x", "yy"]}, "b": {"type": "integer"}},
+             "required": ["a", "b"], "additionalProperties": False}))
+        prompts = [rng.integers(3, 200, n).astype(np.int32) for n in (5, 7, 4)]
+        params = [SamplingParams(max_tokens=9, constraint=schema),
+                  SamplingParams(max_tokens=4),
+                  SamplingParams(max_tokens=7, temperature=0.9, seed=3,
+                                 constraint=Constraint(ConstraintKind.JSON_OBJECT))]
+
+        def run(model, overlap):
+            failed: list = []
+
+            def emit(ev):
+                if isinstance(ev, FailedEvent):
+                    failed.append(ev.message)
+            eng = Engine(model, tok, emit=emit, max_running=4, step_tokens=16, overlap=overlap)
+            reqs = [Request.for_ids(k, p, sp) for k, (p, sp) in enumerate(zip(prompts, params))]
+            for r in reqs:
+                eng.submit(r)
+            while eng.has_work:
+                eng.step()
+            assert not failed, failed
+            return [r.tokens for r in reqs]
+
+        cpu_tokens = run(cpu, False)
+        dev_tokens = run(dev, True)
+        assert cpu_tokens == dev_tokens, (cpu_tokens, dev_tokens)
+        assert tok.decode(cpu_tokens[0]).startswith('{"a": "'), tok.decode(cpu_tokens[0])
+        return 0.0
+
     def case_logprobs():
         """The logprob kernel over the rows that ask (not all of them, not in order), with
         ties at and around the top-N cut: the sampled token's logprob and the top N (ids in
@@ -622,7 +720,8 @@ def _child() -> None:
             "mapped_ring_token_ids": case_mapped_ring_token_ids,
             "sample_greedy": case_sample_greedy, "sample_filtered": case_sample_filtered,
             "penalties": case_penalties, "logprobs": case_logprobs,
-            "engine_logprobs": case_engine_logprobs,
+            "sample_masked": case_sample_masked,
+            "engine_logprobs": case_engine_logprobs, "engine_structured": case_engine_structured,
             "engine_overlap": case_engine_overlap,
             "engines_two_on_one_device": case_engines_two_on_one_device}
     for qt in ("q4_1", "q4_0", "q8_0", "f32"):

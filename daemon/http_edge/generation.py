@@ -29,10 +29,12 @@ from zerolayer.client import (
     AsyncClient,
     AsyncStream,
     ChatMessage,
+    ErrorCode,
     InvokeResult,
     TokenLogprob,
     ZerolayerError,
 )
+from zerolayer.protocol.constraint import ResponseFormat
 
 from .errors import ApiError
 from .metrics import EdgeMetrics
@@ -64,6 +66,7 @@ class GenParams:
     frequency_penalty: float = 0.0
     logprobs: bool = False
     top_logprobs: int = 0
+    response_format: ResponseFormat | None = None   # OpenAI's shape (protocol/constraint.py)
 
 
 async def until_disconnect(request: Request, fn: Callable[[], Awaitable[T]]) -> T:
@@ -120,7 +123,8 @@ class Generation:
                                     repetition_penalty=p.repetition_penalty,
                                     presence_penalty=p.presence_penalty,
                                     frequency_penalty=p.frequency_penalty,
-                                    logprobs=p.logprobs, top_logprobs=p.top_logprobs)
+                                    logprobs=p.logprobs, top_logprobs=p.top_logprobs,
+                                    response_format=p.response_format)
         except ZerolayerError as e:         # refused locally: bad parameters, too large
             raise daemon_error(e, metrics) from None
         g = cls(s, api, metrics, t0)
@@ -131,7 +135,12 @@ class Generation:
             raise
         except ZerolayerError as e:
             await g.finish()
-            raise daemon_error(e, metrics) from None
+            err = daemon_error(e, metrics)
+            if p.response_format is not None and e.code is ErrorCode.MALFORMED:
+                # the edge checked every other field: the daemon refused the schema (it
+                # compiles it, the edge does not), and the 400 names the field
+                err.param = "response_format"
+            raise err from None
         except BaseException:
             await g.finish()
             raise

@@ -4,8 +4,9 @@ The OpenAI dialect of serve.serve (dialect.py): request fields are translated in
 AsyncClient.stream call (generation.GenParams); responses and stream chunks follow OpenAI's
 shapes field for field, so the official SDK parses them. Supported: max_tokens /
 max_completion_tokens, temperature, top_p, stop, seed, presence_penalty, frequency_penalty,
-stream, stream_options.include_usage, logprobs (chat: logprobs + top_logprobs 0..20;
-completions: logprobs 0..20, OpenAI's limit there being 5; logprobs.py); top_k and the
+stream, stream_options.include_usage, response_format (chat: json_schema, strict or not,
+and json_object, enforced by the daemon's constrained decoding), logprobs (chat: logprobs +
+top_logprobs 0..20; completions: logprobs 0..20, OpenAI's limit there being 5; logprobs.py); top_k and the
 repetition penalty (vLLM's repetition_penalty, llama.cpp's repeat_penalty) as extensions.
 Parameters that would change the answer in ways the daemon cannot (n > 1, tools,
 logit_bias ...) are refused with 400 rather than ignored.
@@ -20,6 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from zerolayer.client import ChatMessage, InvokeResult, TokenLogprob
+from zerolayer.protocol.constraint import ResponseFormat, from_response_format
+from zerolayer.protocol.errors import MalformedError
 from zerolayer.protocol.sampling_params import (
     MAX_ADDITIVE_PENALTY,
     MAX_REPETITION_PENALTY,
@@ -126,10 +129,7 @@ def parse_chat(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
     f.neutral("parallel_tool_calls", True, False)
     f.refuse("tools", "tool_choice", "functions", "function_call",
              "audio", "modalities", "prediction", "reasoning_effort", "web_search_options")
-    fmt = f.raw("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise bad_request("'response_format' other than text is not supported",
-                          "response_format", "unsupported_parameter")
+    fmt = _response_format(f.raw("response_format"))
     raw = f.raw("messages")
     if not isinstance(raw, list) or not raw:
         raise bad_request("'messages' must be a non-empty list", "messages")
@@ -153,7 +153,26 @@ def parse_chat(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
     stream, include_usage = _stream_flags(f)
     f.refuse_unknown()
     return OpenAIRequest(GenParams(prompt=None, messages=tuple(msgs), logprobs=logprobs,
-                                   top_logprobs=top or 0, **common), stream, include_usage)
+                                   top_logprobs=top or 0, response_format=fmt, **common),
+                         stream, include_usage)
+
+
+def _response_format(fmt: object) -> ResponseFormat | None:
+    """OpenAI's response_format, as the SDK takes it: json_schema (strict or not: the
+    daemon's constrained decoding always enforces the schema) or json_object; text or none
+    is free text. Its shape and size are checked here; whether the schema can be compiled
+    and satisfied the daemon says (a 400 naming the field all the same)."""
+    try:
+        c = from_response_format(fmt)  # type: ignore[arg-type]  # any JSON: it checks
+    except MalformedError as e:
+        raise bad_request(f"'response_format': {e.message}", "response_format") from None
+    if c is None or not isinstance(fmt, dict):
+        return None
+    js = fmt.get("json_schema")
+    if isinstance(js, dict) and js.get("strict") not in (None, True, False):
+        raise bad_request("'response_format.json_schema.strict' must be a boolean",
+                          "response_format")
+    return dict(fmt)
 
 
 def parse_completion(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:

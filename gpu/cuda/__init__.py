@@ -21,6 +21,7 @@ wrappers take device arrays (Numba device arrays, or CuPy arrays through
     sampling.py     greedy / temperature / top-k / top-p per row: only token ids leave the GPU
     penalties.py    repetition / presence / frequency penalties on the rows before sampling
     logprobs.py     the sampled token's logprob and the top N, for the rows that ask only
+    token_mask.py   constrained decoding: disallowed tokens to -inf, constrained rows only
     mapped_ring.py  the AF_XDP UMEM as mapped memory: token ids in/out of frames
     cupy_memory.py  Numba's device allocations from CuPy's memory pool (EMM plugin)
 
@@ -46,5 +47,6 @@ from . import (  # noqa: F401
                sampling,
                step_kernel,
                swiglu,
+               token_mask,
 )
 from ._cuda_shim import KERNELS, SIM, device_available  # noqa: F401

@@ -328,6 +328,8 @@ class CudaModel:
         self._pen_ints = Staging(self.stream, np.int32)  # penalties.pack's arrays, per step
         self._pen_floats = Staging(self.stream, np.float32)
         self._lp_ints = Staging(self.stream, np.int32)     # asking rows and their counts
+        self._mask_rows = Staging(self.stream, np.int32)   # constrained rows, their masks
+        self._mask_words = Staging(self.stream, np.uint32)
         self._lp_cap = 0            # logprob outputs: device [cap, WIDTH] ids and values,
         self._lp_dev: tuple = ()    # and a pair of pinned copies of each, by _ids_turn
         self._lp_host: tuple = ()
@@ -425,12 +427,14 @@ class CudaModel:
 
     def launch_tokens(self, inputs: list[StepInput], draws: list[Draw],
                       penalties: list | None = None,
-                      logprobs: list[int] | None = None) -> PendingStep:
+                      logprobs: list[int] | None = None,
+                      masks: list | None = None) -> PendingStep:
         """Queue the step, the sampler and the ids' copy back on self.stream; returns at once.
         Sequence lengths advance now (the host's bookkeeping): the next step is planned
         against them while this one runs. Rows that ask for logprobs (model_api) get them
         from gpu/cuda/logprobs.py after the sampler, over those rows only; their results
-        come back with the ids."""
+        come back with the ids. Constrained rows' token masks (model_api) are staged with the
+        draws, for those rows only, and the sampler applies them (gpu/cuda/token_mask.py)."""
         a = step_arrays(inputs, self.cfg.vocab)
         n = len(a.logit_rows)
         asking = [(r, min(k, self.cfg.vocab)) for r, k in enumerate(logprobs or ()) if k >= 0]
@@ -438,6 +442,12 @@ class CudaModel:
             lp_rows, lp_tops = self._lp_ints.put([r for r, _ in asking], [k for _, k in asking])
         if n:  # (none when the step was only prompt chunks that want no logits)
             (params,) = self._draws.put(_smp.pack_params(draws))  # queued before the step
+            masked = [(r, m) for r, m in enumerate(masks or ()) if m is not None]
+            mask = None
+            if masked:
+                (m_rows,) = self._mask_rows.put(np.array([r for r, _ in masked], np.int32))
+                (m_words,) = self._mask_words.put(np.stack([m for _, m in masked]))
+                mask = (m_rows, m_words)
             packed = _pen.pack(penalties)
             if packed is not None:
                 pen = (self._pen_ints.put(*packed[0]), self._pen_floats.put(*packed[1]))
@@ -455,7 +465,7 @@ class CudaModel:
             if packed is not None:
                 _pen.apply_rows(logits, *pen, stream=self.stream)
                 keys = None  # penalised rows: their argmax is the sampler's to find
-            _smp.sample_rows(logits, params, ids[:n], pre=keys, stream=self.stream)
+            _smp.sample_rows(logits, params, ids[:n], pre=keys, stream=self.stream, mask=mask)
             self._ids_turn ^= 1
             host = self._ids_host[self._ids_turn]
             ids[:n].copy_to_host(host[:n], stream=self.stream)

@@ -29,6 +29,7 @@ import math
 import numpy as np
 from numba import float32, int32, int64
 
+from . import token_mask as _tm
 from ._cuda_shim import SIM, cuda, device, float_bits, kernel
 
 # A power of two (tree reductions). One block per row, so at batch 1 the block's threads are
@@ -264,13 +265,18 @@ def _sample_rows(logits, params, out, probs, pre):
                 rank += 1
 
 
-def sample_rows(logits, params, out, probs=None, pre=None, stream=0) -> None:
+def sample_rows(logits, params, out, probs=None, pre=None, stream=0, mask=None) -> None:
     """out[r] = a token id drawn from logits[r] (device arrays) under params[r] =
     (temperature, top_k, top_p, u). probs: optional [rows, vocab] output of the kept
     distribution (tests and checks; the product passes none). pre: optional argmax keys
-    [rows] from the fused step kernel, taken by greedy rows."""
+    [rows] from the fused step kernel, taken by greedy rows (not with a mask: a masked row's
+    argmax is the sampler's to find). mask: optional (rows int32 [m], words uint32 [m, W]),
+    the constrained rows' allowed tokens (token_mask.py), applied to logits in place first."""
     if logits.shape[0] == 0:  # a launch of 0 blocks is an error
         return
+    if mask is not None:
+        _tm.mask_rows(logits, mask[0], mask[1], stream=stream)
+        pre = None
     if probs is None:
         probs = _no_probs(logits.shape[1])
     if pre is None:

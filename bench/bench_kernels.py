@@ -288,6 +288,60 @@ def kernel_times(model, path: str, depths: list[int], runs: int, tokens: int, sp
     return res
 
 
+def activation_ab(model, runs: int, tokens: int, spt: float, noise: Noise,
+                  streamer: Streamer) -> dict:
+    """int16 activations (the default) against int8 on the same model, interleaved run by run,
+    one token at position 0. Both read the same weight bytes (gpu/ops/int8_matmul.py); int8
+    does half the multiply-adds a byte, so a faster int8 run means the matmuls do not only
+    wait on memory."""
+    import numba
+    from _timed_forward import CLASSES, timed_forward
+
+    from zerolayer.gpu.model import StepInput
+    from zerolayer.gpu.model_api import step_arrays
+    from zerolayer.gpu.ops import cpu_features, int8_matmul
+    if not cpu_features.ISA:
+        return {}
+    cfg = model.cfg
+    w = model._wargs
+    mw = int8_matmul.prepare_model(model.w, cpu_features.ISA, not cpu_features.WIDE)
+    other = (w[0], mw.wqkv, mw.wo, mw.wgu, mw.wdown, w[5], w[6], w[7], mw.output, w[9])
+    now = "int16" if cpu_features.WIDE else "int8"
+    variants = {now: w, ("int8" if now == "int16" else "int16"): other}
+    seq = model.new_sequence()
+    arr = step_arrays([StepInput(seq, np.array([7], np.int32))], cfg.vocab)
+    logits = np.empty((1, cfg.vocab), np.float32)
+    a = model.arena
+    tail = (model.cos, model.sin, cfg.n_head, cfg.n_kv, cfg.head_dim, cfg.n_ff,
+            np.float32(cfg.eps), max(1, min((4 * numba.get_num_threads()) // cfg.n_kv, 1)), logits)
+    mm = [CLASSES.index(c) for c in MATMULS]
+    acc = np.zeros(len(CLASSES), np.int64)
+    out: dict = {k: {"forward_s": [], "matmul_s": [], "bytes": sum(
+        weight_nbytes(x) for x in (v[1], v[2], v[3], v[4], v[8]))} for k, v in variants.items()}
+    bws, shares = [], []
+
+    def one(v):
+        return (arr.tokens, arr.tok_seq, arr.tok_pos, arr.logit_rows, arr.tables, a.k_pool,
+                a.v_pool, *v, *tail, acc)
+    for v in variants.values():  # warm
+        timed_forward(*one(v))
+    for r in range(runs):
+        noise.watch.wait_quiet(noise.max_foreign, noise.max_wait)
+        snap = noise.watch.snap()
+        for k in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+            for _ in range(tokens):
+                acc[:] = 0
+                out[k]["forward_s"].append(timed_forward(*one(variants[k])) * spt)
+                out[k]["matmul_s"].append(float(acc[mm].sum()) * spt)
+        bws.append(streamer.gb_s())
+        shares.append(noise.watch.foreign(snap, noise.watch.snap()))
+    seq.release()
+    for k in variants:
+        out[k]["forward_s"] = statistics.median(out[k]["forward_s"])
+        out[k]["matmul_s"] = statistics.median(out[k]["matmul_s"])
+    return {"variants": out, "bw_gb_s": statistics.median(bws), "foreign_share_per_run": shares}
+
+
 # ---------------------------------------------------------------- llama-bench vs our decode
 
 def our_decode(model, steps: int, watch) -> dict:
@@ -417,6 +471,18 @@ def render(r: dict) -> str:
         lines.append("| model.step (Python side included) | " + " | ".join(
             f"{d['step_s'] * 1e3:.2f} | | " for d in ds) + " | | |")
         lines.append("")
+    if r.get("activations_ab"):
+        lines += ["int16 vs int8 activations, interleaved run by run (position 0; the same "
+                  "weight bytes):", "",
+                  "| model | activations | whole forward ms | matmuls ms | matmul GB/s | of BW |",
+                  "|---|---|---|---|---|---|"]
+        for path, ab in r["activations_ab"].items():
+            for k, v in ab["variants"].items():
+                gbs = v["bytes"] / v["matmul_s"] / 1e9
+                lines.append(f"| {Path(path).name} | {k} | {v['forward_s'] * 1e3:.2f} | "
+                             f"{v['matmul_s'] * 1e3:.2f} | {gbs:.1f} | {_pct(gbs / ab['bw_gb_s'])} "
+                             f"(of {ab['bw_gb_s']:.1f}) |")
+        lines.append("")
     if r.get("peer"):
         lines += ["| model file | ours tok/s | llama-bench tg32, best mode that serves prompts "
                   "(repack 0) | ratio | best AMX repack mode (crashes on prompts) | ratio | "
@@ -424,22 +490,25 @@ def render(r: dict) -> str:
         lim = r["noise"]["max_foreign"]
         dropped = 0
 
-        def quiet(xs: list[dict]) -> list[dict]:
-            """The samples others left alone (all of them if none was)."""
+        def quiet_median(xs: list[dict]) -> tuple[float, bool]:
+            """Median over the samples others left alone; over all of them, flagged, if none
+            was."""
             nonlocal dropped
-            ok = [x for x in xs if x["foreign_share"] <= lim] or xs
-            dropped += len(xs) - len(ok)
-            return ok
+            ok = [x for x in xs if x["foreign_share"] <= lim]
+            dropped += len(xs) - len(ok) if ok else 0
+            return statistics.median(x["tok_s"] for x in (ok or xs)), not ok
         for path, p in r["peer"].items():
-            ours = statistics.median(x["tok_s"] for rnd in p["ours"] for x in quiet(rnd["samples"]))
-            modes = {k: statistics.median(x["tok_s"] for x in quiet(v))
-                     for k, v in p["llama_bench"].items()}
+            ours, _ = quiet_median([x for rnd in p["ours"] for x in rnd["samples"]])
+            modes, shown = {}, {}
+            for k, v in p["llama_bench"].items():
+                modes[k], disturbed = quiet_median(v)
+                shown[k] = k + (", every sample disturbed" if disturbed else "")
             cells = []
             for rp in ("repack 0", "repack 1"):
                 sub = {k: v for k, v in modes.items() if k.endswith(rp)}
                 bk = max(sub, key=sub.get) if sub else None
-                cells.append(f"{sub[bk]:.1f} ({bk}) | {ours / sub[bk]:.2f}×" if bk else "– | –")
-            allm = "; ".join(f"{k}: {v:.1f}" for k, v in modes.items())
+                cells.append(f"{sub[bk]:.1f} ({shown[bk]}) | {ours / sub[bk]:.2f}×" if bk else "– | –")
+            allm = "; ".join(f"{shown[k]}: {v:.1f}" for k, v in modes.items())
             lines.append(f"| {Path(path).name} | {ours:.1f} | {' | '.join(cells)} | {allm} |")
             if p["crashed"]:
                 lines.append(f"| | crashed: {'; '.join(p['crashed'])} | | | | | |")
@@ -462,6 +531,8 @@ def main() -> int:
     ap.add_argument("--bw-mib", type=int, default=2048)
     ap.add_argument("--bw-runs", type=int, default=9)
     ap.add_argument("--peer", action="store_true", help="also llama-bench tg32 vs our decode")
+    ap.add_argument("--activations-ab", action="store_true",
+                    help="also int16 vs int8 activations, interleaved (position 0)")
     ap.add_argument("--peer-rounds", type=int, default=3)
     ap.add_argument("--peer-reps", type=int, default=3)
     ap.add_argument("--llama-bench", default=str(br.LLAMA_BENCH))
@@ -522,6 +593,12 @@ def main() -> int:
             log(f"kernels: {p}")
             r["kernels"].append(kernel_times(models[p], p, depths, args.runs, args.tokens, spt,
                                              noise, streamer))
+        if args.activations_ab:
+            r["activations_ab"] = {}
+            for p in paths:
+                log(f"int16 vs int8 activations: {p}")
+                r["activations_ab"][p] = activation_ab(models[p], args.runs, args.tokens, spt,
+                                                       noise, streamer)
         r["bandwidth"]["dram_after"] = read_bandwidth(args.bw_mib, args.bw_runs, noise)
         if args.peer:
             log("llama-bench tg32 vs our decode")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -33,11 +33,16 @@ from zerolayer.protocol.constraint import Constraint, ConstraintKind
 
 from .tokenizer import Tokenizer
 
+if TYPE_CHECKING:  # imported when first needed: the daemon's dependency, never the SDK's
+    from llguidance import LLMatcher, LLTokenizer
+    from llguidance._lib import JsonCompileOptions
+
 CACHE_ENTRIES = 64   # compiled grammars kept; each is small (the schema's rules), not a table
 # One layout, json.dumps's (", " and ": ", no other whitespace): with llguidance's default,
 # free whitespace between tokens, a sampled small model can spend its max_tokens on newlines
 # and never close the object. A schema's own "x-guidance" options still override these.
-JSON_LAYOUT = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+JSON_LAYOUT: JsonCompileOptions = {"item_separator": ", ", "key_separator": ": ",
+                                   "whitespace_flexible": False}
 
 
 def mask_words(vocab: int) -> int:
@@ -65,7 +70,7 @@ class _Vocab:
 class Matcher:
     """One sequence's place in its grammar."""
 
-    def __init__(self, m: Any):
+    def __init__(self, m: LLMatcher):
         self._m = m
 
     def fill(self, row: npt.NDArray[np.uint32]) -> None:
@@ -89,11 +94,11 @@ class Matcher:
 class Grammars:
     def __init__(self, tok: Tokenizer, vocab: int, entries: int = CACHE_ENTRIES):
         self.tok, self.vocab, self.entries = tok, vocab, entries
-        self._lt: Any = None
-        self._cache: OrderedDict[bytes, Any] = OrderedDict()
+        self._lt: LLTokenizer | None = None
+        self._cache: OrderedDict[bytes, LLMatcher] = OrderedDict()
         self.compiled = 0   # grammars compiled (not found in the cache), for tests and metrics
 
-    def _tokenizer(self) -> Any:
+    def _tokenizer(self) -> LLTokenizer:
         if self._lt is None:
             import llguidance  # the daemon's dependency only: the SDK never imports this
             self._lt = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocab(self.tok,
@@ -115,20 +120,18 @@ class Grammars:
             self._cache.move_to_end(key)
         return Matcher(m.deep_copy())
 
-    def _compile(self, c: Constraint) -> Any:
+    def _compile(self, c: Constraint) -> LLMatcher:
         import llguidance
-        if c.kind is ConstraintKind.JSON_OBJECT:
-            schema: Any = {"type": "object"}
-        else:
-            try:
-                schema = json.loads(c.text)
-            except ValueError as e:
-                raise ValueError(f"response_format: the JSON schema is not valid JSON: {e}") \
-                    from None
-            if not isinstance(schema, dict):
-                raise ValueError("response_format: the JSON schema must be a JSON object")
+        text = '{"type": "object"}' if c.kind is ConstraintKind.JSON_OBJECT else c.text
         try:
-            g = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
+            schema = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"response_format: the JSON schema is not valid JSON: {e}") \
+                from None
+        if not isinstance(schema, dict):
+            raise ValueError("response_format: the JSON schema must be a JSON object")
+        try:
+            g = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
         except ValueError as e:
             raise ValueError(f"response_format: the JSON schema cannot be used: {e}") from None
         m = llguidance.LLMatcher(self._tokenizer(), g, log_level=0)

@@ -8,9 +8,13 @@ read at all; a word with every bit set (most of a JSON string's vocabulary) is o
 no store. A disallowed token's logit becomes -inf in place: the sampler (greedy, top-k,
 top-p, the draw) and the logprobs after it then see the allowed tokens alone, the CPU's order.
 """
+# mypy reads Numba's device intrinsics (cuda.threadIdx.x) through their host-side stubs and
+# misreports them inside kernels; that code is that and nothing else here.
+# mypy: disable-error-code="call-overload"
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from ._cuda_shim import SIM, cuda, kernel
 
@@ -35,7 +39,8 @@ def _mask_rows(logits, rows, words):
                     logits[r, t] = NEG_INF
 
 
-def mask_rows(logits, rows, words, stream=0) -> None:
+def mask_rows(logits: npt.NDArray[np.float32], rows: npt.NDArray[np.int32],
+              words: npt.NDArray[np.uint32], stream: int = 0) -> None:
     """Set the disallowed tokens of logits[rows[k]] to -inf per words[k] (device arrays)."""
     if rows.shape[0] == 0:  # a launch of 0 blocks is an error
         return

@@ -246,6 +246,20 @@ def test_engine_refuses_an_unsatisfiable_schema_before_it_starts(generator):
     assert not eng.has_work
 
 
+def test_logprobs_of_forbidden_tokens_are_json():
+    """A constrained row's logprobs are of the masked distribution: an alternative the
+    grammar forbids has -inf, which the edge sends as OpenAI's floor, -9999.0 (JSON has no
+    -inf; starlette refuses to encode one)."""
+    from zerolayer.daemon.http_edge.logprobs import CompletionLogprobs, chat_logprobs
+    from zerolayer.protocol.logprobs import TokenLogprob, TopLogprob
+    t = TokenLogprob(5, b"{", -0.01, (TopLogprob(5, b"{", -0.01),
+                                      TopLogprob(7, b"x", float("-inf"))))
+    body = chat_logprobs([t])
+    assert json.loads(json.dumps(body, allow_nan=False))["content"][0]["top_logprobs"][1][
+        "logprob"] == -9999.0
+    json.dumps(CompletionLogprobs().next([t]), allow_nan=False)
+
+
 # ------------------------------------------------------------------------------ daemon + edge
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,9 @@ import jsonschema
 import numpy as np
 import pytest
 
+from test_engine import Recorder  # the engine's typed events, by request key
 from zerolayer.daemon.engine import Engine
-from zerolayer.daemon.request import DoneEvent, FailedEvent, Request, TextEvent
+from zerolayer.daemon.request import Request
 from zerolayer.gpu.grammar import Grammars, mask_words
 from zerolayer.gpu.ops.sampling import sample
 from zerolayer.gpu.ops.token_mask import allowed, masked
@@ -177,22 +178,6 @@ def test_grammars_compile_once_and_refuse_clearly(generator):
 
 # ------------------------------------------------------------------------------ the engine
 
-class Recorder:
-    def __init__(self):
-        self.text: dict = {}
-        self.done: dict = {}
-        self.errors: dict = {}
-
-    def __call__(self, ev):
-        k = ev.req.key
-        if isinstance(ev, TextEvent):
-            self.text[k] = self.text.get(k, "") + ev.text
-        elif isinstance(ev, DoneEvent):
-            self.done[k] = ev.reason.label
-        elif isinstance(ev, FailedEvent):
-            self.errors[k] = ev.message
-
-
 def _run(eng: Engine) -> None:
     for _ in range(3000):
         if not eng.has_work:
@@ -228,9 +213,9 @@ def test_engine_outputs_validate_over_seeds_and_temperatures(generator):
     _run(eng)
     assert not rec.errors
     for k in range(16):
-        assert rec.done[k] == "stop", (k, rec.text.get(k))
+        assert rec.done[k][0] == "stop", (k, rec.text.get(k))
         jsonschema.validate(json.loads(rec.text[k]), SCHEMAS[k % 3])
-    assert rec.done["obj"] == "stop" and isinstance(json.loads(rec.text["obj"]), dict)
+    assert rec.done["obj"][0] == "stop" and isinstance(json.loads(rec.text["obj"]), dict)
     assert rec.text["free"] == solo
     assert eng.grammars.compiled == 4  # 3 schemas + json_object, each once
     eng.prefix.clear()

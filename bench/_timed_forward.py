@@ -21,7 +21,7 @@ from numba.extending import intrinsic
 from zerolayer.gpu.model import _add, _add_row
 from zerolayer.gpu.ops.attention import attention, kv_write
 from zerolayer.gpu.ops.embedding import embed
-from zerolayer.gpu.ops.matmul import matmul
+from zerolayer.gpu.ops.matmul import layer_matmul
 from zerolayer.gpu.ops.rmsnorm import rmsnorm
 from zerolayer.gpu.ops.rope import rope
 from zerolayer.gpu.ops.swiglu import swiglu
@@ -74,7 +74,7 @@ def timed_forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_
         t1 = tsc()
         acc[NORM] += t1 - t
         t = t1
-        matmul(wqkv[0], wqkv[1][layer], wqkv[2][layer], wqkv[3][layer], wqkv[4][layer], xn, qkv)
+        layer_matmul(wqkv, layer, xn, qkv)
         if qkv_bias.shape[1] != 0:
             _add_row(qkv, qkv_bias[layer])
         t1 = tsc()
@@ -93,7 +93,7 @@ def timed_forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_
         t1 = tsc()
         acc[ATTN] += t1 - t
         t = t1
-        matmul(wo[0], wo[1][layer], wo[2][layer], wo[3][layer], wo[4][layer], att, tmp)
+        layer_matmul(wo, layer, att, tmp)
         t1 = tsc()
         acc[WO] += t1 - t
         t = t1
@@ -105,7 +105,7 @@ def timed_forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_
         t1 = tsc()
         acc[NORM] += t1 - t
         t = t1
-        matmul(wgu[0], wgu[1][layer], wgu[2][layer], wgu[3][layer], wgu[4][layer], xn, gu)
+        layer_matmul(wgu, layer, xn, gu)
         t1 = tsc()
         acc[GU] += t1 - t
         t = t1
@@ -113,7 +113,7 @@ def timed_forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_
         t1 = tsc()
         acc[SWIGLU] += t1 - t
         t = t1
-        matmul(wdown[0], wdown[1][layer], wdown[2][layer], wdown[3][layer], wdown[4][layer], h, tmp)
+        layer_matmul(wdown, layer, h, tmp)
         t1 = tsc()
         acc[DOWN] += t1 - t
         t = t1
@@ -133,7 +133,7 @@ def timed_forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_
     t1 = tsc()
     acc[NORM] += t1 - t
     t = t1
-    matmul(outw[0], outw[1][0], outw[2][0], outw[3][0], outw[4][0], xln, logits)
+    layer_matmul(outw, 0, xln, logits)
     t1 = tsc()
     acc[HEAD] += t1 - t
     return t1 - t_start

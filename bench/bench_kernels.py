@@ -129,7 +129,8 @@ FILE_TENSORS = {"qkv matmul": ("attn_q", "attn_k", "attn_v"), "o matmul": ("attn
 
 
 def weight_nbytes(w) -> int:
-    return int(sum(a.nbytes for a in (w.qs, w.d, w.m, w.w)))
+    from zerolayer.gpu.ops.int8_matmul import read_nbytes
+    return read_nbytes(w)
 
 
 def file_bytes(path: str) -> dict:
@@ -162,6 +163,14 @@ def fmt_name(fmt: int) -> str:
         return f"int8 path, {kind}, f16 scales"
     return {quant.FMT_Q4: "float path, q4 nibbles, f32 scales", quant.FMT_Q8: "float path, bytes",
             quant.FMT_Q8_16: "float path, bytes /16", quant.FMT_F32: "f32"}[fmt]
+
+
+def formats_read(w) -> str:
+    """The format each layer is read in; a mixed stack names each with its layer count."""
+    codes = [int(c) for c in w.layers()[:, 0]]
+    if len(set(codes)) == 1:
+        return fmt_name(codes[0])
+    return "; ".join(f"{fmt_name(c)} ×{codes.count(c)}" for c in sorted(set(codes)))
 
 
 # ---------------------------------------------------------------- per-kernel timing
@@ -213,7 +222,7 @@ def kernel_times(model, path: str, depths: list[int], runs: int, tokens: int, sp
            "weights": {}, "depths": {}}
     for cls, key in MATMULS.items():
         w = mats[key]
-        res["weights"][cls] = {"bytes": weight_nbytes(w), "format": fmt_name(int(w.fmt)),
+        res["weights"][cls] = {"bytes": weight_nbytes(w), "format": formats_read(w),
                                "file": fbytes[cls]}
     kv_item = model.arena.k_pool.itemsize
     for depth in depths:
@@ -305,7 +314,10 @@ def activation_ab(model, runs: int, tokens: int, spt: float, noise: Noise,
     cfg = model.cfg
     w = model._wargs
     mw = int8_matmul.prepare_model(model.w, cpu_features.ISA, not cpu_features.WIDE)
-    other = (w[0], mw.wqkv, mw.wo, mw.wgu, mw.wdown, w[5], w[6], w[7], mw.output, w[9])
+    def table(x):  # the forward reads each layer's format from the weight's table
+        return x._replace(lf=x.layers())
+    other = (w[0], table(mw.wqkv), table(mw.wo), table(mw.wgu), table(mw.wdown), w[5], w[6],
+             w[7], table(mw.output), w[9])
     now = "int16" if cpu_features.WIDE else "int8"
     variants = {now: w, ("int8" if now == "int16" else "int16"): other}
     seq = model.new_sequence()

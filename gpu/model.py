@@ -32,7 +32,7 @@ from .ops import token_mask as _token_mask
 from .ops.attention import BLOCK_TOKENS, attention, kv_write
 from .ops.embedding import embed
 from .ops.logprobs import row_logprobs
-from .ops.matmul import matmul
+from .ops.matmul import layer_matmul
 from .ops.rmsnorm import rmsnorm
 from .ops.rope import rope, rope_tables
 from .ops.sampling import sample
@@ -72,19 +72,19 @@ def forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_pool,
     embed(emb[0], emb[1][0], emb[2][0], emb[3][0], emb[4][0], tokens, x)
     for layer in range(L):
         rmsnorm(x, attn_norm[layer], eps, xn)
-        matmul(wqkv[0], wqkv[1][layer], wqkv[2][layer], wqkv[3][layer], wqkv[4][layer], xn, qkv)
+        layer_matmul(wqkv, layer, xn, qkv)
         if qkv_bias.shape[1] != 0:  # [L, 0]: no biases (llama)
             _add_row(qkv, qkv_bias[layer])
         rope(qkv, 0, tok_pos, cos, sin, n_head + n_kv, hd)  # Q and K heads are adjacent
         kv_write(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head, n_kv, hd)
         attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head, n_kv, hd,
                   splits, att)
-        matmul(wo[0], wo[1][layer], wo[2][layer], wo[3][layer], wo[4][layer], att, tmp)
+        layer_matmul(wo, layer, att, tmp)
         _add(x, tmp)
         rmsnorm(x, ffn_norm[layer], eps, xn)
-        matmul(wgu[0], wgu[1][layer], wgu[2][layer], wgu[3][layer], wgu[4][layer], xn, gu)
+        layer_matmul(wgu, layer, xn, gu)
         swiglu(gu, h)
-        matmul(wdown[0], wdown[1][layer], wdown[2][layer], wdown[3][layer], wdown[4][layer], h, tmp)
+        layer_matmul(wdown, layer, h, tmp)
         _add(x, tmp)
     n_out = logit_rows.shape[0]
     xl = np.empty((n_out, D), np.float32)
@@ -92,7 +92,7 @@ def forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_pool,
         xl[i] = x[logit_rows[i]]
     xln = np.empty((n_out, D), np.float32)
     rmsnorm(xl, out_norm, eps, xln)
-    matmul(outw[0], outw[1][0], outw[2][0], outw[3][0], outw[4][0], xln, logits)
+    layer_matmul(outw, 0, xln, logits)
 
 
 class LlamaModel:
@@ -127,8 +127,10 @@ class LlamaModel:
         mw = (dataclasses.replace(weights, **prepared) if prepared is not None
               else int8_matmul.prepare_model(weights))
         self.prepared = {k: getattr(mw, k) for k in int8_matmul.MATMUL_WEIGHTS}
-        self._wargs = (weights.emb, mw.wqkv, mw.wo, mw.wgu, mw.wdown,
-                       weights.attn_norm, weights.ffn_norm, weights.out_norm, mw.output,
+        # the forward reads each layer's format from its weight's table (layer_matmul)
+        mats = {k: w._replace(lf=w.layers()) for k, w in self.prepared.items()}
+        self._wargs = (weights.emb, mats["wqkv"], mats["wo"], mats["wgu"], mats["wdown"],
+                       weights.attn_norm, weights.ffn_norm, weights.out_norm, mats["output"],
                        self.qkv_bias)
         # --- end int8
 

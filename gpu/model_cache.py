@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _source_hash
 from .gguf_loader import ModelConfig, ModelWeights
-from .quant import Weight
+from .quant import Array, Weight
 
 _WEIGHTS = ("emb", "wqkv", "wo", "wgu", "wdown", "output")
 _ARRAYS = ("attn_norm", "ffn_norm", "out_norm")
@@ -55,11 +55,21 @@ def _save_weights(tmp: str, weights: dict) -> None:
     for n, wt in weights.items():
         for k in ("qs", "d", "m", "w"):
             np.save(os.path.join(tmp, f"{n}.{k}.npy"), getattr(wt, k))
+        if wt.lf is not None:  # a mixed stack's per-layer table
+            np.save(os.path.join(tmp, f"{n}.lf.npy"), wt.lf)
 
 
 def _load_weights(d: str, fmts: dict) -> dict:
-    return {n: Weight(f, *(np.load(os.path.join(d, f"{n}.{k}.npy"), mmap_mode="c")
-                           for k in ("qs", "d", "m", "w"))) for n, f in fmts.items()}
+    def lf(n: str) -> Array | None:
+        p = os.path.join(d, f"{n}.lf.npy")
+        return np.load(p) if os.path.exists(p) else None
+
+    def one(n: str, f: int) -> Weight:
+        qs, dd, m, w = (np.load(os.path.join(d, f"{n}.{k}.npy"), mmap_mode="c")
+                        for k in ("qs", "d", "m", "w"))
+        return Weight(f, qs, dd, m, w, lf(n))
+
+    return {n: one(n, f) for n, f in fmts.items()}
 
 
 def _commit(tmp: str, d: str) -> None:

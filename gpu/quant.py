@@ -73,12 +73,19 @@ def block_bytes(fmt: int) -> int:
     return {FMT_Q4: QK // 2, FMT_Q8: QK, FMT_Q8_16: QK_16}[fmt]
 
 
+Array = np.ndarray[tuple[int, ...], np.dtype[np.generic]]  # any shape and dtype, no Any
+
+
 class Weight(NamedTuple):
     fmt: int
-    qs: np.ndarray  # uint8 [L, G, nb, bytes per block, LANES]
-    d: np.ndarray   # float32 [L, G, nb, LANES]
-    m: np.ndarray   # float32 [L, G, nb, LANES]
-    w: np.ndarray   # float32 [L, R, K]
+    qs: Array  # uint8 [L, G, nb, bytes per block, LANES]
+    d: Array   # float32 [L, G, nb, LANES] (the int8 path: float16 bits as uint16)
+    m: Array   # float32 [L, G, nb, LANES] (as d)
+    w: Array   # float32 [L, R, K]
+    # int64 [L, 3]: (format, nb, bytes per block) of each layer, where the layers of a stack
+    # differ (gpu/ops/int8_matmul.py's mixed stacks); None: every layer is (fmt, and the
+    # arrays' own nb and bytes per block). layers() gives it either way.
+    lf: Array | None = None
 
     @property
     def cols(self) -> int:
@@ -88,6 +95,14 @@ class Weight(NamedTuple):
 
     def layer(self, i: int) -> tuple:
         return (self.fmt, self.qs[i], self.d[i], self.m[i], self.w[i])
+
+    def layers(self) -> Array:
+        """The per-layer table lf, built from the arrays' shapes for a uniform stack."""
+        if self.lf is not None:
+            return self.lf
+        L = max(a.shape[0] for a in (self.qs, self.d, self.w))
+        row = (self.fmt, self.d.shape[2], self.qs.shape[3]) if self.fmt != FMT_F32 else (self.fmt, 0, 0)
+        return np.tile(np.array(row, np.int64), (L, 1))
 
 
 def check_type(name: str, ttype: int) -> QT:

@@ -9,7 +9,7 @@ import pytest
 from zerolayer.gpu import quant
 from zerolayer.gpu.ops import cpu_features
 from zerolayer.gpu.ops import int8_matmul as im
-from zerolayer.gpu.ops.matmul import matmul
+from zerolayer.gpu.ops.matmul import layer_matmul, matmul
 from zerolayer.gpu.quant import FMT_Q4, FMT_Q8, FMT_Q8_16, LANES
 
 ISAS = im.ISAS
@@ -18,6 +18,12 @@ NAMES = {cpu_features.ISA_VNNI512: "vnni512", cpu_features.ISA_VNNI256: "vnni256
 
 
 def _weight(fmt, R, K, rng, qmax):
+    (fmt, nat), q, d, m = _natural(fmt, R, K, rng, qmax)
+    return quant.stack([(fmt, nat)]), q, d, m
+
+
+def _natural(fmt, R, K, rng, qmax):
+    """Random weights of an internal format: ((fmt, natural arrays), q, d, m)."""
     bw = quant.block_weights(fmt)
     nb = K // bw
     q = rng.integers(0, qmax + 1, (R, K)).astype(np.uint8)
@@ -30,7 +36,7 @@ def _weight(fmt, R, K, rng, qmax):
     d = rng.uniform(0.001, 0.02, (R, nb)).astype(np.float16).astype(np.float32)
     m = (-d * rng.uniform(0, qmax, (R, nb))).astype(np.float16).astype(np.float32)
     nat = {"qs": qs, "d": d, "m": m}
-    return quant.stack([(fmt, nat)]), q.astype(np.int64), d.astype(np.float64), m.astype(np.float64)
+    return (fmt, nat), q.astype(np.int64), d.astype(np.float64), m.astype(np.float64)
 
 
 CASES = [(FMT_Q4, 15), (FMT_Q8, 255), (FMT_Q8, 31), (FMT_Q8_16, 63)]
@@ -211,3 +217,65 @@ def test_tiny_model_int8_vs_float64_reference(tiny_path, prompt_len):
 
 
 INT8_REL_TOL = 0.1  # max |ours - ref| / max |ref| per step (random tiny model: measured up to 4.5e-2)
+
+
+# (natural format, largest value): Q4_K, Q6_K, Q5_0/Q5_K and Q8_0 layers in one stack, as
+# llama.cpp's Q4_K_M files mix them; the stack widens to 16-weight byte blocks
+MIXED = [(FMT_Q4, 15), (FMT_Q8_16, 63), (FMT_Q8, 31), (FMT_Q8, 255)]
+
+
+@pytest.mark.skipif(not ISAS, reason="no int8 kernel set on this CPU")
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: NAMES[i])
+def test_mixed_stack_layers_keep_their_own_format(isa):
+    """A stack widened to its widest layer is prepared layer by layer: each layer runs in
+    the format it would have alone (its bytes, its kernel) and gives those outputs bit for
+    bit, at decode and at prefill sizes; a forward pass reads only the layers' own bytes."""
+    rng = np.random.default_rng(7)
+    R, K = 100, 256
+    natural = [_natural(f, R, K, rng, qmax)[0] for f, qmax in MIXED]
+    wide = quant.stack(natural)
+    assert wide.fmt == FMT_Q8_16
+    pw = im.prepare(wide, isa, True)
+    each = [im.prepare(quant.stack([n]), isa, True) for n in natural]
+    assert [e.fmt % 8 for e in each] == [im.KIND_Q4, im.KIND_Q6P, im.KIND_Q5P, im.KIND_Q8]
+    assert pw.lf is not None and [int(c) for c in pw.lf[:, 0]] == [e.fmt for e in each]
+    assert im.read_nbytes(pw) == sum(im.read_nbytes(e) for e in each)
+    table = pw._replace(lf=pw.layers())
+    for T in (1, 5, im.UNPACK_T + 3):
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        for i, e in enumerate(each):
+            got = np.empty((T, R), np.float32)
+            layer_matmul(table, i, x, got)
+            want = np.empty((T, R), np.float32)
+            im.int8_matmul(e.fmt, e.qs[0], e.d[0], e.m[0], x, want)
+            assert np.array_equal(got, want), (i, T)
+    # a uniform stack stays one plain stack
+    same = im.prepare(quant.stack([natural[0], natural[0]]), isa, True)
+    assert same.lf is None and np.array_equal(same.layers()[:, 0], [each[0].fmt] * 2)
+
+
+@pytest.mark.skipif(not ISAS, reason="no int8 kernel set on this CPU")
+def test_tiny_model_with_per_layer_types(tmp_path):
+    """A model whose layers differ in type (llama.cpp's mixes: here Q4_0 and Q8_0 attn_v,
+    Q5_0 and Q8_0 ffn_down) runs each layer in its own format: mixed stacks, logits within
+    the int8 bound of the float64 reference, and the same logits through the cached layout."""
+    from gguf import GGMLQuantizationType as QT
+
+    from test_model import _compare
+    from tiny_gguf import write_tiny_llama
+    from zerolayer.gpu.model import LlamaModel, StepInput
+    p = str(tmp_path / "mixed.gguf")
+    write_tiny_llama(p, override={"attn_v": QT.Q4_0, "blk.1.attn_v": QT.Q8_0,
+                                  "blk.0.ffn_down": QT.Q5_0})
+    errs = _compare(p, [5, 17, 99, 3], isa=ISAS[0])
+    assert max(errs) < INT8_REL_TOL, errs
+    out = []
+    with im.kernel_set(ISAS[0]):
+        for _ in range(3):  # fresh (saves the layout), then mapped from the cache
+            mdl = LlamaModel.load(p, max_seq_len=64)
+            assert mdl.prepared["wqkv"].lf is not None and mdl.prepared["wdown"].lf is not None
+            kinds = [int(c) % 8 for c in mdl.prepared["wdown"].lf[:, 0]]
+            assert kinds[0] == im.KIND_Q5P and kinds[1] in (im.KIND_Q8, im.KIND_Q8_SPLIT)
+            out.append(mdl.step([StepInput(mdl.new_sequence(), np.arange(9, dtype=np.int32))]))
+    np.testing.assert_array_equal(out[0], out[1])
+    np.testing.assert_array_equal(out[0], out[2])

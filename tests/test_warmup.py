@@ -17,7 +17,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # every matmul weight quantized (no F16 to widen a stack to float32), in the formats a
 # K-quant file falls back to at widths that are not multiples of 256
 FORMATS = {"attn_q": QT.Q5_0, "attn_k": QT.Q5_0, "attn_v": QT.Q8_0, "attn_output": QT.Q5_1,
-           "ffn_gate": QT.Q5_0, "ffn_up": QT.Q5_0, "ffn_down": QT.Q8_0, "token_embd": QT.Q5_0}
+           "ffn_gate": QT.Q5_0, "ffn_up": QT.Q5_0, "ffn_down": QT.Q8_0, "token_embd": QT.Q5_0,
+           # and layers of one kind in different formats (a mixed stack: each layer its own)
+           "blk.1.ffn_down": QT.Q5_0}
 
 
 def test_no_compilation_during_first_requests_after_warmup(tmp_path):

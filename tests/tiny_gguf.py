@@ -83,7 +83,8 @@ def write_tiny_llama(path: str, seed: int = 0, arch: str = "llama",
     rope_scaling: {arch}.rope.scaling.* keys ({"type": "linear", "factor": 4.0, ...});
     pre / chat_template: tokenizer.ggml.pre and tokenizer.chat_template; shape_keys=False
     leaves out rope.dimension_count and vocab_size (optional keys, absent from Qwen2 files);
-    extra_tensors: more F32 tensors by name (refusal tests)."""
+    extra_tensors: more F32 tensors by name (refusal tests). override keys: a tensor kind
+    ("attn_v") for every layer, or one layer's ("blk.1.attn_v"), as llama.cpp's mixes have."""
     c = config or TINY
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, arch)
@@ -126,7 +127,8 @@ def write_tiny_llama(path: str, seed: int = 0, arch: str = "llama",
     _tensor(w, "token_embd.weight", rng.standard_normal((c["vocab"], d)), embd_type)
     for i in range(c["n_layer"]):
         for k, shp in shapes.items():
-            _tensor(w, f"blk.{i}.{k}.weight", rng.standard_normal(shp) * 0.3, types[k])
+            qt = (override or {}).get(f"blk.{i}.{k}", types[k])  # one layer's own type
+            _tensor(w, f"blk.{i}.{k}.weight", rng.standard_normal(shp) * 0.3, qt)
         _tensor(w, f"blk.{i}.attn_norm.weight", 1 + 0.1 * rng.standard_normal(d), QT.F32)
         _tensor(w, f"blk.{i}.ffn_norm.weight", 1 + 0.1 * rng.standard_normal(d), QT.F32)
     if qkv_bias:  # after the weights: the random stream of the weights stays the same

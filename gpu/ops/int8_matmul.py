@@ -57,8 +57,9 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+from numpy.typing import NDArray
 
-from ..quant import FMT_F32, FMT_Q4, FMT_Q8, FMT_Q8_16, LANES, Weight
+from ..quant import FMT_F32, FMT_Q4, FMT_Q8, FMT_Q8_16, LANES, Array, Weight
 from . import cpu_features
 from .cpu_features import ISA_AVX2, ISA_VNNI256, ISA_VNNI512
 
@@ -560,14 +561,20 @@ def work_plan(fmt, T, G):
     return tc, False
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def int8_matmul(fmt, qs, d, m, x, y):
     """y[T, R] = x[T, K] @ W[R, K].T for int8-path weights (prepare(): transposed blocks,
     float16 scales as uint16), activations quantized here per block."""
+    int8_matmul_layout(fmt, d.shape[1], qs.shape[2], qs, d, m, x, y)
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def int8_matmul_layout(fmt, nb, blk, qs, d, m, x, y):
+    """int8_matmul for a weight whose nb blocks a row, of blk bytes each, fill the leading
+    part of its arrays (one layer of a mixed stack; see prepare)."""
     T, K = x.shape
     R = y.shape[1]
     G = d.shape[0]
-    nb = d.shape[1]
     bs = K // nb
     sx = np.empty((T, nb), np.float32)
     xsm = np.empty((T, nb), np.float32)
@@ -594,12 +601,12 @@ def int8_matmul(fmt, qs, d, m, x, y):
         ta = (c * nq // tc) * NT
         tb = ((c + 1) * nq // tc) * NT if c < tc - 1 else T
         out = np.empty((tb - ta) * LANES, np.float32)
-        src, wg, blk = wq, g, qs.shape[2]
+        src, wg, gblk = wq, g, blk
         if unpack:  # the group's weights as bytes (one call site for _group: code size)
             src = np.empty(nb * bs * LANES, np.uint8)
             unpack_group(kind, wq, g, nb, blk, bs, src)
-            wg, blk = 0, bs
-        _group(kfmt, src, wg, blk, d16, m16, g, nb, xq, xa, xp, sxf, xsmf, bs, ta, tb, out)
+            wg, gblk = 0, bs
+        _group(kfmt, src, wg, gblk, d16, m16, g, nb, xq, xa, xp, sxf, xsmf, bs, ta, tb, out)
         r0 = g * LANES
         n = min(R, r0 + LANES) - r0
         for t in range(ta, tb):
@@ -697,18 +704,81 @@ def unpack(qs: np.ndarray, fmt: int) -> np.ndarray:
     return untranspose_blocks(qs)
 
 
+def narrowest(fmt: int, qs: NDArray[np.uint8], d: NDArray[np.float32], m: NDArray[np.float32]
+              ) -> tuple[int, NDArray[np.uint8], NDArray[np.float32], NDArray[np.float32]]:
+    """One layer's interleaved arrays (qs [G, nb, bs, LANES], d, m [G, nb, LANES]) in the
+    narrowest internal format that holds the same weights exactly: (fmt, qs, d, m).
+
+    A stack takes the widest format of its layers (gpu/quant.py's stack), so a layer widened
+    there comes back: 16-weight blocks whose pairs share (d, m) are 32-weight blocks, and
+    bytes below 16 are nibbles. Decided by the values, so a layer is narrowed exactly when
+    that loses nothing, wherever its widening came from."""
+    G, nb, bs, lanes = qs.shape
+    if (fmt == FMT_Q8_16 and nb % 2 == 0 and np.array_equal(d[:, 0::2], d[:, 1::2])
+            and np.array_equal(m[:, 0::2], m[:, 1::2])):
+        fmt, qs, d, m = FMT_Q8, qs.reshape(G, nb // 2, 2 * bs, lanes), d[:, 0::2], m[:, 0::2]
+    if fmt == FMT_Q8 and qs.size and int(qs.max()) < 16:
+        half = qs.shape[2] // 2
+        fmt, qs = FMT_Q4, (qs[:, :, :half] | (qs[:, :, half:] << 4)).astype(np.uint8)
+    return fmt, np.ascontiguousarray(qs), np.ascontiguousarray(d), np.ascontiguousarray(m)
+
+
 def prepare(w: Weight, isa: int | None = None, wide: bool | None = None) -> Weight:
     """A weight for the integer kernels of ``isa`` with int16 (wide) or int8 activations
     (default: the selected ones). Float32 weights and isa 0 (the float kernels) come back
-    unchanged."""
+    unchanged.
+
+    Each layer gets its own narrowest format (narrowest, then kind_for): in llama.cpp's mixed
+    files (Q4_K_M: Q6_K attn_v and ffn_down in some layers, Q4_K in the rest) a stack widened
+    to its widest layer would stream the Q4_K layers at 8 bits. Layers of one shape share the
+    stack's arrays as before; otherwise the stack is *mixed*: each layer's packed bytes and
+    scales fill the leading part of its slot (sized for the largest layer), and lf holds each
+    layer's (format, nb, bytes per block) for int8_matmul_layout. Decode reads only a layer's
+    own bytes, so the unused tail of a slot costs disk and address space, not time."""
     isa = cpu_features.ISA if isa is None else isa
     wide = cpu_features.WIDE if wide is None else wide
     if not isa or w.fmt == FMT_F32 or is_int8(w.fmt):
         return w
     if isa not in ISAS:
         raise ValueError(f"this CPU cannot run int8 kernel set {isa} (it has {ISAS})")
-    kind = kind_for(w.fmt, w.qs, isa, wide)
-    return Weight(fmt_code(isa, kind, wide), pack(w.qs, kind), to_half(w.d), to_half(w.m), w.w)
+    layers = []
+    for i in range(w.qs.shape[0]):
+        f, qs, d, m = narrowest(w.fmt, w.qs[i], w.d[i], w.m[i])
+        kind = kind_for(f, qs, isa, wide)
+        layers.append((fmt_code(isa, kind, wide), pack(qs, kind), to_half(d), to_half(m)))
+    first = layers[0]
+    if all(c == first[0] and q.shape == first[1].shape for c, q, _, _ in layers):
+        return Weight(first[0], np.stack([q for _, q, _, _ in layers]),
+                      np.stack([d for _, _, d, _ in layers]), np.stack([m for _, _, _, m in layers]), w.w)
+    return _mixed(layers, w.w)
+
+
+def _mixed(layers: list[tuple[int, NDArray[np.uint8], NDArray[np.uint16], NDArray[np.uint16]]],
+           w: Array) -> Weight:
+    """Per-layer packed arrays of different formats -> one stack of slots (see prepare)."""
+    big_q = max((q for _, q, _, _ in layers), key=lambda q: q.size)
+    big_d = max((d for _, _, d, _ in layers), key=lambda d: d.size)
+    L = len(layers)
+    qs = np.zeros((L,) + big_q.shape, np.uint8)
+    d = np.zeros((L,) + big_d.shape, np.uint16)
+    m = np.zeros_like(d)
+    lf = np.zeros((L, 3), np.int64)
+    for i, (code, q, di, mi) in enumerate(layers):
+        qs[i].reshape(-1)[:q.size] = q.reshape(-1)
+        d[i].reshape(-1)[:di.size] = di.reshape(-1)
+        m[i].reshape(-1)[:mi.size] = mi.reshape(-1)
+        lf[i] = (code, di.shape[1], q.shape[2])
+    widest = max(layers, key=lambda t: t[1].size)[0]
+    return Weight(widest, qs, d, m, w, lf)
+
+
+def read_nbytes(w: Weight) -> int:
+    """Bytes a forward pass reads of a weight: every layer's own packed values and scales
+    (a mixed stack's slots are sized for its largest layer)."""
+    if w.lf is None:
+        return int(sum(a.nbytes for a in (w.qs, w.d, w.m, w.w)))
+    G = w.d.shape[1]
+    return int(sum(G * nb * LANES * (blk + 2 * w.d.itemsize) for _, nb, blk in w.lf))
 
 
 def to_half(a: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..quant import FMT_F32, FMT_Q4, LANES, QK
-from .int8_matmul import FMT_I8, int8_matmul
+from .int8_matmul import FMT_I8, int8_matmul, int8_matmul_layout
 
 TILE_MIN_TOKENS = 32  # at and above this many tokens, dequantize to a tile first (measured crossover)
 
@@ -286,3 +286,16 @@ def matmul(fmt, qs, d, m, w, x, y):
 def matmul_ref(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """float64 reference over dense weights."""
     return np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+
+
+@njit(cache=True, nogil=True)
+def layer_matmul(w, layer, x, y):
+    """y = x @ W.T for one layer of a stacked weight w (gpu/quant.py's Weight with its
+    per-layer table lf filled in: Weight.layers()). Each layer runs in its own format: a
+    mixed stack's layers differ (gpu/ops/int8_matmul.py's prepare)."""
+    lf = w[5]
+    fmt = lf[layer, 0]
+    if fmt >= FMT_I8:
+        int8_matmul_layout(fmt, lf[layer, 1], lf[layer, 2], w[1][layer], w[2][layer], w[3][layer], x, y)
+    else:
+        matmul(fmt, w[1][layer], w[2][layer], w[3][layer], w[4][layer], x, y)

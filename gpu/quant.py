@@ -284,7 +284,9 @@ def stack(parts: list[tuple[int, dict[str, np.ndarray]]]) -> Weight:
 
     Layers share one compiled kernel, so they share one format: a stack of mixed formats
     widens to the narrowest common one (e.g. Q4_K_M files mix Q4_K and Q6_K layers), which
-    is exact for every source format.
+    is exact for every source format. The float and CUDA kernels run it so; the CPU's int8
+    path narrows each layer back to its own format (gpu/ops/int8_matmul.py's prepare), so
+    decode there streams each layer's own bytes.
     """
     fmt = common_format({f for f, _ in parts})
     arrays: dict[str, list[np.ndarray]] = {"qs": [], "d": [], "m": [], "w": []}

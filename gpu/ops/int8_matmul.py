@@ -45,6 +45,12 @@ whole bytes, are packed here as a nibble plane (as Q4) plus one 32-bit word per 
 high bits (pack_bits; the kernel ORs them back in with a shift and a mask): 5 or 6 bits a
 weight instead of 8. Q4_1 goes from 6 to 5 bits a weight with its scales, Q6_K from 12 to 8.
 
+Per layer: a stack's layers may differ (llama.cpp's Q4_K_M puts Q6_K in some layers' attn_v
+and ffn_down), and gpu/quant.py widens a stack to its widest layer; prepare narrows each layer
+back to the narrowest format that holds it exactly, so a Q4_K layer is read at 5 bits even
+where ten others are Q6_K, and the forward (layer_matmul) reads each layer's format, blocks and
+block bytes from the weight's per-layer table.
+
 AVX2 saturation: ``vpmaddubsw`` adds two u8 x s8 products into a saturating int16, which
 overflows for weight bytes above 129 (only Q8_0's q + 128 reaches them). Such weights get the
 "split" kind: high and low nibbles are multiplied separately and recombined as 16 hi + lo.

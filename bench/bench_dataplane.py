@@ -585,6 +585,8 @@ class Bench:
         self.blocks: list[dict] = []
         self.tmp = Path(tempfile.mkdtemp(prefix="zl-bench-dataplane-"))
         self.llama_cmds: list[str] = []
+        self.llama_fallback: list[str] = []  # flags added after a crash (start_llama)
+        self.llama_crashes: list[str] = []
         self.zl_side = self.bside = None
 
     # -- a block: CPU split of the machine, samples kept --------------------------------------
@@ -798,12 +800,25 @@ class Bench:
     # -- servers ----------------------------------------------------------------------------
 
     def start_llama(self, parallel: int):
+        extra = shlex.split(self.a.llama_extra) + self.llama_fallback
         srv = NativeLlamaServer(str(LLAMA_BIN / "llama-server"), self.model, self.a.threads,
                                 parallel, free_port(), self.tmp / f"llama-np{parallel}.log",
-                                ctx_per_slot=self.a.ctx_per_slot,
-                                extra=shlex.split(self.a.llama_extra))
+                                ctx_per_slot=self.a.ctx_per_slot, extra=extra)
         try:
-            srv.wait_ready()
+            try:
+                srv.wait_ready()
+            except RuntimeError as e:
+                # llama.cpp 0c1e570's weight repacking for AMX dies of SIGSEGV on prompts
+                # (its warm-up is one): the peer is then its fastest mode that serves,
+                # --no-repack (issue 28, rule 2), and the JSON says so
+                if "--no-repack" in extra or "exited with -11" not in str(e):
+                    raise
+                log("  llama-server crashed (SIGSEGV) with its default weight repacking; "
+                    "measuring it with --no-repack from here on")
+                self.llama_fallback = ["--no-repack"]
+                self.llama_crashes.append(f"{shlex.join(srv.cmd)}: {str(e).splitlines()[0]}")
+                srv.stop()
+                return self.start_llama(parallel)
             self.llama_cmds.append(shlex.join(srv.cmd))
             side = LlamaSide(srv)
             # warm-up: the question twice, one short story
@@ -957,6 +972,7 @@ class Bench:
             lock.close()
             shutil.rmtree(self.tmp, ignore_errors=True)   # keys files and logs (tails kept above)
         r["servers"]["llama"] = sorted(set(self.llama_cmds))
+        r["servers"]["llama_crashed"] = self.llama_crashes
         r["llama_keepalive_reconnects"] = getattr(self, "llama_reconnects", 0)
         r["machine"]["uptime_after"] = sh("uptime")
         r["blocks"] = self.blocks

@@ -57,6 +57,8 @@ overflows for weight bytes above 129 (only Q8_0's q + 128 reaches them). Such we
 """
 from __future__ import annotations
 
+import mmap
+
 import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
@@ -776,6 +778,41 @@ def _mixed(layers: list[tuple[int, NDArray[np.uint8], NDArray[np.uint16], NDArra
         lf[i] = (code, di.shape[1], q.shape[2])
     widest = max(layers, key=lambda t: t[1].size)[0]
     return Weight(widest, qs, d, m, w, lf)
+
+
+def resident(w: Weight) -> Weight:
+    """w with its arrays out of the layout cache's file mapping, in anonymous memory.
+
+    Decode streams every weight byte once a token, and a file mapping is mostly 4 KiB pages
+    (the page cache's folios decide, not us): on the synthetic 1.1B files a token's ~750 MB
+    then walks ~190,000 pages. Anonymous arrays of numpy's get transparent huge pages
+    (numpy madvises them), and the same forward measured 8-10% faster from them (Q4_1
+    34.5 -> 31.0 ms, Q4_K_M 36.6 -> 33.5, interleaved). The copy costs a read of the cache
+    (~0.1 s per GB) and makes the weights the process's own memory rather than shared page
+    cache. A mixed stack copies each layer's used bytes only: its slots' tails stay untouched
+    zero pages."""
+    def copy(a: Array, used: list[int] | None) -> Array:
+        if not isinstance(a, np.memmap) or a.size == 0:
+            return a
+        out = np.zeros(a.shape, a.dtype)  # calloc: pages appear as they are written
+        if used is None:
+            out[...] = a
+        for i, n in enumerate(used or ()):
+            out[i].reshape(-1)[:n] = a[i].reshape(-1)[:n]
+        # the mapping's pages, read once for the copy, go back to the page cache (a private
+        # mapping never written: the file's pages come back if the cache is read again)
+        mm = getattr(a, "_mmap", None)
+        if mm is not None:
+            mm.madvise(mmap.MADV_DONTNEED)
+        return out
+
+    if w.lf is None:
+        return w._replace(qs=copy(w.qs, None), d=copy(w.d, None), m=copy(w.m, None),
+                          w=copy(w.w, None))
+    G = w.d.shape[1]
+    scales = [int(G * nb * LANES) for _, nb, _ in w.lf]
+    return w._replace(qs=copy(w.qs, [int(G * nb * blk * LANES) for _, nb, blk in w.lf]),
+                      d=copy(w.d, scales), m=copy(w.m, scales), w=copy(w.w, None))
 
 
 def read_nbytes(w: Weight) -> int:

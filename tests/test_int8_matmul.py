@@ -258,7 +258,8 @@ def test_mixed_stack_layers_keep_their_own_format(isa):
 def test_tiny_model_with_per_layer_types(tmp_path):
     """A model whose layers differ in type (llama.cpp's mixes: here Q4_0 and Q8_0 attn_v,
     Q5_0 and Q8_0 ffn_down) runs each layer in its own format: mixed stacks, logits within
-    the int8 bound of the float64 reference, and the same logits through the cached layout."""
+    the int8 bound of the float64 reference, and the same logits through the cached layout
+    (mapped, then copied into the forward's own memory: int8_matmul.resident)."""
     from gguf import GGMLQuantizationType as QT
 
     from test_model import _compare
@@ -274,6 +275,9 @@ def test_tiny_model_with_per_layer_types(tmp_path):
         for _ in range(3):  # fresh (saves the layout), then mapped from the cache
             mdl = LlamaModel.load(p, max_seq_len=64)
             assert mdl.prepared["wqkv"].lf is not None and mdl.prepared["wdown"].lf is not None
+            # the forward runs on copies in anonymous memory, not on the cache's mapping
+            assert not any(isinstance(a, np.memmap) and a.size
+                           for i in (1, 2, 3, 4, 8) for a in mdl._wargs[i][1:5])
             kinds = [int(c) % 8 for c in mdl.prepared["wdown"].lf[:, 0]]
             assert kinds[0] == im.KIND_Q5P and kinds[1] in (im.KIND_Q8, im.KIND_Q8_SPLIT)
             out.append(mdl.step([StepInput(mdl.new_sequence(), np.arange(9, dtype=np.int32))]))

@@ -120,7 +120,7 @@ class Mode:
     ZEROLAYER_CPU_KERNELS, ZEROLAYER_CPU_ACTIVATIONS (ignored by the float kernels) and
     ZEROLAYER_CPU_KV."""
     kernels: str      # vnni, avx2, float
-    activations: str  # int8, int16; "-" for the float kernels
+    activations: str  # int8, int16, int8-qkv16; "-" for the float kernels
     kv: str           # f16, f32
 
     @property

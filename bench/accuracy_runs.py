@@ -35,7 +35,7 @@ def load(path: str, mode: Mode, n_ctx: int):
     from zerolayer.gpu.model import LlamaModel
     from zerolayer.gpu.ops import cpu_features, int8_matmul
     isa = 0 if mode.kernels == "float" else cpu_features.isa_for_mode(mode.kernels, int8_matmul.ISAS)
-    with int8_matmul.kernel_set(isa, mode.activations == "int16"):
+    with int8_matmul.kernel_set(isa, None if mode.kernels == "float" else mode.activations):
         return LlamaModel.load(path, max_seq_len=n_ctx, kv_blocks=-(-n_ctx // 64) + 1,
                                kv_dtype=cpu_features.select_kv(mode.kv))
 

@@ -313,13 +313,14 @@ def activation_ab(model, runs: int, tokens: int, spt: float, noise: Noise,
         return {}
     cfg = model.cfg
     w = model._wargs
-    mw = int8_matmul.prepare_model(model.w, cpu_features.ISA, not cpu_features.WIDE)
+    now = cpu_features.ACTIVATIONS
+    then = "int8" if now == "int16" else "int16"
+    mw = int8_matmul.prepare_model(model.w, cpu_features.ISA, then)
     def table(x):  # the forward reads each layer's format from the weight's table
         return x._replace(lf=x.layers())
     other = (w[0], table(mw.wqkv), table(mw.wo), table(mw.wgu), table(mw.wdown), w[5], w[6],
              w[7], table(mw.output), w[9])
-    now = "int16" if cpu_features.WIDE else "int8"
-    variants = {now: w, ("int8" if now == "int16" else "int16"): other}
+    variants = {now: w, then: other}
     seq = model.new_sequence()
     arr = step_arrays([StepInput(seq, np.array([7], np.int32))], cfg.vocab)
     logits = np.empty((1, cfg.vocab), np.float32)

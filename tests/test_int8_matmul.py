@@ -283,3 +283,38 @@ def test_tiny_model_with_per_layer_types(tmp_path):
             out.append(mdl.step([StepInput(mdl.new_sequence(), np.arange(9, dtype=np.int32))]))
     np.testing.assert_array_equal(out[0], out[1])
     np.testing.assert_array_equal(out[0], out[2])
+
+
+@pytest.mark.skipif(not ISAS, reason="no int8 kernel set on this CPU")
+def test_int8_with_qkv_at_int16(generator):
+    """ZEROLAYER_CPU_ACTIVATIONS=int8-qkv16: int16 activations for the fused Q|K|V projection,
+    int8 for every other matmul; its own cached layout; logits within the int8 bound of
+    the float kernels'. Unknown names are refused (kernel_set) or warned about (env)."""
+    import warnings
+
+    from zerolayer.gpu.model import LlamaModel, StepInput
+    assert [im.wide_for(k, "int8-qkv16") for k in im.MATMUL_WEIGHTS] == [True] + [False] * 4
+    assert all(im.wide_for(k, "int16") for k in im.MATMUL_WEIGHTS)
+    assert not any(im.wide_for(k, "int8") for k in im.MATMUL_WEIGHTS)
+    base = generator.model
+    ids = np.array(generator.tokenizer.encode("The capital of France is"), np.int32)
+    keys, logits = set(), {}
+    for act in (0,) + cpu_features.ACT_MODES:
+        with im.kernel_set(0 if act == 0 else ISAS[0], None if act == 0 else act):
+            keys.add(cpu_features.layout_key())
+            mdl = LlamaModel(base.cfg, base.w, max_seq_len=256, kv_blocks=8, path=base.path)
+        seq = mdl.new_sequence()
+        logits[act] = mdl.step([StepInput(seq, ids)])[0]
+        seq.release()
+        if act == "int8-qkv16":
+            wide = {k: im.is_wide(w.fmt) for k, w in mdl.prepared.items()}
+            assert wide == {"wqkv": True, "wo": False, "wgu": False, "wdown": False, "output": False}
+    assert len(keys) == 1 + len(cpu_features.ACT_MODES)  # the float kernels: None
+    assert np.abs(logits["int8-qkv16"] - logits[0]).max() < 1.0
+    assert logits["int8-qkv16"].argmax() == logits[0].argmax()
+    with pytest.raises(ValueError):
+        im.kernel_set(ISAS[0], "int4")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert cpu_features.select_activations("int4") == cpu_features.ACT_DEFAULT
+    assert w and "int8-qkv16" in str(w[0].message)

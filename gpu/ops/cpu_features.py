@@ -11,8 +11,8 @@ Kernel sets, best first:
 * ``avx2``  AVX2 ``vpmaddubsw`` + ``vpmaddwd``
 * ``float`` the float32 kernels of gpu/ops/matmul.py (the reference and the fallback)
 
-and, for vnni and avx2, the activations' width: int16 (the default) or int8
-(``ZEROLAYER_CPU_ACTIVATIONS``, below).
+and, for vnni and avx2, the activations' width: int16 (the default), int8, or int8 with the
+attention's Q|K|V projection at int16 (``ZEROLAYER_CPU_ACTIVATIONS``, below).
 
 ``ZEROLAYER_CPU_KERNELS=float|avx2|vnni|auto`` overrides the default. Asking for a set the CPU
 lacks falls back to the best one it has (with a warning), so a config written on one machine
@@ -119,20 +119,27 @@ MODE, ISA = select()
 # activation is off by at most 1/65534 of its block's largest, against 1/254 with int8) at
 # the int8 path's memory traffic, which is what decode waits on; int8 (llama.cpp's choice)
 # has twice the arithmetic
-# throughput, which prefill uses, and flips near-ties.
+# throughput, which prefill uses, and flips near-ties. int8-qkv16: int8 everywhere but the
+# fused Q|K|V projection, whose error the attention's softmax amplifies: on the bundled model
+# that weight alone at int16 takes int8's KL divergence from 2.6e-3 (just over llama.cpp's
+# own, 2.58e-3) to 1.9e-3, for 12% of the weights (docs/BENCHMARKS.md).
 ACT_ENV = "ZEROLAYER_CPU_ACTIVATIONS"
 ACT_DEFAULT = "int16"
+ACT_MODES = ("int16", "int8", "int8-qkv16")
+# each mode's suffix of the cached weight layout's key (layout_key)
+_ACT_KEYS = {"int16": "w", "int8": "", "int8-qkv16": "q"}
 
 
-def select_wide(env: str | None = None) -> bool:
+def select_activations(env: str | None = None) -> str:
     want = (env if env is not None else os.environ.get(ACT_ENV, "")).strip().lower() or ACT_DEFAULT
-    if want not in ("int8", "int16"):
-        warnings.warn(f"{ACT_ENV}={want!r} is not int8 or int16; using {ACT_DEFAULT}", stacklevel=2)
+    if want not in ACT_MODES:
+        warnings.warn(f"{ACT_ENV}={want!r} is not one of {', '.join(ACT_MODES)}; using "
+                      f"{ACT_DEFAULT}", stacklevel=2)
         want = ACT_DEFAULT
-    return want == "int16"
+    return want
 
 
-WIDE = select_wide()
+ACTIVATIONS = select_activations()
 
 
 # The KV cache's element type (gpu/kv_cache.py, gpu/ops/attention.py): float16, llama.cpp's
@@ -158,7 +165,7 @@ KV_DTYPE = select_kv()
 def layout_key() -> str | None:
     """Names the weight layout the selected kernels run on (the model cache keeps one per
     key); None for the float kernels."""
-    return f"{ISA}{'w' if WIDE else ''}" if ISA else None
+    return f"{ISA}{_ACT_KEYS[ACTIVATIONS]}" if ISA else None
 
 
 def describe() -> str:
@@ -166,4 +173,4 @@ def describe() -> str:
     kv = "f16" if KV_DTYPE == np.uint16 else "f32"
     if not ISA:
         return f"float kernels, {kv} KV cache"
-    return f"{MODE} kernels, {'int16' if WIDE else 'int8'} activations, {kv} KV cache"
+    return f"{MODE} kernels, {ACTIVATIONS} activations, {kv} KV cache"

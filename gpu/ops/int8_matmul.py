@@ -744,7 +744,7 @@ def prepare(w: Weight, isa: int | None = None, wide: bool | None = None) -> Weig
     layer's (format, nb, bytes per block) for int8_matmul_layout. Decode reads only a layer's
     own bytes, so the unused tail of a slot costs disk and address space, not time."""
     isa = cpu_features.ISA if isa is None else isa
-    wide = cpu_features.WIDE if wide is None else wide
+    wide = cpu_features.ACTIVATIONS == "int16" if wide is None else wide
     if not isa or w.fmt == FMT_F32 or is_int8(w.fmt):
         return w
     if isa not in ISAS:
@@ -839,15 +839,34 @@ def scales_f32(a: np.ndarray) -> np.ndarray:
     return a.view(np.float16).astype(np.float32)
 
 
-def prepare_model(weights, isa: int | None = None, wide: bool | None = None):
+def prepare_model(weights, isa: int | None = None, activations: str | bool | None = None):
     """ModelWeights with every matmul weight prepared (the embedding table stays as it is:
-    its rows are read by gpu/ops/embedding.py, not multiplied). Returns a copy."""
+    its rows are read by gpu/ops/embedding.py, not multiplied), each with the activation
+    width `activations` gives it (a cpu_features.ACT_MODES name, True: int16, False: int8,
+    None: as selected). Returns a copy."""
     import dataclasses
     isa = cpu_features.ISA if isa is None else isa
     if not isa:
         return weights
-    return dataclasses.replace(weights, **{k: prepare(getattr(weights, k), isa, wide)
+    act = activations_name(activations)
+    return dataclasses.replace(weights, **{k: prepare(getattr(weights, k), isa, wide_for(k, act))
                                            for k in MATMUL_WEIGHTS})
+
+
+def activations_name(activations: str | bool | None) -> str:
+    if activations is None:
+        return cpu_features.ACTIVATIONS
+    if isinstance(activations, bool):
+        return "int16" if activations else "int8"
+    if activations not in cpu_features.ACT_MODES:
+        raise ValueError(f"activations {activations!r}: not one of {cpu_features.ACT_MODES}")
+    return activations
+
+
+def wide_for(weight: str, activations: str) -> bool:
+    """Whether matmul weight `weight` (MATMUL_WEIGHTS) takes int16 activations in mode
+    `activations` (cpu_features.ACT_MODES)."""
+    return activations == "int16" or (activations == "int8-qkv16" and weight == "wqkv")
 
 
 MATMUL_WEIGHTS = ("wqkv", "wo", "wgu", "wdown", "output")
@@ -884,18 +903,20 @@ def int_block_sums(fmt, qs, nb, xq, T, K, out):
 
 
 class kernel_set:
-    """``with kernel_set(isa, wide):`` models constructed inside get that kernel set (0:
-    float) with int16 (wide) or int8 activations (None: as selected)."""
+    """``with kernel_set(isa, activations):`` models constructed inside get that kernel set
+    (0: float) with those activations (a cpu_features.ACT_MODES name; True: int16, False:
+    int8; None: as selected)."""
 
-    def __init__(self, isa: int, wide: bool | None = None):
-        self.isa, self.wide = isa, wide
+    def __init__(self, isa: int, activations: str | bool | None = None):
+        self.isa = isa
+        self.activations = None if activations is None else activations_name(activations)
 
     def __enter__(self):
-        self.saved = cpu_features.ISA, cpu_features.WIDE
+        self.saved = cpu_features.ISA, cpu_features.ACTIVATIONS
         cpu_features.ISA = self.isa
-        if self.wide is not None:
-            cpu_features.WIDE = self.wide
+        if self.activations is not None:
+            cpu_features.ACTIVATIONS = self.activations
         return self
 
     def __exit__(self, *exc):
-        cpu_features.ISA, cpu_features.WIDE = self.saved
+        cpu_features.ISA, cpu_features.ACTIVATIONS = self.saved

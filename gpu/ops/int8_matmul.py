@@ -786,8 +786,9 @@ def resident(w: Weight) -> Weight:
     Decode streams every weight byte once a token, and a file mapping is mostly 4 KiB pages
     (the page cache's folios decide, not us): on the synthetic 1.1B files a token's ~750 MB
     then walks ~190,000 pages. Anonymous arrays of numpy's get transparent huge pages
-    (numpy madvises them), and the same forward measured 8-10% faster from them (Q4_1
-    34.5 -> 31.0 ms, Q4_K_M 36.6 -> 33.5, interleaved). The copy costs a read of the cache
+    (numpy madvises them), and the same forward measured 10-14% faster from them
+    (bench/bench_resident.py, interleaved: Q4_1 33.2 -> 29.8 ms, Q4_K_M 36.1 -> 31.2). The
+    copy costs a read of the cache
     (~0.1 s per GB) and makes the weights the process's own memory rather than shared page
     cache. A mixed stack copies each layer's used bytes only: its slots' tails stay untouched
     zero pages."""

@@ -128,9 +128,6 @@ FILE_TENSORS = {"qkv matmul": ("attn_q", "attn_k", "attn_v"), "o matmul": ("attn
                 "gate|up matmul": ("ffn_gate", "ffn_up"), "down matmul": ("ffn_down",)}
 
 
-def weight_nbytes(w) -> int:
-    from zerolayer.gpu.ops.int8_matmul import read_nbytes
-    return read_nbytes(w)
 
 
 def file_bytes(path: str) -> dict:
@@ -211,6 +208,7 @@ def kernel_times(model, path: str, depths: list[int], runs: int, tokens: int, sp
     from zerolayer.gpu.model import StepInput, forward
     from zerolayer.gpu.model_api import step_arrays
     from zerolayer.gpu.ops.attention import BLOCK_TOKENS
+    from zerolayer.gpu.ops.int8_matmul import read_nbytes
     cfg = model.cfg
     rng = np.random.default_rng(0)
     fbytes = file_bytes(path)
@@ -222,7 +220,7 @@ def kernel_times(model, path: str, depths: list[int], runs: int, tokens: int, sp
            "weights": {}, "depths": {}}
     for cls, key in MATMULS.items():
         w = mats[key]
-        res["weights"][cls] = {"bytes": weight_nbytes(w), "format": formats_read(w),
+        res["weights"][cls] = {"bytes": read_nbytes(w), "format": formats_read(w),
                                "file": fbytes[cls]}
     kv_item = model.arena.k_pool.itemsize
     for depth in depths:
@@ -316,10 +314,9 @@ def activation_ab(model, runs: int, tokens: int, spt: float, noise: Noise,
     now = cpu_features.ACTIVATIONS
     then = "int8" if now == "int16" else "int16"
     mw = int8_matmul.prepare_model(model.w, cpu_features.ISA, then)
-    def table(x):  # the forward reads each layer's format from the weight's table
-        return x._replace(lf=x.layers())
-    other = (w[0], table(mw.wqkv), table(mw.wo), table(mw.wgu), table(mw.wdown), w[5], w[6],
-             w[7], table(mw.output), w[9])
+    ff = int8_matmul.for_forward
+    other = (w[0], ff(mw.wqkv), ff(mw.wo), ff(mw.wgu), ff(mw.wdown), w[5], w[6], w[7],
+             ff(mw.output), w[9])
     variants = {now: w, then: other}
     seq = model.new_sequence()
     arr = step_arrays([StepInput(seq, np.array([7], np.int32))], cfg.vocab)
@@ -330,7 +327,7 @@ def activation_ab(model, runs: int, tokens: int, spt: float, noise: Noise,
     mm = [CLASSES.index(c) for c in MATMULS]
     acc = np.zeros(len(CLASSES), np.int64)
     out: dict = {k: {"forward_s": [], "matmul_s": [], "bytes": sum(
-        weight_nbytes(x) for x in (v[1], v[2], v[3], v[4], v[8]))} for k, v in variants.items()}
+        int8_matmul.read_nbytes(x) for x in (v[1], v[2], v[3], v[4], v[8]))} for k, v in variants.items()}
     bws, shares = [], []
 
     def one(v):

@@ -129,7 +129,7 @@ class LlamaModel:
         self.prepared = {k: getattr(mw, k) for k in int8_matmul.MATMUL_WEIGHTS}
         # the forward reads each layer's format from its weight's table (layer_matmul), and
         # streams the weights from huge pages (int8_matmul.resident)
-        mats = {k: int8_matmul.resident(w)._replace(lf=w.layers()) for k, w in self.prepared.items()}
+        mats = {k: int8_matmul.for_forward(w) for k, w in self.prepared.items()}
         self._wargs = (weights.emb, mats["wqkv"], mats["wo"], mats["wgu"], mats["wdown"],
                        weights.attn_norm, weights.ffn_norm, weights.out_norm, mats["output"],
                        self.qkv_bias)

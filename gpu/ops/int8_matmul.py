@@ -810,10 +810,22 @@ def resident(w: Weight) -> Weight:
     if w.lf is None:
         return w._replace(qs=copy(w.qs, None), d=copy(w.d, None), m=copy(w.m, None),
                           w=copy(w.w, None))
+    values, scales = _used(w)
+    return w._replace(qs=copy(w.qs, values), d=copy(w.d, scales), m=copy(w.m, scales),
+                      w=copy(w.w, None))
+
+
+def for_forward(w: Weight) -> Weight:
+    """w as the forward takes it: resident, with its per-layer table (layer_matmul)."""
+    return resident(w)._replace(lf=w.layers())
+
+
+def _used(w: Weight) -> tuple[list[int], list[int]]:
+    """A mixed stack's used entries per layer: (packed value bytes, scales) of each slot."""
+    assert w.lf is not None
     G = w.d.shape[1]
-    scales = [int(G * nb * LANES) for _, nb, _ in w.lf]
-    return w._replace(qs=copy(w.qs, [int(G * nb * blk * LANES) for _, nb, blk in w.lf]),
-                      d=copy(w.d, scales), m=copy(w.m, scales), w=copy(w.w, None))
+    return ([int(G * nb * blk * LANES) for _, nb, blk in w.lf],
+            [int(G * nb * LANES) for _, nb, _ in w.lf])
 
 
 def read_nbytes(w: Weight) -> int:
@@ -821,8 +833,8 @@ def read_nbytes(w: Weight) -> int:
     (a mixed stack's slots are sized for its largest layer)."""
     if w.lf is None:
         return int(sum(a.nbytes for a in (w.qs, w.d, w.m, w.w)))
-    G = w.d.shape[1]
-    return int(sum(G * nb * LANES * (blk + 2 * w.d.itemsize) for _, nb, blk in w.lf))
+    values, scales = _used(w)
+    return sum(values) + 2 * w.d.itemsize * sum(scales)
 
 
 def to_half(a: np.ndarray) -> np.ndarray:

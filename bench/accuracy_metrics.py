@@ -144,16 +144,18 @@ def all_modes(kernel_sets: tuple[str, ...]) -> list[Mode]:
     each with both KV cache types: fastest first (SPEED_ORDER)."""
     out = []
     for k in kernel_sets:
-        for a in ("int8", "int16"):
+        for a in ("int8", "int8-qkv16", "int16"):
             for kv in ("f16", "f32"):
                 out.append(Mode(k, a, kv))
     return out + [Mode("float", "-", "f16"), Mode("float", "-", "f32")]
 
 
 # Fastest first, within one machine, from docs/BENCHMARKS.md's measurements (not re-timed
-# by the harness): int8 activations decode and prefill faster than int16 (Q4_1 decode 155
-# vs 137 tok/s, prefill pp100 711 vs 588), both faster than the float kernels (108); the
-# f16 KV cache reads half the bytes of f32 at depth; VNNI before AVX2 where both run.
+# by the harness): bench_activations.py, interleaved on one model, puts int8 ahead of
+# int8-qkv16 ahead of int16 at prefill (bundled pp100 1.39x / 1.33x int16's; synthetic 1.1B
+# 1.47-1.64x / 1.41-1.51x) with decode level within 5%; all three faster than the float
+# kernels (108 vs 137+ tok/s); the f16 KV cache reads half the bytes of f32 at depth; VNNI
+# before AVX2 where both run.
 SPEED_ORDER = all_modes(("vnni", "avx2"))
 
 

@@ -297,10 +297,10 @@ def kernel_times(model, path: str, depths: list[int], runs: int, tokens: int, sp
 
 def activation_ab(model, runs: int, tokens: int, spt: float, noise: Noise,
                   streamer: Streamer) -> dict:
-    """int16 activations (the default) against int8 on the same model, interleaved run by run,
-    one token at position 0. Both read the same weight bytes (gpu/ops/int8_matmul.py); int8
-    does half the multiply-adds a byte, so a faster int8 run means the matmuls do not only
-    wait on memory."""
+    """The selected activations against int16 (int16: against int8) on the same model,
+    interleaved run by run, one token at position 0. Both read the same weight bytes
+    (gpu/ops/int8_matmul.py); int8 does half the multiply-adds a byte, so a faster int8 run
+    means the matmuls do not only wait on memory."""
     import numba
     from _timed_forward import CLASSES, timed_forward
 
@@ -482,7 +482,7 @@ def render(r: dict) -> str:
             f"{d['step_s'] * 1e3:.2f} | | " for d in ds) + " | | |")
         lines.append("")
     if r.get("activations_ab"):
-        lines += ["int16 vs int8 activations, interleaved run by run (position 0; the same "
+        lines += ["two activation modes, interleaved run by run (position 0; the same "
                   "weight bytes):", "",
                   "| model | activations | whole forward ms | matmuls ms | matmul GB/s | of BW |",
                   "|---|---|---|---|---|---|"]
@@ -542,7 +542,7 @@ def main() -> int:
     ap.add_argument("--bw-runs", type=int, default=9)
     ap.add_argument("--peer", action="store_true", help="also llama-bench tg32 vs our decode")
     ap.add_argument("--activations-ab", action="store_true",
-                    help="also int16 vs int8 activations, interleaved (position 0)")
+                    help="also the selected activations vs int16 (int16: vs int8), interleaved (position 0)")
     ap.add_argument("--peer-rounds", type=int, default=3)
     ap.add_argument("--peer-reps", type=int, default=3)
     ap.add_argument("--llama-bench", default=str(br.LLAMA_BENCH))
@@ -606,7 +606,7 @@ def main() -> int:
         if args.activations_ab:
             r["activations_ab"] = {}
             for p in paths:
-                log(f"int16 vs int8 activations: {p}")
+                log(f"activation modes A/B: {p}")
                 r["activations_ab"][p] = activation_ab(models[p], args.runs, args.tokens, spt,
                                                        noise, streamer)
         r["bandwidth"]["dram_after"] = read_bandwidth(args.bw_mib, args.bw_runs, noise)

@@ -10,7 +10,8 @@
 #   4. `zerolayerd` in a container with a fresh keys file mounted read-only, its UDP port
 #      published on 127.0.0.1, and an invoke sent from the host with the project's SDK
 #      (zerolayer-client, installed from the same source into a scratch directory) through
-#      that port: the answer must name Paris; then SIGTERM must drain it to exit status 0.
+#      that port: the answer must be the model's ("L'Étoile" or "Paris"); then SIGTERM
+#      must drain it to exit status 0.
 #
 # Prints the image size and the time of each step. Needs root (rootful podman) on Debian 12;
 # installs podman, buildah, mmdebstrap and runc with apt-get when they are missing. Traffic:
@@ -197,7 +198,9 @@ EOF
 }
 T_INVOKE=$(($(now) - T))
 log "answer: $answer"
-grep -qi paris <<<"$answer" || die "the answer does not name Paris"
+# The greedy answer opens with a near-tie: the default int8 activations answer "L'Étoile, ..."
+# (llama.cpp's answer on this file), int16 ones "The capital of France is Paris." (tests/answers.py)
+grep -qiE "paris|l'étoile" <<<"$answer" || die "the answer is not the bundled model's answer"
 
 "${PODMAN[@]}" stop -t 60 "$NAME" >/dev/null
 rc=$("${PODMAN[@]}" inspect -f '{{.State.ExitCode}}' "$NAME")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import zmq
 
+from answers import FRANCE_ANSWER, FRANCE_QUESTION
 from daemon_proc import DaemonProc
 from test_dataplane import Hooks
 from zerolayer.client import Client
@@ -25,7 +26,7 @@ from zerolayer.daemon import control
 from zerolayer.protocol.errors import DrainingError
 from zerolayer.protocol.wire import ChatMessage
 
-FRANCE = [ChatMessage("user", "What is the capital of France?")]
+FRANCE = [ChatMessage("user", FRANCE_QUESTION)]
 
 
 @pytest.fixture(scope="module")
@@ -115,10 +116,10 @@ def test_drain_refuses_new_work_finishes_in_flight_then_undrain(ctl_daemon):
     finally:
         hooks.release()
     text = "".join(s)                                          # the in-flight one completes
-    assert "Paris" in text and s.result.finish_reason in ("stop", "length")
+    assert FRANCE_ANSWER in text and s.result.finish_reason in ("stop", "length")
     assert ok(path, "status")["state"] == "draining"           # and the daemon stays up
     assert ok(path, "undrain") == {"state": "ready"}
-    assert "Paris" in client(d).invoke(messages=FRANCE, max_tokens=8).text
+    assert FRANCE_ANSWER in client(d).invoke(messages=FRANCE, max_tokens=8).text
 
 
 def test_cache_stats_and_flush(ctl_daemon):
@@ -184,7 +185,7 @@ def test_a_hammered_control_socket_never_stops_the_data_plane(ctl_daemon):
         c = client(d, timeout=20)
         for _ in range(20):
             assert c.ping() > 0
-        assert "Paris" in c.invoke(messages=FRANCE, max_tokens=8).text
+        assert FRANCE_ANSWER in c.invoke(messages=FRANCE, max_tokens=8).text
     finally:
         stop.set()
         for t in threads:

@@ -11,13 +11,14 @@ import time
 
 import pytest
 
+from answers import FRANCE_ANSWER, FRANCE_ENDS_TURN, FRANCE_QUESTION
 from daemon_proc import DaemonProc
 from zerolayer.client import Client
 from zerolayer.protocol import wire
 from zerolayer.protocol.errors import ContextOverflowError, ErrorCode, InvalidSignatureError, UnknownKeyError
 from zerolayer.protocol.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
 
-FRANCE = [ChatMessage("user", "What is the capital of France?")]
+FRANCE = [ChatMessage("user", FRANCE_QUESTION)]
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +32,19 @@ def client(d, **kw) -> Client:
     return Client(d.addr, d.key_id, d.secret, timeout=kw.pop("timeout", 60), **kw)
 
 
-def test_chat_question_streams_paris_in_order(daemon):
+def test_chat_question_streams_its_answer_in_order(daemon):
     audit = []
-    s = client(daemon, audit_log_hook=lambda p, sig, ts: audit.append((p, sig, ts))).stream(messages=FRANCE)
+    c = client(daemon, audit_log_hook=lambda p, sig, ts: audit.append((p, sig, ts)))
+    s = c.stream(messages=FRANCE, max_tokens=16)
     chunks = list(s)
-    assert "Paris" in "".join(chunks) and len(chunks) >= 3
+    assert FRANCE_ANSWER in "".join(chunks) and len(chunks) >= 3
     r = s.result
-    assert r.text == "".join(chunks) and r.finish_reason == "stop"
+    assert r.text == "".join(chunks) and r.finish_reason == ("stop" if FRANCE_ENDS_TURN else "length")
     assert r.usage.prompt_tokens == 37 and r.usage.completion_tokens >= 3
     assert r.timings.total_us > 0 and r.timings.prefill_us > 0 and r.timings.ingress_us > 0
     assert r.attempts == 1  # the ACK is sent before the prefill, so the client never re-sends
     assert audit and len(audit[0][1]) == 32  # hook saw the payload hash and the signature
-    again = client(daemon).invoke(messages=FRANCE)  # the same prompt: its prefix is reused
+    again = client(daemon).invoke(messages=FRANCE, max_tokens=16)  # the same prompt: its prefix is reused
     assert again.text == r.text and again.usage.cached_prompt_tokens == 36
 
 
@@ -62,7 +64,7 @@ def test_duplicate_request_id_runs_the_model_once(daemon):
     for t in ts:
         t.join(120)
     again = c.invoke(messages=FRANCE, request_id=rid, max_tokens=12)  # finished: replayed
-    assert results[0].text == results[1].text == again.text and "Paris" in again.text
+    assert results[0].text == results[1].text == again.text and FRANCE_ANSWER in again.text
     assert daemon.metric("zerolayer_model_runs_total") == runs + 1
     assert daemon.metric("zerolayer_idempotent_hits_total", 'kind="replayed"') >= 1
 
@@ -133,7 +135,7 @@ def test_eight_concurrent_clients_all_complete(daemon):
     for t in ts:
         t.join(300)
     assert sorted(out) == list(range(8))
-    assert all("Paris" in r.text for r in out.values())
+    assert all(FRANCE_ANSWER in r.text for r in out.values())
     assert len({r.text for r in out.values()}) == 1  # batching does not change the answer
 
 
@@ -161,7 +163,7 @@ def test_garbage_flood_does_not_stall_a_valid_request(daemon):
     finally:
         stop.set()
         t.join()
-    assert "Paris" in r.text
+    assert FRANCE_ANSWER in r.text
     assert client(daemon).ping() > 0  # alive
     # the socket buffer overflows under a flood (the kernel drops, the XDP path exists for
     # that); what reached the daemon was parsed and refused, not ignored

@@ -3,20 +3,22 @@ from __future__ import annotations
 
 import pytest
 
+from answers import FRANCE_ANSWER, FRANCE_ENDS_TURN, FRANCE_QUESTION
 from zerolayer.gpu.errors import ContextOverflowError
 from zerolayer.gpu.generate import SamplingParams
 from zerolayer.gpu.stopping import StopChecker
 
-FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+FRANCE = [{"role": "user", "content": FRANCE_QUESTION}]
 
 
-def test_france_answer_contains_paris_streamed(generator):
+def test_france_answer_streamed(generator):
     chunks = list(generator.generate(messages=FRANCE, params=SamplingParams(max_tokens=48)))
     res = generator.last
-    assert "Paris" in "".join(chunks)
+    assert FRANCE_ANSWER in "".join(chunks)
     assert "".join(chunks) == res.text
     assert len(chunks) >= 3  # streamed, not one blob
-    assert res.finish_reason == "stop" and res.completion_tokens == len(res.token_ids)
+    assert res.finish_reason == ("stop" if FRANCE_ENDS_TURN else "length")
+    assert res.completion_tokens == len(res.token_ids) <= 48
     assert res.prompt_tokens == 37
 
 
@@ -42,12 +44,12 @@ def test_over_long_prompt_is_context_overflow(generator):
         list(generator.generate("word " * 3000, params=SamplingParams(max_tokens=8)))
     assert e.value.limit == 2048 and e.value.code == "CONTEXT_OVERFLOW"
     # the runtime is still healthy afterwards
-    assert "Paris" in generator.complete(messages=FRANCE).text
+    assert FRANCE_ANSWER in generator.complete(messages=FRANCE, params=SamplingParams(max_tokens=16)).text
 
 
 def test_token_ids_payload(generator):
     ids = generator.tokenizer.encode_chat(FRANCE)
-    assert "Paris" in generator.complete(token_ids=ids).text
+    assert FRANCE_ANSWER in generator.complete(token_ids=ids, params=SamplingParams(max_tokens=16)).text
 
 
 @pytest.mark.parametrize("pieces,stops,expected,stopped", [

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from answers import FRANCE_ANSWER, FRANCE_ENDS_TURN, FRANCE_QUESTION
 from daemon_proc import DaemonProc
 from netns import CLI_V4, SRV_IF, SRV_V4, SRV_V6, in_netns, xdp_testbed
 from zerolayer.client import Client
@@ -25,7 +26,7 @@ from zerolayer.protocol.wire import ChatMessage, MsgType
 if os.geteuid() != 0:  # pragma: no cover - CI runs as root
     pytest.skip("XDP and network namespaces need root", allow_module_level=True)
 
-FRANCE = [ChatMessage("user", "What is the capital of France?")]
+FRANCE = [ChatMessage("user", FRANCE_QUESTION)]
 XDP_ARGS = ("--network-ingress", "xdp", "--network-interface", SRV_IF, "--cache-lease-s", "5")
 REDIRECT = 'action="redirect",reason="redirect"'
 
@@ -84,14 +85,15 @@ def test_xdp_status_and_rate_limit_through_the_control_socket(daemon, bed):
 
 
 @pytest.mark.parametrize("host", [SRV_V4, SRV_V6], ids=["ipv4", "ipv6"])
-def test_chat_question_streams_paris_through_the_rings(daemon, bed, host):
+def test_chat_question_streams_its_answer_through_the_rings(daemon, bed, host):
     _, cli = bed
     before = redirected(daemon)
     dgrams = daemon.metric("zerolayer_ingress_datagrams_total")
-    s = in_netns(cli, lambda: client(daemon, host).stream(messages=FRANCE))
+    s = in_netns(cli, lambda: client(daemon, host).stream(messages=FRANCE, max_tokens=16))
     chunks = list(s)
-    assert "Paris" in "".join(chunks) and len(chunks) >= 3
-    assert s.result.finish_reason == "stop" and s.result.attempts == 1
+    assert FRANCE_ANSWER in "".join(chunks) and len(chunks) >= 3
+    assert s.result.finish_reason == ("stop" if FRANCE_ENDS_TURN else "length")
+    assert s.result.attempts == 1
     # every datagram the daemon took in came through the XDP program's redirect
     daemon.wait_for(lambda: redirected(daemon) - before
                     >= daemon.metric("zerolayer_ingress_datagrams_total") - dgrams > 0,
@@ -239,7 +241,7 @@ def test_detach_and_attach_xdp_at_run_time(daemon, bed):
     assert xdp_prog_on(srv) is None
     assert control.request(daemon.control, "xdp-detach")["error"]["code"] == "UNAVAILABLE"
     res = in_netns(cli, lambda: client(daemon).invoke(messages=FRANCE, max_tokens=8))
-    assert "Paris" in res.text                       # over UDP now
+    assert FRANCE_ANSWER in res.text                       # over UDP now
     daemon.wait_for(lambda: daemon.metric("zerolayer_xdp_attached") == 0, what="gauge 0")
     r = control.request(daemon.control, "xdp-attach", timeout_s=60)
     assert r["ok"] and r["result"]["attached"], r
@@ -249,5 +251,5 @@ def test_detach_and_attach_xdp_at_run_time(daemon, bed):
     assert xdp_prog_on(srv) == "xdp"
     before = redirected(daemon)
     res = in_netns(cli, lambda: client(daemon).invoke(messages=FRANCE, max_tokens=8))
-    assert "Paris" in res.text
+    assert FRANCE_ANSWER in res.text
     daemon.wait_for(lambda: redirected(daemon) > before, what="redirected again")

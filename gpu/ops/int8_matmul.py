@@ -3,10 +3,11 @@ with the quantized weights (AVX-512 VNNI ``vpdpbusd`` / ``vpdpwssd``, or AVX2 ``
 + ``vpmaddwd`` / ``vpmaddwd``).
 
 Two activation widths (gpu/ops/cpu_features.py chooses; a weight's format code carries it):
-int8, as llama.cpp, and int16 (the default): each activation split into its low and high
-byte, two byte dot products where int8 has one (Q8 bytes: zero-extended, vpdpwssd), for
-1/256 of the activation error, which keeps the float kernels' greedy answers; decode
-streams the same weight bytes either way.
+int8, as llama.cpp, and int16: each activation split into its low and high byte, two byte
+dot products where int8 has one (Q8 bytes: zero-extended, vpdpwssd), for 1/256 of the
+activation error, which keeps the float kernels' greedy answers; decode streams the same
+weight bytes either way. The default mixes them per weight (int16 for Q|K|V only,
+``wide_for``).
 
 Numba does not emit integer dot-product instructions, so the inner block product is a Numba
 intrinsic whose codegen writes the LLVM IR itself: vector loads of the weight bytes, a

@@ -1,0 +1,142 @@
+"""Decode and prefill speed of each CPU activation mode, on the same model and KV, interleaved.
+
+The accuracy rule (bench/accuracy_metrics.py) makes the default the fastest mode that passes
+it; this is the measurement its speed order rests on. Each mode's weights are prepared from
+the same loaded model (gpu/ops/int8_matmul.py ``prepare_model``) and swapped into the one
+model's forward arguments, so only the activation width differs. A round times every mode in
+turn (the order rotating from round to round); a round's value is the median of its samples.
+
+    .venv/bin/python bench/bench_activations.py [--rounds 5] [--tokens 8] MODEL.gguf ...
+
+- decode: one token at depth 50 (its KV slot rewritten each sample), greedy, via model.step;
+- pp100 / pp500: one batched forward of that many tokens into a fresh sequence.
+
+Holds /tmp/zl-bench.lock (bench_runtime.bench_lock). Prints a markdown table; --out writes
+the samples as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import statistics
+import sys
+import time
+
+import bench_runtime as br
+import numpy as np
+
+from zerolayer.gpu.model import LlamaModel, set_threads
+from zerolayer.gpu.model_api import StepInput
+from zerolayer.gpu.ops import cpu_features, int8_matmul
+
+MATS = {1: "wqkv", 2: "wo", 3: "wgu", 4: "wdown", 8: "output"}  # positions in model._wargs
+PREFILLS = (100, 500)
+
+
+def variants(m: LlamaModel, modes: list[str]) -> dict[str, tuple]:
+    """Forward arguments per activation mode, all from the model's original weights."""
+    out = {}
+    for act in modes:
+        mw = int8_matmul.prepare_model(m.w, cpu_features.ISA, act)
+        args = list(m._wargs)
+        for i, name in MATS.items():
+            args[i] = int8_matmul.for_forward(getattr(mw, name))
+        out[act] = tuple(args)
+    return out
+
+
+def decode_ms(m: LlamaModel, seq, n: int) -> float:
+    ts = []
+    for _ in range(n):
+        seq.length = 50
+        t = time.perf_counter()
+        m.step([StepInput(seq, np.array([5], np.int32))])
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) * 1e3
+
+
+def prefill_ms(m: LlamaModel, prompt: np.ndarray, n: int) -> float:
+    ts = []
+    for _ in range(n):
+        seq = m.new_sequence()
+        t = time.perf_counter()
+        m.step([StepInput(seq, prompt)])
+        ts.append(time.perf_counter() - t)
+        seq.release()
+    return statistics.median(ts) * 1e3
+
+
+def one(path: str, modes: list[str], rounds: int, tokens: int) -> dict:
+    m = LlamaModel.load(path, max_seq_len=1024)
+    sides = variants(m, modes)
+    seq = m.new_sequence()
+    m.step([StepInput(seq, np.arange(1, 51, dtype=np.int32))])
+    rng = np.random.default_rng(0)
+    prompts = {n: rng.integers(1, m.cfg.vocab, n).astype(np.int32) for n in PREFILLS}
+    reps = {"decode": tokens, **{f"pp{n}": max(1, tokens // (n // 100)) for n in PREFILLS}}
+
+    def measure(act: str) -> dict[str, float]:
+        m._wargs = sides[act]
+        r = {"decode": decode_ms(m, seq, reps["decode"])}
+        for n in PREFILLS:
+            r[f"pp{n}"] = prefill_ms(m, prompts[n], reps[f"pp{n}"])
+        return r
+
+    for act in modes:  # warm: compile and fault in every variant
+        measure(act)
+    samples: dict[str, dict[str, list[float]]] = {a: {k: [] for k in reps} for a in modes}
+    for r in range(rounds):
+        order = modes[r % len(modes):] + modes[:r % len(modes)]
+        for act in order:
+            for k, v in measure(act).items():
+                samples[act][k].append(v)
+    med = {a: {k: statistics.median(v) for k, v in s.items()} for a, s in samples.items()}
+    return {"model": path, "modes": modes, "rounds": rounds, "tokens": tokens,
+            "kernels": cpu_features.ISA, "samples_ms": samples, "median_ms": med}
+
+
+def render(res: list[dict]) -> str:
+    lines = ["| model | activations | decode ms (tok/s) | pp100 ms | pp500 ms | decode / int16 "
+             "| pp100 / int16 | pp500 / int16 |", "|---|---|---|---|---|---|---|---|"]
+    for r in res:
+        base = r["median_ms"]["int16"]
+        for a, v in r["median_ms"].items():
+            sp = {k: base[k] / v[k] for k in v}  # speed relative to int16: >1 faster
+            lines.append(f"| {r['model'].rsplit('/', 1)[-1]} | {a} | {v['decode']:.2f} "
+                         f"({1e3 / v['decode']:.1f}) | {v['pp100']:.1f} | {v['pp500']:.1f} | "
+                         f"{sp['decode']:.3f}× | {sp['pp100']:.3f}× | {sp['pp500']:.3f}× |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--modes", default=",".join(cpu_features.ACT_MODES))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    if not cpu_features.ISA:
+        print("the float kernels have no activation modes", file=sys.stderr)
+        return 1
+    modes = a.modes.split(",")
+    if "int16" not in modes:
+        modes.insert(0, "int16")
+    set_threads(2)
+    command = " ".join(sys.argv)
+    with br.bench_lock(command):
+        res = [one(p, modes, a.rounds, a.tokens) for p in a.models]
+    table = render(res)
+    print(table)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"date": _dt.datetime.now(_dt.UTC).isoformat(timespec="minutes"),
+                       "git": br.sh(["git", "-C", str(br.REPO), "rev-parse", "--short", "HEAD"]),
+                       "command": command, "machine": br.machine_info(), "results": res,
+                       "table": table}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

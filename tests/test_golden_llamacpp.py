@@ -5,10 +5,16 @@ evaluation by up to ~2; the checks are what must hold anyway, over 16 teacher-fo
 (we feed llama.cpp's own tokens):
 * the same prompt ids;
 * llama.cpp's greedy token within 1.5 of our best logit;
-* the same top-5 candidates, where a candidate may only trade places with one that is
-  within the margin of our 5th logit. (Exact set equality fails at near-ties: at 5 of 68
-  steps the 5th and 6th logits differ by under 0.1, less than llama.cpp's own quantization
-  error. Our logits match a float64 evaluation to ~1e-6, see test_model.py.)
+* the same top-5 candidates but for near-ties: a candidate may only trade places with one
+  that is within the margin of our 5th logit, and at least 3 of the 5 are shared. (Exact set
+  equality fails at near-ties: at 5 of 68 steps the 5th and 6th logits differ by under 0.1,
+  less than llama.cpp's own quantization error. Our default int8 activations are noisy the
+  same way: the same kernels compiled in the process or loaded from Numba's cache differ by
+  an ulp in attention, which int8 rounding turns into logits 0.1 apart on average here, 0.7
+  at most; at step 6 of the chat case five candidates lie within 0.3, and either build
+  shares only 3 or 4 of llama.cpp's top 5. Their KL divergence from the float model is
+  bounded in test_accuracy.py; with int16 activations our logits match a float64
+  evaluation to ~1e-6, see test_model.py.)
 * llama.cpp's top-5 logits within 2.0 of ours.
 """
 from __future__ import annotations
@@ -41,7 +47,7 @@ def test_teacher_forced_steps_match_llamacpp(generator, case):
             fifth = logits[order[4]]
             for t in ours5 ^ theirs5:  # a swap at the boundary must be a near-tie
                 assert fifth - logits[t] <= MARGIN, (i, t, sorted(ours5), sorted(theirs5))
-            assert len(ours5 & theirs5) >= 4, (i, sorted(ours5), sorted(theirs5))
+            assert len(ours5 & theirs5) >= 3, (i, sorted(ours5), sorted(theirs5))
             theirs = np.array(step["top5_logits"])
             assert np.abs(logits[step["top5_ids"]] - theirs).max() <= LOGIT_TOL, i
             gold = step["next_id"]

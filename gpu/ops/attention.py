@@ -21,6 +21,13 @@ Work items are (token, kv_head, split): the heads of one GQA group share each K/
 sequence's blocks are split across threads (flash-decoding) when there are too few tokens to
 keep every thread busy, as in a batch-1 decode step. Each split keeps an online softmax
 (running max, sum, unnormalised output); the splits are merged at the end.
+
+A block's K (or V) for one layer and KV head is 8 KiB (f16, head dim 64), and the next block
+of the sequence lies anywhere in the pool, so the hardware prefetchers, which stop at a 4 KiB
+page, start over twice a block. Each block prefetches the next one's K and V while it is
+scored. Decode attention at depth 1000, bench_kernels' per-kernel table, two interleaved runs
+each (Xeon host, 2 threads): bundled 135M 1.80 / 1.76 -> 1.31 / 1.33 ms a token, synthetic
+1.1B (8 query heads a KV head: more arithmetic per byte) 2.83 / 2.72 -> 2.40 / 2.45 ms.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ from numba import njit, prange
 from .attention_block import DIMS, GMAX, block_pv, block_scores
 from .exp_f32 import exp_f32
 from .half import as_f32, to_storage
+from .prefetch import prefetch
 
 BLOCK_TOKENS = 64
 _NEG = np.float32(-1e30)  # a finite "minus infinity": fastmath assumes no infs
@@ -118,6 +126,11 @@ def attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head
                 o[g, i] = 0
         for bi in range(b0, b1):
             ns = min(BT, n - bi * BT)
+            if bi + 1 < b1:  # the next block's K and V (see the module doc)
+                nbase = ((bt[bi + 1] * L + layer) * n_kv + kvh) * hd * BT
+                for off in range(0, hd * BT, 64 // k_pool.itemsize):
+                    prefetch(k_pool, nbase + off)
+                    prefetch(v_pool, nbase + off)
             base = ((bt[bi] * L + layer) * n_kv + kvh) * hd * BT  # the block's K and V
             if blocked:  # register-blocked (gpu/ops/attention_block.py), GM heads at a time
                 for g0 in range(0, G, GM):

@@ -69,7 +69,7 @@ from numba.extending import intrinsic
 from numpy.typing import NDArray
 
 from ..quant import FMT_F32, FMT_Q4, FMT_Q8, FMT_Q8_16, LANES, Array, Weight
-from . import cpu_features
+from . import cpu_features, prefetch
 from .cpu_features import ISA_AVX2, ISA_VNNI256, ISA_VNNI512
 
 FMT_I8 = 16  # format codes at and above this are int8-path weights
@@ -334,17 +334,10 @@ PREFETCH_BLOCKS = 2
 
 
 def _prefetch_ahead(builder, wbase, dbase, mbase, nbytes):
-    """Prefetch (read, keep in all levels) the weight block PREFETCH_BLOCKS calls ahead:
-    nbytes of it from wbase, and its 64 float16 scales and offsets (two lines each)."""
-    i64 = ir.IntType(64)
-    i8p = I8.as_pointer()
-    fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [i8p, I32, I32, I32]), "llvm.prefetch.p0")
-    read_l1_data = [ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)]
-
+    """Prefetch the weight block PREFETCH_BLOCKS calls ahead: nbytes of it from wbase, and
+    its 64 float16 scales and offsets (two lines each)."""
     def at(base, off):
-        builder.call(fn, [builder.bitcast(builder.gep(base, [ir.Constant(i64, off)]), i8p)]
-                     + read_l1_data)
+        prefetch.emit(builder, builder.gep(base, [ir.Constant(ir.IntType(64), off)]))
 
     for off in range(0, nbytes, 64):
         at(wbase, PREFETCH_BLOCKS * nbytes + off)

@@ -414,7 +414,8 @@ def _ours(rec: dict, model, reps: int, noise: Noise) -> None:
 
 def serves_prompts(path: str, lb: str, noise: Noise) -> dict[str, bool]:
     """Per --repack mode, whether llama-bench completes a 16-token prompt on this file: a
-    mode that can't is no serving peer (issue 28, rule 2), whatever its decode speed."""
+    mode that can't is no serving peer, however fast it decodes: speed is compared with
+    the fastest mode that serves prompts too."""
     out = {}
     for repack in (0, 1):
         cmd = [lb, "-m", path, "-t", str(THREADS), "-p", "16", "-n", "0", "-fa", "0,1",

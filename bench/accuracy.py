@@ -4,6 +4,7 @@
     .venv/bin/python bench/accuracy.py --quants             # + scripts/make_quants.sh's files
     .venv/bin/python bench/accuracy.py --modes vnni/int16/f16,vnni/int8/f16 --paths prefill
     .venv/bin/python bench/accuracy.py --record             # also tests/golden/accuracy_modes.json
+    .venv/bin/python bench/accuracy.py --rerule             # the rule again, on the recorded figures
 
 For each model file and each CPU mode this machine runs (gpu/ops/cpu_features.py: kernel set
 x activation width x KV cache type), over the shipped public-domain text
@@ -14,9 +15,10 @@ prefill and the decode paths. Beside them, where bench/setup_llamacpp.sh has bui
 llama.cpp's `llama-perplexity --kl-divergence` on the same file against its own F32
 evaluation, and our KL against that same stored base.
 
-The rule: a mode is acceptable when its KL (the worse of its two paths) is at most
-llama.cpp's; the default is the fastest acceptable mode on the bundled model
-(accuracy_metrics.SPEED_ORDER). tests/test_accuracy.py holds the default to the recorded pick.
+The rule (accuracy_metrics.py): a mode is acceptable when it gives the F32 model's answers,
+top-1 agreement >= 99.5% and mean KL <= 1e-5 (the worse of its two paths); the default is the
+fastest acceptable mode on the bundled model (accuracy_metrics.SPEED_ORDER).
+tests/test_accuracy.py holds the default to the recorded pick.
 
 Output: a markdown table on stdout and JSON (default bench/results/accuracy-<time>.json).
 """
@@ -37,8 +39,10 @@ sys.path.insert(0, HERE)
 
 import accuracy_llamacpp as lcpp  # noqa: E402
 from accuracy_metrics import (  # noqa: E402
+    KL_MAX,
     N_CTX,
     SPEED_ORDER,
+    TOP1_MIN,
     Mode,
     acceptable,
     all_modes,
@@ -120,13 +124,14 @@ def measure_file(path: str, modes: list[Mode], text: str, n_ctx: int, paths, use
 
 
 def apply_rule(res: dict) -> dict:
-    """Per mode the KL the rule uses (the worse path) and whether it passes; the pick."""
+    """Per mode the figures the rule uses (the worse path's KL and top-1) and whether it
+    passes; the pick. llama.cpp's KL rides along as information."""
     kl = {m: max(r[p]["kl_mean"] for p in r) for m, r in res["modes"].items()}
-    lc = res.get("llamacpp", {}).get("kl_mean")
-    if lc is None:
-        return {"kl": kl, "llamacpp_kl": None, "acceptable": {}, "picked": None}
-    picked = pick_default(kl, lc)
-    return {"kl": kl, "llamacpp_kl": lc, "acceptable": {m: acceptable(v, lc) for m, v in kl.items()},
+    top1 = {m: min(r[p]["top1"] for p in r) for m, r in res["modes"].items()}
+    picked = pick_default(kl, top1)
+    return {"kl": kl, "top1": top1, "bounds": {"kl_max": KL_MAX, "top1_min": TOP1_MIN},
+            "llamacpp_kl": res.get("llamacpp", {}).get("kl_mean"),
+            "acceptable": {m: acceptable(kl[m], top1[m]) for m in kl},
             "picked": picked.name if picked else None}
 
 
@@ -152,6 +157,22 @@ def table(results: list[dict], paths) -> str:
     return "\n".join(lines)
 
 
+def rerule(path: str) -> int:
+    """The rule of this tree over a recorded file's measurements: the verdicts change when
+    the rule does, the figures stay the ones measured (their date, commit and host)."""
+    with open(path) as f:
+        rec = json.load(f)
+    rec["rule"] = apply_rule(rec)
+    rec["rule"]["applied"] = (f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}, "
+                              f"git {_git()} (bench/accuracy.py --rerule)")
+    rec["speed_order"] = [m.name for m in SPEED_ORDER]
+    with open(path, "w") as f:
+        json.dump(rec, f, indent=1)
+        f.write("\n")
+    print(f"{path}: picked {rec['rule']['picked']}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", help="GGUF file (repeatable; default: the bundled model)")
@@ -167,7 +188,12 @@ def main(argv=None) -> int:
                     help="F32 files, llama.cpp's base logits and logs")
     ap.add_argument("--out", help="JSON file (default bench/results/accuracy-<time>.json)")
     ap.add_argument("--record", action="store_true", help=f"write the bundled model's figures to {GOLDEN}")
+    ap.add_argument("--rerule", action="store_true",
+                    help=f"apply the rule to {GOLDEN}'s recorded figures (no measurement) and "
+                         "write its verdicts back")
     a = ap.parse_args(argv)
+    if a.rerule:
+        return rerule(GOLDEN)
 
     from zerolayer.gpu.gguf_loader import default_model_path
     models = a.model or [default_model_path()]

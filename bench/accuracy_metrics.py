@@ -10,8 +10,12 @@ tokens of context.
 The metrics, per scored position, against the F32 model dequantized from the same file:
 KL(p_F32 || q) of the next-token distributions, and whether both put the same token first.
 
-The rule: a mode is acceptable when its mean KL divergence is at most llama.cpp's on the
-same file; the default is the fastest acceptable mode on the bundled model.
+The rule: a mode is acceptable when it gives the F32 model's own answers: its top-1
+agreement is at least TOP1_MIN and its mean KL divergence at most KL_MAX, each the worse of
+its two paths (prefill, decode); the default is the fastest acceptable mode on the bundled
+model. llama.cpp's figures on the same file are recorded beside it, as information: the bar
+is the model, not the peer's loss (llama.cpp's Q4_1 agrees at ~97%, and so do our int8
+activations, which then answer the demo question as llama.cpp does, not as the model does).
 """
 from __future__ import annotations
 
@@ -159,15 +163,19 @@ def all_modes(kernel_sets: tuple[str, ...]) -> list[Mode]:
 SPEED_ORDER = all_modes(("vnni", "avx2"))
 
 
-def acceptable(kl_mean: float, llamacpp_kl_mean: float) -> bool:
-    return kl_mean <= llamacpp_kl_mean
+TOP1_MIN = 0.995  # at most one position in 200 whose greedy token differs from the F32 model's
+KL_MAX = 1e-5     # mean KL per position (int16 activations: 5e-7; the int8 modes: ~2e-3)
 
 
-def pick_default(kl_by_mode: dict[str, float], llamacpp_kl_mean: float,
+def acceptable(kl_mean: float, top1: float) -> bool:
+    return kl_mean <= KL_MAX and top1 >= TOP1_MIN
+
+
+def pick_default(kl_by_mode: dict[str, float], top1_by_mode: dict[str, float],
                  order: list[Mode] = SPEED_ORDER) -> Mode | None:
-    """The fastest measured mode whose KL divergence passes the rule (None: none does)."""
+    """The fastest measured mode that passes the rule (None: none does)."""
     for m in order:
-        kl = kl_by_mode.get(m.name)
-        if kl is not None and acceptable(kl, llamacpp_kl_mean):
+        kl, top1 = kl_by_mode.get(m.name), top1_by_mode.get(m.name)
+        if kl is not None and top1 is not None and acceptable(kl, top1):
             return m
     return None

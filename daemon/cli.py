@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from zerolayer.client.address import node_name, parse_host_port
 
-from .config import NetworkSection, SecuritySection
+from .config import CPU_ACTIVATIONS, NetworkSection, SecuritySection
 
 if TYPE_CHECKING:
     from zerolayer.client import Client, InvokeResult
@@ -74,6 +74,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH", help="GGUF file (default: bundled SmolLM2-135M-Instruct Q4_1)")
     p.add_argument("--threads", type=int, help="kernel threads (default: CPUs we may run on)")
     p.add_argument("--max-seq-len", type=int, help="context limit (default: the model's)")
+    p.add_argument("--cpu-activations", choices=CPU_ACTIVATIONS, default="",
+                   help="the integer CPU kernels' activations (default int16: the F32 model's "
+                        "answers; int8 modes: faster prefill, llama.cpp's precision)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -211,7 +214,9 @@ def _addr(client: Client) -> str:
 def cmd_generate(args: argparse.Namespace) -> int:
     from zerolayer.gpu.errors import RuntimeModelError
     from zerolayer.gpu.generate import Generator, SamplingParams, stderr_log
+    from zerolayer.gpu.ops import cpu_features
 
+    cpu_features.use_activations(args.cpu_activations)
     try:
         gen = Generator.load(args.model, threads=args.threads, max_seq_len=args.max_seq_len,
                              log=stderr_log)

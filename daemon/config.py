@@ -78,12 +78,18 @@ class MetricsSection:
     port: int = 9433               # 0 = no metrics endpoint
 
 
+# gpu/ops/cpu_features.ACT_MODES, named here so that reading a config loads no kernels
+# (tests/test_config.py holds the two equal)
+CPU_ACTIVATIONS = ("int16", "int8", "int8-qkv16")
+
+
 @dataclass
 class CpuSection:
     cpus: str = ""                 # e.g. "2" or "2-3"; "" = leave affinity alone
     io_cpu: str = ""               # the I/O thread's CPU, e.g. "2"; "" = any of cpus
     engine_cpus: str = ""          # the engine thread and its kernel threads, e.g. "3-5"; "" = any
     sched_fifo: int = 0            # SCHED_FIFO priority 1-99 for the I/O thread; 0 = normal scheduling
+    activations: str = ""          # the integer CPU kernels' activations: int16 (the F32 model's answers), int8-qkv16 or int8 (faster prefill, llama.cpp's precision: ~97% top-1); "" = the runtime's default, int16
 
 
 @dataclass
@@ -250,6 +256,7 @@ RULES: dict[str, tuple[Any, str]] = {
     "cpu.io_cpu": (_cpus, "a CPU list like \"2\""),
     "cpu.engine_cpus": (_cpus, "a CPU list like \"3-5\""),
     "cpu.sched_fifo": _between(0, 99),
+    "cpu.activations": _one_of("", *CPU_ACTIVATIONS),
     "control.events_hwm": _between(1),
     "lifecycle.drain_timeout_s": _between(0),
     "lifecycle.drain_linger_s": _between(0),

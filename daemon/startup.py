@@ -90,6 +90,8 @@ def start_engine(cfg: DaemonConfig, slot: EngineSlot, first: EngineSlot, multi: 
 
         from zerolayer.gpu import backend
         from zerolayer.gpu.generate import Generator
+        from zerolayer.gpu.ops import cpu_features
+        cpu_features.use_activations(cfg.cpu.activations)  # before the weights are laid out
         if spec is not None and spec.device >= 0 and backend.ON_DEVICE:
             from numba import cuda  # this thread's current device, before any upload
             cuda.select_device(spec.device)

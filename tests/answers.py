@@ -1,11 +1,11 @@
 """What the bundled model answers the France chat question, greedy, in the mode the tests run.
 
 The first answer token is a near-tie (" The" / "L", about 0.35 apart in llama.cpp's logits).
-The CPU runtime's default activations (gpu/ops/cpu_features.py: int8 but the Q|K|V projection
-at int16, the accuracy rule's pick) take llama.cpp's side: "L'Étoile, la Mars…", which runs on
-without ending the turn. int16 activations and the float kernels keep the F32 model's answer,
-"The capital of France is Paris.", which ends the turn. The continuation of the first answer
-is itself a chain of near-ties, so tests check how it begins, not its whole text.
+The CPU runtime's default activations (gpu/ops/cpu_features.py: int16, the accuracy rule's
+pick) and the float kernels keep the F32 model's answer, "The capital of France is Paris.",
+which ends the turn. The opt-in int8 activations take llama.cpp's side: "L'Étoile, la Mars…",
+which runs on without ending the turn; its continuation is itself a chain of near-ties, so
+tests check how an answer begins, not its whole text.
 
 The plain completion prompt "The capital of France is" continues " Paris." in every mode.
 """

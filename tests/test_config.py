@@ -60,6 +60,28 @@ def test_good_values_from_every_source(tmp_path):
     assert cfg.engine.overlap is False and cfg.engine.max_running == 8
 
 
+def test_cpu_activations_setting_names_the_runtimes_modes(tmp_path):
+    """[cpu] activations (ZEROLAYER_CPU_ACTIVATIONS, --cpu-activations) lists the kernels'
+    own modes, and selecting one changes the layout the next model is built on."""
+    from zerolayer.gpu.ops import cpu_features
+    assert set(config.CPU_ACTIVATIONS) == set(cpu_features.ACT_MODES)
+    assert cpu_features.ACT_DEFAULT == "int16"
+    cfg = _load("[cpu]\nactivations = \"int8-qkv16\"\n", tmp_path, {})
+    assert cfg.cpu.activations == "int8-qkv16"
+    with pytest.raises(config.ConfigError, match="cpu.activations"):
+        _load("[cpu]\nactivations = \"int4\"\n", tmp_path, {})
+    saved = cpu_features.ACTIVATIONS
+    try:
+        cpu_features.use_activations("int8")
+        assert cpu_features.ACTIVATIONS == "int8"
+        cpu_features.use_activations("")  # the default setting: no change
+        assert cpu_features.ACTIVATIONS == "int8"
+        with pytest.raises(ValueError):
+            cpu_features.use_activations("int4")
+    finally:
+        cpu_features.ACTIVATIONS = saved
+
+
 def _zerolayerd(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "zerolayer.daemon.server", *args],
                           capture_output=True, text=True, timeout=600,

@@ -60,6 +60,7 @@ class AsyncClient(ClientConfig):
                      frequency_penalty: float = 0.0,
                      logprobs: bool = False, top_logprobs: int = 0,
                      response_format: ResponseFormat | None = None,
+                     speculative: bool = True,
                      request_id: bytes | str | None = None) -> InvokeResult:
         """Run one request to completion and return its text, usage and timings."""
         s = await self.stream(prompt, messages, token_ids, max_tokens=max_tokens,
@@ -68,6 +69,7 @@ class AsyncClient(ClientConfig):
                               presence_penalty=presence_penalty,
                               frequency_penalty=frequency_penalty, logprobs=logprobs,
                               top_logprobs=top_logprobs, response_format=response_format,
+                              speculative=speculative,
                               request_id=request_id)
         s._m.restartable = True  # the caller sees no text until the end
         async with s:
@@ -85,6 +87,7 @@ class AsyncClient(ClientConfig):
                      frequency_penalty: float = 0.0,
                      logprobs: bool = False, top_logprobs: int = 0,
                      response_format: ResponseFormat | None = None,
+                     speculative: bool = True,
                      request_id: bytes | str | None = None) -> AsyncStream:
         """Send the request's first attempt and return the AsyncStream; iterate it with
         `async for` for text chunks. Errors raise subclasses of ZerolayerError."""
@@ -93,7 +96,8 @@ class AsyncClient(ClientConfig):
                                  stop=stop, repetition_penalty=repetition_penalty,
                                  presence_penalty=presence_penalty,
                                  frequency_penalty=frequency_penalty, logprobs=logprobs,
-                                 top_logprobs=top_logprobs, response_format=response_format)
+                                 top_logprobs=top_logprobs, response_format=response_format,
+                                 speculative=speculative)
         rid = request_id_bytes(request_id)
         ch = await self._open(rid)
         route = ch if isinstance(ch, Routed) else None

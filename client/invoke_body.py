@@ -24,10 +24,12 @@ def build_invoke_body(prompt: str | None, messages: Sequence[ChatMessage] | None
                       stop: Sequence[str], repetition_penalty: float = 1.0,
                       presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                       logprobs: bool = False, top_logprobs: int = 0,
-                      response_format: ResponseFormat | None = None) -> bytes:
+                      response_format: ResponseFormat | None = None,
+                      speculative: bool = True) -> bytes:
     """Exactly one of prompt, messages, token_ids. Raises ValueError for a wrong call,
     MalformedError for out-of-range parameters and PayloadTooLargeError past 1 MiB, all
-    before anything is sent. response_format: OpenAI's shape (protocol/constraint.py)."""
+    before anything is sent. response_format: OpenAI's shape (protocol/constraint.py).
+    speculative=False: the daemon decodes without drafts (the same answer; for measuring)."""
     given = [x is not None for x in (prompt, messages, token_ids)]
     if sum(given) != 1:
         raise ValueError("give exactly one of prompt, messages, token_ids")
@@ -37,7 +39,8 @@ def build_invoke_body(prompt: str | None, messages: Sequence[ChatMessage] | None
                             presence_penalty=presence_penalty,
                             frequency_penalty=frequency_penalty, logprobs=logprobs,
                             top_logprobs=top_logprobs,
-                            constraint=from_response_format(response_format))
+                            constraint=from_response_format(response_format),
+                            speculative=speculative)
     if prompt is not None:
         kind, payload = PayloadKind.PROMPT, prompt.encode("utf-8")
     elif messages is not None:

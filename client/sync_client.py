@@ -79,6 +79,7 @@ class Client(ClientConfig):
                frequency_penalty: float = 0.0,
                logprobs: bool = False, top_logprobs: int = 0,
                response_format: ResponseFormat | None = None,
+               speculative: bool = True,
                request_id: bytes | str | None = None) -> InvokeResult:
         """Run one request to completion and return its text, usage and timings."""
         with self.stream(prompt, messages, token_ids, max_tokens=max_tokens,
@@ -87,6 +88,7 @@ class Client(ClientConfig):
                          presence_penalty=presence_penalty,
                          frequency_penalty=frequency_penalty, logprobs=logprobs,
                          top_logprobs=top_logprobs, response_format=response_format,
+                         speculative=speculative,
                          request_id=request_id) as s:
             s._m.restartable = True  # the caller sees no text until the end
             for _ in s:
@@ -102,6 +104,7 @@ class Client(ClientConfig):
                frequency_penalty: float = 0.0,
                logprobs: bool = False, top_logprobs: int = 0,
                response_format: ResponseFormat | None = None,
+               speculative: bool = True,
                request_id: bytes | str | None = None) -> Stream:
         """Start a request; iterate the returned Stream for text chunks (str). When the
         iteration ends, `stream.result` holds the InvokeResult. Exactly one of prompt,
@@ -111,7 +114,8 @@ class Client(ClientConfig):
                                  stop=stop, repetition_penalty=repetition_penalty,
                                  presence_penalty=presence_penalty,
                                  frequency_penalty=frequency_penalty, logprobs=logprobs,
-                                 top_logprobs=top_logprobs, response_format=response_format)
+                                 top_logprobs=top_logprobs, response_format=response_format,
+                                 speculative=speculative)
         return Stream(self, body, request_id_bytes(request_id))
 
     def ping(self) -> float:

@@ -53,6 +53,7 @@ class EngineSection:
     kv_blocks: int = 0             # KV arena blocks of 64 positions; 0 = 16 full contexts
     queue_depth: int = 64          # admissions handed to the engine thread, not yet taken; beyond: OVERLOADED
     overlap: bool = True           # GPU: stage step N+1 while step N runs (no effect on the CPU)
+    speculative: bool = True       # CPU: decode with drafts guessed from each request's own text (n-gram lookup), checked by the model in one pass: the same answers, faster where the answer copies its context; requests may opt out (NO_SPECULATION)
     route_slack: int = 4           # several engines: a request goes to the engine that served its prefix unless that one has more than this many requests above the least loaded
 
 

@@ -52,8 +52,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from zerolayer.gpu.context_rule import check_context
+from zerolayer.gpu.drafting import DraftLength, lookup, speculates
 from zerolayer.gpu.errors import KVCacheFullError
 from zerolayer.gpu.grammar import Grammars, mask_words
 from zerolayer.gpu.model_api import Draw, Model, PendingTokens, StepInput
@@ -85,7 +87,7 @@ class Batch:
 class Engine:
     def __init__(self, model: Model, tokenizer: Tokenizer, *, emit: Emit, max_running: int = 16,
                  max_waiting: int = 256, step_tokens: int = 256, prefix_entries: int = 4,
-                 overlap: bool | None = None):
+                 overlap: bool | None = None, speculative: bool = True):
         self.model = model
         self.tok = tokenizer
         self.emit = emit
@@ -93,6 +95,10 @@ class Engine:
         self.max_waiting = max_waiting
         self.step_tokens = step_tokens
         self.overlap = model.overlaps if overlap is None else (overlap and model.overlaps)
+        # drafts need each checked position's token before the next step is planned: a model
+        # that overlaps steps decodes plainly
+        self.speculative = (speculative and not self.overlap
+                            and getattr(model, "verifies_drafts", False))
         self.prefix = PrefixCache(model.arena, max_entries=prefix_entries)
         vocab: int = model.cfg.vocab  # type: ignore[attr-defined]  # (Model.cfg: object)
         self.grammars = Grammars(tokenizer, vocab)  # grammars compiled on first use
@@ -101,6 +107,8 @@ class Engine:
         self._inflight: Batch | None = None
         self.steps = 0
         self.forward_passes_tokens = 0  # tokens run through the model, for tests and metrics
+        self.drafted_tokens = 0         # speculative decoding: tokens guessed, and kept
+        self.accepted_tokens = 0
 
     # ---- called by the engine thread -----------------------------------------------------
     @property
@@ -133,6 +141,8 @@ class Engine:
         req.penalty = PenaltyState.of(req.params, req.prompt_ids)
         if req.params.constraint is not None:  # ValueError: the daemon's MALFORMED
             req.matcher = self.grammars.matcher(req.params.constraint)
+        if self.speculative and speculates(req.params):
+            req.spec = DraftLength()
         self.waiting.append(req)
 
     @property
@@ -161,9 +171,11 @@ class Engine:
                         continue  # its penalties, its mask, depend on that token: a step later
                     inputs.append(StepInput(r.seq, np.zeros(1, np.int32), from_prev=r.pending_row))
                 else:
-                    inputs.append(StepInput(r.seq, np.array([r.tokens[-1]], np.int32)))
+                    r.draft = self._draft(r, budget)
+                    toks = np.concatenate(([r.tokens[-1]], r.draft)).astype(np.int32)
+                    inputs.append(StepInput(r.seq, toks, every_logit=len(toks) > 1))
                 owners.append(r)
-                budget -= 1
+                budget -= len(inputs[-1].tokens)
         for r in self.running:  # then prompt chunks, oldest first
             left = len(r.prompt_ids) - r.prefilled
             if left and budget > 0:
@@ -176,14 +188,18 @@ class Engine:
         if not inputs:
             return None
         with_logits = [r for inp, r in zip(inputs, owners) if inp.logits]
+        # a row per position checked: a request with a draft has 1 + len(draft) of them
+        rows = [r for inp, r in zip(inputs, owners) if inp.logits
+                for _ in range(len(inp.tokens) if inp.every_logit else 1)]
         # one draw per logit row, from each request's own seeded generator
         draws = [Draw(r.params.temperature, r.params.top_k, r.params.top_p, r.rng.random())
-                 for r in with_logits]
-        penalties = ([r.penalty.spec() for r in with_logits]
+                 for r in rows]
+        # (a request with penalties, a mask or logprobs never drafts: one row each)
+        penalties = ([r.penalty.spec() for r in rows]
                      if any(r.penalty.active for r in with_logits) else None)
-        lps = ([r.params.top_logprobs if r.params.logprobs else -1 for r in with_logits]
+        lps = ([r.params.top_logprobs if r.params.logprobs else -1 for r in rows]
                if any(r.params.logprobs for r in with_logits) else None)
-        masks = self._masks(with_logits)
+        masks = self._masks(rows)
         extra = {k: v for k, v in (("logprobs", lps), ("masks", masks)) if v is not None}
         try:  # sampled where the logits are
             pending = self.model.launch_tokens(inputs, draws, penalties, **extra)
@@ -192,7 +208,7 @@ class Engine:
                 self._finish_error(r, ErrorCode.INTERNAL, f"forward pass failed: {e}")
             return None
         self.steps += 1
-        for row, r in enumerate(with_logits):
+        for row, r in enumerate(with_logits):  # (rows = with_logits here: overlap never drafts)
             r.pending_row, r.pending_step = row, self.steps
         n_tokens = sum(len(i.tokens) for i in inputs)
         self.forward_passes_tokens += n_tokens
@@ -225,12 +241,60 @@ class Engine:
             return
         now = time.monotonic()
         lps = b.pending.logprobs() if b.logprobs else None
-        for row, r in enumerate(b.with_logits):
+        row = 0
+        for r in b.with_logits:
             if r.pending_step == b.step:  # not already given a next token in a newer step
                 r.pending_row = -1
-            if r.done:  # finished or cancelled meanwhile: a speculative token, dropped
+            draft, r.draft = r.draft, None
+            if draft is not None and len(draft):
+                row = self._verified(r, draft, tokens, row, now)
                 continue
-            self._emit_token(r, int(tokens[row]), now, lps[row] if lps is not None else None)
+            if not r.done:  # (else finished or cancelled meanwhile: a token past the end, dropped)
+                self._emit_token(r, int(tokens[row]), now, lps[row] if lps is not None else None)
+            row += 1
+
+    # ---- speculative decoding (gpu/drafting.py) --------------------------------------------
+    def _draft(self, r: Request, budget: int) -> npt.NDArray[np.int32]:
+        """The tokens to check after r's last one this step: a guess from its own text,
+        short enough that every position it writes lies inside r's KV reservation (prompt +
+        max_tokens: at most max_tokens - len(tokens) - 1 guesses) and the step's budget."""
+        none = np.zeros(0, np.int32)
+        if r.spec is None:
+            return none
+        k = min(r.spec.want(), r.params.max_tokens - len(r.tokens) - 1, budget - 1)
+        if k <= 0:
+            return none
+        prompt = r.prompt_ids
+        assert prompt is not None
+        return lookup(np.concatenate((prompt, np.asarray(r.tokens, np.int32))), k)
+
+    def _verified(self, r: Request, draft: npt.NDArray[np.int32],
+                  tokens: npt.NDArray[np.int32], row: int, now: float) -> int:
+        """Emit what a drafted step decided for r; returns its next row.
+
+        Row j sampled the token after the last token and the first j guesses, with its own
+        draw, exactly as a plain step at that position would. So the guesses are kept while
+        each equals the token its row sampled, and the first row that disagrees gives the
+        token the plain decoder would have emitted there: greedy, the same tokens; sampled,
+        the same distribution (for a guess that is a single token, accepting it when the
+        draw picks it and otherwise keeping the draw is the standard rejection rule). The
+        K/V written for the rejected guesses is forgotten by shortening the sequence: those
+        positions lie past its length, so nothing reads them before they are overwritten,
+        and the prefix cache stores only positions below the length."""
+        k = len(draft)
+        if r.done or r.seq is None or r.spec is None:  # cancelled meanwhile: nothing to keep
+            return row + k + 1
+        got = tokens[row:row + k + 1]
+        a = int(np.argmin(np.append(got[:k] == draft, False)))  # guesses kept
+        r.seq.length -= k - a
+        r.spec.update(k, a)
+        self.drafted_tokens += k
+        self.accepted_tokens += a
+        for tok in got[:a + 1]:
+            if r.done:  # EOS, a stop string or max_tokens among them: the rest is dropped
+                break
+            self._emit_token(r, int(tok), now)
+        return row + k + 1
 
     def _reap_cancelled(self) -> None:
         for r in [r for r in self.waiting if r.cancel is not None]:
@@ -332,7 +396,9 @@ class Engine:
             decode_us=us(decode),
             decode_step_max_us=us(r.step_max),
         )
-        self.emit(DoneEvent(r, reason, Usage(len(r.prompt_ids), r.cached, n), t))
+        spec = r.spec
+        self.emit(DoneEvent(r, reason, Usage(len(r.prompt_ids), r.cached, n), t,
+                            spec.drafted if spec else 0, spec.accepted if spec else 0))
 
     def _finish_error(self, r: Request, code: ErrorCode, msg: str) -> None:
         if r.done:

@@ -149,6 +149,13 @@ class Metrics:
                                      "through the model (miss)", ["result"], registry=r)
         for result in ("hit", "miss"):
             self.prefix_tokens.labels(result)
+        self.speculative_tokens = Counter("zerolayer_speculative_tokens",
+                                          "Speculative decoding: tokens guessed from the "
+                                          "requests' own text (drafted) and kept after the "
+                                          "model checked them (accepted); their ratio is the "
+                                          "acceptance rate", ["result"], registry=r)
+        for result in ("drafted", "accepted"):
+            self.speculative_tokens.labels(result)
         self.events_out = Counter("zerolayer_lifecycle_events",
                                   "Request lifecycle events on the [control] events feed, "
                                   "by result: published, or dropped (a slow subscriber's "

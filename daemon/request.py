@@ -21,12 +21,14 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from zerolayer.protocol.errors import ErrorCode
 from zerolayer.protocol.sampling_params import SamplingParams
 from zerolayer.protocol.wire import FinishReason, InvokeBody, ResponseSigner, Timings, Usage
 
 if TYPE_CHECKING:
+    from zerolayer.gpu.drafting import DraftLength
     from zerolayer.gpu.grammar import Matcher
     from zerolayer.gpu.kv_cache import Sequence
     from zerolayer.gpu.ops.penalties import PenaltyState
@@ -81,6 +83,8 @@ class Request:
     lp_held: list[tuple[bytes, ...]] = field(default_factory=list)  # logprob entries of
                                           # tokens whose text is not out yet (logprobs.py)
     matcher: Matcher | None = None        # its constraint's state (structured output)
+    spec: DraftLength | None = None       # speculative decoding's draft length (None: plain)
+    draft: npt.NDArray[np.int32] | None = None  # the tokens guessed in the step in flight
     t_admit: float = 0.0
     t_first: float = 0.0
     t_last: float = 0.0
@@ -119,6 +123,8 @@ class DoneEvent:
     reason: FinishReason
     usage: Usage
     timings: Timings
+    drafted: int = 0   # speculative decoding: tokens guessed for it, and kept
+    accepted: int = 0
 
 
 @dataclass(slots=True)

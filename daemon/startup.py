@@ -109,7 +109,8 @@ def start_engine(cfg: DaemonConfig, slot: EngineSlot, first: EngineSlot, multi: 
         slot.model, slot.threads = gen.model, numba.get_num_threads()
         return Engine(gen.model, gen.tokenizer, emit=lambda ev: None,
                       max_running=e.max_running, max_waiting=e.max_waiting,
-                      step_tokens=e.step_tokens, overlap=e.overlap)
+                      step_tokens=e.step_tokens, overlap=e.overlap,
+                      speculative=e.speculative)
 
     slot.cpus = cpus
     t = slot.thread = EngineThread(

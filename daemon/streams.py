@@ -54,6 +54,8 @@ class Streams:
             self._text(r, ev)
         elif isinstance(ev, DoneEvent):
             self.done(r, ev.reason, ev.usage, ev.timings)
+            self.metrics.speculative_tokens.labels("drafted").inc(ev.drafted)
+            self.metrics.speculative_tokens.labels("accepted").inc(ev.accepted)
         elif isinstance(ev, FailedEvent):
             self.fail(r, ev.code, ev.message, started=ev.started)
 

@@ -101,6 +101,7 @@ class LlamaModel:
     the daemon's I/O thread keeps answering while a step computes."""
 
     overlaps = False  # launch_tokens runs the step before it returns
+    verifies_drafts = True  # StepInput.every_logit: the forward takes any logit rows
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, *, max_seq_len: int | None = None,
                  kv_blocks: int | None = None, path: str = "", prepared: dict | None = None,

@@ -52,11 +52,15 @@ class StepInput:
     head is 28M multiply-adds per row, a quarter of the whole model.
     from_prev >= 0: the one token is row `from_prev` of the previous launched step's sampled
     ids (only for a model that overlaps steps; `tokens` then holds a placeholder).
+    every_logit: a logit row for every token, not only the last (speculative decoding
+    verifies a draft by sampling each of its positions; only for a model whose
+    `verifies_drafts` is True).
     """
     seq: Sequence
     tokens: np.ndarray
     logits: bool = True
     from_prev: int = -1
+    every_logit: bool = False
 
 
 @dataclass
@@ -113,6 +117,7 @@ class Model(Protocol):
     max_seq_len: int
     arena: KVArena
     overlaps: bool              # launch_tokens returns before the step is done
+    verifies_drafts: bool       # takes StepInput.every_logit (speculative decoding)
 
     def tokenizer(self): ...
 
@@ -142,8 +147,10 @@ def step_arrays(inputs: list[StepInput], vocab: int) -> StepArrays:
     tok_seq = np.concatenate([np.full(len(i.tokens), s, np.int32) for s, i in enumerate(inputs)])
     tok_pos = np.concatenate([np.arange(i.seq.length, i.seq.length + len(i.tokens), dtype=np.int32)
                               for i in inputs])
-    last = np.cumsum([len(i.tokens) for i in inputs]).astype(np.int32) - 1
-    logit_rows = last[[i.logits for i in inputs]]
+    ends = np.cumsum([len(i.tokens) for i in inputs]).astype(np.int32)
+    logit_rows = np.concatenate(
+        [np.arange(e - len(i.tokens), e, dtype=np.int32) if i.every_logit
+         else np.array([e - 1] if i.logits else [], np.int32) for e, i in zip(ends, inputs)])
     tables = np.stack([i.seq.table for i in inputs])
     prev_rows = np.concatenate([np.full(len(i.tokens), i.from_prev, np.int32) for i in inputs])
     if (prev_rows >= 0).any() and any(i.from_prev >= 0 and len(i.tokens) != 1 for i in inputs):

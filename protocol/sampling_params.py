@@ -50,6 +50,9 @@ class SamplingParams:
     # Structured output: what the generated text must be (protocol/constraint.py), enforced
     # by a token mask before sampling, greedy included. None: free text.
     constraint: Constraint | None = None
+    # Speculative decoding (drafts from the request's own text, checked by the model): the
+    # same tokens greedy, the same distribution sampled; False decodes one token a step.
+    speculative: bool = True
 
     @property
     def penalized(self) -> bool:

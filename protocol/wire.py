@@ -124,7 +124,9 @@ PARAM_PENALTIES = 0x0002  # a penalty block follows the parameter block
 PENALTIES = struct.Struct("<fff")  # repetition, presence, frequency
 PARAM_LOGPROBS = 0x0004   # a logprobs block follows (and the penalty block, if any)
 PARAM_CONSTRAINT = 0x0008  # a constraint block follows (after the logprobs block, if any)
-PARAM_FLAGS = PARAM_SEED_SET | PARAM_PENALTIES | PARAM_LOGPROBS | PARAM_CONSTRAINT
+PARAM_NO_SPECULATION = 0x0010  # decode without drafts (no block follows)
+PARAM_FLAGS = (PARAM_SEED_SET | PARAM_PENALTIES | PARAM_LOGPROBS | PARAM_CONSTRAINT
+               | PARAM_NO_SPECULATION)
 CHAT_MSG_HDR = struct.Struct("<BI")    # role, content length
 
 
@@ -441,6 +443,8 @@ def encode_invoke_body(params: SamplingParams, kind: PayloadKind, payload: bytes
         flags |= PARAM_LOGPROBS
     if params.constraint is not None:
         flags |= PARAM_CONSTRAINT
+    if not params.speculative:
+        flags |= PARAM_NO_SPECULATION
     out = bytearray(PARAMS.pack(params.max_tokens, params.temperature, params.top_p,
                                 params.top_k, seed, int(kind), len(params.stop), flags,
                                 len(payload)))
@@ -506,7 +510,8 @@ def decode_invoke_body(body: bytes) -> InvokeBody:
                             stop=tuple(stops), repetition_penalty=penalties[0],
                             presence_penalty=penalties[1], frequency_penalty=penalties[2],
                             logprobs=bool(flags & PARAM_LOGPROBS), top_logprobs=top_logprobs,
-                            constraint=constraint)
+                            constraint=constraint,
+                            speculative=not flags & PARAM_NO_SPECULATION)
     validate_params(params)
     payload = bytes(body[off:])
     if pkind is PayloadKind.PROMPT:

@@ -300,6 +300,7 @@ class CudaModel:
     """
 
     overlaps = True
+    verifies_drafts = False  # drafts need the host to see each step's tokens (no overlap)
 
     def __init__(self, model):
         self.model = model

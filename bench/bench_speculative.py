@@ -1,0 +1,195 @@
+"""Speculative decoding: decode speed with drafts from the request's own text, against the
+same engine without them, and against llama.cpp's own lookup decoding, on the same prompts.
+
+    .venv/bin/python bench/bench_speculative.py                 # 3 rounds, 128 tokens a task
+    .venv/bin/python bench/bench_speculative.py --rounds 1 --tokens 64 --no-llamacpp
+
+Tasks: grounded ones built from the shipped public-domain text (bench/accuracy/alice_ch1.txt),
+where an answer copies its context (extract a passage, repeat a list with an edit, answer
+with a quotation, summarize with copying), and free chat as the control. Each is one chat
+request, greedy, batch 1, through the daemon's engine (daemon/engine.py) on the bundled
+model: decode tok/s = (completion tokens - 1) / (time from the first token to the last),
+the plain decoder's and the speculative one's in the same round, the side that goes first
+alternating. Greedy output is identical on both sides (checked here, every round: a
+difference is an error, not a figure).
+
+The peer: llama.cpp's `llama-lookup` (examples/lookup: n-gram lookup decoding, the same
+idea) on the same GGUF, the same chat-formatted prompt text, `--temp 0 --draft 8 -t 2`,
+built by bench/setup_llamacpp.sh; its own "decoded N tokens in T s" line. Its plain decode
+speed on the same host is llama-bench's tg (bench_runtime.py). The ratio reported against
+it is ours (speculative) / its lookup, per task.
+
+Output: a markdown table on stdout and JSON under bench/results/ (gitignored).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from accuracy_metrics import read_text  # noqa: E402
+from bench_runtime import bench_lock, log, machine_info  # noqa: E402
+
+TEXT = HERE / "accuracy" / "alice_ch1.txt"
+LOOKUP = ROOT / ".bench-llamacpp" / "bin" / "llama-lookup"
+
+
+def tasks() -> dict[str, str]:
+    """name -> user message. The grounded ones quote the shipped chapter."""
+    text = read_text(str(TEXT))
+    opening = text[:text.index("\n\n", 900)].strip()  # the title and the first paragraphs
+    para = [p.strip() for p in text.split("\n\n") if len(p.strip()) > 300][2]
+    items = ("the White Rabbit, a pink-eyed rabbit, a waistcoat-pocket, a watch, a rabbit-hole, "
+             "cupboards, book-shelves, maps, pictures, a jar of orange marmalade")
+    return {
+        "extract a passage": f"Repeat the following text exactly, word for word:\n\n{opening}",
+        "repeat a list with an edit": "Here is a list of things Alice sees: " + items
+        + ".\nWrite the same list again, in the same order, with 'a watch' replaced by 'a clock'.",
+        "answer with a quotation": f"{para}\n\nQuote the sentences of this paragraph that "
+        "describe what Alice does, exactly as written.",
+        "summarize with copying": f"{opening}\n\nSummarize this text, reusing its own sentences.",
+        "free chat (control)": "Write a short story about a lighthouse keeper who finds a "
+        "message in a bottle.",
+    }
+
+
+def run_ours(gen, ids, n_tokens: int, speculative: bool) -> dict:
+    from zerolayer.daemon.engine import Engine
+    from zerolayer.daemon.request import DoneEvent, Request, TextEvent
+    from zerolayer.protocol.sampling_params import SamplingParams
+
+    stamps: list[float] = []
+    done: dict = {}
+
+    def emit(ev) -> None:
+        if isinstance(ev, TextEvent):
+            stamps.append(time.perf_counter())
+        elif isinstance(ev, DoneEvent):
+            done.update(n=ev.usage.completion_tokens, drafted=ev.drafted, accepted=ev.accepted)
+
+    eng = Engine(gen.model, gen.tokenizer, emit=emit, max_running=1, step_tokens=512,
+                 speculative=speculative)
+    r = Request.for_ids(0, ids, SamplingParams(max_tokens=n_tokens))
+    eng.submit(r)
+    first = None
+    while eng.has_work:
+        eng.step()
+        if first is None and r.tokens:
+            first = time.perf_counter()
+    last = time.perf_counter()
+    eng.prefix.clear()  # every run prefills from cold: the two sides see the same work
+    n = len(r.tokens)
+    assert first is not None
+    return {"tokens": list(r.tokens), "n": n, "steps": eng.steps,
+            "decode_tps": (n - 1) / (last - first) if n > 1 and last > first else None,
+            "drafted": done.get("drafted", 0), "accepted": done.get("accepted", 0)}
+
+
+def run_lookup(model: str, prompt: str, n_tokens: int, threads: int) -> dict:
+    cmd = [str(LOOKUP), "-m", model, "-p", prompt, "-n", str(n_tokens), "--temp", "0",
+           "--draft", "8", "-t", str(threads), "-c", "2048", "--no-warmup"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", out)
+    acc = re.search(r"n_accept\s*=\s*(\d+)", out)
+    drafted = re.search(r"n_drafted\s*=\s*(\d+)", out)
+    if p.returncode or not m:
+        return {"error": f"exit {p.returncode}: {out[-400:]}"}
+    n, secs = int(m.group(1)), float(m.group(2))
+    return {"n": n, "decode_tps": n / secs if secs > 0 else None,
+            "drafted": int(drafted.group(1)) if drafted else None,
+            "accepted": int(acc.group(1)) if acc else None, "command": " ".join(cmd[:1] + cmd[5:])}
+
+
+def med(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", help="GGUF (default: the bundled model)")
+    ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+
+    from zerolayer.gpu.generate import Generator
+    from zerolayer.gpu.gguf_loader import default_model_path
+    from zerolayer.gpu.ops import cpu_features
+    model = a.model or default_model_path()
+    gen = Generator.load(model, threads=a.threads, max_seq_len=2048)
+    peer = not a.no_llamacpp and LOOKUP.exists()
+    if not a.no_llamacpp and not peer:
+        log(f"{LOOKUP} not built (bench/setup_llamacpp.sh): no peer column")
+    started = _dt.datetime.now(_dt.UTC)
+    command = "bench/bench_speculative.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    results: dict[str, dict] = {}
+    with bench_lock(command):
+        for name, msg in tasks().items():
+            chat = [{"role": "user", "content": msg}]
+            ids = np.array(gen.tokenizer.encode_chat(chat), np.int32)
+            run_ours(gen, ids, 8, True)  # compiled and warm before the first timed round
+            row: dict = {"prompt_tokens": len(ids), "plain": [], "spec": [], "lookup": []}
+            for rnd in range(a.rounds):
+                order = (False, True) if rnd % 2 == 0 else (True, False)
+                got = {s: run_ours(gen, ids, a.tokens, s) for s in order}
+                if got[True]["tokens"] != got[False]["tokens"]:
+                    raise SystemExit(f"{name}: speculative output differs from plain greedy")
+                row["plain"].append(got[False])
+                row["spec"].append(got[True])
+                if peer:
+                    row["lookup"].append(run_lookup(model, gen.tokenizer.render_chat(chat),
+                                                    a.tokens, a.threads))
+                log(f"{name} round {rnd}: plain {got[False]['decode_tps']:.1f} tok/s, "
+                    f"speculative {got[True]['decode_tps']:.1f} "
+                    f"({got[True]['accepted']}/{got[True]['drafted']} kept)"
+                    + (f", llama-lookup {row['lookup'][-1].get('decode_tps') or 0:.1f}" if peer else ""))
+            for s in ("plain", "spec"):
+                for x in row[s]:
+                    x.pop("tokens")
+            results[name] = row
+    lines = ["| task | prompt tokens | plain tok/s | speculative tok/s | speedup | kept / drafted "
+             "| llama-lookup tok/s | ours / llama-lookup |", "|---" * 8 + "|"]
+    for name, row in results.items():
+        p, s = med([x["decode_tps"] for x in row["plain"]]), med([x["decode_tps"] for x in row["spec"]])
+        lk = med([x.get("decode_tps") for x in row["lookup"]])
+        kept = sum(x["accepted"] for x in row["spec"])
+        drafted = sum(x["drafted"] for x in row["spec"])
+        row["summary"] = {"plain_tps": p, "spec_tps": s, "lookup_tps": lk,
+                          "speedup": s / p if p and s else None,
+                          "vs_lookup": s / lk if lk and s else None}
+        lines.append(f"| {name} | {row['prompt_tokens']} | {p:.1f} | {s:.1f} | {s / p:.2f}x | "
+                     f"{kept} / {drafted} | {'-' if lk is None else f'{lk:.1f}'} | "
+                     f"{'-' if lk is None else f'{s / lk:.2f}x'} |")
+    print("\n".join(lines))
+    doc = {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "command": command,
+           "machine": machine_info(), "kernels": cpu_features.describe(), "model": model,
+           "tokens": a.tokens, "rounds": a.rounds, "tasks": results,
+           "git": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                 capture_output=True, text=True).stdout.strip()}
+    out = a.out or str(HERE / "results" / f"speculative-{started:%Y%m%d-%H%M%S}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    log(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

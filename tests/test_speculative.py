@@ -19,7 +19,13 @@ from zerolayer.daemon.request import DoneEvent, Request
 from zerolayer.gpu.drafting import MAX_DRAFT, DraftLength, lookup, speculates
 from zerolayer.protocol.constraint import from_response_format
 from zerolayer.protocol.sampling_params import SamplingParams
-from zerolayer.protocol.wire import PARAM_NO_SPECULATION, PARAMS, PayloadKind, decode_invoke_body, encode_invoke_body
+from zerolayer.protocol.wire import (
+    PARAM_NO_SPECULATION,
+    PARAMS,
+    PayloadKind,
+    decode_invoke_body,
+    encode_invoke_body,
+)
 
 PASSAGE = ("Alice was beginning to get very tired of sitting by her sister on the bank, and of "
            "having nothing to do: once or twice she had peeped into the book her sister was "

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the benchmarks' peer: llama.cpp's own native `llama-server`, `llama-bench`,
-# `llama-quantize` and `llama-perplexity` (whose KL divergence against a base model's logits
-# bench/accuracy.py sets beside ours), from the llama.cpp sources vendored in the
+# `llama-quantize`, `llama-perplexity` (whose KL divergence against a base model's logits
+# bench/accuracy.py sets beside ours) and `llama-lookup` (n-gram lookup decoding, the peer of
+# bench/bench_speculative.py), from the llama.cpp sources vendored in the
 # llama-cpp-python 0.3.36 sdist (the same llama.cpp the earlier runtime benchmarks used, now
 # without its Python wrapper, which serialises requests). Output: .bench-llamacpp/bin/ (git-ignored). About 10 minutes
 # on 2 cores; safe to run again (an existing build is kept).
@@ -25,7 +26,7 @@ case "$CPU" in
   *) echo "setup_llamacpp: ZEROLAYER_LLAMACPP_CPU=$CPU is not native or avx2" >&2; exit 2 ;;
 esac
 OUT=${ZEROLAYER_LLAMACPP_DIR:-$DEFAULT_OUT}
-read -r -a TARGETS <<<"${ZEROLAYER_LLAMACPP_TARGETS:-llama-server llama-bench llama-quantize llama-perplexity}"
+read -r -a TARGETS <<<"${ZEROLAYER_LLAMACPP_TARGETS:-llama-server llama-bench llama-quantize llama-perplexity llama-lookup}"
 missing=()
 for t in "${TARGETS[@]}"; do [ -x "$OUT/bin/$t" ] || missing+=("$t"); done
 if [ ${#missing[@]} -eq 0 ]; then
@@ -41,7 +42,7 @@ if [ ! -d "$OUT/src/llama_cpp_python-0.3.36" ]; then
 fi
 SRC="$OUT/src/llama_cpp_python-0.3.36/vendor/llama.cpp"
 cmake -S "$SRC" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON \
-  -DLLAMA_CURL=OFF "${CPU_FLAGS[@]}" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_CURL=OFF "${CPU_FLAGS[@]}" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON \
   -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF >"$OUT/cmake.log"
 # only the missing ones: an older build gains llama-perplexity without rebuilding the rest
 cmake --build "$OUT/build" -j2 --target "${missing[@]}" >"$OUT/build.log"

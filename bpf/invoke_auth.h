@@ -13,10 +13,14 @@
  *   replaced its entry holds the old key too, and either verifies (no window in which a
  *   datagram the daemon accepts is dropped here). Without the flag the request passes to the
  *   daemon, unless ZL_AUTH_REQUIRE_TAG (the daemon then refuses it the same way).
- * - Timestamp: |timestamp_us - now| beyond skew_us, where now is bpf_ktime_get_ns() (the
- *   monotonic clock) plus the wall-clock offset the daemon publishes and refreshes. skew_us
- *   is the daemon's ±300 s plus a margin for the offset's age, so the kernel is never
- *   stricter than the daemon; 0 turns the check off.
+ * - Timestamp, of a tagged request whose tag verified: |timestamp_us - now| beyond skew_us,
+ *   where now is bpf_ktime_get_ns() (the monotonic clock) plus the wall-clock offset the
+ *   daemon publishes and refreshes. skew_us is the daemon's ±300 s plus a margin for the
+ *   offset's age, so the kernel is never stricter than the daemon; 0 turns the check off.
+ *   Only a verified tag makes the timestamp a key holder's: the daemon checks the HMAC
+ *   before the timestamp, so an untagged stale datagram may be a forgery it would count as
+ *   INVALID_SIGNATURE, and is left to it. (A stranger gains nothing from a stale timestamp
+ *   anyway: a fresh one costs the same.)
  */
 #ifndef __INVOKE_AUTH_H
 #define __INVOKE_AUTH_H
@@ -61,16 +65,14 @@ static __always_inline int zl_authenticate(void *payload, void *data_end)
 			return ZL_STAT_DROP_UNKNOWN_KEY;
 		return ZL_PARSE_OK;   /* CANCEL/RESEND: maybe a removed key's request, see above */
 	}
-	if (c->flags & ZL_FLAG_XDP_TAG) {
+	if (!(c->flags & ZL_FLAG_XDP_TAG))
+		return cfg->flags & ZL_AUTH_REQUIRE_TAG ? ZL_STAT_DROP_UNTAGGED : ZL_PARSE_OK;
 #pragma unroll
-		for (i = 0; i < ZL_SIP_WORDS; i++)
-			m[i] = w[i];
-		m[1] &= ~0xFFFFULL;   /* datagram_len: differs between fragments, not covered */
-		if (!zl_tag_ok(m, w[ZL_SIP_WORDS], key))
-			return ZL_STAT_DROP_BAD_TAG;
-	} else if (cfg->flags & ZL_AUTH_REQUIRE_TAG) {
-		return ZL_STAT_DROP_UNTAGGED;
-	}
+	for (i = 0; i < ZL_SIP_WORDS; i++)
+		m[i] = w[i];
+	m[1] &= ~0xFFFFULL;   /* datagram_len: differs between fragments, not covered */
+	if (!zl_tag_ok(m, w[ZL_SIP_WORDS], key))
+		return ZL_STAT_DROP_BAD_TAG;
 	if (cfg->skew_us) {
 		ts = w[4];   /* timestamp_us at offset 32, INVOKE and control alike */
 		now_us = (bpf_ktime_get_ns() + cfg->clock_offset_ns) / 1000;

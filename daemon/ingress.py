@@ -59,8 +59,8 @@ from zerolayer.protocol.wire import (
     encode_error,
     parse_request,
     verify_tag,
-    verify_xdp_tag,
 )
+from zerolayer.protocol.xdp_tag import valid as xdp_tag_valid
 
 from .auth import KeyStore, ReplayGuard
 from .reassembly import Reassembler
@@ -132,6 +132,9 @@ class Ingress:
         # network.xdp_require_tag: a request without the XDP tag is refused here as the XDP
         # program refuses it in the kernel (docs/PROTOCOL.md §6.6), on every carrier alike.
         self.require_xdp_tag = False
+        # valid(xdp key, datagram): the reference by default; the daemon sets the compiled
+        # one (daemon/xdp_tag_check.py), the same function at a fraction of the cost.
+        self.xdp_tag_valid: Callable[[bytes, bytes], bool] = xdp_tag_valid
         # The model's context, once it is loaded (0: not checked here). A request that cannot
         # fit is refused before admission, so it never starts (docs/PROTOCOL.md §4.2).
         self.max_seq_len = 0
@@ -185,7 +188,9 @@ class Ingress:
             # The XDP tag before the HMAC, in the kernel's order: a datagram the program
             # drops for its tag is refused here for the same reason.
             if req.flags & XDP_TAG:
-                verify_xdp_tag(dg, secret, request_id=req.request_id, key_id=req.key_id)
+                if not self.xdp_tag_valid(secret.xdp_key, dg):
+                    raise InvalidSignatureError("XDP tag mismatch", request_id=req.request_id,
+                                                key_id=req.key_id)
             elif self.require_xdp_tag:
                 raise InvalidSignatureError("this daemon requires the XDP tag (flag XDP_TAG)",
                                             request_id=req.request_id, key_id=req.key_id)

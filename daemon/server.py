@@ -60,6 +60,7 @@ from .result_cache import ResultCache
 from .sd_notify import Notifier, Watchdog
 from .streams import Streams
 from .version import package_version
+from .xdp_tag_check import XdpTagCheck
 
 HOUSEKEEPING_S = 0.25
 # Receive batches drained before the engine's events are turned into frames: enough that a
@@ -105,6 +106,7 @@ class Daemon:
                                                per_key=c.security.nonce_per_key))
         self.ingress = Ingress(self.keys, self.replay, Reassembler())
         self.ingress.require_xdp_tag = c.network.xdp_require_tag
+        self.ingress.xdp_tag_valid = XdpTagCheck()   # compiled (numba's cache after the first)
         self.cache = ResultCache(ttl_s=c.cache.ttl_s, max_entries=c.cache.max_entries,
                                  max_bytes=c.cache.max_bytes)
         # one engine ([cpu]/[engine]), or one per [[engines]] table, each with its hand-offs

@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         stats = prog.stats()
         pps, burst = prog.rate()
         flags, skew_us, _ = prog.auth()
-        auth = {"key_ids": sorted(prog.tag_keys()), "check_keys": bool(flags & AUTH_KEYS),
+        key_ids = sorted(prog.tag_keys())
+        auth = {"key_ids": key_ids, "check_keys": bool(flags & AUTH_KEYS),
                 "require_tag": bool(flags & AUTH_REQUIRE_TAG), "skew_us": skew_us}
         state = {"ports": sorted(prog.ports()), "rate_pps": pps, "burst": burst,
                  "packets": stats, "auth": auth}
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"ports {' '.join(map(str, state['ports'])) or '-'}; rate limit "
                   f"{'off' if pps == 0 else f'{pps}/s per source, burst {burst}'}")
-            print(f"auth: {len(auth['key_ids'])} key id(s), unknown keys "
+            print(f"auth: {len(key_ids)} key id(s), unknown keys "
                   f"{'dropped' if auth['check_keys'] else 'passed'}, untagged "
                   f"{'dropped' if auth['require_tag'] else 'passed'}, timestamps "
                   f"{f'within {skew_us / 1e6:.0f} s' if skew_us else 'not checked'}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 import zerolayer.gpu  # noqa: F401 - sets numba's cache directory and device before any njit
 from zerolayer.protocol import xdp_tag
@@ -19,12 +20,13 @@ _LEN_BLOCK = np.uint64(xdp_tag.COVERED << 56)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _rotl(x, b):
+def _rotl(x: np.uint64, b: int) -> np.uint64:
     return (x << np.uint64(b)) | (x >> np.uint64(64 - b))
 
 
 @numba.njit(cache=True, nogil=True)
-def siphash24_words(k0, k1, m, n_words, last):
+def siphash24_words(k0: np.uint64, k1: np.uint64, m: npt.NDArray[np.uint64], n_words: int,
+                    last: np.uint64) -> np.uint64:
     """SipHash-2-4 of n_words little-endian u64 words m[0:n_words] followed by the final
     block `last` (the tail bytes and the length byte), keys as u64."""
     v0 = k0 ^ np.uint64(0x736F6D6570736575)
@@ -50,7 +52,7 @@ def siphash24_words(k0, k1, m, n_words, last):
 
 
 @numba.njit(cache=True, nogil=True)
-def _word(d, i):
+def _word(d: bytes, i: int) -> np.uint64:
     w = np.uint64(0)
     for j in range(8):
         w |= np.uint64(d[8 * i + j]) << np.uint64(8 * j)
@@ -58,7 +60,7 @@ def _word(d, i):
 
 
 @numba.njit(cache=True, nogil=True)
-def _valid(k0, k1, d):
+def _valid(k0: np.uint64, k1: np.uint64, d: bytes) -> bool:
     """d: the datagram (bytes, at least 72 long). One u64 compare at the end: constant time."""
     m = np.empty(_WORDS, np.uint64)
     for i in range(_WORDS):

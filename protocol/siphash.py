@@ -11,24 +11,6 @@ _MASK = (1 << 64) - 1
 KEY_LEN = 16
 
 
-def _rotl(x: int, b: int) -> int:
-    return ((x << b) | (x >> (64 - b))) & _MASK
-
-
-def _sipround(v0: int, v1: int, v2: int, v3: int) -> tuple[int, int, int, int]:
-    v0 = (v0 + v1) & _MASK
-    v1 = _rotl(v1, 13) ^ v0
-    v0 = _rotl(v0, 32)
-    v2 = (v2 + v3) & _MASK
-    v3 = _rotl(v3, 16) ^ v2
-    v0 = (v0 + v3) & _MASK
-    v3 = _rotl(v3, 21) ^ v0
-    v2 = (v2 + v1) & _MASK
-    v1 = _rotl(v1, 17) ^ v2
-    v2 = _rotl(v2, 32)
-    return v0, v1, v2, v3
-
-
 def siphash24(key: bytes, data: bytes | bytearray | memoryview) -> int:
     """SipHash-2-4 of `data` under the 16-byte `key`, as an unsigned 64-bit integer (its wire
     form is the little-endian u64)."""
@@ -36,26 +18,57 @@ def siphash24(key: bytes, data: bytes | bytearray | memoryview) -> int:
         raise ValueError(f"SipHash key must be {KEY_LEN} bytes, got {len(key)}")
     k0 = int.from_bytes(key[:8], "little")
     k1 = int.from_bytes(key[8:], "little")
+    m = bytes(data)
+    n = len(m)
+    end = n - n % 8
+    words = [int.from_bytes(m[off:off + 8], "little") for off in range(0, end, 8)]
+    # The last block: the 0..7 remaining bytes, and the length's low byte on top.
+    words.append(((n & 0xFF) << 56) | int.from_bytes(m[end:], "little"))
+    return _compress(k0, k1, words)
+
+
+def _compress(k0: int, k1: int, words: list[int]) -> int:
+    """The rounds, written out: every SDK datagram pays for them, and a Python call or loop
+    per round costs about as much as the round's arithmetic."""
+    mask = _MASK
     v0 = k0 ^ 0x736F6D6570736575
     v1 = k1 ^ 0x646F72616E646F6D
     v2 = k0 ^ 0x6C7967656E657261
     v3 = k1 ^ 0x7465646279746573
-    m = bytes(data)
-    n = len(m)
-    end = n - n % 8
-    for off in range(0, end, 8):
-        w = int.from_bytes(m[off:off + 8], "little")
+    for w in words:
         v3 ^= w
-        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
-        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
+        # SipRound, twice (c = 2)
+        v0 = (v0 + v1) & mask
+        v1 = ((v1 << 13) | (v1 >> 51)) & mask ^ v0
+        v0 = ((v0 << 32) | (v0 >> 32)) & mask
+        v2 = (v2 + v3) & mask
+        v3 = ((v3 << 16) | (v3 >> 48)) & mask ^ v2
+        v0 = (v0 + v3) & mask
+        v3 = ((v3 << 21) | (v3 >> 43)) & mask ^ v0
+        v2 = (v2 + v1) & mask
+        v1 = ((v1 << 17) | (v1 >> 47)) & mask ^ v2
+        v2 = ((v2 << 32) | (v2 >> 32)) & mask
+        v0 = (v0 + v1) & mask
+        v1 = ((v1 << 13) | (v1 >> 51)) & mask ^ v0
+        v0 = ((v0 << 32) | (v0 >> 32)) & mask
+        v2 = (v2 + v3) & mask
+        v3 = ((v3 << 16) | (v3 >> 48)) & mask ^ v2
+        v0 = (v0 + v3) & mask
+        v3 = ((v3 << 21) | (v3 >> 43)) & mask ^ v0
+        v2 = (v2 + v1) & mask
+        v1 = ((v1 << 17) | (v1 >> 47)) & mask ^ v2
+        v2 = ((v2 << 32) | (v2 >> 32)) & mask
         v0 ^= w
-    # The last block: the 0..7 remaining bytes, and the length's low byte on top.
-    b = ((n & 0xFF) << 56) | int.from_bytes(m[end:], "little")
-    v3 ^= b
-    v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
-    v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
-    v0 ^= b
     v2 ^= 0xFF
-    for _ in range(4):
-        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
+    for _ in range(4):   # d = 4
+        v0 = (v0 + v1) & mask
+        v1 = ((v1 << 13) | (v1 >> 51)) & mask ^ v0
+        v0 = ((v0 << 32) | (v0 >> 32)) & mask
+        v2 = (v2 + v3) & mask
+        v3 = ((v3 << 16) | (v3 >> 48)) & mask ^ v2
+        v0 = (v0 + v3) & mask
+        v3 = ((v3 << 21) | (v3 >> 43)) & mask ^ v0
+        v2 = (v2 + v1) & mask
+        v1 = ((v1 << 17) | (v1 >> 47)) & mask ^ v2
+        v2 = ((v2 << 32) | (v2 >> 32)) & mask
     return v0 ^ v1 ^ v2 ^ v3

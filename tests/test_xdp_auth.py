@@ -417,3 +417,15 @@ def test_tag_keys_round_trip_through_the_map(xdp) -> None:
     with pytest.raises(ValueError):
         xdp.set_tag_key(1, a[:8])
     assert struct.calcsize("=QQQQII") == xdp.table("zl_keys").value_size
+
+
+def test_auth_compiles_out_with_zl_auth_0() -> None:
+    """-DZL_AUTH=0 leaves the structural checks only: a forgery under a held key passes."""
+    p = InvokeSteer.compile(ports=[PORT], defines={"ZL_AUTH": 0})
+    try:
+        publish(p, SECRETS)
+        forged = invoke(1, secrets.token_bytes(32))[0]
+        assert kernel(p, forged) == "pass_no_xsk"
+        assert kernel(p, b"XXXX" + forged[4:]) == "drop_bad_magic"
+    finally:
+        p.close()

@@ -58,7 +58,6 @@ from zerolayer.protocol.wire import (
     decode_invoke_body,
     encode_error,
     parse_request,
-    verify_tag,
 )
 from zerolayer.protocol.xdp_tag import valid as xdp_tag_valid
 
@@ -194,7 +193,9 @@ class Ingress:
             elif self.require_xdp_tag:
                 raise InvalidSignatureError("this daemon requires the XDP tag (flag XDP_TAG)",
                                             request_id=req.request_id, key_id=req.key_id)
-            verify_tag(dg, secret, request_id=req.request_id, key_id=req.key_id)
+            if not secret.verify(dg):
+                raise InvalidSignatureError("tag mismatch", request_id=req.request_id,
+                                            key_id=req.key_id)
         except ZerolayerError as e:
             return self._reject(e, dg, e.key_id, e.request_id, None)
         try:

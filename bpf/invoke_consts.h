@@ -22,6 +22,16 @@
 #ifndef ZL_VALIDATE_FRAGMENT
 #define ZL_VALIDATE_FRAGMENT 1           /* 0 skips the INVOKE fragment arithmetic */
 #endif
+#ifndef ZL_MAX_KEYS
+#define ZL_MAX_KEYS         4096         /* key ids of the keys file the kernel can hold */
+#endif
+#ifndef ZL_AUTH
+#define ZL_AUTH             1            /* 0 compiles the key, tag and timestamp checks out */
+#endif
+
+/* zl_auth_cfg.flags: which of invoke_auth.h's checks the daemon turned on. */
+#define ZL_AUTH_KEYS        1            /* zl_keys is complete: other key ids are unknown */
+#define ZL_AUTH_REQUIRE_TAG 2            /* a request without the XDP tag is refused */
 
 /* Stats: one u64 packet counter per reason, per CPU. Order is ABI (loader.REASONS). */
 enum zl_stat {
@@ -39,6 +49,10 @@ enum zl_stat {
 	ZL_STAT_DROP_BAD_FRAGMENT,   /* INVOKE chunk/total/count/index/body inconsistent */
 	ZL_STAT_DROP_BAD_FIELD,      /* a reserved field, or a CANCEL/PING arg, not zero */
 	ZL_STAT_DROP_RATE_LIMITED,   /* per-source token bucket empty */
+	ZL_STAT_DROP_UNKNOWN_KEY,    /* INVOKE or PING under a key id the daemon does not hold */
+	ZL_STAT_DROP_BAD_TAG,        /* XDP tag wrong under its key id's derived key */
+	ZL_STAT_DROP_UNTAGGED,       /* no XDP tag, and the daemon requires one */
+	ZL_STAT_DROP_STALE_TIMESTAMP, /* timestamp outside the daemon's window */
 	ZL_STAT_MAX,
 };
 

@@ -18,4 +18,10 @@ BPF_PERCPU_ARRAY(zl_stats, __u64, ZL_STAT_MAX);
 BPF_ARRAY(zl_rate_cfg, struct zl_rate_cfg, 1);
 BPF_TABLE("lru_hash", struct zl_src_key, struct zl_rate_state, zl_rate_state, ZL_RATE_SOURCES);
 
+/* Authentication (invoke_auth.h): key id -> its XDP tag key, kept in step with the daemon's
+ * keys file; and the daemon's switches and clock offset (entry 0). Key material: the daemon
+ * pins these root-only (bpf/loader.py pin_maps). */
+BPF_HASH(zl_keys, __u32, struct zl_tag_key, ZL_MAX_KEYS);
+BPF_ARRAY(zl_auth_cfg, struct zl_auth_cfg, 1);
+
 #endif /* __INVOKE_MAPS_H */

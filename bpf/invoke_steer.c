@@ -4,8 +4,11 @@
  *   1. parse Ethernet (+ one VLAN tag), IPv4 / IPv6, UDP (pckt_parsing.h); anything that is
  *      not UDP to an invoke port (map zl_ports) passes to the kernel untouched;
  *   2. check the zerolayer header at fixed offsets (invoke_validate.h) and drop what fails;
- *   3. charge the source's token bucket (rate_limit.h) and drop past its budget;
- *   4. redirect to the AF_XDP socket of this RX queue (map zl_xsks), or XDP_PASS when the
+ *   3. check what the daemon would: key id known, the XDP tag, the timestamp window
+ *      (invoke_auth.h), and drop what fails, so forgeries never cost the daemon a wake-up;
+ *   4. charge the source's token bucket (rate_limit.h) and drop past its budget (after 3, so
+ *      forgeries from a spoofed source do not spend its budget);
+ *   5. redirect to the AF_XDP socket of this RX queue (map zl_xsks), or XDP_PASS when the
  *      queue has none, so the daemon's UDP socket gets the datagram instead.
  * Every outcome is counted under one reason in the per-CPU array zl_stats.
  *
@@ -26,6 +29,7 @@
 #include "invoke_maps.h"
 #include "pckt_parsing.h"
 #include "invoke_validate.h"
+#include "invoke_auth.h"
 #include "rate_limit.h"
 
 static __always_inline void zl_count(__u32 reason)
@@ -47,6 +51,8 @@ int invoke_steer(struct xdp_md *ctx)
 	rc = zl_parse_eth(data, data_end, frame_len, &pkt);
 	if (rc == ZL_PARSE_OK)
 		rc = zl_validate(pkt.payload, pkt.payload_len, data_end);
+	if (rc == ZL_PARSE_OK)
+		rc = zl_authenticate(pkt.payload, data_end);
 	if (rc != ZL_PARSE_OK) {
 		zl_count(rc);
 		return rc == ZL_STAT_PASS_OTHER ? XDP_PASS : XDP_DROP;

@@ -72,4 +72,23 @@ struct zl_src_key {
 	__u32 addr[4];
 };
 
+/* zl_keys value: a key id's SipHash key (docs/PROTOCOL.md §6.6), and while its secret is
+ * being replaced the previous one, which verifies too until the daemon has switched. */
+struct zl_tag_key {
+	__u64 k0;
+	__u64 k1;
+	__u64 prev_k0;
+	__u64 prev_k1;
+	__u32 has_prev;
+	__u32 pad;
+};
+
+/* zl_auth_cfg entry 0, written by the daemon (invoke_auth.h). All zero: no checks. */
+struct zl_auth_cfg {
+	__u64 clock_offset_ns;  /* CLOCK_REALTIME - CLOCK_MONOTONIC (bpf_ktime_get_ns), in ns */
+	__u64 skew_us;          /* timestamps further than this from now are dropped; 0 = off */
+	__u32 flags;            /* ZL_AUTH_KEYS | ZL_AUTH_REQUIRE_TAG */
+	__u32 pad;
+};
+
 #endif /* __INVOKE_STRUCTS_H */

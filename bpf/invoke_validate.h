@@ -71,7 +71,7 @@ static __always_inline int zl_validate(void *payload, __u32 n, void *data_end)
 	hlen = c->type == ZL_TYPE_INVOKE ? ZL_HLEN_INVOKE : ZL_HLEN_CONTROL;
 	if (c->header_len != hlen || hlen + ZL_TAG_LEN > n)
 		return ZL_STAT_DROP_BAD_HEADER_LEN;
-	if (c->flags != 0)
+	if (c->flags & ~ZL_FLAG_XDP_TAG)
 		return ZL_STAT_DROP_BAD_FLAGS;
 	if (c->type != ZL_TYPE_INVOKE) {
 		if (n != ZL_CONTROL_DGRAM)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerolayer.protocol import wire_consts
+from zerolayer.protocol.errors import ErrorCode
 
 from .bpf_maps import RawMap, bpf
 
@@ -64,7 +65,24 @@ REASONS: tuple[str, ...] = (
     "drop_bad_fragment",
     "drop_bad_field",
     "drop_rate_limited",
+    "drop_unknown_key",
+    "drop_bad_tag",
+    "drop_untagged",
+    "drop_stale_timestamp",
 )
+
+# The error class the daemon would answer for what each drop reason refuses (docs/PROTOCOL.md
+# §10): the kernel drops only what user space refuses anyway, and for the same reason.
+REASON_ERROR: dict[str, ErrorCode] = {
+    **{r: ErrorCode.MALFORMED for r in REASONS
+       if r.startswith("drop_") and r not in ("drop_rate_limited", "drop_unknown_key",
+                                              "drop_bad_tag", "drop_untagged",
+                                              "drop_stale_timestamp")},
+    "drop_unknown_key": ErrorCode.UNKNOWN_KEY,
+    "drop_bad_tag": ErrorCode.INVALID_SIGNATURE,
+    "drop_untagged": ErrorCode.INVALID_SIGNATURE,
+    "drop_stale_timestamp": ErrorCode.INVALID_TIMESTAMP,
+}
 
 # Protocol constants the program checks: one source, protocol/wire_consts.py (protocol/wire.py
 # imports the same dict); source_text() renders them as the header zl_wire_consts.h.
@@ -78,7 +96,13 @@ DEFAULTS: dict[str, int] = {
     "ZL_RATE_SOURCES": 65536,
     "ZL_RATE_LIMIT": 1,
     "ZL_VALIDATE_FRAGMENT": 1,
+    "ZL_MAX_KEYS": 4096,
+    "ZL_AUTH": 1,
 }
+
+# zl_auth_cfg.flags (invoke_consts.h).
+AUTH_KEYS = 1           # zl_keys holds every key id: INVOKE/PING under another are dropped
+AUTH_REQUIRE_TAG = 2    # requests without the XDP tag are dropped
 
 # XDP actions (uapi/linux/bpf.h enum xdp_action).
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX, XDP_REDIRECT = range(5)
@@ -101,7 +125,11 @@ _DEFINE_NAME = re.compile(r"ZL_[A-Z0-9_]+\Z")
 _LOCAL_INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')
 
 _libc = ctypes.CDLL(None, use_errno=True)
-MAP_NAMES = ("zl_ports", "zl_xsks", "zl_stats", "zl_rate_cfg", "zl_rate_state")
+MAP_NAMES = ("zl_ports", "zl_xsks", "zl_stats", "zl_rate_cfg", "zl_rate_state", "zl_keys",
+             "zl_auth_cfg")
+SECRET_MAPS = ("zl_keys",)     # key material: pinned mode 0600
+_TAG_KEY = struct.Struct("=QQQQII")    # struct zl_tag_key
+_AUTH_CFG = struct.Struct("=QQII")     # struct zl_auth_cfg
 
 
 class BpfUnavailable(RuntimeError):
@@ -327,6 +355,54 @@ class InvokeSteer:
         for k in list(t.keys()):
             t.delete(k)
 
+    # --- authentication (invoke_auth.h) ---------------------------------------------------------
+
+    def set_tag_key(self, key_id: int, key: bytes, prev: bytes | None = None) -> None:
+        """Add or replace key id `key_id`'s 16-byte XDP tag key; with `prev`, tags under the
+        previous key verify too (while the daemon switches secrets). One map update: a
+        packet sees the old entry or the new one, never half of it."""
+        if not 1 <= key_id <= 0xFFFFFFFF:
+            raise ValueError("key id must be in 1..2^32-1")
+        if len(key) != 16 or (prev is not None and len(prev) != 16):
+            raise ValueError("XDP tag keys are 16 bytes")
+        k0, k1 = struct.unpack("<QQ", key)
+        p0, p1 = struct.unpack("<QQ", prev) if prev is not None else (0, 0)
+        self.table("zl_keys").update(struct.pack("=I", key_id),
+                                     _TAG_KEY.pack(k0, k1, p0, p1, prev is not None, 0))
+
+    def delete_tag_key(self, key_id: int) -> None:
+        self.table("zl_keys").delete(struct.pack("=I", key_id))
+
+    def tag_keys(self) -> dict[int, tuple[bytes, bytes | None]]:
+        """key id -> (key, previous key or None), as the kernel holds them."""
+        t = self.table("zl_keys")
+        out: dict[int, tuple[bytes, bytes | None]] = {}
+        for k in t.keys():
+            v = t.lookup(k)
+            if v is None:       # deleted meanwhile
+                continue
+            k0, k1, p0, p1, has_prev, _ = _TAG_KEY.unpack(v)
+            out[struct.unpack("=I", k)[0]] = (struct.pack("<QQ", k0, k1),
+                                               struct.pack("<QQ", p0, p1) if has_prev else None)
+        return out
+
+    def set_auth(self, flags: int, skew_us: int = 0, clock_offset_ns: int | None = None) -> None:
+        """Turn the kernel's checks on (flags: AUTH_KEYS | AUTH_REQUIRE_TAG; skew_us: the
+        timestamp window, 0 = off) and publish the wall-clock offset (default: now's)."""
+        if clock_offset_ns is None:
+            clock_offset_ns = wall_clock_offset_ns()
+        self.table("zl_auth_cfg").update(
+            struct.pack("=I", 0),
+            _AUTH_CFG.pack(clock_offset_ns & (1 << 64) - 1, skew_us, flags, 0))
+
+    def auth(self) -> tuple[int, int, int]:
+        """(flags, skew_us, clock_offset_ns) as the kernel holds them."""
+        value = self.table("zl_auth_cfg").lookup(struct.pack("=I", 0))
+        if value is None:   # an array map always holds its index 0
+            raise KeyError("zl_auth_cfg[0]")
+        offset, skew, flags, _ = _AUTH_CFG.unpack(value)
+        return flags, skew, offset - (1 << 64) if offset >> 63 else offset
+
     def register_xsk(self, queue: int, fd: int) -> None:
         """Steer RX queue `queue` to the AF_XDP socket `fd`."""
         self.table("zl_xsks").update(struct.pack("=I", queue), struct.pack("=I", fd))
@@ -401,6 +477,8 @@ class InvokeSteer:
             attr = ctypes.create_string_buffer(struct.pack(
                 "<QII", ctypes.addressof(cpath), self.table(name).map_fd, 0), 16)
             _bpf(_BPF_OBJ_PIN, attr)
+            if name in SECRET_MAPS:   # bpffs pins default to 0600 less the umask: say so
+                os.chmod(path, 0o600)
             out[name] = path
         return out
 
@@ -424,6 +502,16 @@ class InvokeSteer:
         self.close()
 
 
+def wall_clock_offset_ns() -> int:
+    """CLOCK_REALTIME minus CLOCK_MONOTONIC (bpf_ktime_get_ns's clock), read back to back:
+    what the program adds to bpf_ktime_get_ns() to know the wall-clock time. It moves when
+    the wall clock is stepped or slewed, so the daemon publishes it again every second."""
+    mono0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    wall = time.clock_gettime_ns(time.CLOCK_REALTIME)
+    mono1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    return wall - (mono0 + mono1) // 2
+
+
 def is_bpffs(path: str | os.PathLike) -> bool:
     class _Statfs(ctypes.Structure):
         _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 120)]
@@ -434,7 +522,8 @@ def is_bpffs(path: str | os.PathLike) -> bool:
 
 
 __all__ = [
-    "ACTION_NAMES", "BpfUnavailable", "CompileStats", "DEFAULTS", "InvokeSteer", "REASONS",
-    "RunResult", "WIRE", "XDP_ABORTED", "XDP_DROP", "XDP_PASS", "XDP_REDIRECT", "XDP_TX",
+    "ACTION_NAMES", "AUTH_KEYS", "AUTH_REQUIRE_TAG", "BpfUnavailable", "CompileStats",
+    "DEFAULTS", "InvokeSteer", "REASONS", "REASON_ERROR", "RunResult", "WIRE",
+    "wall_clock_offset_ns", "XDP_ABORTED", "XDP_DROP", "XDP_PASS", "XDP_REDIRECT", "XDP_TX",
     "XdpLink", "header_defines", "is_bpffs", "source_text",
 ]

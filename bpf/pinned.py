@@ -1,6 +1,7 @@
 """Ops view of a running daemon's XDP program through its pinned maps (network.xdp_pin_dir):
-read the drop counters, the invoke ports and the rate limit, and change the rate limit live,
-without BCC and without restarting the daemon.
+read the drop counters, the invoke ports, the rate limit and which authentication checks are
+on (with the key ids held, never their keys), and change the rate limit live, without BCC and
+without restarting the daemon.
 
     python -m zerolayer.bpf.pinned [--dir /sys/fs/bpf/zerolayer] show
     python -m zerolayer.bpf.pinned [--dir ...] rate PPS [BURST]     # 0 turns the limit off
@@ -14,7 +15,7 @@ import argparse
 import json
 import sys
 
-from .loader import REASONS, BpfUnavailable, InvokeSteer
+from .loader import AUTH_KEYS, AUTH_REQUIRE_TAG, REASONS, BpfUnavailable, InvokeSteer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,12 +41,21 @@ def main(argv: list[str] | None = None) -> int:
             prog.reset_rate_state()
         stats = prog.stats()
         pps, burst = prog.rate()
-        state = {"ports": sorted(prog.ports()), "rate_pps": pps, "burst": burst, "packets": stats}
+        flags, skew_us, _ = prog.auth()
+        key_ids = sorted(prog.tag_keys())
+        auth = {"key_ids": key_ids, "check_keys": bool(flags & AUTH_KEYS),
+                "require_tag": bool(flags & AUTH_REQUIRE_TAG), "skew_us": skew_us}
+        state = {"ports": sorted(prog.ports()), "rate_pps": pps, "burst": burst,
+                 "packets": stats, "auth": auth}
         if a.cmd == "show" and a.json:
             print(json.dumps(state))
         else:
             print(f"ports {' '.join(map(str, state['ports'])) or '-'}; rate limit "
                   f"{'off' if pps == 0 else f'{pps}/s per source, burst {burst}'}")
+            print(f"auth: {len(key_ids)} key id(s), unknown keys "
+                  f"{'dropped' if auth['check_keys'] else 'passed'}, untagged "
+                  f"{'dropped' if auth['require_tag'] else 'passed'}, timestamps "
+                  f"{f'within {skew_us / 1e6:.0f} s' if skew_us else 'not checked'}")
             for reason in REASONS:
                 print(f"  {reason:<22} {stats[reason]}")
     finally:

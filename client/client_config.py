@@ -18,8 +18,9 @@ class ClientConfig:
     recovery window, seconds without any authenticated answer before a call fails;
     total_timeout: optional cap on a whole call; max_attempts: optional cap on INVOKE/PING
     attempts (None: as many as fit in the window); failover_after_s: a fleet node silent
-    this long gives the request to the next one. The remaining knobs are the retry timers of
-    docs/PROTOCOL.md §8.6.
+    this long gives the request to the next one; xdp_tag: sign every request with the XDP tag
+    too (docs/PROTOCOL.md §6.6; off only for a daemon older than the flag). The remaining
+    knobs are the retry timers of docs/PROTOCOL.md §8.6.
     """
 
     def __init__(self, address: Address, key_id: int, secret: bytes | str,
@@ -30,7 +31,7 @@ class ClientConfig:
                  contact_timeout_s: float = 2.0, total_timeout: float | None = None,
                  chunk_len: int = MAX_CHUNK,
                  pace_burst: int = 64, pace_gap_s: float = 0.0002,
-                 failover_after_s: float = 1.0) -> None:
+                 failover_after_s: float = 1.0, xdp_tag: bool = True) -> None:
         if not 1 <= key_id <= 0xFFFFFFFF:
             raise ValueError("key_id must be in 1..2^32-1")
         raw = bytes.fromhex(secret) if isinstance(secret, str) else bytes(secret)
@@ -41,7 +42,7 @@ class ClientConfig:
             backoff_max_s=backoff_max_s, resend_interval_s=resend_interval_s,
             probe_interval_s=probe_interval_s, contact_timeout_s=contact_timeout_s,
             chunk_len=chunk_len, pace_burst=pace_burst, pace_gap_s=pace_gap_s,
-            audit_log_hook=audit_log_hook, failover_after_s=failover_after_s)
+            audit_log_hook=audit_log_hook, failover_after_s=failover_after_s, xdp_tag=xdp_tag)
         self.address = parse_address(address)[1]
         self._target = address
         self._lock = threading.Lock()   # the carrier's connector is made once, on first use

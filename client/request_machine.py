@@ -401,7 +401,8 @@ class RequestMachine:
         p = self._p
         ts = self._wall_us()
         frags = encode_invoke(p.key_id, p.mac, self.request_id, ts,
-                              self._rng.randbytes(NONCE_LEN), self._body, p.chunk_len)
+                              self._rng.randbytes(NONCE_LEN), self._body, p.chunk_len,
+                              xdp_tag=p.xdp_tag)
         if p.audit_log_hook is not None:
             p.audit_log_hook(self._digest, frags[0][-32:], ts)
         self.attempts += 1

@@ -62,6 +62,9 @@ class RetryPolicy:
     pace_gap_s: float = 0.0002
     audit_log_hook: AuditHook | None = None
     failover_after_s: float = 1.0    # a fleet node silent this long: try the next one
+    # Every request carries the XDP tag (docs/PROTOCOL.md §6.6), so a daemon's XDP program
+    # can tell it from a forgery in the kernel. Off only to talk to a daemon older than it.
+    xdp_tag: bool = True
 
     def may_retry(self, attempts: int) -> bool:
         """Whether another attempt may follow `attempts` sent (the window is the caller's)."""
@@ -89,7 +92,7 @@ class RetryPolicy:
         """A signed control datagram; a driver that keeps the time passes `ts_us`."""
         return encode_control(mt, self.key_id, self.mac, request_id,
                               unix_us() if ts_us is None else ts_us,
-                              rng.randbytes(NONCE_LEN), arg)
+                              rng.randbytes(NONCE_LEN), arg, xdp_tag=self.xdp_tag)
 
 
 def authenticate(datagram: bytes, mac: Mac, request_id: bytes) -> Response | None:

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from zerolayer.protocol.errors import ExpiredNonceError, InvalidTimestampError, OverloadedError
 from zerolayer.protocol.wire import Mac
@@ -118,6 +119,17 @@ def format_key_line(key_id: int, secret: bytes) -> str:
     return f"{key_id} {secret.hex()}\n"
 
 
+class KeySwitch(Protocol):
+    """Another holder of the key set that must follow a reload with no gap: the XDP program's
+    copy (bpf/kernel_keys.py). Both take key id -> XDP tag key (wire.Mac.xdp_key)."""
+
+    def prepare(self, new: Mapping[int, bytes]) -> None:
+        """Before the swap: accept the old and the new keys."""
+
+    def commit(self, new: Mapping[int, bytes]) -> None:
+        """After the swap: the new keys only."""
+
+
 class KeyStore:
     """key id → secret, swapped atomically on reload().
 
@@ -160,21 +172,39 @@ class KeyStore:
     def key_ids(self) -> list[int]:
         return sorted(self._keys)
 
-    def reload(self) -> bool:
+    def xdp_keys(self) -> dict[int, bytes]:
+        """key id -> its XDP tag key, what the XDP program's zl_keys holds."""
+        return {kid: mac.xdp_key for kid, (_, mac) in self._keys.items()}
+
+    def reload(self, switch: KeySwitch | None = None) -> bool:
         """Re-read the keys file. True: swapped in. False: the old keys stay, and
-        last_error says why (the daemon logs it and counts it)."""
+        last_error says why (the daemon logs it and counts it). `switch` is told before and
+        after the swap, so the XDP program never refuses a key this store accepts."""
         if self.path is None:
             return False
         with self._lock:
             try:
-                new = _nonempty(load_keys(self.path), self.path)
+                new = _with_macs(_nonempty(load_keys(self.path), self.path))
             except KeyFileError as e:
                 self.reload_failures += 1
                 self.last_error = str(e)
                 return False
-            self._keys = _with_macs(new)
+            tag_keys = {kid: mac.xdp_key for kid, (_, mac) in new.items()}
+            if switch is not None:
+                try:
+                    switch.prepare(tag_keys)
+                except OSError as e:   # the kernel refused an update: keep the old keys
+                    self.reload_failures += 1
+                    self.last_error = f"XDP key map: {e}"
+                    return False
+            self._keys = new
             self.reloads += 1
             self.last_error = None
+            if switch is not None:
+                try:
+                    switch.commit(tag_keys)
+                except OSError as e:   # the kernel keeps extra keys: lenient, not wrong
+                    self.last_error = f"XDP key map (after the swap): {e}"
             return True
 
 
@@ -257,11 +287,15 @@ class ReplayGuard:
         InvalidTimestampError, ExpiredNonceError or OverloadedError; on success the nonce is
         burnt."""
         now = self._clock() if now is None else now
-        self.check_timestamp(timestamp_us, now)
-        if self.seen(nonce, now):
+        # check_timestamp() and seen(), written in: every verified datagram comes here.
+        if abs(timestamp_us / 1e6 - now) > self.config.skew_s:
+            self.check_timestamp(timestamp_us, now)   # raises, with its message
+        exp = self._expiry.get(nonce)
+        if exp is not None and exp > now:
             self.stats["replays"] += 1
             raise ExpiredNonceError("nonce already used inside its replay window")
-        if len(self._expiry) >= self.config.capacity or self.live(key_id) >= self.per_key:
+        if (len(self._expiry) >= self.config.capacity
+                or self._per_key.get(key_id, 0) >= self.per_key):
             self.purge(now)
             if len(self._expiry) >= self.config.capacity:
                 self.stats["full"] += 1

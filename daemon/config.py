@@ -40,6 +40,7 @@ class NetworkSection:
     xdp_rate_pps: int = 0          # per-source datagrams/s enforced in the kernel; 0 = off
     xdp_rate_burst: int = 0        # per-source burst allowed above xdp_rate_pps
     xdp_pin_dir: str = ""          # pin the program's maps here (a bpffs dir); "" = no pins
+    xdp_require_tag: bool = False  # refuse requests without the XDP tag (kernel and daemon)
     rcvbuf_bytes: int = 8 << 20    # a 1 MiB invoke is ~840 datagrams
     busy_poll: bool = False        # spin on the socket instead of sleeping when idle
     batch: int = 64                # datagrams per recvmmsg/sendmmsg call

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from zerolayer.gpu import __version__
 
 from . import config as config_mod
-from . import logs
+from . import logs, startup
 from .auth import KeyStore
 from .carriers import Carriers
 from .config import DaemonConfig
@@ -202,6 +202,7 @@ def xdp_attach(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
         raise ControlError("UNAVAILABLE",
                            f"already attached to {d.carriers.xdp.io.settings.ifname}")
     d.carriers.attach_xdp(io)
+    startup.publish_xdp_keys(io, d.keys, d.cfg)   # a reload may have come since prepare()
     d.metrics.new_xdp_program()
     return xdp_status(d, {})
 

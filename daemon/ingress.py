@@ -7,7 +7,8 @@ least-trusting first:
 
   1. structure (wire.parse_request): fixed offsets, lengths, fragment sanity. No key, no
      allocation beyond the parsed fields. The XDP program makes the same checks in the kernel.
-  2. key id known (UNKNOWN_KEY), 3. HMAC tag, constant-time (INVALID_SIGNATURE).
+  2. key id known (UNKNOWN_KEY), 3. the XDP tag if the datagram has one (or the daemon
+     requires one), then the HMAC tag, constant-time (INVALID_SIGNATURE).
      Up to here nothing the sender says is trusted, and errors are answered UNSIGNED, only
      to request-shaped datagrams, and never with more bytes than the datagram had.
   4. timestamp within ±skew (INVALID_TIMESTAMP); DRAINING; total length (PAYLOAD_TOO_LARGE);
@@ -35,6 +36,7 @@ from zerolayer.protocol.errors import (
     DrainingError,
     ErrorCode,
     ExpiredNonceError,
+    InvalidSignatureError,
     MalformedError,
     PayloadTooLargeError,
     UnknownKeyError,
@@ -46,6 +48,7 @@ from zerolayer.protocol.wire import (
     MAX_MESSAGE_BYTES,
     REQUEST_TYPES,
     VERSION,
+    XDP_TAG,
     ControlMessage,
     InvokeBody,
     InvokeFragment,
@@ -55,8 +58,8 @@ from zerolayer.protocol.wire import (
     decode_invoke_body,
     encode_error,
     parse_request,
-    verify_tag,
 )
+from zerolayer.protocol.xdp_tag import valid as xdp_tag_valid
 
 from .auth import KeyStore, ReplayGuard
 from .reassembly import Reassembler
@@ -125,6 +128,12 @@ class Ingress:
         self.reassembler = reassembler
         self.max_message_bytes = max_message_bytes
         self.draining = False       # set on SIGTERM: new INVOKEs get DRAINING
+        # network.xdp_require_tag: a request without the XDP tag is refused here as the XDP
+        # program refuses it in the kernel (docs/PROTOCOL.md §6.6), on every carrier alike.
+        self.require_xdp_tag = False
+        # valid(xdp key, datagram): the reference by default; the daemon sets the compiled
+        # one (daemon/xdp_tag_check.py), the same function at a fraction of the cost.
+        self.xdp_tag_valid: Callable[[bytes, bytes], bool] = xdp_tag_valid
         # The model's context, once it is loaded (0: not checked here). A request that cannot
         # fit is refused before admission, so it never starts (docs/PROTOCOL.md §4.2).
         self.max_seq_len = 0
@@ -169,12 +178,24 @@ class Ingress:
         try:
             req = parse_request(dg)
             secret = self.keys.mac(req.key_id)
-            if secret is None and isinstance(req, ControlMessage):
+            if (secret is None and isinstance(req, ControlMessage)
+                    and req.msg_type in _ABOUT_A_REQUEST):
                 secret = self.admitted_mac((req.key_id, req.request_id))
             if secret is None:
                 raise UnknownKeyError(f"unknown key id {req.key_id}",
                                       request_id=req.request_id, key_id=req.key_id)
-            verify_tag(dg, secret, request_id=req.request_id, key_id=req.key_id)
+            # The XDP tag before the HMAC, in the kernel's order: a datagram the program
+            # drops for its tag is refused here for the same reason.
+            if req.flags & XDP_TAG:
+                if not self.xdp_tag_valid(secret.xdp_key, dg):
+                    raise InvalidSignatureError("XDP tag mismatch", request_id=req.request_id,
+                                                key_id=req.key_id)
+            elif self.require_xdp_tag:
+                raise InvalidSignatureError("this daemon requires the XDP tag (flag XDP_TAG)",
+                                            request_id=req.request_id, key_id=req.key_id)
+            if not secret.verify(dg):
+                raise InvalidSignatureError("tag mismatch", request_id=req.request_id,
+                                            key_id=req.key_id)
         except ZerolayerError as e:
             return self._reject(e, dg, e.key_id, e.request_id, None)
         try:
@@ -260,6 +281,12 @@ def _check_context(body: InvokeBody, max_seq_len: int) -> None:
         check_context(n, body.params.max_tokens, max_seq_len, at_least=not exact)
     except RuntimeModelError as e:  # the runtime's type: the wire's is what ingress refuses
         raise ContextOverflowError(str(e)) from None
+
+
+# Control messages about a request already admitted: verified with the key it was admitted
+# under even after a rotation removed that key (docs/PROTOCOL.md §6.1). A PING is about no
+# request: under a removed key it is UNKNOWN_KEY, as an INVOKE is.
+_ABOUT_A_REQUEST = frozenset({MsgType.CANCEL, MsgType.RESEND})
 
 
 def _request_shaped(dg: bytes) -> bool:

@@ -60,6 +60,7 @@ from .result_cache import ResultCache
 from .sd_notify import Notifier, Watchdog
 from .streams import Streams
 from .version import package_version
+from .xdp_tag_check import XdpTagCheck
 
 HOUSEKEEPING_S = 0.25
 # Receive batches drained before the engine's events are turned into frames: enough that a
@@ -104,6 +105,8 @@ class Daemon:
                                                capacity=c.security.nonce_capacity,
                                                per_key=c.security.nonce_per_key))
         self.ingress = Ingress(self.keys, self.replay, Reassembler())
+        self.ingress.require_xdp_tag = c.network.xdp_require_tag
+        self.ingress.xdp_tag_valid = XdpTagCheck()   # compiled (numba's cache after the first)
         self.cache = ResultCache(ttl_s=c.cache.ttl_s, max_entries=c.cache.max_entries,
                                  max_bytes=c.cache.max_bytes)
         # one engine ([cpu]/[engine]), or one per [[engines]] table, each with its hand-offs
@@ -178,7 +181,7 @@ class Daemon:
 
     def open_xdp(self, ingress: str | None = None):
         return startup.open_xdp(self.cfg, self.sock.getsockname()[1], self.metrics, log,
-                                ingress)
+                                ingress, self.keys)
 
     # ---- the lifecycle's consequences ----------------------------------------------------
     def _on_term(self, *_: object) -> None:
@@ -309,6 +312,8 @@ class Daemon:
             self._reload = False
             self.reload_keys()
         self.ingress.tick()
+        if self.carriers.xdp is not None and self.carriers.xdp.io.auth is not None:
+            self.carriers.xdp.io.auth.refresh_clock(now)   # at most once a second
         for e in self.cache.expired_leases(self.cfg.cache.lease_s):
             r = self.in_flight.get(e.key)
             if r is not None:
@@ -332,7 +337,9 @@ class Daemon:
     def reload_keys(self) -> bool:
         """SIGHUP or `zerolayer ctl reload-keys`: a refused file keeps the old keys."""
         self.sd.reloading()
-        ok = self.keys.reload()
+        # The XDP program's copy follows in two steps around the swap (bpf/kernel_keys.py).
+        xdp = self.carriers.xdp if self.carriers is not None else None
+        ok = self.keys.reload(xdp.io.auth if xdp is not None else None)
         self.sd.notify("READY=1", f"STATUS={self.lifecycle.phase.wire.name.lower()}: keys "
                                   f"{'reloaded' if ok else 'reload failed, old keys kept'}")
         self.metrics.key_reloads.labels("ok" if ok else "failed").inc()

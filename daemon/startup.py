@@ -25,6 +25,7 @@ from .metrics import Metrics
 from .sd_notify import Notifier
 
 if TYPE_CHECKING:
+    from .auth import KeyStore
     from .carriers import ShmCarrier
     from .xdp_io import XdpIO
 
@@ -148,7 +149,7 @@ def open_socket(cfg: DaemonConfig) -> socket.socket:
 
 
 def open_xdp(cfg: DaemonConfig, port: int, metrics: Metrics, log: Log,
-             ingress: str | None = None) -> XdpIO | None:
+             ingress: str | None = None, keys: KeyStore | None = None) -> XdpIO | None:
     """The AF_XDP fast path (network.ingress xdp|auto; `ingress` overrides it for the
     operator's `xdp-attach`). The UDP socket stays open either way: it serves whatever
     the XDP program passes on (no socket registered yet, another device, a host without
@@ -180,7 +181,21 @@ def open_xdp(cfg: DaemonConfig, port: int, metrics: Metrics, log: Log,
         f"{'zero-copy' if io.zerocopy else 'copy mode'}; BCC compile (helper process) "
         f"{io.compile_seconds:.2f} s" + (f"; maps pinned in {n.xdp_pin_dir}" if io.pins else ""))
     metrics.xdp_attached.set(1)
+    if keys is not None:
+        publish_xdp_keys(io, keys, cfg)
     return io
+
+
+def publish_xdp_keys(io: XdpIO, keys: KeyStore, cfg: DaemonConfig) -> None:
+    """Give the XDP program the key ids, their XDP tag keys and the clock, and turn its
+    checks on (docs/PROTOCOL.md §10). Until this runs they are off: the program is then
+    lenient, never stricter than the daemon. Again after xdp-attach's hand-over (a reload
+    may have come between)."""
+    from zerolayer.bpf.kernel_keys import KernelKeys
+    if io.auth is None:
+        io.auth = KernelKeys(io.prog, skew_s=cfg.security.max_skew_s,
+                             require_tag=cfg.network.xdp_require_tag)
+    io.auth.publish(keys.xdp_keys())
 
 
 def failed_start(shm: ShmCarrier | None, code: int) -> NoReturn:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zerolayer.bpf.compile_helper import compile_isolated
+from zerolayer.bpf.kernel_keys import KernelKeys
 from zerolayer.bpf.loader import REASONS, InvokeSteer
 
 from .xdp_frames import Peer, parse_frame, write_reply
@@ -56,6 +57,9 @@ class XdpIO:
         self.tx_backlog = False       # frames left on a TX ring by a busy kernel: poll_tx()
         self.compile_seconds = prog.compile_stats.seconds
         self.pins: dict = {}           # map name -> pinned path (settings.pin_dir)
+        # The kernel's copy of the keys and clock (bpf/kernel_keys.py); set by the daemon
+        # once it has published them. None: the program checks no key, tag or timestamp.
+        self.auth: KernelKeys | None = None
 
     @classmethod
     def open(cls, s: XdpSettings) -> XdpIO:

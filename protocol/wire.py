@@ -16,7 +16,7 @@ sanity at fixed offsets before the daemon ever sees a packet:
       5   1   type           MsgType
       6   2   header_len     bytes before the body; fixed per type in v1
       8   2   datagram_len   whole datagram, tag included; == UDP payload length
-     10   2   flags          requests: 0; responses: bit 0 = UNSIGNED
+     10   2   flags          requests: bit 1 = XDP_TAG; responses: bit 0 = UNSIGNED
      12   4   key_id         u32, 0 = none
      16  16   request_id     chosen by the client
      32   …   type-specific header, then body, then a 32-byte HMAC-SHA256 tag
@@ -40,6 +40,7 @@ from typing import TypedDict
 
 from . import constraint as cst
 from . import logprobs as lp
+from . import xdp_tag as _xdp
 from .errors import ErrorCode, InvalidSignatureError, MalformedError, PayloadTooLargeError
 from .sampling_params import MAX_STOP, MAX_STOP_BYTES, MAX_TEMPERATURE, InvalidSamplingParams, SamplingParams  # noqa: F401
 from .wire_consts import WIRE
@@ -63,6 +64,7 @@ MAX_CHAT_MESSAGES = 4096       # messages in one chat; more: PAYLOAD_TOO_LARGE (
                                # template render and >= 2 control tokens: no context holds more)
 NO_SEQ = 0xFFFFFFFF            # ERROR outside a stream; RESEND from NO_SEQ = keepalive only
 UNSIGNED = 0x0001              # flags bit: response carries a zero tag (see ERROR frames)
+XDP_TAG = _xdp.FLAG            # request flags bit: the nonce ends with the XDP tag (xdp_tag.py)
 
 COMMON = struct.Struct("<4sBBHHHI16s")
 COMMON_LEN = COMMON.size  # 32
@@ -216,6 +218,7 @@ class InvokeFragment:
     chunk_len: int
     body: bytes
     tag: bytes
+    flags: int = 0    # XDP_TAG or 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +231,7 @@ class ControlMessage:
     nonce: bytes
     arg: int          # RESEND: from_seq (NO_SEQ = keepalive only); others: 0
     tag: bytes
+    flags: int = 0    # XDP_TAG or 0
 
 
 Request = InvokeFragment | ControlMessage
@@ -326,9 +330,11 @@ class Mac:
     copying precomputed states costs ~1.7 µs. Same output as hmac.digest(secret, m, sha256).
     """
 
-    __slots__ = ("_inner", "_outer")
+    __slots__ = ("_inner", "_outer", "xdp_key")
 
     def __init__(self, secret: bytes) -> None:
+        # The key id's SipHash key for the XDP tag (xdp_tag.py), derived once with the rest.
+        self.xdp_key = _xdp.derive_key(secret)
         key = hashlib.sha256(secret).digest() if len(secret) > 64 else secret
         key = key.ljust(64, b"\0")
         self._inner = hashlib.sha256(key.translate(_IPAD))
@@ -343,6 +349,12 @@ class Mac:
         outer = self._outer.copy()
         outer.update(inner.digest())
         return outer.digest()
+
+    def verify(self, datagram: bytes) -> bool:
+        """Whether the trailing tag is right, compared in constant time. The daemon calls
+        this once per datagram: one call, where verify_tag's checks cost three more."""
+        n = len(datagram) - TAG_LEN
+        return n >= 0 and hmac.compare_digest(self.tag(memoryview(datagram)[:n]), datagram[n:])
 
 
 Secret = bytes | Mac
@@ -359,10 +371,22 @@ def sign(secret: Secret, data: bytes | bytearray | memoryview) -> bytes:
 def verify_tag(datagram: bytes, secret: Secret, *, request_id: bytes | None = None,
                key_id: int | None = None) -> None:
     """Constant-time check of the trailing tag; raises InvalidSignatureError."""
-    mv = memoryview(datagram)
-    if len(mv) < TAG_LEN or not hmac.compare_digest(sign(secret, mv[:-TAG_LEN]),
-                                                    mv[-TAG_LEN:]):
+    if not as_mac(secret).verify(datagram):
         raise InvalidSignatureError("tag mismatch", request_id=request_id, key_id=key_id)
+
+
+def verify_xdp_tag(datagram: bytes, secret: Secret, *, request_id: bytes | None = None,
+                   key_id: int | None = None) -> None:
+    """The XDP tag of a request that set XDP_TAG, under its key id's derived key; raises
+    InvalidSignatureError, the class the XDP program's drop of a wrong tag stands for."""
+    if not _xdp.valid(as_mac(secret).xdp_key, datagram):
+        raise InvalidSignatureError("XDP tag mismatch", request_id=request_id, key_id=key_id)
+
+
+def _with_xdp_tag(prefix: bytearray, nonce: bytes, mac: Mac) -> bytes:
+    """The nonce to send when tagging: its first 24 bytes, then the tag over `prefix` (the
+    datagram's first 64 bytes, which end with those 24 bytes)."""
+    return nonce[:_xdp.OFFSET - 40] + _xdp.compute(mac.xdp_key, prefix)
 
 
 def _finish(buf: bytearray, secret: Secret | None) -> bytes:
@@ -563,11 +587,13 @@ def fragment_count(total_len: int, chunk_len: int) -> int:
 
 
 def encode_invoke(key_id: int, secret: Secret, request_id: bytes, timestamp_us: int,
-                  nonce: bytes, body: bytes, chunk_len: int = MAX_CHUNK) -> list[bytes]:
+                  nonce: bytes, body: bytes, chunk_len: int = MAX_CHUNK, *,
+                  xdp_tag: bool = False) -> list[bytes]:
     """Split an INVOKE body into signed fragments. Fragment i carries body bytes
     [i*chunk_len, min((i+1)*chunk_len, total)); every fragment repeats the whole-request
     header (timestamp, nonce, body digest, total length, count) so that any one of them can be
-    checked on its own and arrival order does not matter."""
+    checked on its own and arrival order does not matter. With xdp_tag the nonce's last 8
+    bytes are replaced by the XDP tag (the same in every fragment)."""
     if not MIN_CHUNK <= chunk_len <= MAX_CHUNK:
         raise ValueError(f"chunk_len must be in {MIN_CHUNK}..{MAX_CHUNK}")
     if len(nonce) != NONCE_LEN:
@@ -577,10 +603,14 @@ def encode_invoke(key_id: int, secret: Secret, request_id: bytes, timestamp_us: 
     count = fragment_count(len(body), chunk_len)
     if count > 0xFFFF:
         raise ValueError("too many fragments")
+    flags = XDP_TAG if xdp_tag else 0
+    if flags:
+        nonce = _with_xdp_tag(_common(MsgType.INVOKE, 0, key_id, request_id, flags)
+                              + struct.pack("<Q", timestamp_us) + nonce[:24], nonce, secret)
     out = []
     for i in range(count):
         chunk = body[i * chunk_len:(i + 1) * chunk_len]
-        buf = _common(MsgType.INVOKE, len(chunk), key_id, request_id)
+        buf = _common(MsgType.INVOKE, len(chunk), key_id, request_id, flags)
         buf += INVOKE_HDR.pack(timestamp_us, nonce, digest, len(body), i, count, chunk_len, 0)
         buf += chunk
         out.append(_finish(buf, secret))
@@ -588,12 +618,17 @@ def encode_invoke(key_id: int, secret: Secret, request_id: bytes, timestamp_us: 
 
 
 def encode_control(msg_type: MsgType, key_id: int, secret: Secret, request_id: bytes,
-                   timestamp_us: int, nonce: bytes, arg: int = 0) -> bytes:
+                   timestamp_us: int, nonce: bytes, arg: int = 0, *,
+                   xdp_tag: bool = False) -> bytes:
     if msg_type not in CONTROL_TYPES:
         raise ValueError(f"{msg_type!r} is not a control request")
     if len(nonce) != NONCE_LEN:
         raise ValueError("nonce must be 32 bytes")
-    buf = _common(msg_type, 0, key_id, request_id)
+    flags = XDP_TAG if xdp_tag else 0
+    buf = _common(msg_type, 0, key_id, request_id, flags)
+    if flags:
+        secret = as_mac(secret)
+        nonce = _with_xdp_tag(buf + struct.pack("<Q", timestamp_us) + nonce[:24], nonce, secret)
     buf += CONTROL_HDR.pack(timestamp_us, nonce, arg, 0)
     return _finish(buf, secret)
 
@@ -637,8 +672,8 @@ def parse_request(datagram: bytes) -> Request:
     ctx: _ErrCtx = {"request_id": rid, "key_id": key_id}
     if mt not in REQUEST_TYPES:
         raise MalformedError(f"{mt.name} is not a request", **ctx)
-    if flags:
-        raise MalformedError("request flags must be zero", **ctx)
+    if flags & ~XDP_TAG:
+        raise MalformedError("unknown request flags", **ctx)
     hlen = HEADER_LEN[mt]
     body_len = len(datagram) - hlen - TAG_LEN
     tag = bytes(datagram[-TAG_LEN:])
@@ -660,13 +695,13 @@ def parse_request(datagram: bytes) -> Request:
         if body_len != expect:
             raise MalformedError(f"fragment body {body_len} bytes, expected {expect}", **ctx)
         return InvokeFragment(key_id, rid, ts, nonce, digest, total, index, count, chunk,
-                              bytes(datagram[hlen:hlen + body_len]), tag)
+                              bytes(datagram[hlen:hlen + body_len]), tag, flags)
     ts, nonce, arg, reserved = CONTROL_HDR.unpack_from(datagram, COMMON_LEN)
     if reserved or body_len:
         raise MalformedError("control request with reserved bits or a body", **ctx)
     if mt is not MsgType.RESEND and arg:
         raise MalformedError(f"{mt.name} arg must be zero", **ctx)
-    return ControlMessage(mt, key_id, rid, ts, nonce, arg, tag)
+    return ControlMessage(mt, key_id, rid, ts, nonce, arg, tag, flags)
 
 
 # --- responses --------------------------------------------------------------------------------
@@ -796,6 +831,11 @@ def decode_response(datagram: bytes, secret: Secret) -> Response:
     return PongFrame(rid, echo, server_ts, sst)
 
 
+# A PONG's header in one struct: COMMON then PONG_HDR, both little-endian and unpadded.
+_PONG_COMMON = struct.Struct("<" + COMMON.format.lstrip("<") + PONG_HDR.format.lstrip("<"))
+_PONG_LEN = HEADER_LEN[MsgType.PONG] + TAG_LEN
+
+
 class ResponseSigner:
     """Builds the signed frames of one request: the daemon gets one from each verified
     request, holding the secret that was current when the request was admitted, so a key
@@ -804,6 +844,8 @@ class ResponseSigner:
     __slots__ = ("key_id", "_secret", "request_id")
 
     def __init__(self, key_id: int, secret: Secret, request_id: bytes) -> None:
+        if len(request_id) != REQUEST_ID_LEN:
+            raise ValueError("request_id must be 16 bytes")
         self.key_id = key_id
         self._secret = as_mac(secret)
         self.request_id = request_id
@@ -837,6 +879,11 @@ class ResponseSigner:
                           lease_ms)
 
     def pong(self, echo_timestamp_us: int, server_time_us: int, state: ServerState) -> bytes:
-        return encode_pong(self._secret, self.key_id, self.request_id, echo_timestamp_us,
-                           server_time_us, state)
+        # encode_pong's bytes, built in one step: a PONG is the daemon's whole answer to a
+        # PING, and the general encoder's layers (a bytearray grown twice, the length check
+        # a fixed-size frame cannot fail, the key's type check) are most of its cost.
+        head = _PONG_COMMON.pack(MAGIC, VERSION, MsgType.PONG, HEADER_LEN[MsgType.PONG],
+                                 _PONG_LEN, 0, self.key_id, self.request_id,
+                                 echo_timestamp_us, server_time_us, int(state))
+        return head + self._secret.tag(head)
 

@@ -31,6 +31,9 @@ WIRE: dict[str, int] = {
     "ZL_MAX_CHUNK": 1252,          # = MAX_DATAGRAM - HLEN_INVOKE - TAG_LEN
     "ZL_PARAMS_LEN": 32,           # smallest INVOKE body: the parameter block
     "ZL_MAX_MESSAGE": 1 << 20,     # largest INVOKE body (1 MiB)
+    "ZL_FLAG_XDP_TAG": 0x0002,     # request flags: the nonce ends with the XDP tag
+    "ZL_XDP_TAG_OFF": 64,          # the tag's offset; it covers the bytes before it
+    "ZL_XDP_TAG_LEN": 8,           # SipHash-2-4, 64-bit
 }
 
 _COMMENT = {
@@ -38,6 +41,7 @@ _COMMENT = {
     "ZL_TYPE_MAX_REQUEST": "requests are 0x01..0x04",
     "ZL_CONTROL_DGRAM": "80 + tag: control datagrams have no body",
     "ZL_MAX_CHUNK": "MAX_DATAGRAM - HLEN_INVOKE - TAG_LEN",
+    "ZL_FLAG_XDP_TAG": "request flags: the nonce ends with the XDP tag",
 }
 
 
@@ -46,7 +50,7 @@ def c_header() -> str:
     lines = ["/* Generated from protocol/wire_consts.py by bpf/loader.py: do not edit. */",
              "#ifndef __ZL_WIRE_CONSTS_H", "#define __ZL_WIRE_CONSTS_H", ""]
     for name, value in WIRE.items():
-        text = f"{value:#x}u" if name == "ZL_MAGIC" else str(value)
+        text = f"{value:#x}u" if name in ("ZL_MAGIC", "ZL_FLAG_XDP_TAG") else str(value)
         note = f"  /* {_COMMENT[name]} */" if name in _COMMENT else ""
         lines.append(f"#define {name:<20} {text}{note}")
     lines += ["", "#endif /* __ZL_WIRE_CONSTS_H */", ""]

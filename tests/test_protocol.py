@@ -341,6 +341,35 @@ def test_response_frames_round_trip() -> None:
     assert FinishReason.CANCELLED.label == "cancelled"
 
 
+@pytest.mark.parametrize("state", list(ServerState))
+def test_the_signers_pong_is_the_encoders(state: ServerState) -> None:
+    """ResponseSigner.pong builds the PONG in one step (the daemon's answer to every PING):
+    byte for byte what encode_pong makes, for any key id, clock values and state."""
+    for key_id, echo, now in ((KEY_ID, TS, TS + 5), (0xFFFFFFFF, 0, (1 << 64) - 1)):
+        signer = wire.ResponseSigner(key_id, SECRET, RID)
+        assert signer.pong(echo, now, state) == wire.encode_pong(SECRET, key_id, RID, echo,
+                                                                  now, state)
+    with pytest.raises(ValueError):
+        wire.ResponseSigner(KEY_ID, SECRET, RID[:15])
+
+
+def test_mac_verify_is_verify_tag() -> None:
+    """Mac.verify (ingress's one call per datagram) refuses exactly what verify_tag does."""
+    mac = wire.Mac(SECRET)
+    good = GOOD[0]
+    cases = [good, good[:-1] + bytes([good[-1] ^ 1]), good[:40], b"", good[:32],
+             bytes([good[0] ^ 1]) + good[1:], wire.encode_invoke(
+                 KEY_ID, bytes(32), RID, TS, NONCE, _prompt_body("y"))[0]]
+    for dg in cases:
+        try:
+            wire.verify_tag(dg, SECRET)
+            ok = True
+        except InvalidSignatureError:
+            ok = False
+        assert mac.verify(dg) is ok, dg.hex()
+    assert mac.verify(good)
+
+
 def test_responses_are_authenticated() -> None:
     signer = wire.ResponseSigner(KEY_ID, SECRET, RID)
     forged = wire.encode_token(bytes(32), KEY_ID, RID, 0, 1, "spoof", 1)

@@ -253,3 +253,76 @@ def test_detach_and_attach_xdp_at_run_time(daemon, bed):
     res = in_netns(cli, lambda: client(daemon).invoke(messages=FRANCE, max_tokens=8))
     assert FRANCE_ANSWER in res.text
     daemon.wait_for(lambda: redirected(daemon) > before, what="redirected again")
+
+
+def drops(d: DaemonProc, reason: str) -> float:
+    try:
+        return d.metric("zerolayer_xdp_packets_total", f'action="drop",reason="{reason}"')
+    except KeyError:   # the label appears with its first packet
+        return 0.0
+
+
+def test_forgeries_are_dropped_in_the_kernel_and_the_sdk_is_served(daemon, bed):
+    """The daemon publishes its key ids, their XDP tag keys and its clock to the program at
+    attach: invokes forged under its key id, invokes under an unknown key id and a key
+    holder's stale invokes never reach it; the SDK's own (tagged) requests do."""
+    _, cli = bed
+    now = time.time_ns() // 1000
+    body = wire.encode_invoke_body(wire.SamplingParams(max_tokens=2), wire.PayloadKind.PROMPT,
+                                   b"hi")
+
+    def one(key_id: int, secret: bytes, ts: int) -> bytes:
+        return wire.encode_invoke(key_id, secret, secrets.token_bytes(16), ts,
+                                  secrets.token_bytes(32), body, xdp_tag=True)[0]
+    junk = {
+        "drop_bad_tag": [one(daemon.key_id, secrets.token_bytes(32), now) for _ in range(300)],
+        "drop_unknown_key": [one(daemon.key_id + 1, daemon.secret, now) for _ in range(300)],
+        "drop_stale_timestamp": [one(daemon.key_id, daemon.secret, now - 900 * 10**6)
+                                 for _ in range(300)],
+    }
+    before = {r: drops(daemon, r) for r in junk}
+    seen = daemon.metric("zerolayer_ingress_datagrams_total")
+
+    def flood():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((CLI_V4, 0))
+            for dgs in junk.values():
+                for dg in dgs:
+                    s.sendto(dg, (SRV_V4, daemon.port))
+    in_netns(cli, flood)
+    for r, n in before.items():
+        daemon.wait_for(lambda r=r, n=n: drops(daemon, r) - n >= 300, what=r)
+    assert daemon.metric("zerolayer_ingress_datagrams_total") == seen  # none reached it
+    r = in_netns(cli, lambda: client(daemon).invoke(messages=FRANCE, max_tokens=8))
+    assert FRANCE_ANSWER in r.text
+
+
+def test_a_key_added_by_sighup_is_served_through_the_kernel_at_once(daemon, bed):
+    """Rotation: a new key id is usable over XDP as soon as the reload is done (the kernel's
+    copy was updated before the daemon's swap); the removed one is dropped in the kernel."""
+    _, cli = bed
+    new_id, new_secret = daemon.key_id + 100, secrets.token_bytes(32)
+    original = daemon.keys_file.read_text()
+
+    def reload(text: str) -> None:
+        n = daemon.metric("zerolayer_key_reloads_total", 'result="ok"')
+        daemon.keys_file.write_text(text)
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_for(lambda: daemon.metric("zerolayer_key_reloads_total",
+                                              'result="ok"') > n, what="reload")
+    try:
+        reload(original + f"{new_id} {new_secret.hex()}\n")
+        c = Client((SRV_V4, daemon.port), new_id, new_secret, timeout=30)
+        before = redirected(daemon)
+        assert in_netns(cli, c.ping) > 0
+        daemon.wait_for(lambda: redirected(daemon) > before, what="the new key's PING redirected")
+        reload(f"{new_id} {new_secret.hex()}\n")    # the daemon's own key id removed
+        n = drops(daemon, "drop_unknown_key")
+        old = client(daemon, timeout=1, max_attempts=1)
+        with pytest.raises(ZerolayerTimeoutError):   # dropped in the kernel: no answer
+            in_netns(cli, old.ping)
+        daemon.wait_for(lambda: drops(daemon, "drop_unknown_key") > n, what="unknown key drop")
+        assert in_netns(cli, c.ping) > 0
+    finally:
+        reload(original)
+    assert in_netns(cli, lambda: client(daemon).ping()) > 0

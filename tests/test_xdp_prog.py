@@ -145,6 +145,9 @@ def test_wire_constants_have_one_source() -> None:
         "ZL_MAX_CHUNK": wire.MAX_CHUNK,
         "ZL_PARAMS_LEN": wire.PARAMS_LEN,
         "ZL_MAX_MESSAGE": wire.MAX_MESSAGE_BYTES,
+        "ZL_FLAG_XDP_TAG": wire.XDP_TAG,
+        "ZL_XDP_TAG_OFF": 64,
+        "ZL_XDP_TAG_LEN": 8,
     }
     assert not control, "all control types share one header length"
     # The program tests "1 <= type <= ZL_TYPE_MAX_REQUEST": requests must stay contiguous.
@@ -523,8 +526,11 @@ def test_pin_maps_on_a_private_bpffs(prog, tmp_path) -> None:
         assert loader.is_bpffs(d)
         pins = prog.pin_maps(d / "zerolayer")
         assert sorted(p.name for p in pins.values()) == sorted(
-            ["zl_ports", "zl_xsks", "zl_stats", "zl_rate_cfg", "zl_rate_state"])
+            ["zl_ports", "zl_xsks", "zl_stats", "zl_rate_cfg", "zl_rate_state", "zl_keys",
+             "zl_auth_cfg"])
         assert all(p.exists() for p in pins.values())
+        # the XDP tag keys are key material: root only
+        assert (pins["zl_keys"].stat().st_mode & 0o777) == 0o600
         prog.pin_maps(d / "zerolayer")  # again: replaces its own pins
     finally:
         subprocess.run(["umount", str(d)], check=True)

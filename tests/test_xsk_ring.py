@@ -19,6 +19,7 @@ from zerolayer.protocol.wire import MsgType
 if os.geteuid() != 0:  # pragma: no cover - CI runs as root
     pytest.skip("AF_XDP and network namespaces need root", allow_module_level=True)
 
+from zerolayer.bpf.kernel_keys import KernelKeys  # noqa: E402
 from zerolayer.daemon.xdp_io import XdpIO, XdpSettings  # noqa: E402
 from zerolayer.daemon.xsk_ring import TX_BUDGET_PER_CALL  # noqa: E402
 
@@ -148,7 +149,8 @@ def test_pinned_maps_for_ops_tools_go_away_on_close(tmp_path):
                 SRV_IF, (PORT,), ring_size=512, pin_dir=str(d / "zerolayer"))))
             try:
                 assert sorted(p.name for p in io.pins.values()) == [
-                    "zl_ports", "zl_rate_cfg", "zl_rate_state", "zl_stats", "zl_xsks"]
+                    "zl_auth_cfg", "zl_keys", "zl_ports", "zl_rate_cfg", "zl_rate_state",
+                    "zl_stats", "zl_xsks"]
                 assert all(p.exists() for p in io.pins.values())
             finally:
                 io.close()
@@ -178,6 +180,13 @@ def test_ops_tool_reads_counters_and_sets_the_rate_through_the_pins(tmp_path):
                 tool = [sys.executable, "-m", "zerolayer.bpf.pinned", "--dir", pins]
                 out = json.loads(subprocess.run(tool + ["show", "--json"], check=True,
                                                 capture_output=True, text=True).stdout)
+                assert out["auth"] == {"key_ids": [], "check_keys": False,
+                                       "require_tag": False, "skew_us": 0}
+                KernelKeys(io.prog, skew_s=300).publish({4: bytes(16), 9: bytes(range(16))})
+                out = json.loads(subprocess.run(tool + ["show", "--json"], check=True,
+                                                capture_output=True, text=True).stdout)
+                assert out["auth"] == {"key_ids": [4, 9], "check_keys": True,
+                                       "require_tag": False, "skew_us": 302_000_000}
                 assert out["ports"] == [PORT] and out["rate_pps"] == 0
                 assert out["packets"]["redirect"] == io.packet_counts()["redirect"] >= 1
                 subprocess.run(tool + ["rate", "500", "20"], check=True, capture_output=True)

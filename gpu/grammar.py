@@ -34,8 +34,9 @@ import numpy.typing as npt
 from zerolayer.protocol.constraint import Constraint, ConstraintKind
 
 from .schema_errors import SchemaError
-from .schema_finite import check_finite
+from .schema_finite import check_finite, check_no_loop
 from .schema_numbers import check_numbers
+from .schema_spelling import check_spelling
 from .schema_text import load_schema
 from .tokenizer import Tokenizer
 
@@ -89,16 +90,26 @@ class Matcher:
 
     def __init__(self, m: LLMatcher):
         self._m = m
-        self.gave_up = False  # the engine failed computing a mask (a limit): the schema's fault
+        self._row: npt.NDArray[np.uint32] | None = None
+        # The grammar engine failed on this schema: a limit reached computing a mask, or a
+        # token its own mask allowed then refused. Not the sampler's doing (it draws only
+        # allowed tokens), so the daemon's answer is MALFORMED, not INTERNAL.
+        self.gave_up = False
 
     def fill(self, row: npt.NDArray[np.uint32]) -> None:
         """Write the allowed next tokens into `row` (mask_words(vocab) words, contiguous)."""
         self._m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        self._row = row
         self.gave_up = self.gave_up or bool(self._m.is_error())
 
     def advance(self, token: int) -> bool:
         """The sampled token; False if the grammar refused it (a matcher in error)."""
-        return bool(self._m.consume_token(token))
+        if self._m.consume_token(token):
+            return True
+        row = self._row
+        if row is not None and token < 32 * len(row) and (int(row[token >> 5]) >> (token & 31)) & 1:
+            self.gave_up = True
+        return False
 
     @property
     def stopped(self) -> bool:
@@ -115,6 +126,7 @@ class Grammars:
         self.tok, self.vocab, self.entries = tok, vocab, entries
         self._lt: LLTokenizer | None = None
         self._cache: OrderedDict[bytes, LLMatcher] = OrderedDict()
+        self._missing: frozenset[int] | None = None
         self.compiled = 0   # grammars compiled (not found in the cache), for tests and metrics
 
     def _tokenizer(self) -> LLTokenizer:
@@ -124,6 +136,15 @@ class Grammars:
                                                                                  self.vocab)),
                                               eos_token=sorted(self.tok.eos_ids))
         return self._lt
+
+    def _unspellable(self) -> frozenset[int]:
+        """The bytes no token of the vocabulary contains (schema_spelling.py)."""
+        if self._missing is None:
+            seen: set[int] = set()
+            for i in range(self.tok.vocab_size):
+                seen.update(self.tok.token_bytes(i))
+            self._missing = frozenset(range(256)) - seen
+        return self._missing
 
     def matcher(self, c: Constraint) -> Matcher:
         """A fresh matcher for the constraint; SchemaError if it cannot be used."""
@@ -151,7 +172,9 @@ class Grammars:
             if not isinstance(schema, dict):
                 raise SchemaError("the JSON schema must be a JSON object")
             check_numbers(schema)
+            check_no_loop(schema)
             check_finite(schema)
+            check_spelling(schema, self._unspellable())
         try:
             return self._matcher_for(text)
         except SchemaError:

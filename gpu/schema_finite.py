@@ -148,3 +148,44 @@ def check_finite(schema: object) -> None:
         raise SchemaError("no JSON value satisfies the schema: its references form a cycle "
                           "that every value would have to follow forever")
 
+
+
+def _in_place(root: object, s: dict) -> list[object]:
+    """The schemas that apply to the same value as `s` (not to a property or an item)."""
+    out: list[object] = []
+    ref = s.get("$ref")
+    if isinstance(ref, str):
+        t = resolve(root, ref)
+        if t is not None:
+            out.append(t)
+    for k in ("allOf", "anyOf", "oneOf"):
+        v = s.get(k)
+        if isinstance(v, list):
+            out.extend(v)
+    out.extend(s[k] for k in ("not", "if", "then", "else") if k in s)
+    return out
+
+
+def check_no_loop(schema: object) -> None:
+    """SchemaError if a "$ref" leads back to a schema for the same value without going into
+    a property or an item first ({"anyOf": [{"$ref": "#"}, ...]}): a validator following
+    it never ends (JSON Schema leaves such a schema undefined; jsonschema recurses until
+    the interpreter stops it), so no answer could be judged against it."""
+    state: dict[int, int] = {}   # 1: on the current path, 2: done
+    for start in subschemas(schema):
+        if id(start) in state:
+            continue
+        stack = [(start, iter(_in_place(schema, start)))]
+        state[id(start)] = 1
+        while stack:
+            node, it = stack[-1]
+            nxt = next((c for c in it if isinstance(c, dict)), None)
+            if nxt is None:
+                state[id(node)] = 2
+                stack.pop()
+            elif state.get(id(nxt)) == 1:
+                raise SchemaError("the schema refers back to itself for the same value "
+                                  "(a \"$ref\" loop that no property or item breaks)")
+            elif id(nxt) not in state:
+                state[id(nxt)] = 1
+                stack.append((nxt, iter(_in_place(schema, nxt))))

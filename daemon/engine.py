@@ -139,7 +139,7 @@ class Engine:
         req.stops = StopChecker(req.params.stop)
         req.rng = np.random.default_rng(req.params.seed)
         req.penalty = PenaltyState.of(req.params, req.prompt_ids)
-        if req.params.constraint is not None:  # ValueError: the daemon's MALFORMED
+        if req.params.constraint is not None:  # SchemaError: the daemon's MALFORMED
             req.matcher = self.grammars.matcher(req.params.constraint)
         if self.speculative and speculates(req.params):
             req.spec = DraftLength()
@@ -336,9 +336,13 @@ class Engine:
         r.tokens.append(tok)
         r.penalty.push(tok)
         if r.matcher is not None and not r.matcher.advance(tok):
+            if r.matcher.gave_up:  # a limit of the grammar engine, reached by this schema
+                return self._finish_error(r, ErrorCode.MALFORMED,
+                                          "response_format: the grammar engine reached a "
+                                          "limit on this schema", detail=r.matcher.error)
             return self._finish_error(r, ErrorCode.INTERNAL,
-                                      f"constrained decoding: token {tok} refused: "
-                                      f"{r.matcher.error}")
+                                      f"constrained decoding: token {tok} refused",
+                                      detail=r.matcher.error)
         if lp is not None:
             r.lp_held.append(self._position(tok, lp))
         text = r.stops.push(r.detok.push(tok))
@@ -400,7 +404,7 @@ class Engine:
         self.emit(DoneEvent(r, reason, Usage(len(r.prompt_ids), r.cached, n), t,
                             spec.drafted if spec else 0, spec.accepted if spec else 0))
 
-    def _finish_error(self, r: Request, code: ErrorCode, msg: str) -> None:
+    def _finish_error(self, r: Request, code: ErrorCode, msg: str, detail: str = "") -> None:
         if r.done:
             return
         r.done = True
@@ -409,7 +413,7 @@ class Engine:
             r.seq = None
         if r in self.waiting:
             self.waiting.remove(r)
-        self.emit(FailedEvent(r, code, msg))
+        self.emit(FailedEvent(r, code, msg, detail=detail))
 
 
 __all__ = ["Engine", "Batch", "CancelReason"]  # CancelReason: what the I/O thread sets

@@ -145,21 +145,25 @@ class EngineThread(threading.Thread):
             self._refuse(req, ex.code or ErrorCode.INTERNAL, str(ex))
         except RuntimeModelError as ex:  # ContextOverflowError, KVCacheFullError
             self._refuse(req, ErrorCode[ex.code], str(ex))
-        except ValueError as ex:  # the tokenizer refuses a message, an id outside the vocabulary
-            self._refuse(req, ErrorCode.MALFORMED, str(ex))
+        except ValueError as ex:  # the tokenizer refuses a message, an id outside the
+            # vocabulary; a response_format schema (SchemaError) that cannot be used
+            self._refuse(req, ErrorCode.MALFORMED, str(ex), getattr(ex, "detail", ""))
         except Exception as ex:  # noqa: BLE001 - one request's bug fails that request
             self._refuse(req, ErrorCode.INTERNAL, f"{type(ex).__name__}: {ex}")
         else:
             self._out.append(AcceptedEvent(req))
 
-    def _refuse(self, req: Request, code: ErrorCode, message: str) -> None:
+    def _refuse(self, req: Request, code: ErrorCode, message: str, detail: str = "") -> None:
         """Refused before the engine accepted it: no step ever saw it, so it never
         started (no model run, no place in a stream)."""
-        self._out.append(FailedEvent(req, code, message, started=False))
+        self._out.append(FailedEvent(req, code, message, started=False, detail=detail))
 
     def _flush(self) -> None:
         if self._out:
             for ev in self._out:
+                if isinstance(ev, FailedEvent) and ev.detail:  # what the client is not told
+                    self.log(f"request failed {ev.code.name}: {ev.message}: "
+                             f"{' '.join(ev.detail.split())[:2000]}")
                 self._push(ev, wake=False)
             self._out.clear()
             self.events.wake()

@@ -136,6 +136,7 @@ class FailedEvent:
     code: ErrorCode
     message: str
     started: bool = True
+    detail: str = ""  # for the daemon's log only (the grammar engine's own message)
 
 
 @dataclass(slots=True)

@@ -32,6 +32,7 @@ from daemon_proc import DaemonProc, Hooks
 from raw_peer import RawPeer
 from zerolayer.daemon import control
 from zerolayer.protocol import wire
+from zerolayer.protocol.constraint import Constraint, ConstraintKind
 from zerolayer.protocol.errors import ErrorCode
 from zerolayer.protocol.wire import MsgType, PayloadKind, SamplingParams
 
@@ -134,6 +135,24 @@ def long_text(c: Ctx) -> bytes:
     return c.raw.invoke(body(PayloadKind.PROMPT, b"word " * 2500))
 
 
+def constrained(schema: str) -> Callable[[Ctx], bytes]:
+    """A request whose response_format schema the engine refuses before it starts."""
+    def make(c: Ctx) -> bytes:
+        p = SamplingParams(max_tokens=8, constraint=Constraint(ConstraintKind.JSON_SCHEMA,
+                                                               schema))
+        return c.raw.invoke(wire.encode_invoke_body(p, PayloadKind.PROMPT, b"Hi"))
+    return make
+
+
+# Valid JSON 1,000 levels deep (json.loads itself overflows the interpreter's stack)
+DEEP_SCHEMA = "[" * 1000 + "]" * 1000
+# every value would hold itself: no finite one exists
+CYCLIC_SCHEMA = '{"type":"object","properties":{"c":{"$ref":"#"}},"required":["c"]}'
+# bounds past 64 bits, which the grammar would clamp to 2^63 - 1
+HUGE_INTEGER_SCHEMA = ('{"type":"integer","minimum":1e40,'
+                       '"maximum":10000000000000000000000000000000000000001}')
+
+
 def wait_queue_full(c: Ctx) -> bytes:
     """One running + one waiting is all the engine holds: A taken by the held engine, B
     admitted behind it, C refused before admission."""
@@ -204,6 +223,7 @@ class Row:
     started: bool                    # a model run: zerolayer_model_runs_total + 1
     signed: bool = True
     more: dict = field(default_factory=dict)   # other counters and their moves
+    cached: bool = False             # a duplicate INVOKE gets the same ERROR, nothing new
 
 
 ROWS = {
@@ -219,6 +239,15 @@ ROWS = {
                         ack=False, started=False),
     "malformed@engine": Row(ErrorCode.MALFORMED, "engine", id_outside_vocab, PRE,
                             ack=True, started=False),
+    "malformed@engine(deep schema)": Row(ErrorCode.MALFORMED, "engine",
+                                         constrained(DEEP_SCHEMA), PRE, ack=True,
+                                         started=False, cached=True),
+    "malformed@engine(cyclic schema)": Row(ErrorCode.MALFORMED, "engine",
+                                           constrained(CYCLIC_SCHEMA), PRE, ack=True,
+                                           started=False, cached=True),
+    "malformed@engine(huge integer bound)": Row(ErrorCode.MALFORMED, "engine",
+                                                constrained(HUGE_INTEGER_SCHEMA), PRE,
+                                                ack=True, started=False, cached=True),
     "payload_too_large@io": Row(ErrorCode.PAYLOAD_TOO_LARGE, "io", too_many_messages, PRE,
                                 ack=False, started=False),
     "context_overflow@io(ids)": Row(ErrorCode.CONTEXT_OVERFLOW, "io", ids_over_context, PRE,
@@ -295,6 +324,24 @@ def _check_frames(frames: list, row: Row) -> None:
     assert (len(tokens) > 0) == (row.point == "stream"), frames
 
 
+def _check_cached(c: Ctx, rid: bytes, frames: list) -> None:
+    """The same request again (same id, a fresh nonce, the body of a request that would be
+    refused the same way): its stored ERROR comes back, with no ACK and no run."""
+    runs = _counter(c.d, "zerolayer_model_runs_total")
+    err = frames[-1]
+    assert err.message.startswith("response_format: ") and "\n" not in err.message, err
+    dgs = c.raw.invoke_datagrams(wire.encode_invoke_body(SamplingParams(max_tokens=8),
+                                                         PayloadKind.PROMPT, b"Hi"), rid)[1]
+    c.raw.send(dgs)
+    again = c.raw.wait(rid, lambda fs: len(fs) > len(frames), what="the stored ERROR")
+    time.sleep(0.3)   # anything else it would send has come by now
+    new = c.raw.of(rid)[len(frames):]
+    assert [type(f) for f in new] == [wire.ErrorFrame], again
+    assert (new[0].code, new[0].message, new[0].seq, new[0].run_id) == \
+        (err.code, err.message, wire.NO_SEQ, 0), new
+    assert _counter(c.d, "zerolayer_model_runs_total") == runs
+
+
 @pytest.mark.parametrize("name", list(ROWS))
 def test_conformance(ctx, name):
     row = ROWS[name]
@@ -314,6 +361,8 @@ def test_conformance(ctx, name):
         got = {k: _counter(c.d, *k) for k in want}
         _check_frames(frames, row)
         assert got == want, (got, want)
+        if row.cached:
+            _check_cached(c, rid, frames)
     finally:
         (c.hooks.dir / "fail-step").unlink(missing_ok=True)
         c.hooks.release()

@@ -27,8 +27,9 @@ from zerolayer.protocol.errors import MalformedError
 from zerolayer.protocol.wire import ChatMessage, MsgType
 
 CLASSES = ("malformed", "unknown_key", "stale_timestamp", "wrong_mac", "replay")
-# spoofed sources: 10.203.0.0/16, a net the server has no route to, so nothing it might send
-# back (an unsigned ERROR on the UDP path) leaves its namespace or waits on ARP
+# spoofed sources: 10.203.0.0/16, outside every testbed subnet: what the server sends back (an
+# unsigned ERROR on the UDP path) goes to its default route, the sender's namespace, which
+# drops it, and never waits on ARP
 SPOOF_NET = (10, 203)
 UNKNOWN_KEY_ID = 0xDEAD
 STALE_S = 3600          # far outside the daemon's ±300 s skew window

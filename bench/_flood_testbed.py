@@ -3,7 +3,8 @@
     NAME-srv  veth zl-s 10.201.0.1/24      the server under test (zerolayerd or llama-server)
     NAME-cli  bridge br0 10.201.0.2/24     legitimate clients; br0 joins zl-c (peer of zl-s)
               ports zl-c, fl-c             and fl-c (peer of fl-f)
-    NAME-fld  veth fl-f 10.201.0.3/24      the flood's sender (trafgen, wrk)
+    NAME-fld  veth fl-f 10.201.0.3/24      the flood's sender (trafgen, wrk), and the
+                                           server's default route (it drops, never forwards)
 
 The sender gets its own namespace and veth pair, so its packets reach the server's interface
 (and the XDP program on it) exactly as the legitimate clients' do, through the bridge, and
@@ -78,6 +79,10 @@ def up(name: str) -> Testbed:
         _ip("-n", fld, "addr", "add", f"{FLD_V4}/24", "dev", FLD_IF)
         for ns, dev in ((srv, SRV_IF), (cli, "br0"), (fld, FLD_IF)):
             _ip("-n", ns, "link", "set", dev, "up")
+        # the server's default route points at the sender's namespace, as a real host's at
+        # its upstream: replies to spoofed sources leave and are dropped there (that namespace
+        # does not forward), as a router drops them on the way to nobody
+        _ip("-n", srv, "route", "add", "default", "via", FLD_V4)
         # spoofed sources must reach the socket on the UDP path as they would on a host
         # without strict reverse-path filtering (the XDP program sees them before any of this)
         subprocess.run(["ip", "netns", "exec", srv, "sysctl", "-qw",

@@ -32,7 +32,8 @@ Per row, while the flood runs (after 1 s to settle):
   exposes), the AF_XDP ring's overflow drops, the namespace's UDP socket-buffer overflows
   (/proc/net/snmp), and the datagrams that reached user space
   (zerolayer_ingress_datagrams_total);
-- the sender's own count and time (trafgen's, wrk's).
+- the sender's own count and time (trafgen's, wrk's), and the packets the server's veth
+  received per second over the window (its rx counter: the rate that arrived).
 A row without a flood ("none") per path comes first. The server is pinned to --server-cpu
 with one model thread, the sender to --sender-cpu; the clients are not pinned.
 
@@ -60,7 +61,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 import _flood_packets as packets  # noqa: E402
 import _flood_senders as senders  # noqa: E402
-from _flood_testbed import FLD_IF, FLD_V4, SRV_V4, Testbed, flood_testbed  # noqa: E402
+from _flood_testbed import (  # noqa: E402
+    FLD_IF,
+    FLD_V4,
+    SRV_IF,
+    SRV_V4,
+    Testbed,
+    flood_testbed,
+    link_stats,
+)
 from _serving_clients import (  # noqa: E402
     NativeLlamaServer,
     chat_body,
@@ -247,11 +256,17 @@ def kernel_reasons(delta: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def server_rx_packets(bed: Testbed) -> int:
+    return link_stats(bed.srv, SRV_IF)["rx"]["packets"]
+
+
 def measure(target, bed: Testbed, a) -> dict:
+    rx0 = server_rx_packets(bed)
     c0, cpu0, t0 = target.counters(), proc_cpu_s(target.pid), time.monotonic()
     rtts, lost = target.pings(a.pings, a.ping_wait_s)
     st = streams(target, bed, a.streams, a.stream_tokens)
     cpu1, t1 = proc_cpu_s(target.pid), time.monotonic()
+    rx1 = server_rx_packets(bed)
     time.sleep(0.5)                 # zerolayerd copies the kernel's counters every 0.25 s
     c1 = target.counters()
     delta = {k: v - c0.get(k, 0.0) for k, v in c1.items()
@@ -259,6 +274,7 @@ def measure(target, bed: Testbed, a) -> dict:
              and v - c0.get(k, 0.0)}
     return {"ping_ms": stats([x * 1e3 for x in rtts]), "pings": a.pings, "pings_lost": lost,
             "streams": st, "server_cpu_share": (cpu1 - cpu0) / (t1 - t0), "window_s": t1 - t0,
+            "server_rx_pps": (rx1 - rx0) / (t1 - t0),
             "kernel_by_reason": kernel_reasons(delta),
             "user_space_datagrams": delta.get("zerolayer_ingress_datagrams_total"),
             "counters": delta}
@@ -340,7 +356,7 @@ def table_cells(m: dict) -> list[str]:
                                                        key=lambda kv: -kv[1]))
     return [m["path"], m["cls"], m["sources"], "–" if m["rate"] == "0" else _n(
                 float(m["rate"])) if m["rate"] != "max" else "max",
-            _n(snd.get("rate")) if snd else "–",
+            _n(snd.get("rate")) if snd else "–", _n(m["server_rx_pps"]),
             f"{_ms(m['ping_ms'], 'p50')} / {_ms(m['ping_ms'], 'p99')}",
             f"{m['pings_lost']}/{m['pings']}",
             f"{_ms(st['ttft_ms'], 'p50')} / {_ms(st['ttft_ms'], 'p99')}",
@@ -350,7 +366,8 @@ def table_cells(m: dict) -> list[str]:
             kern or "–", _n(m["user_space_datagrams"])]
 
 
-HEADER = ["path", "junk", "sources", "asked pps", "sent pps", "PING p50 / p99 ms",
+HEADER = ["path", "junk", "sources", "asked pps", "sent pps", "server NIC rx pps",
+          "PING p50 / p99 ms",
           "PINGs lost", "TTFT p50 / p99 ms", "tok/s", "streams retried / failed",
           "server CPU", "kernel counters by reason", "datagrams in user space"]
 

@@ -212,10 +212,12 @@ class NativeLlamaServer(_Proc):
     name = "llama-server"
 
     def __init__(self, binary: str, model: str, threads: int, parallel: int, port: int,
-                 log_path: Path, ctx_per_slot: int = 2048, extra: list[str] = ()):
+                 log_path: Path, ctx_per_slot: int = 2048, extra: list[str] = (),
+                 prefix: list[str] = ()):
         self.port = port
         self.parallel = parallel
-        cmd = [binary, "-m", model, "-np", str(parallel), "-c", str(ctx_per_slot * parallel),
+        # prefix: a wrapper to run it under, e.g. ["ip", "netns", "exec", NS, "taskset", ...]
+        cmd = [*prefix, binary, "-m", model, "-np", str(parallel), "-c", str(ctx_per_slot * parallel),
                "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1",
                "--port", str(port), *extra]
         super().__init__(cmd, log_path)
@@ -263,11 +265,13 @@ def chat_body(content: str | list[tuple[str, str]], max_tokens: int, stream: boo
 HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 
 
-def http_stream_chat(conn: http.client.HTTPConnection, body: bytes) -> dict:
+def http_stream_chat(conn: http.client.HTTPConnection, body: bytes,
+                     headers: dict | None = None) -> dict:
     """POST /v1/chat/completions with stream=true and read the SSE stream line by line as it
-    arrives. TTFT = request start -> first event whose delta carries non-empty content."""
+    arrives. TTFT = request start -> first event whose delta carries non-empty content.
+    headers: added to the defaults (e.g. an Authorization header)."""
     t0 = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", body=body, headers=HEADERS)
+    conn.request("POST", "/v1/chat/completions", body=body, headers={**HEADERS, **(headers or {})})
     r = conn.getresponse()
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")

@@ -988,7 +988,8 @@ class Bench:
 def machine_info() -> dict:
     lscpu = dict(line.split(":", 1) for line in sh("lscpu").splitlines() if ":" in line)
     lscpu = {k.strip(): v.strip() for k, v in lscpu.items()}
-    return {"cpu_model": lscpu.get("Model name"), "nproc": sh("nproc"), "cpus": os.cpu_count(),
+    return {"cpu_model": lscpu.get("Model name"), "l3_cache": lscpu.get("L3 cache"),
+            "nproc": sh("nproc"), "cpus": os.cpu_count(),
             "hypervisor": lscpu.get("Hypervisor vendor"), "kernel": platform.release(),
             "rmem_max": sh("cat /proc/sys/net/core/rmem_max"),
             "rmem_default": sh("cat /proc/sys/net/core/rmem_default")}

@@ -11,6 +11,7 @@ need_apt=()
 $PY -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 command -v shellcheck >/dev/null || need_apt+=(shellcheck)  # tests lint the ops scripts
 command -v promtool >/dev/null || need_apt+=(prometheus)    # promtool: metrics and alert rules
+command -v trafgen >/dev/null || need_apt+=(netsniff-ng)    # trafgen: tests/test_bench_flood.py
 if ((${#need_apt[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq

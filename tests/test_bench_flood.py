@@ -1,0 +1,128 @@
+"""bench/bench_flood.py's own logic, without timings: what its trafgen configurations really
+put on the wire (trafgen writes them to a pcap, decoded here with protocol/), the spoofed
+sources, the generic kernel-counter reading, and that its testbed goes away."""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import _flood_packets as fp  # noqa: E402
+import _flood_senders as senders  # noqa: E402
+import _flood_testbed as tb  # noqa: E402
+
+from zerolayer.protocol import wire  # noqa: E402
+from zerolayer.protocol.errors import MalformedError  # noqa: E402
+
+KEY_ID, SECRET = 7, secrets.token_bytes(32)
+EP = fp.Endpoints(bytes.fromhex("02aa00000003"), bytes.fromhex("02aa00000001"),
+                  socket.inet_aton("10.201.0.3"), socket.inet_aton("10.201.0.1"), 40000, 7433)
+
+needs_trafgen = pytest.mark.skipif(shutil.which("trafgen") is None,
+                                   reason="trafgen (netsniff-ng) not installed: scripts/bootstrap.sh")
+
+
+def trafgen_frames(cls: str, spoof: bool, n: int, tmp_path: Path) -> list[bytes]:
+    cfg, pcap = tmp_path / f"{cls}.cfg", tmp_path / f"{cls}.pcap"
+    cfg.write_text(fp.trafgen_config(cls, EP, KEY_ID, SECRET, spoof))
+    subprocess.run(["trafgen", "-i", str(cfg), "-o", str(pcap), "-n", str(n), "-P", "1",
+                    "--no-sock-mem", "--notouch-irq"], check=True, capture_output=True,
+                   timeout=60)
+    return fp.read_pcap(pcap.read_bytes())
+
+
+@needs_trafgen
+@pytest.mark.parametrize("spoof", [False, True], ids=["one-source", "spoofed"])
+@pytest.mark.parametrize("cls", fp.CLASSES)
+def test_trafgen_sends_the_class_it_was_built_for(cls: str, spoof: bool, tmp_path) -> None:
+    frames = trafgen_frames(cls, spoof, 12, tmp_path)
+    assert len(frames) == 12
+    seen: set[bytes] = set()
+    got = []
+    for fr in frames:
+        assert fr[:6] == EP.dst_mac and fr[6:12] == EP.src_mac
+        src, payload, ip_ok = fp.split_frame(fr)
+        assert ip_ok, "trafgen's csumip left a bad IPv4 header checksum"
+        udp = fr[fp.UDP_OFF:fp.PAYLOAD_OFF]
+        assert udp[2:4] == EP.dport.to_bytes(2, "big") and udp[6:8] == b"\0\0"
+        assert int.from_bytes(udp[4:6], "big") == len(payload) + fp.UDP_LEN
+        got.append(fp.classify(payload, {KEY_ID: SECRET}, time.time_ns() // 1000, seen=seen))
+    if cls == "replay":  # one valid request, then copies of it
+        assert got == ["valid"] + ["replay"] * 11
+        assert len({fp.split_frame(f)[1] for f in frames}) == 1
+    else:
+        assert got == [cls] * 12
+
+
+@needs_trafgen
+def test_malformed_sends_each_broken_field_in_turn(tmp_path) -> None:
+    reasons = set()
+    for fr in trafgen_frames("malformed", False, 6, tmp_path):
+        with pytest.raises(MalformedError) as e:
+            wire.parse_request(fp.split_frame(fr)[1])
+        reasons.add(str(e.value).split()[0])
+    assert reasons == {"bad", "unsupported", "declared"}
+
+
+@needs_trafgen
+def test_spoofed_sources_vary_and_one_source_does_not(tmp_path) -> None:
+    spoofed = {fp.split_frame(f)[0] for f in trafgen_frames("wrong_mac", True, 64, tmp_path)}
+    assert len(spoofed) >= 60
+    assert all(s[:2] == bytes(fp.SPOOF_NET) for s in spoofed)
+    one = {fp.split_frame(f)[0] for f in trafgen_frames("wrong_mac", False, 16, tmp_path)}
+    assert one == {EP.src_ip}
+
+
+def test_classify_tells_a_fresh_request_from_junk() -> None:
+    now = time.time_ns() // 1000
+    (valid,) = fp.datagrams("replay", KEY_ID, SECRET)
+    assert fp.classify(valid, {KEY_ID: SECRET}, now) == "valid"
+    assert fp.classify(valid, {KEY_ID + 1: SECRET}, now) == "unknown_key"
+    assert fp.classify(valid, {KEY_ID: secrets.token_bytes(32)}, now) == "wrong_mac"
+    assert fp.classify(valid, {KEY_ID: SECRET}, now + 3600 * 10**6) == "stale_timestamp"
+
+
+def test_kernel_counters_are_read_by_whatever_reason_the_program_reports() -> None:
+    import bench_flood
+    delta = {'zerolayer_xdp_packets_total{action="drop",reason="drop_bad_magic"}': 5.0,
+             'zerolayer_xdp_packets_total{action="drop",reason="drop_a_reason_added_later"}': 3.0,
+             'zerolayer_xdp_packets_total{action="redirect",reason="redirect"}': 2.0,
+             "zerolayer_xsk_rx_dropped_total": 4.0, "kernel_udp:RcvbufErrors": 9.0,
+             "zerolayer_ingress_datagrams_total": 2.0}
+    assert bench_flood.kernel_reasons(delta) == {
+        "drop_bad_magic": 5.0, "drop_a_reason_added_later": 3.0, "redirect": 2.0,
+        "xsk_ring_full": 4.0, "udp_rcvbuf_full": 9.0}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+@needs_trafgen
+def test_a_bounded_flood_reaches_the_server_and_the_testbed_goes_away(tmp_path) -> None:
+    name = None
+    with pytest.raises(RuntimeError, match="stop here"), tb.flood_testbed("zlt") as bed:
+        name = bed.name
+        assert sorted(tb.existing(name)) == sorted(bed.namespaces())
+        cfg = tmp_path / "junk.cfg"
+        ep = fp.Endpoints(bed.fld_mac, bed.srv_mac, socket.inet_aton(tb.FLD_V4),
+                          socket.inet_aton(tb.SRV_V4), 40000, 7433)
+        cfg.write_text(fp.trafgen_config("malformed", ep, KEY_ID, SECRET, True))
+        rx0 = tb.link_stats(bed.srv, tb.SRV_IF)["rx"]["packets"]
+        # 300 packets at 1000/s: bounded by count; the time bound (20 s) is only a backstop
+        s = senders.trafgen(bed.fld, tb.FLD_IF, 0, cfg, "1000", 20, tmp_path / "trafgen.log",
+                            count=300)
+        s.proc.wait(30)
+        out = s.stop()
+        assert s.proc.returncode == 0, out
+        res = senders.parse_trafgen(out)
+        assert res.sent == 300 and res.seconds > 0
+        assert tb.link_stats(bed.srv, tb.SRV_IF)["rx"]["packets"] - rx0 >= res.sent
+        raise RuntimeError("stop here")   # teardown must run on an error too
+    assert name is not None and tb.existing(name) == []

@@ -105,6 +105,9 @@ class Run:
         self.results: dict = {"sections": {}}
         self.clock: CompileClock | None = None
         self.path: Path | None = None  # rewritten after every section: a kill keeps what ran
+        # the model's kernel path (fused, or per op and why): each section records the path
+        # it started and ended on, so no timing is read as the fused kernel's by mistake
+        self.kernel_path = None
 
     def save(self) -> None:
         self.results["wall_s"] = round(time.monotonic() - self.t0, 1)
@@ -126,6 +129,7 @@ class Run:
         t = time.monotonic()
         c0 = self.clock.total if self.clock else 0.0
         print(f"[{name}] ...", flush=True)
+        path0 = self.kernel_path() if self.kernel_path else None
         try:
             out = fn(*args)
             extra = out if isinstance(out, dict) else {}
@@ -143,6 +147,11 @@ class Run:
         comp = (self.clock.total - c0) if self.clock else 0.0
         rec.update(s=round(s, 2), compile_s=round(comp, 2), run_s=round(s - comp, 2),
                    at_s=round(time.monotonic() - self.t0, 1))
+        if path0 is not None and self.kernel_path:
+            path1 = self.kernel_path()
+            rec.setdefault("kernel_path", path1 if path1 == path0 else
+                           f"changed during the section: {path0} -> {path1}")
+            print(f"[{name}] kernel path: {rec['kernel_path']}", flush=True)
         self.results["sections"][name] = rec
         self.save()
         print(f"[{name}] done in {s:.1f} s (compile {comp:.1f} s)", flush=True)
@@ -624,6 +633,22 @@ def op_timings(model, c: dict, p: dict, sim: bool) -> dict:
     return out
 
 
+def predicted_device(sim: bool):
+    """step_plan's Device for this GPU (H100 or H200 by name, its own SM count), None under
+    the simulator or on another GPU (the model's constants are those two's)."""
+    if sim:
+        return None
+    import dataclasses
+
+    from numba import cuda
+
+    from zerolayer.gpu.cuda import step_plan
+    dev = cuda.get_current_device()
+    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    base = step_plan.H200 if "H200" in name else step_plan.H100_SXM if "H100" in name else None
+    return None if base is None else dataclasses.replace(base, sms=dev.MULTIPROCESSOR_COUNT)
+
+
 def stage_timings(model, c: dict, p: dict, sim: bool) -> dict:
     """Where a fused decode step's device time goes: each stage of the step kernel launched
     on its own between CUDA events (CudaForward.stage_times), beside the bytes the step's plan
@@ -641,11 +666,23 @@ def stage_timings(model, c: dict, p: dict, sim: bool) -> dict:
     stage_times = getattr(fwd, "stage_times", None)
     out: dict = {"kernel_path": str(getattr(fwd, "kernel_path", "?"))}
     rng = np.random.default_rng(12)
+    dev_model = predicted_device(sim)
+    out["model_device"] = dev_model.name if dev_model else None
     for batch in (1, 16 if not sim else 2):
-        stages = step_plan.plan(cfg, w, batch, p["prompt"])
+        stages = step_plan.plan(cfg, w, batch, p["prompt"],
+                                **({"sms": dev_model.sms} if dev_model else {}))
         rec: dict = {"plan_weight_bytes": sum(st.weight_bytes for st in stages),
                      "plan_bytes": sum(st.bytes for st in stages), "stages": len(stages)}
         out[f"b{batch}"] = rec
+        predicted: dict = {}
+        if dev_model is not None:  # the model's figure for each stage (a model, not measured)
+            pred = step_plan.predict(cfg, w, batch, p["prompt"], dev_model)
+            for st, t in pred.stages:
+                k = st.name.split(".", 1)[-1] if st.name.startswith("L") else st.name
+                predicted[k] = predicted.get(k, 0.0) + t * 1e6
+            rec["predicted_us"] = {"model": True, "total_us": pred.total_s * 1e6,
+                                   "barriers_us": pred.barriers * pred.barrier_s * 1e6,
+                                   "kinds": predicted}
         if sim or stage_times is None or getattr(fwd, "fused", None) is None:
             rec["note"] = ("simulator: no device times" if sim else
                            "no fused step kernel here: no stage times")
@@ -669,14 +706,98 @@ def stage_timings(model, c: dict, p: dict, sim: bool) -> dict:
             agg = kinds.setdefault(k, {"us": 0.0, "bytes": 0})
             agg["us"] += t
             agg["bytes"] += st.bytes
-        for agg in kinds.values():
+        for k, agg in kinds.items():
             agg["GB_s"] = agg["bytes"] / agg["us"] / 1e3 if agg["us"] > 0 else None
+            agg["predicted_us"] = predicted.get(k)  # the model's (step_plan.predict)
         rec.update(stage_us_sum=float(sum(us)), kinds=kinds,
                    GB_s=rec["plan_bytes"] / sum(us) / 1e3 if sum(us) > 0 else None)
+        def pair(v: dict) -> str:
+            pr = v["predicted_us"]
+            return f"{v['us']:.0f} us ({'-' if pr is None else f'{pr:.0f}'})"
         print(f"  b{batch}: stages {sum(us):.0f} us for {rec['plan_bytes'] / 1e6:.1f} MB "
-              f"({rec['GB_s']:.0f} GB/s); " + ", ".join(
-                  f"{k} {v['us']:.0f} us" for k, v in kinds.items()), flush=True)
+              f"({rec['GB_s']:.0f} GB/s); measured (predicted by the model): " + ", ".join(
+                  f"{k} {pair(v)}" for k, v in kinds.items()), flush=True)
     return out
+
+
+def step_cut_timings(model, c: dict, p: dict, sim: bool) -> dict:
+    """Decode at batch 1 with the fused kernel's step cut three ways in turn
+    (ZEROLAYER_CUDA_STEP_LAUNCH's values, set on the live kernel rather than by restarting:
+    "step", one launch and grid barriers; "layer", a launch per layer; "stage", a launch per
+    stage and no barrier), graphs re-captured for each: barriers weighed against launch
+    gaps. Each cut's record names the kernel path it ran on."""
+    _, _, gpu = model
+    fwd = getattr(gpu, "fwd", None)
+    fused = getattr(fwd, "fused", None)
+    if fused is None:
+        return {"note": f"no fused step kernel: {getattr(fwd, 'kernel_path', '?')}"}
+    from zerolayer.gpu.cuda import step_kernel as sk
+
+    def drop_graphs():
+        for g in getattr(gpu, "_graphs", {}).values():
+            g.close()
+        getattr(gpu, "_graphs", {}).clear()
+    out: dict = {}
+    first = fused.split
+    try:
+        for cut in ("step", "layer", "stage"):
+            fused.split = cut
+            drop_graphs()
+            r = decode(model, c, p, sim, 1)
+            out[cut] = {"launches": len(fused.launches(sk.stage_count(c["n_layer"]))),
+                        "kernel_path": str(fwd.kernel_path), "us_per_token": r["us_per_token"],
+                        "device_us": r["device_us"], "wall_us": r["wall_us"],
+                        "graphs": r["graphs"]}
+            print(f"  cut {cut}: {out[cut]['launches']} launches, {r['us_per_token']:.0f} us/token "
+                  f"({out[cut]['kernel_path']})", flush=True)
+    finally:
+        if getattr(fwd, "fused", None) is not None:
+            fused.split = first
+        drop_graphs()
+    return out
+
+
+def grid_barrier_check(model, sim: bool) -> dict:
+    """grid_sync.selftest on the device, launched as the fused kernel is (cooperatively, one
+    256-thread block per multiprocessor; gpu/cuda/residency.py): each block writes its id,
+    waits at the grid barrier, then sums every block's id, so every block's sum is
+    n(n-1)/2 only if the barrier held. Three launches, each on fresh barrier state. Also
+    what the model decided at start: the fused kernel, or per op and why."""
+    path = str(getattr(getattr(model[2], "fwd", None), "kernel_path", "?")) if model else "?"
+    if sim:
+        return {"note": "the simulator runs blocks one after another: no barrier to test",
+                "model_kernel_path": path}
+    from numba import cuda
+
+    from zerolayer.gpu.cuda import grid_sync, residency
+    k = grid_sync.selftest
+    ovs = list(k.raw.overloads.values())
+    n = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    fits = min(int(ov.max_cooperative_grid_blocks(256)) for ov in ovs)
+    why = residency.grid_refusal(n, fits)
+    for ov in ovs:
+        why = why or residency.make_cooperative(ov)
+    if why is not None:
+        raise AssertionError(f"grid barrier selftest refused: {why}")
+    want = n * (n - 1) // 2
+    runs = []
+    for _ in range(3):
+        bar = grid_sync.new_state()
+        ids = cuda.to_device(np.zeros(n, np.int32))
+        got = cuda.to_device(np.zeros(n, np.int32))
+        t = time.perf_counter()
+        k[n, 256](bar, ids, got)
+        cuda.synchronize()
+        wall_us = (time.perf_counter() - t) * 1e6
+        h, flag = got.copy_to_host(), int(bar.copy_to_host()[2])
+        runs.append({"blocks_ok": int((h == want).sum()), "error_flag": flag,
+                     "wall_us": round(wall_us, 1)})
+    ok = all(r["blocks_ok"] == n and r["error_flag"] == 0 for r in runs)
+    print(f"  grid barrier selftest over {n} blocks (cooperative launch, at most {fits}): "
+          f"{'OK' if ok else 'NOT OK'} {runs}; model: {path}", flush=True)
+    if not ok:
+        raise AssertionError(f"grid barrier did not hold: {runs}")
+    return {"blocks": n, "max_cooperative_blocks": fits, "runs": runs, "model_kernel_path": path}
 
 
 # ------------------------------------------------------------------------------ checks
@@ -1225,6 +1346,24 @@ def checks_summary(res: dict) -> list[tuple[str, str]]:
     m = s.get("mapped", {})
     out.append(("mapped UMEM", f"ids in/out OK; gather of 64 ids {m['gather_64_us']:.1f} us"
                 if "gather_64_us" in m else _state(m)))
+    gb = s.get("grid_barrier", {})
+    out.append(("grid barrier test", f"OK over {gb['blocks']} blocks (cooperative launch, at "
+                                         f"most {gb['max_cooperative_blocks']})"
+                if "blocks" in gb else gb.get("note") or _state(gb)))
+    cuts = s.get("step_cuts", {})
+    out.append(("step cuts, b1", "; ".join(
+        f"{k} ({v['launches']} launches): {v['us_per_token']:.0f} us/token"
+        + ("" if v["kernel_path"] == "fused step kernel" else f" [{v['kernel_path']}]")
+        for k, v in cuts.items() if isinstance(v, dict) and "launches" in v)
+        or cuts.get("note") or _state(cuts)))
+    st = s.get("stages", {}).get("b1", {})
+    out.append(("stages b1 vs model", ", ".join(
+        f"{k} {v['us']:.0f} ({'-' if v.get('predicted_us') is None else round(v['predicted_us'])})"
+        for k, v in st.get("kinds", {}).items()) or st.get("note") or "-"))
+    paths = {k: v["kernel_path"] for k, v in s.items() if isinstance(v, dict) and "kernel_path" in v}
+    off = {k: p for k, p in paths.items() if p != "fused step kernel"}
+    out.append(("kernel path", "fused step kernel in every section" if paths and not off
+                else "; ".join(f"{k}: {p}" for k, p in off.items()) or "-"))
     mem = s.get("memory", {})
     out.append(("device memory", f"{mem['device_memory']}: weights {mem['weight_bytes'] / 1e6:.0f} MB, "
                                  f"pool {mem.get('pool_used_bytes', 0) / 1e6:.0f} MB"
@@ -1329,6 +1468,10 @@ def main(argv=None) -> int:
         import gpu_warm
         gpu_warm.enable_caching()
     model = run.section("build", build_model, c, p)
+    if model:
+        fwd = getattr(model[2], "fwd", None)
+        run.kernel_path = lambda: str(getattr(fwd, "kernel_path", "?"))
+    run.section("grid_barrier", grid_barrier_check, model, a.sim)
     ref = run.section("reference", reference_logits, model, c, a.sim) if model else None
     # Under the simulator the daemon serves a model of per-op launches (n_ff 96), which answered
     # in 49 s; on the fused step kernel a simulated zerolayerd answered no request within 10
@@ -1342,6 +1485,7 @@ def main(argv=None) -> int:
     # timings first ...
     if model:
         run.section("decode_b1", decode, model, c, p, a.sim, p["batches"][0])
+        run.section("step_cuts", step_cut_timings, model, c, p, a.sim)  # (early: the budget)
         run.section("decode_b16", decode, model, c, p, a.sim, p["batches"][1])
         run.section("decode_b64", decode, model, c, p, a.sim, p["batches"][2])
         run.section("prefill", prefill, model, c, p, a.sim)
@@ -1359,6 +1503,11 @@ def main(argv=None) -> int:
     run.section("kernels", kernel_checks, c, a.sim)
     run.section("sampler_check", sampling_check, c, a.sim)
     run.section("mapped", mapped_ring, c, a.sim)
+    fused = getattr(getattr(model[2], "fwd", None), "fused", None) if model else None
+    if fused is not None and fused.claim is not None:
+        # this process launches nothing more: zerolayerd's own fused kernel may claim the
+        # device (gpu/cuda/residency.py refuses a second one while this one holds it)
+        fused.claim.release()
     run.section("ttft", daemon_ttft, c_ttft, a.sim, max(5.0, min(60.0 if not a.sim else 240.0, run.left())),
                 ttft_files)
     if run.clock:

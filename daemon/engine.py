@@ -210,6 +210,8 @@ class Engine:
         self.steps += 1
         for row, r in enumerate(with_logits):  # (rows = with_logits here: overlap never drafts)
             r.pending_row, r.pending_step = row, self.steps
+        for r in owners:
+            r.kv_step = self.steps
         n_tokens = sum(len(i.tokens) for i in inputs)
         self.forward_passes_tokens += n_tokens
         return Batch(owners, with_logits, pending, n_tokens, self.steps, lps is not None)
@@ -233,9 +235,15 @@ class Engine:
         return out
 
     def _complete(self, b: Batch) -> None:
+        """Emit a step's tokens. A step that failed on the device (wait raises) emits none:
+        its requests end with INTERNAL (retryable) and their sequences are released, and the
+        prefix entries it or a later step wrote (a sequence that finished while it was in
+        flight) are dropped. The step queued behind it fails its own wait the same way when
+        its turn comes (CudaModel judges each step by the kernel that ran it)."""
         try:
             tokens = b.pending.wait()
         except Exception as e:  # noqa: BLE001 - a failed device step fails its requests
+            self.prefix.drop_written_since(b.step)
             for r in b.owners:
                 self._finish_error(r, ErrorCode.INTERNAL, f"forward pass failed: {e}")
             return
@@ -373,7 +381,7 @@ class Engine:
                 # (the positions written: the prompt as far as prefilled, then the tokens fed
                 # back; a cancelled or speculative step's extra slot is past these)
                 fed = np.concatenate([r.prompt_ids[:r.prefilled], np.asarray(r.tokens, np.int32)])
-                self.prefix.store(r.seq, fed)
+                self.prefix.store(r.seq, fed, written_by=r.kv_step)
             else:
                 r.seq.release()
             r.seq = None

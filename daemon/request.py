@@ -76,6 +76,7 @@ class Request:
     tokens: list[int] = field(default_factory=list)
     pending_row: int = -1                 # its token's row in the step in flight (overlap)
     pending_step: int = 0                 # ... and that step's number
+    kv_step: int = 0                      # the last step that wrote its KV (prefix entries)
     detok: IncrementalDetokenizer | None = None
     stops: StopChecker | None = None
     rng: np.random.Generator | None = None

@@ -7,6 +7,11 @@ wrote) in a small LRU; a new prompt copies the KV blocks of its longest common p
 (whole blocks: positions past the prefix are overwritten by its own prefill before attention
 reads them) and prefills only the rest. At least one prompt token is always recomputed, for
 its logits. Under memory pressure the engine evicts entries before refusing work.
+
+Each entry remembers the last step that wrote its KV (``written_by``, the engine's step
+number): a device step that turns out to have failed after its sequence finished (overlap:
+a finished sequence's last token is written by the step still in flight) takes the entries
+it wrote with it (``drop_written_since``), so a later prompt never copies its garbage.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ class PrefixCache:
         self.max_entries = max_entries
         self.min_tokens = min_tokens
         self._entries: list[tuple[np.ndarray, Sequence]] = []  # oldest first
+        self._written_by: dict[int, int] = {}  # id(seq) -> the last step that wrote it
         self.hits = 0
         self.reused_tokens = 0
 
@@ -29,23 +35,36 @@ class PrefixCache:
     def blocks(self) -> int:
         return sum(len(s.blocks) for _, s in self._entries)
 
-    def store(self, seq: Sequence, tokens: np.ndarray) -> None:
+    def store(self, seq: Sequence, tokens: np.ndarray, written_by: int = 0) -> None:
         """Take ownership of a finished sequence whose first seq.length positions hold the
-        KV of `tokens[:seq.length]`."""
+        KV of `tokens[:seq.length]`, the last of them written by step `written_by`."""
         n = min(seq.length, len(tokens))
         if n < self.min_tokens or self.max_entries == 0:
             seq.release()
             return
         seq.trim()
         self._entries.append((np.asarray(tokens[:n], np.int32).copy(), seq))
+        self._written_by[id(seq)] = written_by
         while len(self._entries) > self.max_entries:
             self.evict_one()
 
     def evict_one(self) -> bool:
         if not self._entries:
             return False
-        self._entries.pop(0)[1].release()
+        self._drop(0)
         return True
+
+    def drop_written_since(self, step: int) -> int:
+        """Release the entries whose KV a step numbered `step` or later wrote; how many."""
+        doomed = [i for i, (_, s) in enumerate(self._entries) if self._written_by[id(s)] >= step]
+        for i in reversed(doomed):
+            self._drop(i)
+        return len(doomed)
+
+    def _drop(self, i: int) -> None:
+        seq = self._entries.pop(i)[1]
+        del self._written_by[id(seq)]
+        seq.release()
 
     def clear(self) -> None:
         while self.evict_one():

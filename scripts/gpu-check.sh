@@ -5,6 +5,12 @@
 # kernel against its CPU twin, the sampler, the mapped UMEM, TTFT through a real zerolayerd),
 # then bench/gpu_peer.py (a plain PyTorch CUDA-graph Llama and HF eager generate in the same
 # shapes), then one table: each measured value beside its target and the peers' ratio.
+# The fused step kernel is checked three ways: grid_sync.selftest over one block per SM,
+# launched cooperatively (the grid_barrier section); decode at batch 1 with the step cut as
+# ZEROLAYER_CUDA_STEP_LAUNCH=step, =layer and =stage in turn, in the same process (step_cuts);
+# and each stage's measured time beside gpu/cuda/step_plan.py's predicted one (stages: the
+# prediction is a model, printed as such). Every section records the kernel path it ran on
+# (the fused kernel, or per op and why), and the table lists any section that was not fused.
 # Writes gpu_check.json, gpu_peer.json, gpu_check_report.json and gpu_check.log to $OUT
 # (default bench/results).
 #

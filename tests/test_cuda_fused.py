@@ -24,7 +24,7 @@ import traceback
 import pytest
 
 CASES = ["step_mixed_formats", "step_q4_embedding_f32_head", "launches_per_decode_step",
-         "engine_on_fused_steps"]
+         "engine_on_fused_steps", "engine_barrier_failure"]
 TOL = 1e-4          # logits: float32 over a whole model, two summation orders
 MAX_NODES = 64      # kernel launches per decode step on a device
 CHILD_TIMEOUT_S = 1500
@@ -75,6 +75,31 @@ def test_engine_on_fused_steps_gives_the_cpu_models_tokens(results):
     r = _ok(results, "engine_on_fused_steps")
     assert r["path"] == "fused step kernel", r
     assert r["differs"] == 0, r
+
+
+def test_no_token_from_a_failed_or_following_step_reaches_a_client(results):
+    """A grid barrier failure injected into the third fused step (the error flag set in
+    stream order, between the kernel and its flag's copy: what a block that gave up would
+    leave), with the engine overlapping steps. That step and the one queued behind it (which
+    ran with the flag already set) deliver no token: their requests end INTERNAL; the prefix
+    entry the failed step wrote (a request that finished while it was in flight) is gone;
+    every token a client got is the CPU engine's; the next request runs per op and gets the
+    CPU engine's tokens, with no prefix copied from the failed step."""
+    r = _ok(results, "engine_barrier_failure")
+    fail = r["fail_step"]
+    ok = r["waited_ok"]
+    assert [s for s in ok if s < fail] == list(range(1, fail)), r  # every step before it
+    assert r["step_failed"] == [fail, fail + 1], r     # no ids from it nor the one queued behind
+    assert fail not in ok and fail + 1 not in ok and max(ok) > fail + 1, r  # later steps: per op
+    owners = set(r["owners"][str(fail)]) | set(r["owners"][str(fail + 1)])
+    assert r["failed"] == sorted(owners - set(r["done_before"])), r
+    assert all(c == "INTERNAL" for c in r["codes"].values()), r
+    for k, toks in r["gpu"].items():                            # what clients got: CPU tokens
+        assert toks == r["cpu"][k][:len(toks)], (k, r)
+    assert r["text_tokens"] == {k: len(v) for k, v in r["gpu"].items()}, r
+    assert r["entries_before"] == 1 and r["entries_after"] == 0, r
+    assert r["late"]["tokens"] == r["cpu"]["late"] and r["late"]["cached"] == 0, r
+    assert r["path"].startswith("per-op launches"), r
 
 
 # ---------------------------------------------------------------- the child (simulator) side
@@ -184,10 +209,91 @@ def _child() -> None:
         return {"err": 0.0, "differs": sum(x != y for x, y in zip(a, b)), "cpu": a, "gpu": b,
                 "path": gpu.fwd.kernel_path}
 
+    def case_engine_barrier_failure():
+        from zerolayer.daemon.engine import Engine
+        from zerolayer.daemon.request import FailedEvent, Request, TextEvent
+        from zerolayer.protocol.sampling_params import SamplingParams
+
+        FAIL = 3
+        cpu, gpu = models("barrier", kv_blocks=16, tokenizer=True)
+        long_prompt = rng.integers(3, 200, 18).astype(np.int32)  # over the prefix minimum
+        specs = {"a": (0, long_prompt, 2), "b": (0, rng.integers(3, 200, 5), 6),
+                 "c": (3, rng.integers(3, 200, 4), 4), "late": (6, long_prompt, 3)}
+        out: dict = {"fail_step": FAIL, "waited_ok": [], "step_failed": [], "owners": {},
+                     "codes": {}, "text_tokens": {}, "done_before": []}
+
+        def run(model, inject):
+            tok = model.tokenizer()
+            tok._eos_ids = frozenset({-1})
+            events: list = []
+            eng = Engine(model, tok, emit=events.append, max_running=4, step_tokens=32)
+            reqs = {k: Request.for_ids(k, p, SamplingParams(max_tokens=m))
+                    for k, (_, p, m) in specs.items()}
+            if inject:
+                fused, launch_tokens = gpu.fwd.fused, gpu.launch_tokens
+                queue_flag = fused.queue_flag
+                n_launch = [0]
+
+                def flag_hook(s):  # the fault, in stream order after the step's kernel
+                    n_launch[0] += 1
+                    if n_launch[0] == FAIL:
+                        fused.inject_barrier_failure(s)
+                    return queue_flag(s)
+
+                def launch_hook(inputs, *a, **kw):  # which requests, which step; which waits
+                    step = len(out["owners"]) + 1
+                    out["owners"][str(step)] = sorted(
+                        k for k, r in reqs.items() for i in inputs if r.seq is i.seq)
+                    pending = launch_tokens(inputs, *a, **kw)
+                    wait = pending.wait
+
+                    def checked_wait():
+                        try:
+                            ids = wait()
+                        except RuntimeError:
+                            out["step_failed"].append(step)
+                            raise
+                        out["waited_ok"].append(step)
+                        return ids
+                    pending.wait = checked_wait
+                    return pending
+                fused.queue_flag = flag_hook
+                gpu.launch_tokens = launch_hook
+            n = 0
+            while n == 0 or eng.has_work or any(w >= n for w, _, _ in specs.values()):
+                for k, (when, _, _) in specs.items():
+                    if when == n:
+                        eng.submit(reqs[k])
+                if inject and n == FAIL:  # this call completes the failed step
+                    out["done_before"] = sorted(k for k, r in reqs.items() if r.done)
+                    out["entries_before"] = len(eng.prefix._entries)
+                eng.step()
+                if inject and n == FAIL:
+                    out["entries_after"] = len(eng.prefix._entries)
+                n += 1
+            if inject:
+                for ev in events:
+                    if isinstance(ev, FailedEvent):
+                        out["codes"][ev.req.key] = ev.code.name
+                    elif isinstance(ev, TextEvent):
+                        out["text_tokens"][ev.req.key] = out["text_tokens"].get(ev.req.key, 0) + ev.n_tokens
+                for k in reqs:
+                    out["text_tokens"].setdefault(k, 0)
+                out["late"] = {"tokens": list(reqs["late"].tokens), "cached": reqs["late"].cached}
+                out["failed"] = sorted(out["codes"])
+            return {k: list(r.tokens) for k, r in reqs.items()}
+
+        out["cpu"] = run(cpu, False)
+        out["gpu"] = run(gpu, True)
+        out["path"] = gpu.fwd.kernel_path
+        out["err"] = 0.0
+        return out
+
     runs = {"step_mixed_formats": case_step_mixed_formats,
             "step_q4_embedding_f32_head": case_step_q4_embedding_f32_head,
             "launches_per_decode_step": case_launches_per_decode_step,
-            "engine_on_fused_steps": case_engine_on_fused_steps}
+            "engine_on_fused_steps": case_engine_on_fused_steps,
+            "engine_barrier_failure": case_engine_barrier_failure}
     assert sorted(runs) == sorted(CASES)
     out = {"_sim": shim.SIM}
     for name in os.environ.get("ZEROLAYER_FUSED_CASES", ",".join(CASES)).split(","):

@@ -27,9 +27,11 @@ CC = (9, 0)
 ALLOW_F64: dict[str, str] = {}  # kernel name -> why it needs float64
 CUDA_DIR = Path(__file__).resolve().parent.parent / "gpu" / "cuda"
 # Modules with no kernel of their own (graph.py: CUDA graph capture through the driver API;
-# cupy_memory.py: the allocator plugin; step_launch.py and step_plan.py: the fused kernel's
-# host side and its bytes).
-NO_KERNEL_MODULES = {"graph", "cupy_memory", "step_launch", "step_plan"}
+# cupy_memory.py: the allocator plugin; step_launch.py, step_plan.py, step_geometry.py,
+# step_shapes.py and residency.py: the fused kernel's host side, its cut, its bytes and its
+# co-residency checks).
+NO_KERNEL_MODULES = {"graph", "cupy_memory", "step_launch", "step_plan", "step_geometry",
+                     "step_shapes", "residency"}
 OP_MODULES = sorted(p.stem for p in CUDA_DIR.glob("*.py")
                     if not p.stem.startswith("_") and p.stem not in NO_KERNEL_MODULES) + ["_cuda_shim"]
 CHILD_TIMEOUT_S = 600
@@ -83,6 +85,41 @@ def test_fused_step_kernels_fit_one_block_per_multiprocessor_without_spills(ptx_
         assert r["spill_bytes"] == 0, r
 
 
+def _load_bytes(op: str) -> int:
+    """Bytes one thread's ld.global moves: ld.global[.nc][.v2|.v4].<type><bits>."""
+    import re
+    m = re.search(r"(?:\.v(\d))?\.[a-z](\d+)$", op)
+    assert m, op
+    return int(m.group(1) or 1) * int(m.group(2)) // 8
+
+
+def test_fused_step_loads_are_as_wide_as_its_geometry_says(ptx_results):
+    """step_plan.py predicts from step_geometry.KERNEL's bytes per load; the PTX's widest
+    global load in the step kernel is that width, so the model prices the loads the kernel
+    makes (widening them in the kernel means saying so in the geometry)."""
+    from zerolayer.gpu.cuda.step_geometry import KERNEL
+    for name in ("step_kernel.step_tt1", "step_kernel.step_tt4"):
+        loads = ptx_results["kernels"][name]["ld_global"]
+        assert loads, name
+        assert max(_load_bytes(op) for op in loads) == KERNEL.load_bytes, (name, loads)
+
+
+@pytest.mark.xfail(strict=True, reason="the matmul loops load one 32-bit word per thread "
+                   "and block (4 in flight); 16-byte loads are not written yet")
+def test_fused_step_matmul_loops_load_16_bytes(ptx_results):
+    for name in ("step_kernel.step_tt1", "step_kernel.step_tt4"):
+        loads = ptx_results["kernels"][name]["ld_global"]
+        assert any(_load_bytes(op) == 16 for op in loads), (name, loads)
+
+
+@pytest.mark.xfail(strict=True, reason="249/255 registers a thread (one block of 256 threads "
+                   "per SM): the accumulators of 4 rows x TT tokens and the attention's state "
+                   "live in one kernel; no measurement yet says which matters")
+def test_fused_step_uses_at_most_128_registers(ptx_results):
+    for name in ("step_kernel.step_tt1", "step_kernel.step_tt4"):
+        assert ptx_results["kernels"][name]["regs"] <= 128, ptx_results["kernels"][name]
+
+
 def test_sampler_fits_a_block_of_1024_threads(ptx_results):
     r = ptx_results["kernels"]["sampling._sample_rows"]
     assert "regs" in r, f"ptxas gave no register count ({r.get('ptxas')})"
@@ -134,6 +171,7 @@ def _ptxas(ptx: str) -> dict:
 
 def _child() -> None:
     import math
+    import re
 
     from numba import cuda
 
@@ -153,7 +191,9 @@ def _child() -> None:
                 out["kernels"][key] = {"sig": sig, "error": traceback.format_exc()[-3000:]}
                 continue
             lines = ptx.splitlines()
+            loads = sorted({m.group(0) for m in re.finditer(r"ld\.global[.\w]*", ptx)})
             out["kernels"][key] = {
+                "ld_global": loads,
                 "sig": sig,
                 "target": next((ln.strip() for ln in lines if ln.startswith(".target")), "?"),
                 "f64": [ln.strip() for ln in lines if ".f64" in ln][:5],

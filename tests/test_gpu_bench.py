@@ -267,3 +267,50 @@ def test_a_section_killed_by_the_time_limit_is_recorded(tmp_path):
         run.section("ttft", killed)
     saved = json.loads(run.path.read_text())["sections"]
     assert saved["ttft"]["ok"] is False and "killed" in saved["ttft"]["error"]
+
+
+def test_each_section_names_the_kernel_path_it_timed(tmp_path):
+    """A barrier failure mid-run turns the fused kernel off: the section it happened in says
+    the path changed, the later ones name the per-op path, and the table lists them."""
+    gb = _load("gpu_bench")
+    run = gb.Run(budget_s=60)
+    run.path = tmp_path / "gpu_check.json"
+    path = ["fused step kernel"]
+    run.kernel_path = lambda: path[0]
+    run.section("decode_b1", lambda: {"us_per_token": 900.0})
+
+    def fails_over():
+        path[0] = "per-op launches (the fused kernel's grid barrier failed)"
+        return {}
+    run.section("decode_b16", fails_over)
+    run.section("prefill", dict)
+    secs = run.results["sections"]
+    assert secs["decode_b1"]["kernel_path"] == "fused step kernel"
+    assert secs["decode_b16"]["kernel_path"] == (
+        "changed during the section: fused step kernel -> per-op launches (the fused "
+        "kernel's grid barrier failed)")
+    assert secs["prefill"]["kernel_path"].startswith("per-op launches")
+    summary = dict(gb.checks_summary(run.results))
+    assert "decode_b16: changed during the section" in summary["kernel path"]
+    assert "prefill: per-op launches" in summary["kernel path"]
+    assert "decode_b1:" not in summary["kernel path"]
+
+
+def test_table_shows_the_cuts_the_barrier_selftest_and_predicted_beside_measured():
+    gb = _load("gpu_bench")
+    res = _results()
+    s = res["sections"]
+    cut = {"launches": 1, "kernel_path": "fused step kernel", "us_per_token": 300.0}
+    s["step_cuts"] = {"ok": True, "step": cut, "layer": dict(cut, launches=32, us_per_token=400.0),
+                      "stage": dict(cut, launches=152, us_per_token=900.0,
+                                    kernel_path="per-op launches (x)")}
+    s["grid_barrier"] = {"ok": True, "blocks": 132, "max_cooperative_blocks": 132, "runs": []}
+    s["stages"]["b1"]["kinds"] = {"A qkv+rope+kv": {"us": 40.0, "predicted_us": 139.5},
+                                  "lm head+argmax": {"us": 20.0, "predicted_us": None}}
+    summary = dict(gb.checks_summary(res))
+    assert summary["step cuts, b1"] == ("step (1 launches): 300 us/token; layer (32 launches): "
+                                        "400 us/token; stage (152 launches): 900 us/token "
+                                        "[per-op launches (x)]")
+    assert summary["grid barrier test"].startswith("OK over 132 blocks")
+    assert summary["stages b1 vs model"] == "A qkv+rope+kv 40 (140), lm head+argmax 20 (-)"
+    assert "step cuts, b1" in gb.table(res, PEER)

@@ -15,7 +15,10 @@ wrappers take device arrays (Numba device arrays, or CuPy arrays through
     step_kernel.py  the whole step as one persistent kernel (stages, work items, grid barriers)
     grid_sync.py    the grid-wide barrier between its stages
     step_launch.py  its host side: weights as words, scratch, one launch per step
-    step_plan.py    the bytes each of its stages moves (no CUDA)
+    step_geometry.py  how it cuts its work (items, loads, barriers): its constants (no CUDA)
+    step_plan.py    the bytes each of its stages moves and a model's time for it (no CUDA)
+    step_shapes.py  model shapes without weights, for the plan's printout (no CUDA)
+    residency.py    whether its grid can be resident at once: refused at start if not
     forward.py      the forward pass over device weights (the fused kernel, or per-op
                     launches); CudaModel.step
     sampling.py     greedy / temperature / top-k / top-p per row: only token ids leave the GPU

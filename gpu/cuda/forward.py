@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
 
 import numpy as np
 
@@ -49,7 +50,7 @@ from . import step_kernel as _sk
 from . import swiglu as _sw
 from ._cuda_shim import SIM, cuda, grid_1d, kernel, new_event
 from .staging import Staging, take_prev
-from .step_launch import FusedStep
+from .step_launch import BarrierCheck, FusedRefused, FusedStep
 
 SIM_SMS = 4  # multiprocessors assumed under the simulator (sizes the attention splits)
 GRAPH_CHECK_TOL = 1e-4  # a graph replay vs the launched step (the same kernels: ~0 expected)
@@ -134,7 +135,13 @@ class CudaForward:
         # model's shapes are outside it; then the per-op launches below.
         why = (_sk.supports(cfg, None) if os.environ.get("ZEROLAYER_CUDA_FUSED", "1") != "0"
                else "ZEROLAYER_CUDA_FUSED=0")
-        self.fused = FusedStep(self, full, s) if why is None else None
+        self.fused = None
+        if why is None:
+            try:
+                self.fused = FusedStep(self, full, s)
+            except FusedRefused as e:  # a clear refusal at start, then the per-op path
+                why = f"fused step kernel refused: {e}"
+                print(f"zerolayer: {why}", file=sys.stderr, flush=True)
         self.kernel_path = "fused step kernel" if why is None else f"per-op launches ({why})"
         self.best_keys = None  # the last launched step's argmax keys (fused only)
 
@@ -377,8 +384,8 @@ class CudaModel:
 
     def _run(self, a: StepArrays):
         """Launch one step on self.stream (a graph replay for a decode step when graphs are
-        on); returns (the device logits, the fused kernel's argmax keys or None), not yet
-        synchronised."""
+        on); returns (the device logits, the fused kernel's argmax keys or None, the step's
+        barrier check or None), not yet synchronised."""
         g = None
         if self.use_graphs and a.is_decode and not a.uses_prev:
             g = self._graph_for(len(a.tokens), a)
@@ -391,31 +398,47 @@ class CudaModel:
         else:
             logits = self.fwd.run(a, prev_ids=self._ids)
             keys = self.fwd.best_keys
-        if self.fwd.fused is not None:
-            self.fwd.fused.queue_flag(self.stream)
-        return logits, keys
+        check = None
+        if self.fwd.fused is not None:  # (a graph replay holds the fused kernel too)
+            check = self.fwd.fused.queue_flag(self.stream)
+        return logits, keys, check
 
-    def _check_barrier(self) -> None:
-        """After a step's stream work is done: a fused step whose grid barrier gave up left
-        garbage; raise, and run every later step per op (graphs dropped: they hold the fused
-        kernel)."""
-        f = self.fwd.fused
-        if f is not None and f.failed():
+    def _check_barrier(self, check: BarrierCheck | None) -> None:
+        """After a step's stream work is done, judge that step by the kernel that ran it
+        (check: None for a per-op step, which has no grid barrier). A fused step whose grid
+        barrier gave up, or that ran behind one that did (the flag is sticky), computed
+        garbage: raise, so that none of its tokens is used.
+
+        Why an error and not a re-run per op: by now the step's sequence lengths, draws,
+        penalty and grammar states have advanced, and the step queued behind it took its
+        tokens from this one's device ids; undoing all of that is more machinery than a
+        fault of residency deserves. The engine fails the step's requests with INTERNAL
+        (retryable: the SDK retries by itself while no text was handed over, and the retry
+        runs per op) and releases their sequences without storing a prefix: a failed
+        kernel's writes go only to its own tokens' KV slots (their addresses are inputs,
+        never computed), and those blocks are freed. The first failure seen turns the
+        fused kernel off for good; its graphs go with it, after the stream drains (a step
+        queued behind may still be replaying one)."""
+        if check is None or not check.failed():
+            return
+        if self.fwd.fused is check.fused:
             self.fwd.fused = None
-            self.fwd.kernel_path = "per-op launches (the fused kernel's grid barrier timed out)"
+            self.fwd.kernel_path = "per-op launches (the fused kernel's grid barrier failed)"
+            self.stream.synchronize()
             for g in self._graphs.values():
                 g.close()
             self._graphs.clear()
             print(f"zerolayer: {self.fwd.kernel_path}", file=sys.stderr, flush=True)
-            raise RuntimeError("fused step kernel: grid barrier timed out; step lost, "
-                               "later steps run per op")
+        raise RuntimeError("fused step kernel: grid barrier failed; this step's tokens are "
+                           "discarded, later steps run per op")
 
     def step(self, inputs: list[StepInput]) -> np.ndarray:
         """LlamaModel.step on the device: host logits [N, vocab]."""
         a = step_arrays(inputs, self.cfg.vocab)
-        out = self._run(a)[0].copy_to_host(stream=self.stream)
+        logits, _, check = self._run(a)
+        out = logits.copy_to_host(stream=self.stream)
         self.stream.synchronize()
-        self._check_barrier()
+        self._check_barrier(check)
         for i in inputs:
             i.seq.length += len(i.tokens)
         return out
@@ -459,7 +482,7 @@ class CudaModel:
                 self._ids_host = (cuda.pinned_array(cap, np.int32), cuda.pinned_array(cap, np.int32))
             else:
                 self._ids_next = self._ids
-        logits, keys = self._run(a)  # reads self._ids (the previous step's) where asked
+        logits, keys, check = self._run(a)  # reads self._ids (the previous step's) where asked
         host = None
         if n:
             ids = self._ids_next
@@ -486,7 +509,7 @@ class CudaModel:
         ev.record(self.stream)
         for i in inputs:
             i.seq.length += len(i.tokens)
-        return PendingStep(ev, host, n, self._check_barrier, lp)
+        return PendingStep(ev, host, n, partial(self._check_barrier, check), lp)
 
     def _ensure_lp(self, m: int) -> None:
         """Room for m asking rows' logprob outputs (grown by powers of two, never shrunk;

@@ -18,12 +18,14 @@ atomics (never from a cache), and every thread fences after the wait, so writes 
 the barrier by any block are visible to loads after it.
 
 The barrier needs every block of the grid resident at once: a block that is not yet running
-can never arrive. The launcher sizes the grid to one block per multiprocessor, which always
-fits (gpu/cuda/step_kernel.py). Should residency fail anyway (another process holding the
-device's multiprocessors), a waiting block gives up after ``SPIN_LIMIT`` polls and sets the
-error flag; every later barrier of the launch then passes at once, the kernel ends with
-garbage, and the host, which reads the flag after the step, raises and stops using the fused
-kernel. A hang is never the outcome.
+can never arrive. The launcher sizes the grid to one block per multiprocessor, checks it
+against ``max_cooperative_grid_blocks``, launches it cooperatively (the driver then refuses
+a grid that cannot be resident) and claims the device for one fused kernel
+(gpu/cuda/residency.py). Should a block still wait too long, it gives up after
+``SPIN_LIMIT`` polls and sets the error flag, which nothing clears: every later barrier, of
+this launch and of any launch after it, passes at once and computes garbage, and the host,
+which reads a copy of the flag after each step (step_launch.BarrierCheck), discards those
+steps and stops using the fused kernel. A hang is never the outcome.
 
 Under the simulator blocks run one after another, so no barrier could ever complete: there,
 the launcher runs a persistent kernel one stage per launch and the launch boundary is the
@@ -72,7 +74,8 @@ def new_state():
 @kernel(["void(int32[::1], int32[::1], int32[::1])"], name="grid_sync.selftest")
 def selftest(bar, ids, out):
     """Each block writes its id, waits at the barrier, then sums every block's id: out[b] is
-    n(n-1)/2 for every block b only if the barrier held (the GPU check runs it)."""
+    n(n-1)/2 for every block b only if the barrier held (bench/gpu_bench.py's grid_barrier
+    section runs it, launched cooperatively as the step kernel is)."""
     tid = cuda.threadIdx.x
     b = cuda.blockIdx.x
     if tid == 0:

@@ -55,12 +55,17 @@ from ..ops.attention import BLOCK_TOKENS
 from ..quant import FMT_F32, FMT_Q4, LANES
 from ._cuda_shim import cuda, device, float_bits, kernel, shfl_xor, warp_max, warp_sum
 from .grid_sync import grid_sync
+from .step_geometry import KERNEL
 
-THREADS = 256
-ROWS = LANES          # rows per matmul work item: one quant row group
+if KERNEL.rows_per_item != LANES or KERNEL.k_splits != 1:
+    raise ImportError("step_kernel reads whole quant row groups: rows_per_item LANES, no K split")
+
+# The cut of the work (step_geometry.KERNEL, which step_plan.py predicts from): one source.
+THREADS = KERNEL.threads
+ROWS = KERNEL.rows_per_item  # rows per matmul work item: one quant row group (LANES)
 QUADS = ROWS // 4     # 16 row quads; THREADS // QUADS = 16 K positions
 WARPS = THREADS // 32
-STAGES_PER_LAYER = 5
+STAGES_PER_LAYER = KERNEL.stages_per_layer
 HEAD = STAGES_PER_LAYER  # the LM head's stage kind
 MAX_G = 8             # query heads per KV head
 MAX_HD = 128          # head_dim

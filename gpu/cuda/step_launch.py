@@ -6,8 +6,12 @@ addresses, so a CUDA graph captures it as it does the per-op path (graph.py). Un
 simulator the same kernel runs stage by stage (grid_sync.py), and the launch is counted once,
 as the device makes it.
 
-After a step, ``failed(host)`` tells whether the grid barrier gave up (a block waited past
-its limit: the grid was not resident); the caller then stops using this kernel.
+After each launch, ``queue_flag`` queues the barrier's error flag's copy into a pinned word of
+that step's own and returns a ``BarrierCheck`` bound to this kernel: a step is judged by the
+kernel that ran it and the flag as it stood when that step ended, never by whatever the
+model uses when the host gets round to asking. The device flag is sticky (nothing clears
+it), so a step already queued behind a failed one reads it set as well: its barriers fell
+through at once, and its tokens are as wrong as the failed step's.
 """
 from __future__ import annotations
 
@@ -15,11 +19,12 @@ import os
 
 import numpy as np
 
-from ..quant import FMT_F32
+from ..quant import FMT_F32, Array
 from . import _cuda_shim as shim
-from . import grid_sync
+from . import grid_sync, residency
 from . import step_kernel as sk
 from ._cuda_shim import SIM, cuda
+from .step_geometry import KERNEL
 
 SIM_BLOCKS = 2  # blocks under the simulator: enough to exercise the grid-stride loops
 # How a step's stages are cut into launches (ZEROLAYER_CUDA_STEP_LAUNCH): "step", one launch
@@ -28,6 +33,9 @@ SIM_BLOCKS = 2  # blocks under the simulator: enough to exercise the grid-stride
 # kernel and the same results: what differs is barriers against launch gaps, which only a
 # GPU can weigh (the GPU check times each).
 SPLITS = ("step", "layer", "stage")
+# Pinned flag words, used in turn: the engine has at most two steps in flight, so a word is
+# reused only after the step that wrote it was waited for (as the ids' pinned pair).
+FLAG_SLOTS = 2
 
 
 def _words(fmt, qs, d, m, w, L: int, stream):
@@ -41,8 +49,14 @@ def _words(fmt, qs, d, m, w, L: int, stream):
     return (qs.view(np.uint32), d, m, z3, fmt)
 
 
+class FusedRefused(RuntimeError):
+    """The fused kernel's grid could not be guaranteed co-resident here (residency.py)."""
+
+
 class FusedStep:
-    """Device state of the fused step kernel for one CudaForward."""
+    """Device state of the fused step kernel for one CudaForward. On a device, it is
+    refused (FusedRefused) unless its grid fits the device, it launches cooperatively, and
+    it is the device's only fused kernel (residency.py)."""
 
     def __init__(self, fwd, full: dict, stream):
         c = fwd.cfg
@@ -59,8 +73,19 @@ class FusedStep:
         self.split = os.environ.get("ZEROLAYER_CUDA_STEP_LAUNCH", "step")
         if self.split not in SPLITS:
             raise ValueError(f"ZEROLAYER_CUDA_STEP_LAUNCH={self.split!r}: one of {SPLITS}")
+        self.claim = None
+        if not SIM:  # (the simulator runs stages one launch each: no barrier to guard)
+            dev = cuda.get_current_device()
+            got = residency.reserve(
+                [ov for tt in sk.TOKEN_TILES for ov in sk.STEP[tt].raw.overloads.values()],
+                self.blocks, sk.THREADS, str(getattr(dev, "uuid", dev.id)))
+            if isinstance(got, str):
+                raise FusedRefused(got)
+            self.claim = got
         self.bar = grid_sync.new_state()
-        self.flag_host = cuda.pinned_array(1, np.int32) if not SIM else np.zeros(1, np.int32)
+        self.flag_host = (cuda.pinned_array((FLAG_SLOTS, 1), np.int32) if not SIM
+                          else np.zeros((FLAG_SLOTS, 1), np.int32))
+        self._flag_turn = 0
         self._cap = 0
 
     def scratch(self, T: int):
@@ -75,7 +100,7 @@ class FusedStep:
     def splits(self, T: int, max_blocks: int | None = None) -> int:
         """Attention splits: about one work item per block; no more than the KV blocks of
         the longest sequence when that is known (a graph fixes splits for every context)."""
-        want = max(1, -(-self.blocks // (T * self.cfg.n_kv)))
+        want = max(1, -(-KERNEL.attention_items_per_sm * self.blocks // (T * self.cfg.n_kv)))
         return want if max_blocks is None else max(1, min(want, max_blocks))
 
     def launch(self, fwd, d_tok, d_seq, d_pos, d_rows, d_tab, splits: int, part, s, events=None):
@@ -126,16 +151,31 @@ class FusedStep:
         cuts = [0] + [1 + per * (i + 1) for i in range(self.cfg.n_layer)] + [n_st]
         return [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]
 
-    def queue_flag(self, s) -> None:
-        """Queue the barrier's error flag's copy to the host (read by ``failed``)."""
-        if not SIM:
-            self.bar[2:3].copy_to_host(self.flag_host, stream=s)
+    def queue_flag(self, s: object) -> BarrierCheck:
+        """Queue the barrier's error flag's copy into the next pinned word, after the step
+        just queued on stream s; the returned check reads that word once s is past it."""
+        self._flag_turn = (self._flag_turn + 1) % FLAG_SLOTS
+        word = self.flag_host[self._flag_turn]
+        word[0] = 0
+        self.bar[2:3].copy_to_host(word, stream=s)
+        return BarrierCheck(self, word)
+
+    def inject_barrier_failure(self, s: object) -> None:
+        """Set the error flag, in stream order on s, as a block that gave up waiting at a
+        barrier would: the fault the host must catch, made on purpose (the simulator's
+        blocks never wait at a barrier, and a device's only when the grid isn't resident)."""
+        self.bar[2:3].copy_to_device(np.ones(1, np.int32), stream=s)
+
+
+class BarrierCheck:
+    """One launched step's verdict: the fused kernel that ran it and the pinned word its
+    barrier flag was copied into (read after the step's stream work is done)."""
+
+    def __init__(self, fused: FusedStep, word: Array):
+        self.fused, self.word = fused, word
 
     def failed(self) -> bool:
-        """After the stream reached queue_flag's copy: did a grid barrier give up?"""
-        if SIM:
-            return False
-        return bool(self.flag_host[0])
+        return bool(self.word[0])
 
 
 def decode_argmax(keys: np.ndarray) -> np.ndarray:

@@ -1,20 +1,71 @@
-"""What one fused step (step_kernel.py) moves, stage by stage, computed from the model's
-weights and the step's shape: work items, weight bytes, and the other bytes (activations,
-KV). Dividing by a stage's device time gives its achieved bandwidth, which says whether it
-is bound by memory (near HBM's ~4.8 TB/s on an H200) or by latency and barriers.
+"""What one fused step (step_kernel.py) moves, stage by stage, and how long a simple model of
+the GPU says each stage takes: work items, weight bytes, other bytes (activations, KV), and a
+*predicted* time. The prediction is a model, never a measurement: the GPU check prints it
+beside the stage times it measures, and the difference is what the model gets wrong.
 
-Pure host code (no CUDA): the GPU check prints it beside its timings, and docs/BENCHMARKS.md
-quotes it for SmolLM2-135M. Weight bytes are exactly those the kernel reads: every row
-group's bytes, scales and offsets, padding rows included, once per token tile (tiles re-read
-them: from L2 when they fit there).
+Pure host code (no CUDA): CI computes it without a GPU, tests/test_step_plan.py holds the
+kernel to it, and docs/BENCHMARKS.md quotes it. Weight bytes are exactly those the kernel
+reads: every row group's bytes, scales and offsets, padding rows included, once per token
+tile (tiles re-read them: from L2 when they fit there). Work items follow the kernel's
+geometry (step_geometry.py), so a proposed geometry can be priced before it is written.
+
+The model of a stage (``predict``), with the constants of ``Device``:
+  * a block keeps ``bytes_in_flight`` weight bytes requested at a time, so by Little's law
+    one multiprocessor streams min(bytes_in_flight / DRAM latency, SM_BW_CAP);
+  * a stage's items are dealt to the blocks (one per multiprocessor) in waves; each wave
+    costs one DRAM latency (nothing of the next item is requested before it starts) plus an
+    item's bytes at that rate; a stage never takes less than one latency plus its bytes at
+    the device's HBM bandwidth;
+  * grid barriers are a separate line: their count times BARRIER_S;
+  * activations (a few KB an item, read by every item) are taken to come from L2, free.
+What it leaves out: instruction issue, shared-memory reductions, L2 hits of token tiles,
+clock throttling. Print it:  python -m zerolayer.gpu.cuda.step_plan  (see ``main``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+import math
+from dataclasses import dataclass, field
 
-from ..quant import FMT_F32, LANES
+from ..quant import FMT_F32, LANES, Weight
+from .step_geometry import KERNEL, Geometry
 
 TOKEN_TILE = 4  # step_kernel.TOKEN_TILES[-1]: tokens per item when a step has more than one
+BLOCK_TOKENS = 64  # KV positions per block (gpu/ops/attention.BLOCK_TOKENS)
+
+# Assumptions of the model (not datasheet figures): to be replaced by the GPU check's own.
+# A global load that misses L2 returns after ~500-700 ns on Hopper in public pointer-chase
+# microbenchmarks (e.g. Chips and Cheese, "Nvidia's H100: Funny L2, and Tons of
+# Bandwidth", 2023, on an H100 PCIe); 600 ns here.
+DRAM_LATENCY_S = 600e-9
+# A grid-wide barrier with every block polling one counter: published measurements of
+# cooperative-groups grid.sync() put it at a few microseconds (Zhang et al., "A Study of
+# Single and Multi-device Synchronization Methods in Nvidia GPUs", IPDPS 2020, on V100);
+# 2 us here.
+BARRIER_S = 2e-6
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    sms: int            # multiprocessors: one block of the fused kernel each
+    hbm_bytes_s: float  # datasheet HBM bandwidth
+    # What one multiprocessor can pull, however many bytes it has in flight: an assumption
+    # of about twice its share of HBM (an SM's load path is wider than its share).
+    sm_bw_cap: float = field(default=0.0)
+    dram_latency_s: float = DRAM_LATENCY_S
+    barrier_s: float = BARRIER_S
+
+    def sm_bytes_s(self, in_flight: int) -> float:
+        cap = self.sm_bw_cap or 2 * self.hbm_bytes_s / self.sms
+        return min(in_flight / self.dram_latency_s, cap)
+
+
+# NVIDIA datasheets: H100 SXM5, 132 SMs (H100 whitepaper), HBM3 3.35 TB/s; H200 (SXM),
+# 132 SMs (the same GH100 configuration), HBM3e 4.8 TB/s.
+H100_SXM = Device("H100 SXM", 132, 3.35e12)
+H200 = Device("H200", 132, 4.8e12)
+DEVICES = {"h100": H100_SXM, "h200": H200}
 
 
 @dataclass
@@ -23,28 +74,45 @@ class Stage:
     items: int
     weight_bytes: int
     other_bytes: int
+    kind: str = "matmul"   # "embed", "matmul" or "attention": what streams the bytes
 
     @property
     def bytes(self) -> int:
         return self.weight_bytes + self.other_bytes
 
 
-def _layer_bytes(wt) -> int:
+def _layer_bytes(wt: Weight) -> int:
     """Bytes of one layer of a quant.Weight as uploaded (qs, d, m; or the float32 rows)."""
     if wt.fmt == FMT_F32:
         return int(wt.w[0].nbytes)
     return int(wt.qs[0].nbytes + wt.d[0].nbytes + wt.m[0].nbytes)
 
 
-def _groups(wt) -> int:
-    return -(-wt.w.shape[1] // LANES) if wt.fmt == FMT_F32 else int(wt.d.shape[1])
+def _rows(wt: Weight) -> int:
+    """Output rows of a quant.Weight, padding rows of its last group included."""
+    return int(wt.w.shape[1]) if wt.fmt == FMT_F32 else int(wt.d.shape[1]) * LANES
 
 
-def plan(cfg, w, tokens: int, context: int, prefill: bool = False) -> list[Stage]:
+def _items(rows: int, g: Geometry, split: bool = True) -> int:
+    """Work items of a matmul of `rows` output rows: row groups, times the K slices of each
+    (split False: the LM head, whose vocabulary rows are items enough)."""
+    return -(-rows // g.rows_per_item) * (g.k_splits if split else 1)
+
+
+def attention_splits(T: int, n_kv: int, sms: int, context: int, g: Geometry = KERNEL) -> int:
+    """The kernel's flash-decoding splits (step_launch.FusedStep.splits): about
+    g.attention_items_per_sm items per block, no more than the KV blocks of the context."""
+    want = max(1, -(-g.attention_items_per_sm * sms // (T * n_kv)))
+    return max(1, min(want, -(-(context + 1) // BLOCK_TOKENS)))
+
+
+def plan(cfg, w, tokens: int, context: int, prefill: bool = False, sms: int = H100_SXM.sms,
+         geometry: Geometry = KERNEL) -> list[Stage]:
     """The stages of a decode step of `tokens` sequences of one token each, each at `context`
     positions; or, prefill=True, of one sequence's prompt of `tokens` tokens after `context`
-    earlier positions (its last token alone wants logits)."""
+    earlier positions (its last token alone wants logits). sms sizes the attention splits."""
     T = tokens
+    g = geometry
     tiles = -(-T // (1 if T == 1 else TOKEN_TILE))
     f32 = 4
     D, hd = cfg.d_model, cfg.head_dim
@@ -53,25 +121,66 @@ def plan(cfg, w, tokens: int, context: int, prefill: bool = False) -> list[Stage
         positions = T * context + T * (T + 1) // 2
     else:
         positions = T * (context + 1)
-    st = [Stage("embed", 1, 0, T * D * f32)]
+    splits = attention_splits(T, cfg.n_kv, sms, context + (T - 1 if prefill else 0), g)
+    st = [Stage("embed", max(1, T * D // g.threads), 0, T * D * f32, "embed")]
     for layer in range(cfg.n_layer):
         # A reads x and writes Q, K, V; B reads Q and the K and V of every attended position
         # and writes att; C reads att and x, writes x; D reads x, writes h; E reads h and x
-        st += [Stage(f"L{layer}.A qkv+rope+kv", _groups(w.wqkv) * tiles, _layer_bytes(w.wqkv) * tiles,
-                     T * (D + q_w + 2 * kv_w) * f32),
-               Stage(f"L{layer}.B attention", T * cfg.n_kv, 0,
-                     positions * 2 * kv_w * f32 + 2 * T * q_w * f32),
-               Stage(f"L{layer}.C o-proj+residual", _groups(w.wo) * tiles, _layer_bytes(w.wo) * tiles,
-                     T * (q_w + 2 * D) * f32),
-               Stage(f"L{layer}.D gate|up+swiglu", (_groups(w.wgu) // 2) * tiles,
+        st += [Stage(f"L{layer}.A qkv+rope+kv", _items(_rows(w.wqkv), g) * tiles,
+                     _layer_bytes(w.wqkv) * tiles, T * (D + q_w + 2 * kv_w) * f32),
+               Stage(f"L{layer}.B attention", T * cfg.n_kv * splits, 0,
+                     positions * 2 * kv_w * f32 + 2 * T * q_w * f32, "attention"),
+               Stage(f"L{layer}.C o-proj+residual", _items(_rows(w.wo), g) * tiles,
+                     _layer_bytes(w.wo) * tiles, T * (q_w + 2 * D) * f32),
+               Stage(f"L{layer}.D gate|up+swiglu", _items(_rows(w.wgu) // 2, g) * tiles,
                      _layer_bytes(w.wgu) * tiles, T * (D + cfg.n_ff) * f32),
-               Stage(f"L{layer}.E down+residual", _groups(w.wdown) * tiles, _layer_bytes(w.wdown) * tiles,
-                     T * (cfg.n_ff + 2 * D) * f32)]
+               Stage(f"L{layer}.E down+residual", _items(_rows(w.wdown), g) * tiles,
+                     _layer_bytes(w.wdown) * tiles, T * (cfg.n_ff + 2 * D) * f32)]
     rows = 1 if prefill else T
     head_tiles = -(-rows // (1 if rows == 1 else TOKEN_TILE))
-    st.append(Stage("lm head+argmax", _groups(w.output) * head_tiles,
+    st.append(Stage("lm head+argmax", _items(_rows(w.output), g, split=False) * head_tiles,
                     _layer_bytes(w.output) * head_tiles, rows * (D + cfg.vocab) * f32))
     return st
+
+
+def predict_stage(s: Stage, dev: Device, g: Geometry = KERNEL) -> float:
+    """Seconds the model gives one stage (no barrier): each wave of items pays one DRAM
+    latency (a block starts an item's loads only when it takes the item) and its bytes at
+    the block's rate; never less than the stage's bytes at HBM bandwidth."""
+    if s.kind == "embed":  # a few KB gathered by every block: one round trip
+        return dev.dram_latency_s
+    streamed = s.weight_bytes if s.kind == "matmul" else s.other_bytes
+    in_flight = (g.bytes_in_flight if s.kind == "matmul"
+                 else g.threads * 4 * g.attention_loads_in_flight)
+    waves = math.ceil(s.items / dev.sms)
+    per_item = streamed / max(s.items, 1)
+    t = waves * (dev.dram_latency_s + per_item / dev.sm_bytes_s(in_flight))
+    return max(t, dev.dram_latency_s + streamed / dev.hbm_bytes_s)
+
+
+def grid_syncs(n_layer: int, g: Geometry = KERNEL) -> int:
+    """Grid-wide barriers of one step launched whole: after the embedding, the layers' own,
+    none after the LM head (the last layer's last one leads into it)."""
+    return 1 + g.grid_syncs_per_layer * n_layer
+
+
+@dataclass
+class Prediction:
+    device: Device
+    stages: list[tuple[Stage, float]]  # each stage and its predicted seconds
+    barriers: int
+    barrier_s: float
+
+    @property
+    def total_s(self) -> float:
+        return sum(t for _, t in self.stages) + self.barriers * self.barrier_s
+
+
+def predict(cfg, w, tokens: int, context: int, dev: Device, g: Geometry = KERNEL,
+            prefill: bool = False) -> Prediction:
+    stages = plan(cfg, w, tokens, context, prefill, sms=dev.sms, geometry=g)
+    return Prediction(dev, [(s, predict_stage(s, dev, g)) for s in stages],
+                      grid_syncs(cfg.n_layer, g), dev.barrier_s)
 
 
 def summary(stages: list[Stage], n_layer: int) -> list[tuple[str, int, int, int]]:
@@ -84,3 +193,51 @@ def summary(stages: list[Stage], n_layer: int) -> list[tuple[str, int, int, int]
         agg[1] += s.weight_bytes
         agg[2] += s.other_bytes
     return [(k, v[0], v[1], v[2]) for k, v in out.items()]
+
+
+def by_kind(p: Prediction) -> list[tuple[str, int, int, float]]:
+    """Per kind of stage (layers summed): (name, items per layer or step, bytes, seconds)."""
+    out: dict[str, list] = {}
+    for s, t in p.stages:
+        key = s.name.split(".", 1)[-1] if s.name.startswith("L") else s.name
+        agg = out.setdefault(key, [s.items, 0, 0.0])
+        agg[1] += s.bytes
+        agg[2] += t
+    return [(k, v[0], v[1], v[2]) for k, v in out.items()]
+
+
+def table(p: Prediction, title: str) -> str:
+    """A markdown table of a prediction, labelled as the model it is."""
+    lines = [f"{title}: predicted by gpu/cuda/step_plan.py on {p.device.name} "
+             f"({p.device.sms} SMs, HBM {p.device.hbm_bytes_s / 1e12:.2f} TB/s): a model, not a "
+             "measurement", "",
+             "| stage | items (per layer) | items per SM | MB (all layers) | predicted µs |",
+             "|---|---|---|---|---|"]
+    for name, items, nbytes, t in by_kind(p):
+        lines.append(f"| {name} | {items} | {items / p.device.sms:.2f} | {nbytes / 1e6:.1f} "
+                     f"| {t * 1e6:.1f} |")
+    lines.append(f"| grid barriers | {p.barriers} | | | {p.barriers * p.barrier_s * 1e6:.1f} |")
+    lines.append(f"| **step** | | | | **{p.total_s * 1e6:.1f}** |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the model's prediction for a model's shapes, from a GGUF file or from the
+    synthetic SmolLM2-135M / Llama-3.2-1B Q4_1 shapes (tests/tiny_gguf.py)."""
+    from .step_shapes import GEOMETRIES, SHAPES, synthetic
+    ap = argparse.ArgumentParser(prog="python -m zerolayer.gpu.cuda.step_plan",
+                                 description=main.__doc__)
+    ap.add_argument("--shapes", choices=sorted(SHAPES), default="smollm2-135m")
+    ap.add_argument("--device", choices=sorted(DEVICES), default="h100")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="kernel")
+    a = ap.parse_args(argv)
+    cfg, w = synthetic(a.shapes)
+    p = predict(cfg, w, a.batch, a.context, DEVICES[a.device], GEOMETRIES[a.geometry])
+    print(table(p, f"{a.shapes}, decode batch {a.batch} at {a.context} positions, "
+                   f"{a.geometry} geometry"))
+
+
+if __name__ == "__main__":
+    main()

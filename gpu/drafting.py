@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from zerolayer.protocol.sampling_params import SamplingParams
 
@@ -38,7 +39,8 @@ def speculates(params: SamplingParams) -> bool:
             and not params.logprobs)
 
 
-def lookup(context: np.ndarray, k: int, min_n: int = MIN_NGRAM, max_n: int = MAX_NGRAM) -> np.ndarray:
+def lookup(context: npt.NDArray[np.int32], k: int, min_n: int = MIN_NGRAM,
+           max_n: int = MAX_NGRAM) -> npt.NDArray[np.int32]:
     """Up to k tokens that followed the most recent earlier occurrence of the context's last
     n tokens (the longest n in max_n..min_n that occurs); empty when none does."""
     L = len(context)

@@ -4,10 +4,11 @@
  * would refuse anyway, with the same error class (bpf/loader.py REASON_ERROR), and the daemon
  * turns them on by filling zl_auth_cfg (all zero: nothing here is checked).
  *
- * - Key id (ZL_AUTH_KEYS): zl_keys holds every key id of the daemon's keys file. An INVOKE or
- *   PING under another id is UNKNOWN_KEY. A CANCEL or RESEND is not judged here: it may be
- *   about a request admitted under a key a rotation has since removed, which the daemon
- *   still honours (§6.1), and only it knows which requests those are.
+ * - Key id (ZL_AUTH_KEYS): zl_keys holds every key id of the daemon's keys file, and, marked
+ *   retired, the ids a rotation removed while requests admitted under them still run (the
+ *   daemon honours their CANCEL and RESEND, §6.1, and drops the entry when the last one
+ *   ends). A request under an id not held is UNKNOWN_KEY; an INVOKE or PING under a retired
+ *   one too.
  * - XDP tag (flag XDP_TAG): SipHash-2-4 of the first 64 bytes (datagram_len zeroed) under
  *   the key id's derived key, against the u64 at offset 64. While a key id's secret is being
  *   replaced its entry holds the old key too, and either verifies (no window in which a
@@ -58,13 +59,10 @@ static __always_inline int zl_authenticate(void *payload, void *data_end)
 		return ZL_PARSE_OK;
 	key_id = c->key_id;
 	key = zl_keys.lookup(&key_id);
-	if (!key) {
-		if (!(cfg->flags & ZL_AUTH_KEYS))
-			return ZL_PARSE_OK;
-		if (c->type == ZL_TYPE_INVOKE || c->type == ZL_TYPE_PING)
-			return ZL_STAT_DROP_UNKNOWN_KEY;
-		return ZL_PARSE_OK;   /* CANCEL/RESEND: maybe a removed key's request, see above */
-	}
+	if (!key)
+		return cfg->flags & ZL_AUTH_KEYS ? ZL_STAT_DROP_UNKNOWN_KEY : ZL_PARSE_OK;
+	if (key->retired && (c->type == ZL_TYPE_INVOKE || c->type == ZL_TYPE_PING))
+		return ZL_STAT_DROP_UNKNOWN_KEY;
 	if (!(c->flags & ZL_FLAG_XDP_TAG))
 		return cfg->flags & ZL_AUTH_REQUIRE_TAG ? ZL_STAT_DROP_UNTAGGED : ZL_PARSE_OK;
 #pragma unroll

@@ -49,7 +49,7 @@ enum zl_stat {
 	ZL_STAT_DROP_BAD_FRAGMENT,   /* INVOKE chunk/total/count/index/body inconsistent */
 	ZL_STAT_DROP_BAD_FIELD,      /* a reserved field, or a CANCEL/PING arg, not zero */
 	ZL_STAT_DROP_RATE_LIMITED,   /* per-source token bucket empty */
-	ZL_STAT_DROP_UNKNOWN_KEY,    /* INVOKE or PING under a key id the daemon does not hold */
+	ZL_STAT_DROP_UNKNOWN_KEY,    /* key id not held (or retired, for an INVOKE or PING) */
 	ZL_STAT_DROP_BAD_TAG,        /* XDP tag wrong under its key id's derived key */
 	ZL_STAT_DROP_UNTAGGED,       /* no XDP tag, and the daemon requires one */
 	ZL_STAT_DROP_STALE_TIMESTAMP, /* timestamp outside the daemon's window */

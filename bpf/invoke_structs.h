@@ -73,14 +73,16 @@ struct zl_src_key {
 };
 
 /* zl_keys value: a key id's SipHash key (docs/PROTOCOL.md §6.6), and while its secret is
- * being replaced the previous one, which verifies too until the daemon has switched. */
+ * being replaced the previous one, which verifies too until the daemon has switched.
+ * `retired`: the keys file no longer has the id, but a request admitted under it still runs,
+ * so its CANCEL and RESEND are honoured (§6.1) while new INVOKEs and PINGs are not. */
 struct zl_tag_key {
 	__u64 k0;
 	__u64 k1;
 	__u64 prev_k0;
 	__u64 prev_k1;
 	__u32 has_prev;
-	__u32 pad;
+	__u32 retired;
 };
 
 /* zl_auth_cfg entry 0, written by the daemon (invoke_auth.h). All zero: no checks. */

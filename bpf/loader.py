@@ -101,7 +101,7 @@ DEFAULTS: dict[str, int] = {
 }
 
 # zl_auth_cfg.flags (invoke_consts.h).
-AUTH_KEYS = 1           # zl_keys holds every key id: INVOKE/PING under another are dropped
+AUTH_KEYS = 1           # zl_keys holds every key id in use: requests under another are dropped
 AUTH_REQUIRE_TAG = 2    # requests without the XDP tag are dropped
 
 # XDP actions (uapi/linux/bpf.h enum xdp_action).
@@ -357,9 +357,11 @@ class InvokeSteer:
 
     # --- authentication (invoke_auth.h) ---------------------------------------------------------
 
-    def set_tag_key(self, key_id: int, key: bytes, prev: bytes | None = None) -> None:
+    def set_tag_key(self, key_id: int, key: bytes, prev: bytes | None = None, *,
+                    retired: bool = False) -> None:
         """Add or replace key id `key_id`'s 16-byte XDP tag key; with `prev`, tags under the
-        previous key verify too (while the daemon switches secrets). One map update: a
+        previous key verify too (while the daemon switches secrets); `retired`: only CANCEL
+        and RESEND under it pass (a removed key's requests still running). One map update: a
         packet sees the old entry or the new one, never half of it."""
         if not 1 <= key_id <= 0xFFFFFFFF:
             raise ValueError("key id must be in 1..2^32-1")
@@ -368,22 +370,32 @@ class InvokeSteer:
         k0, k1 = struct.unpack("<QQ", key)
         p0, p1 = struct.unpack("<QQ", prev) if prev is not None else (0, 0)
         self.table("zl_keys").update(struct.pack("=I", key_id),
-                                     _TAG_KEY.pack(k0, k1, p0, p1, prev is not None, 0))
+                                     _TAG_KEY.pack(k0, k1, p0, p1, prev is not None, retired))
 
     def delete_tag_key(self, key_id: int) -> None:
         self.table("zl_keys").delete(struct.pack("=I", key_id))
 
     def tag_keys(self) -> dict[int, tuple[bytes, bytes | None]]:
-        """key id -> (key, previous key or None), as the kernel holds them."""
+        """key id -> (key, previous key or None), as the kernel holds them (retired ones
+        too: retired_key_ids() says which)."""
         t = self.table("zl_keys")
         out: dict[int, tuple[bytes, bytes | None]] = {}
         for k in t.keys():
             v = t.lookup(k)
             if v is None:       # deleted meanwhile
                 continue
-            k0, k1, p0, p1, has_prev, _ = _TAG_KEY.unpack(v)
+            k0, k1, p0, p1, has_prev, _retired = _TAG_KEY.unpack(v)
             out[struct.unpack("=I", k)[0]] = (struct.pack("<QQ", k0, k1),
                                                struct.pack("<QQ", p0, p1) if has_prev else None)
+        return out
+
+    def retired_key_ids(self) -> set[int]:
+        t = self.table("zl_keys")
+        out = set()
+        for k in t.keys():
+            v = t.lookup(k)
+            if v is not None and _TAG_KEY.unpack(v)[5]:
+                out.add(struct.unpack("=I", k)[0])
         return out
 
     def set_auth(self, flags: int, skew_us: int = 0, clock_offset_ns: int | None = None) -> None:

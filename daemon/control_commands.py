@@ -202,7 +202,7 @@ def xdp_attach(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
         raise ControlError("UNAVAILABLE",
                            f"already attached to {d.carriers.xdp.io.settings.ifname}")
     d.carriers.attach_xdp(io)
-    startup.publish_xdp_keys(io, d.keys, d.cfg)   # a reload may have come since prepare()
+    startup.publish_xdp_keys(io, d.keys, d.cfg, d.in_flight)   # a reload may have come since
     d.metrics.new_xdp_program()
     return xdp_status(d, {})
 

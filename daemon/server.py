@@ -181,7 +181,7 @@ class Daemon:
 
     def open_xdp(self, ingress: str | None = None):
         return startup.open_xdp(self.cfg, self.sock.getsockname()[1], self.metrics, log,
-                                ingress, self.keys)
+                                ingress, self.keys, self.in_flight)
 
     # ---- the lifecycle's consequences ----------------------------------------------------
     def _on_term(self, *_: object) -> None:

@@ -27,6 +27,7 @@ from .sd_notify import Notifier
 if TYPE_CHECKING:
     from .auth import KeyStore
     from .carriers import ShmCarrier
+    from .in_flight import InFlight
     from .xdp_io import XdpIO
 
 Log = Callable[..., None]
@@ -149,7 +150,8 @@ def open_socket(cfg: DaemonConfig) -> socket.socket:
 
 
 def open_xdp(cfg: DaemonConfig, port: int, metrics: Metrics, log: Log,
-             ingress: str | None = None, keys: KeyStore | None = None) -> XdpIO | None:
+             ingress: str | None = None, keys: KeyStore | None = None,
+             in_flight: InFlight | None = None) -> XdpIO | None:
     """The AF_XDP fast path (network.ingress xdp|auto; `ingress` overrides it for the
     operator's `xdp-attach`). The UDP socket stays open either way: it serves whatever
     the XDP program passes on (no socket registered yet, another device, a host without
@@ -182,11 +184,23 @@ def open_xdp(cfg: DaemonConfig, port: int, metrics: Metrics, log: Log,
         f"{io.compile_seconds:.2f} s" + (f"; maps pinned in {n.xdp_pin_dir}" if io.pins else ""))
     metrics.xdp_attached.set(1)
     if keys is not None:
-        publish_xdp_keys(io, keys, cfg)
+        publish_xdp_keys(io, keys, cfg, in_flight)
     return io
 
 
-def publish_xdp_keys(io: XdpIO, keys: KeyStore, cfg: DaemonConfig) -> None:
+def running_xdp_keys(in_flight: InFlight | None) -> dict[int, list[bytes]]:
+    """key id -> the XDP tag keys of the requests running under it (most have one)."""
+    out: dict[int, list[bytes]] = {}
+    for r in in_flight or ():
+        if r.signer is not None:
+            keys = out.setdefault(r.key[0], [])
+            if r.signer.mac.xdp_key not in keys:
+                keys.append(r.signer.mac.xdp_key)
+    return out
+
+
+def publish_xdp_keys(io: XdpIO, keys: KeyStore, cfg: DaemonConfig,
+                     in_flight: InFlight | None = None) -> None:
     """Give the XDP program the key ids, their XDP tag keys and the clock, and turn its
     checks on (docs/PROTOCOL.md §10). Until this runs they are off: the program is then
     lenient, never stricter than the daemon. Again after xdp-attach's hand-over (a reload
@@ -194,7 +208,8 @@ def publish_xdp_keys(io: XdpIO, keys: KeyStore, cfg: DaemonConfig) -> None:
     from zerolayer.bpf.kernel_keys import KernelKeys
     if io.auth is None:
         io.auth = KernelKeys(io.prog, skew_s=cfg.security.max_skew_s,
-                             require_tag=cfg.network.xdp_require_tag)
+                             require_tag=cfg.network.xdp_require_tag,
+                             running=lambda: running_xdp_keys(in_flight))
     io.auth.publish(keys.xdp_keys())
 
 

@@ -76,10 +76,13 @@ def kernel(p: InvokeSteer, dg: bytes, v6: bool = False) -> str:
     return moved[0]
 
 
-def daemon(keys: KeyStore, dg: bytes, *, require_tag: bool = False) -> ErrorCode | None:
-    """The daemon's verdict: None = accepted (a request, or a fragment buffered)."""
+def daemon(keys: KeyStore, dg: bytes, *, require_tag: bool = False,
+           admitted: Mapping[tuple[int, bytes], wire.Mac] | None = None) -> ErrorCode | None:
+    """The daemon's verdict: None = accepted (a request, or a fragment buffered).
+    `admitted`: the requests running, (key id, request id) -> the key they came under."""
     ing = Ingress(keys, ReplayGuard(ReplayConfig(skew_s=SKEW_S)), Reassembler())
     ing.require_xdp_tag = require_tag
+    ing.admitted_mac = (admitted or {}).get
     r = ing.feed(dg)
     assert not (isinstance(r, Rejected) and r.code is ErrorCode.INTERNAL), r
     return r.code if isinstance(r, Rejected) else None
@@ -144,8 +147,8 @@ def _cases(rng: random.Random) -> list[tuple[str, bytes, str, ErrorCode | None]]
              ErrorCode.UNKNOWN_KEY),
             ("unknown_key_ping", control(MsgType.PING, unknown, s), "drop_unknown_key",
              ErrorCode.UNKNOWN_KEY),
-            # §6.1: maybe about a request admitted under a removed key; the daemon decides
-            ("unknown_key_cancel", control(MsgType.CANCEL, unknown, s), "pass",
+            # a key id not held, retired ones included: no running request is under it
+            ("unknown_key_cancel", control(MsgType.CANCEL, unknown, s), "drop_unknown_key",
              ErrorCode.UNKNOWN_KEY),
             ("stale_tagged", invoke(kid, s, ts=now_us() + stale)[0], "drop_stale_timestamp",
              ErrorCode.INVALID_TIMESTAMP),
@@ -429,3 +432,53 @@ def test_auth_compiles_out_with_zl_auth_0() -> None:
         assert kernel(p, b"XXXX" + forged[4:]) == "drop_bad_magic"
     finally:
         p.close()
+
+
+def test_a_removed_key_stays_retired_while_its_requests_run(xdp, tmp_path) -> None:
+    """§6.1: a request admitted under a key the reload removes keeps its CANCEL and RESEND.
+    The kernel keeps the id, retired: those pass, its INVOKEs and PINGs are UNKNOWN_KEY, and
+    once the request ends the id goes within a refresh, so a stranger's CANCEL/RESEND under
+    it never reaches the daemon."""
+    old, kept = secrets.token_bytes(32), secrets.token_bytes(32)
+    path = tmp_path / "keys"
+    _write_keys(path, {1: kept, 2: old})
+    keys = KeyStore(path)
+    rid = secrets.token_bytes(16)
+    running: dict[int, list[bytes]] = {}
+    admitted: dict[tuple[int, bytes], wire.Mac] = {}
+    kk = KernelKeys(xdp, skew_s=SKEW_S, running=lambda: running)
+    kk.publish(keys.xdp_keys())
+    running[2] = [wire.Mac(old).xdp_key]          # admitted under key 2, still running
+    admitted[(2, rid)] = wire.Mac(old)
+
+    def its(mt: MsgType) -> bytes:
+        return wire.encode_control(mt, 2, old, rid, now_us(), secrets.token_bytes(32),
+                                   arg=3 if mt is MsgType.RESEND else 0, xdp_tag=True)
+    datagrams = {"cancel": its(MsgType.CANCEL), "resend": its(MsgType.RESEND),
+                 "ping": control(MsgType.PING, 2, old), "invoke": invoke(2, old)[0],
+                 "forged_cancel": wire.encode_control(MsgType.CANCEL, 2, secrets.token_bytes(32),
+                                                      rid, now_us(), bytes(32), xdp_tag=True)}
+    verdicts = {}
+    _write_keys(path, {1: kept})
+    switch = ProbedSwitch(kk, keys, datagrams)
+    switch.probe = lambda step: verdicts.__setitem__(step, {   # type: ignore[method-assign]
+        n: (kernel(xdp, d), daemon(keys, d, admitted=admitted)) for n, d in datagrams.items()})
+    assert keys.reload(switch)
+    switch.probe("after")
+    for step, by_name in verdicts.items():
+        for name, (reason, verdict) in by_name.items():
+            assert agree(reason, verdict), (step, name, reason, verdict)
+            if verdict is None:
+                assert not reason.startswith("drop_"), (step, name)
+    after = verdicts["after"]
+    assert after["cancel"] == after["resend"] == ("pass_no_xsk", None)
+    assert after["ping"] == after["invoke"] == ("drop_unknown_key", ErrorCode.UNKNOWN_KEY)
+    assert after["forged_cancel"][0] == "drop_bad_tag"
+    assert xdp.retired_key_ids() == {2} and kk.checks_keys
+    # the request ends: the daemon forgets its key, and the kernel the retired id
+    running.clear()
+    admitted.clear()
+    assert kk.refresh_clock(now=time.monotonic() + 2)
+    assert xdp.retired_key_ids() == set() and set(xdp.tag_keys()) == {1}
+    d = its(MsgType.CANCEL)
+    assert (kernel(xdp, d), daemon(keys, d)) == ("drop_unknown_key", ErrorCode.UNKNOWN_KEY)

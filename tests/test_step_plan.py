@@ -113,7 +113,7 @@ def test_a_geometry_exists_that_gives_every_stage_two_items_per_sm(model):
 
 
 @pytest.mark.xfail(strict=True, reason="the kernel's matmul items are 64-row groups with no "
-                   "K split (7-18% of 132 SMs at batch 1); attention aims at 1 item per SM")
+                   "K split (7-18% of 132 SMs at batch 1)")
 @pytest.mark.parametrize("model", MODELS)
 def test_the_kernel_gives_every_stage_two_items_per_sm_at_batch_1(model):
     short = {(d.name, c): _two_per_sm(KERNEL, d, model, c) for d in DEVICES for c in (128, 4096)}

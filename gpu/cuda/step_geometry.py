@@ -22,7 +22,9 @@ class Geometry:
     # attention's K and V reads: one 4-byte value per thread and load; the head-dim loop's
     # loads are independent, so some are in flight together (an assumption: 4)
     attention_loads_in_flight: int = 4
-    attention_items_per_sm: int = 1  # flash-decoding splits aim at this many items per SM
+    # flash-decoding splits aim at this many items per SM (two, as the per-op path: a block
+    # that finishes its split early takes another instead of idling at the barrier)
+    attention_items_per_sm: int = 2
     stages_per_layer: int = 5       # A qkv, B attention, C o-proj, D gate|up, E down
     grid_syncs_per_layer: int = 5   # one grid-wide barrier after every stage
 

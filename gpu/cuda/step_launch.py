@@ -98,8 +98,9 @@ class FusedStep:
         return self.cnt, self.best
 
     def splits(self, T: int, max_blocks: int | None = None) -> int:
-        """Attention splits: about one work item per block; no more than the KV blocks of
-        the longest sequence when that is known (a graph fixes splits for every context)."""
+        """Attention splits: about KERNEL.attention_items_per_sm work items per block; no
+        more than the KV blocks of the longest sequence when that is known (a graph fixes
+        splits for every context)."""
         want = max(1, -(-KERNEL.attention_items_per_sm * self.blocks // (T * self.cfg.n_kv)))
         return want if max_blocks is None else max(1, min(want, max_blocks))
 

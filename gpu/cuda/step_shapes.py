@@ -25,10 +25,9 @@ SHAPES = {
 }
 
 # A cut the kernel does not make yet, priced by the same model: 16-row items (four row quads,
-# one 16-byte word per K position), K split 8 ways, 16-byte loads 4 deep, attention split
-# for 2 items per SM, 3 barriers a layer.
+# one 16-byte word per K position), K split 8 ways, 16-byte loads 4 deep, 3 barriers a layer.
 PROPOSED = Geometry(rows_per_item=16, k_splits=8, load_bytes=16, loads_in_flight=4,
-                    attention_items_per_sm=2, grid_syncs_per_layer=3)
+                    grid_syncs_per_layer=3)
 GEOMETRIES = {"kernel": KERNEL, "proposed": PROPOSED}
 
 

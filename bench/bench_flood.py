@@ -318,7 +318,9 @@ def run_path(path: str, bed: Testbed, tmp: Path, a, rows: list[dict]) -> None:
               else ZlTarget(bed, tmp, path, a.server_cpu, a.zl_extra))
     try:
         target.pings(3, 2.0)                               # warm: first-call paths
-        streams(target, bed, 1, 4)                     # warm: the prompt's first run
+        # warm: each stream's prompt once, so the no-flood row does not pay the prompt caches'
+        # first fill that the rows after it skip
+        streams(target, bed, a.streams, 4)
         plan = [("none", False, "0")]
         if path == "llama":
             plan += [("http_wrong_key", False, r) for r in a.rates]

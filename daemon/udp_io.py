@@ -85,6 +85,7 @@ class BatchedUDP:
         self._tx_iov = (_iovec * batch)()
         self.rx_calls = 0
         self.tx_calls = 0
+        self.undeliverable = 0  # datagrams the kernel refused for their destination (send_batch)
 
     def recv_batch(self) -> list[tuple[bytes, tuple]]:
         """Every datagram waiting now (up to `batch`), without blocking. Truncated datagrams
@@ -124,8 +125,11 @@ class BatchedUDP:
         return out
 
     def send_batch(self, items: list[tuple[bytes, tuple]]) -> int:
-        """Send all items; returns how many were sent (a full socket buffer drops the rest,
-        which the protocol recovers with RESEND)."""
+        """Send the items in order; returns how many were dealt with. A full socket buffer
+        drops the rest (the protocol recovers them with RESEND). A datagram the kernel
+        refuses for its destination alone (no route to it, a pending ICMP error, a firewall)
+        is dropped and counted in `undeliverable`, and the others still go: a client with a
+        spoofed or unreachable address must cost the daemon nothing but that datagram."""
         sent = 0
         while sent < len(items):
             chunk = items[sent:sent + self.batch]
@@ -135,8 +139,10 @@ class BatchedUDP:
                 for data, addr in chunk:
                     try:
                         self.sock.sendto(data, addr)
-                    except (BlockingIOError, ConnectionRefusedError, OSError):
+                    except (BlockingIOError, InterruptedError):
                         return sent
+                    except OSError:
+                        self.undeliverable += 1
                     sent += 1
                 continue
             keep = []  # the buffers must outlive the call
@@ -153,12 +159,15 @@ class BatchedUDP:
                 h.msg_iovlen = 1
             n = _libc.sendmmsg(self.fd, self._tx, len(chunk), MSG_DONTWAIT)
             self.tx_calls += 1
-            if n < 0:
+            if n < 0:  # the chunk's first datagram failed: why decides what follows
                 err = ctypes.get_errno()
-                if err in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR, errno.ECONNREFUSED):
+                if err in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
                     return sent
-                raise OSError(err, os.strerror(err))
-            sent += n
-            if n < len(chunk):
+                self.undeliverable += 1  # its destination's fault: skip it, send the rest
+                sent += 1
+                continue
+            if n == 0:
                 return sent
+            sent += n  # short: the next call reports why message n failed (full, or its own)
+        return sent
         return sent

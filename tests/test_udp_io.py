@@ -41,3 +41,30 @@ def test_batch_round_trip(family, host):
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("n", [2, 12])  # the sendto path and the sendmmsg path
+def test_a_refused_destination_costs_only_its_datagram(n):
+    """A datagram the kernel refuses for its destination (here the broadcast address
+    without SO_BROADCAST: EACCES, nothing leaves the host; a spoofed client's address with no
+    route back fails the same way) is dropped and counted; the datagrams to others still go,
+    and nothing raises into the I/O thread."""
+    a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    a.bind(("127.0.0.1", 0))
+    b.bind(("127.0.0.1", 0))
+    try:
+        ua, ub = BatchedUDP(a, batch=8, bufsize=1500), BatchedUDP(b, batch=8, bufsize=1500)
+        bad = ("255.255.255.255", 9)
+        items = [(bytes([i]), bad if i % 2 == 0 else b.getsockname()) for i in range(n)]
+        assert ua.send_batch(items) == n
+        assert ua.undeliverable == (n + 1) // 2
+        got = []
+        for _ in range(100):
+            got += ub.recv_batch()
+            if len(got) == n // 2:
+                break
+        assert [g[0] for g in got] == [bytes([i]) for i in range(1, n, 2)]
+    finally:
+        a.close()
+        b.close()

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 Log = Callable[..., None]
 
 
+class LoadTimeoutError(TimeoutError):
+    """The engine thread's load and warm-up outlived [model] load_timeout_s."""
+
+
 def cpu_plan(cfg: DaemonConfig, log: Log) -> tuple[set[int] | None, set[int] | None]:
     """[cpu]: cpus = the whole process; io_cpu = the I/O thread; engine_cpus = the engine
     thread, which pins itself before it loads the model, so that the kernel threads it
@@ -115,8 +119,19 @@ def start_engine(cfg: DaemonConfig, slot: EngineSlot, first: EngineSlot, multi: 
         name=f"zerolayer-engine-{slot.index}" if multi else "zerolayer-engine")
     t.start()
     t0 = time.monotonic()
+    limit = m.load_timeout_s
     sd.notify("STATUS=warming: loading the model")
-    while not t.ready.wait(5.0) and t.is_alive():
+    while True:
+        left = t0 + limit - time.monotonic() if limit else 5.0
+        if t.ready.wait(max(0.0, min(5.0, left))) or not t.is_alive():
+            break
+        if limit and time.monotonic() - t0 >= limit:
+            # A load that hangs without raising (a stuck device, a file system that never
+            # answers) would otherwise hold the start forever outside systemd's
+            # TimeoutStartSec; the caller ends the process at once (failed_start), thread
+            # and all.
+            raise LoadTimeoutError(f"the model did not load and warm up within {limit:g} s "
+                                   f"(model.load_timeout_s)")
         # the first start in a fresh cache compiles kernels for about a minute: tell
         # systemd the start is alive, 30 s at a time, as long as it goes on
         sd.notify("EXTEND_TIMEOUT_USEC=30000000",

@@ -72,6 +72,19 @@ def pin_io(cfg: DaemonConfig, engines: list[EngineSlot], io_cpus: set[int] | Non
                 logging.WARNING)
 
 
+def prune_model_cache(path: str, max_bytes: int, log: Log) -> None:
+    """[model] cache_max_bytes: the repacked-model cache pruned, the model just loaded kept
+    (gpu/model_cache_prune.py). A cache that cannot be read or written only costs disk."""
+    from zerolayer.gpu import gguf_loader, model_cache
+    try:
+        gone = model_cache.prune_to(path or gguf_loader.default_model_path(), max_bytes)
+    except OSError as e:
+        log(f"model cache not pruned: {e}", logging.WARNING)
+        return
+    if gone:
+        log(f"model cache pruned to {max_bytes} bytes: removed {', '.join(gone)}")
+
+
 def engine_cpus(slot: EngineSlot, default: set[int] | None) -> set[int] | None:
     if slot.spec is None:
         return default
@@ -102,6 +115,7 @@ def start_engine(cfg: DaemonConfig, slot: EngineSlot, first: EngineSlot, multi: 
                                  max_seq_len=m.max_seq_len, kv_blocks=kv_blocks,
                                  warmup=cfg.lifecycle.warmup, log=log)
             metrics.backend.labels(backend.NAME, getattr(gen.model, "device", "cpu")).set(1)
+            prune_model_cache(m.path, m.cache_max_bytes, log)
         else:
             gen = load_sibling(first.model, threads=threads, kv_blocks=kv_blocks,
                                warmup=cfg.lifecycle.warmup,

@@ -96,10 +96,10 @@ class _Rounds:
         return True
 
     def _object(self, s: dict) -> bool:
-        props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
-        patterns = s.get("patternProperties")
-        patterns = patterns if isinstance(patterns, dict) else {}
-        required = s.get("required") if isinstance(s.get("required"), list) else []
+        p, pp, r = s.get("properties"), s.get("patternProperties"), s.get("required")
+        props: dict = p if isinstance(p, dict) else {}
+        patterns: dict = pp if isinstance(pp, dict) else {}
+        required: list = r if isinstance(r, list) else []
         for name in required:
             if not isinstance(name, str):
                 continue

@@ -7,7 +7,6 @@ import sys
 
 import numpy as np
 
-from test_engine import Recorder
 from zerolayer.daemon.engine import Engine
 from zerolayer.daemon.event_size import EVENT_BYTES, EVENT_LIMIT_BYTES, event_bytes
 from zerolayer.daemon.handoff import Handoff

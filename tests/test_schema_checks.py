@@ -106,3 +106,14 @@ def test_text_the_vocabulary_cannot_write_is_refused():
     with pytest.raises(SchemaError, match=r"U\+40000"):
         check_spelling(bad, missing)
     check_spelling({"enum": ["😀", "日本"], "properties": {"é": {}}}, missing)
+
+
+def test_lists_with_no_value_in_common_are_no_way_out():
+    """The branch that would end the recursion allows no value (its allOf's enums share
+    none), so every value would nest forever."""
+    schema = {"type": "array", "minItems": 1, "prefixItems": [{"anyOf": [
+        {"allOf": [{"enum": [None, 1]}, {"enum": ["x"]}]}, {"$ref": "#"}]}]}
+    with pytest.raises(SchemaError, match="no JSON value satisfies"):
+        check_finite(schema)
+    schema["prefixItems"][0]["anyOf"][0]["allOf"][1]["enum"].append(1.0)   # 1 == 1.0
+    check_finite(schema)

@@ -143,8 +143,8 @@ def _canon(v: object) -> object:
     """A hashable form under JSON Schema's equality (1 == 1.0, true != 1, key order free)."""
     if isinstance(v, bool) or v is None or isinstance(v, str):
         return (type(v).__name__, v)
-    if isinstance(v, (int, Decimal)):
-        return ("number", Decimal(v).normalize())
+    if isinstance(v, (int, float, Decimal)):
+        return ("number", Decimal(repr(v) if isinstance(v, float) else v).normalize())
     if isinstance(v, list):
         return ("array", tuple(_canon(x) for x in v))
     if isinstance(v, dict):

@@ -219,11 +219,24 @@ class Walker:
         return "length", bytes(out)
 
 
+def _exact(s: str) -> Decimal:
+    """A JSON number as a Decimal; one whose exponent is past even Decimal's (valid JSON:
+    an unbounded "number" may be 1e-91089790606458302503) as the Decimal nearest it on the
+    same side of 0 and of every bound a schema can write."""
+    try:
+        return Decimal(s)
+    except decimal.InvalidOperation:
+        mantissa, _, exp = s.lower().partition("e")
+        sign = "-" if mantissa.startswith("-") else ""
+        e = decimal.MIN_EMIN if exp.startswith("-") else decimal.MAX_EMAX
+        return Decimal(f"{sign}1e{e}")
+
+
 def judge(text: str, answer: bytes) -> None:
     """The answer parses as JSON and validates, every number read exactly."""
     with decimal.localcontext() as ctx:
-        ctx.prec, ctx.Emax, ctx.Emin = 2000, 10**6, -10**6
-        value = json.loads(answer.decode("utf-8"), parse_float=Decimal)
+        ctx.prec, ctx.Emax, ctx.Emin = 2000, decimal.MAX_EMAX, decimal.MIN_EMIN
+        value = json.loads(answer.decode("utf-8"), parse_float=_exact)
         schema = json.loads(text, parse_float=Decimal)
         jsonschema.validate(value, schema, cls=jsonschema.Draft202012Validator)
 

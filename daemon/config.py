@@ -26,6 +26,8 @@ class ModelSection:
     path: str = ""                 # GGUF file; "" = the bundled SmolLM2-135M-Instruct Q4_1
     max_seq_len: int = 2048        # context limit per request (prompt + max_tokens)
     threads: int = 0               # kernel threads; 0 = one per CPU of the engine thread (cpu.engine_cpus, else cpus)
+    load_timeout_s: float = 900.0  # loading and warming up the model (a first start compiles kernels for about a minute) past this ends the daemon, exit 2, naming the cause; 0 = no limit
+    cache_max_bytes: int = 4 << 30  # the repacked-model cache (<cache dir>/models) is pruned to this at start: other runtime versions first, then the least recently used
 
 
 @dataclass
@@ -229,6 +231,8 @@ def _id_list(v: str) -> bool:      # [shm] allowed_uids / allowed_gids
 RULES: dict[str, tuple[Any, str]] = {
     "model.max_seq_len": _between(16, 1 << 20),
     "model.threads": _between(0, 1024),
+    "model.load_timeout_s": _between(0),
+    "model.cache_max_bytes": _between(0),
     "network.port": _between(0, 65535),
     "network.ingress": _one_of("udp", "xdp", "auto"),
     "network.xdp_attach": _one_of("native", "generic", "auto"),

@@ -22,21 +22,36 @@ from __future__ import annotations
 import os
 import select
 from collections import deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
 
 class Handoff(Generic[T]):
-    def __init__(self, capacity: int, name: str = ""):
+    """`sizer`, if given, is what an item holds in bytes: `nbytes` is then the bytes queued
+    now, kept as two counters that only one side each writes (the producer its puts, the
+    consumer its takes), so no lock is needed."""
+
+    def __init__(self, capacity: int, name: str = "",
+                 sizer: Callable[[T], int] | None = None):
         if capacity < 1:
             raise ValueError("a hand-off queue needs capacity >= 1")
         self.capacity = capacity
         self.name = name
+        self._sizer = sizer
+        self.put_bytes = 0       # written by the producer only
+        self.taken_bytes = 0     # written by the consumer only
         self._q: deque[T] = deque()
         self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.full = 0            # puts refused for want of room (producer side)
         self.high_water = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes queued now (with a sizer; else 0). Read from either side, it may lag the
+        other side's last put or take by that one item."""
+        return max(0, self.put_bytes - self.taken_bytes)
 
     def fileno(self) -> int:
         return self._fd
@@ -51,6 +66,8 @@ class Handoff(Generic[T]):
         if len(q) >= self.capacity:
             self.full += 1
             return False
+        if self._sizer is not None:
+            self.put_bytes += self._sizer(item)
         q.append(item)
         if len(q) > self.high_water:
             self.high_water = len(q)
@@ -76,6 +93,8 @@ class Handoff(Generic[T]):
             pass
         n = len(q) if limit is None else min(limit, len(q))
         out = [q.popleft() for _ in range(n)]
+        if self._sizer is not None:
+            self.taken_bytes += sum(map(self._sizer, out))
         if q:  # left behind by `limit`: stay readable
             self.wake()
         return out

@@ -16,6 +16,7 @@ from zerolayer.protocol.wire import MAX_CHAT_MESSAGES, MAX_MESSAGE_BYTES, Invoke
 from .auth import ReplayGuard
 from .config import DaemonConfig
 from .engines import EngineSlot
+from .event_size import EVENT_LIMIT_BYTES
 from .reassembly import Reassembler
 from .result_cache import ResultCache
 
@@ -30,9 +31,6 @@ REASSEMBLY_MESSAGE_BYTES = 1024
 CHAT_MESSAGE_BYTES = 256
 # A Request, its InvokeRequest, signer and sampling parameters, without the body.
 REQUEST_BYTES = 2048
-# An engine → I/O event: the event object and its text (one token's worth, a few bytes;
-# a stop string flush at most a few hundred).
-EVENT_BYTES = 512
 # Per prompt or generated token held by a request in the engine: 4 B of prompt ids, or a
 # list slot and an int object of the sampled tokens, plus the detokenizer's text.
 TOKEN_BYTES = 48
@@ -72,8 +70,10 @@ def buffers(c: DaemonConfig, replay: ReplayGuard, r: Reassembler, cache: ResultC
         "engine_requests": (sum(t.held_tokens * TOKEN_BYTES + REQUEST_BYTES * t.held_requests
                                 for t in threads),
                             n * (c.engine.max_waiting + c.engine.max_running) * per_request),
-        "events": (sum(EVENT_BYTES * len(s.events) for s in slots),
-                   sum(EVENT_BYTES * s.events.capacity for s in slots)),
+        # each event counted as it is, logprob entries included (event_size.py); the
+        # bound assumes one token's worth with full top_logprobs per event
+        "events": (sum(s.events.nbytes for s in slots),
+                   sum(EVENT_LIMIT_BYTES * s.events.capacity for s in slots)),
         # Allocated at start, backed by the OS as blocks are first written.
         "kv_arena": (sum((a.n_blocks - a.free_blocks) * a.bytes_per_block for a in arenas),
                      sum(a.n_blocks * a.bytes_per_block for a in arenas)),

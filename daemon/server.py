@@ -47,6 +47,7 @@ from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
 from .carriers import Address, Carriers, Frames, ShmCarrier, UdpCarrier
 from .control import ControlCall, ControlServer
 from .engines import EngineSlot
+from .event_size import event_bytes
 from .handoff import Handoff
 from .in_flight import InFlight
 from .ingress import Ingress
@@ -115,7 +116,8 @@ class Daemon:
         self.engines: list[EngineSlot] = [
             EngineSlot(i, spec, Handoff(c.engine.queue_depth,
                                         f"admissions-{i}" if multi else "admissions"),
-                       Handoff(EVENTS_CAPACITY, f"events-{i}" if multi else "events"))
+                       Handoff(EVENTS_CAPACITY, f"events-{i}" if multi else "events",
+                               sizer=event_bytes))
             for i, spec in enumerate(specs)]
         self.in_flight = InFlight(self.cache, len(self.engines))
         self.ingress.is_known = lambda key: self.cache.get(key) is not None

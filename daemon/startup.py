@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 Log = Callable[..., None]
 
 
+class LoadTimeoutError(TimeoutError):
+    """The engine thread's load and warm-up outlived [model] load_timeout_s."""
+
+
 def cpu_plan(cfg: DaemonConfig, log: Log) -> tuple[set[int] | None, set[int] | None]:
     """[cpu]: cpus = the whole process; io_cpu = the I/O thread; engine_cpus = the engine
     thread, which pins itself before it loads the model, so that the kernel threads it
@@ -70,6 +74,19 @@ def pin_io(cfg: DaemonConfig, engines: list[EngineSlot], io_cpus: set[int] | Non
                 logging.WARNING)
 
 
+def prune_model_cache(path: str, max_bytes: int, log: Log) -> None:
+    """[model] cache_max_bytes: the repacked-model cache pruned, the model just loaded kept
+    (gpu/model_cache_prune.py). A cache that cannot be read or written only costs disk."""
+    from zerolayer.gpu import gguf_loader, model_cache
+    try:
+        gone = model_cache.prune_to(path or gguf_loader.default_model_path(), max_bytes)
+    except OSError as e:
+        log(f"model cache not pruned: {e}", logging.WARNING)
+        return
+    if gone:
+        log(f"model cache pruned to {max_bytes} bytes: removed {', '.join(gone)}")
+
+
 def engine_cpus(slot: EngineSlot, default: set[int] | None) -> set[int] | None:
     if slot.spec is None:
         return default
@@ -102,6 +119,7 @@ def start_engine(cfg: DaemonConfig, slot: EngineSlot, first: EngineSlot, multi: 
                                  max_seq_len=m.max_seq_len, kv_blocks=kv_blocks,
                                  warmup=cfg.lifecycle.warmup, log=log)
             metrics.backend.labels(backend.NAME, getattr(gen.model, "device", "cpu")).set(1)
+            prune_model_cache(m.path, m.cache_max_bytes, log)
         else:
             gen = load_sibling(first.model, threads=threads, kv_blocks=kv_blocks,
                                warmup=cfg.lifecycle.warmup,
@@ -120,8 +138,19 @@ def start_engine(cfg: DaemonConfig, slot: EngineSlot, first: EngineSlot, multi: 
         name=f"zerolayer-engine-{slot.index}" if multi else "zerolayer-engine")
     t.start()
     t0 = time.monotonic()
+    limit = m.load_timeout_s
     sd.notify("STATUS=warming: loading the model")
-    while not t.ready.wait(5.0) and t.is_alive():
+    while True:
+        left = t0 + limit - time.monotonic() if limit else 5.0
+        if t.ready.wait(max(0.0, min(5.0, left))) or not t.is_alive():
+            break
+        if limit and time.monotonic() - t0 >= limit:
+            # A load that hangs without raising (a stuck device, a file system that never
+            # answers) would otherwise hold the start forever outside systemd's
+            # TimeoutStartSec; the caller ends the process at once (failed_start), thread
+            # and all.
+            raise LoadTimeoutError(f"the model did not load and warm up within {limit:g} s "
+                                   f"(model.load_timeout_s)")
         # the first start in a fresh cache compiles kernels for about a minute: tell
         # systemd the start is alive, 30 s at a time, as long as it goes on
         sd.notify("EXTEND_TIMEOUT_USEC=30000000",

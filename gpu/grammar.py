@@ -59,8 +59,7 @@ JSON_LAYOUT: JsonCompileOptions = {"item_separator": ", ", "key_separator": ": "
 # carry its parser state, go to the log only (verbose_errors off keeps them short too).
 GRAMMAR_LIMITS = {"max_items_in_row": 2000, "initial_lexer_fuel": 1_000_000,
                   "step_lexer_fuel": 200_000, "step_max_items": 50_000,
-                  "max_lexer_states": 20_000, "max_grammar_size": 500_000,
-                  "verbose_errors": False}
+                  "max_lexer_states": 20_000, "max_grammar_size": 500_000}
 
 
 def mask_words(vocab: int) -> int:
@@ -210,7 +209,12 @@ class Grammars:
 
 def _limits() -> LLParserLimits:
     import llguidance
-    return llguidance.LLParserLimits(**GRAMMAR_LIMITS)
+    g = GRAMMAR_LIMITS
+    return llguidance.LLParserLimits(
+        max_items_in_row=g["max_items_in_row"], initial_lexer_fuel=g["initial_lexer_fuel"],
+        step_lexer_fuel=g["step_lexer_fuel"], step_max_items=g["step_max_items"],
+        max_lexer_states=g["max_lexer_states"], max_grammar_size=g["max_grammar_size"],
+        verbose_errors=False)
 
 
 def _first_line(msg: str, n: int = 200) -> str:

@@ -13,18 +13,27 @@ import dataclasses
 import hashlib
 import json
 import os
+import pathlib
 import shutil
 import tempfile
 
 import numpy as np
 
-from . import _source_hash
+from . import _source_hash, model_cache_prune
 from .gguf_loader import ModelConfig, ModelWeights
 from .quant import Array, Weight
 
 _WEIGHTS = ("emb", "wqkv", "wo", "wgu", "wdown", "output")
 _ARRAYS = ("attn_norm", "ffn_norm", "out_norm")
 _OPTIONAL = ("qkv_bias", "rope_freqs")  # ModelWeights fields that may be None
+
+
+def prune_to(path: str, max_bytes: int) -> list[str]:
+    """Prune the cache to max_bytes, keeping the entry of the model at `path`
+    (model_cache_prune.py); the entries removed."""
+    d = cache_dir(path)
+    return model_cache_prune.prune(os.path.dirname(d), max_bytes, _source_hash(),
+                                   keep=os.path.basename(d))
 
 
 def cache_dir(path: str) -> str:
@@ -41,6 +50,10 @@ def load(path: str):
         return None
     with open(os.path.join(d, "meta.json")) as f:
         meta = json.load(f)
+    try:  # its last use, which the size bound reads (model_cache_prune.py)
+        pathlib.Path(d, "used").touch()
+    except OSError:
+        pass  # a read-only cache is still read
 
     def arr(name: str) -> np.ndarray:
         return np.load(os.path.join(d, name + ".npy"), mmap_mode="c")
@@ -141,9 +154,11 @@ def save(path: str, cfg: ModelConfig, w: ModelWeights, tokenizer_meta: dict) -> 
             if getattr(w, n) is not None:
                 np.save(os.path.join(tmp, n + ".npy"), getattr(w, n))
         meta = {"config": dataclasses.asdict(cfg), "tokenizer": tokenizer_meta,
-                "fmt": {n: getattr(w, n).fmt for n in _WEIGHTS}, "source": path}
+                "fmt": {n: getattr(w, n).fmt for n in _WEIGHTS}, "source": path,
+                "runtime": _source_hash()}
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f)
+        open(os.path.join(tmp, "used"), "w").close()
         _commit(tmp, d)
         _prune(os.path.abspath(path), d)
     except OSError:

@@ -19,6 +19,7 @@ engine's first mask judge those, so this check never refuses a schema that has a
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 from .schema_errors import SchemaError
 from .schema_walk import resolve, subschemas
@@ -80,8 +81,11 @@ class _Rounds:
         parts = s.get("allOf")
         if isinstance(parts, list) and not all(self._finite(p) for p in parts):
             return False
-        if "enum" in s or "const" in s:
-            return True  # a listed value is finite; whether it fits the rest is not ours
+        listed = _listed_values(s)
+        if listed is not None:
+            # a listed value is finite; whether it fits the rest is the compiler's, unless
+            # the lists (the schema's and its allOf's) have no value in common
+            return bool(listed)
         t = s.get("type")
         types = [t] if isinstance(t, str) else t if isinstance(t, list) else None
         if types is None:
@@ -96,10 +100,10 @@ class _Rounds:
         return True
 
     def _object(self, s: dict) -> bool:
-        props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
-        patterns = s.get("patternProperties")
-        patterns = patterns if isinstance(patterns, dict) else {}
-        required = s.get("required") if isinstance(s.get("required"), list) else []
+        p, pp, r = s.get("properties"), s.get("patternProperties"), s.get("required")
+        props: dict = p if isinstance(p, dict) else {}
+        patterns: dict = pp if isinstance(pp, dict) else {}
+        required: list = r if isinstance(r, list) else []
         for name in required:
             if not isinstance(name, str):
                 continue
@@ -133,6 +137,45 @@ class _Rounds:
         if contains is not None and s.get("minContains", 1) != 0:
             return self._finite(contains)
         return True
+
+
+def _canon(v: object) -> object:
+    """A hashable form under JSON Schema's equality (1 == 1.0, true != 1, key order free)."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return (type(v).__name__, v)
+    if isinstance(v, (int, float, Decimal)):
+        return ("number", Decimal(repr(v) if isinstance(v, float) else v).normalize())
+    if isinstance(v, list):
+        return ("array", tuple(_canon(x) for x in v))
+    if isinstance(v, dict):
+        return ("object", frozenset((k, _canon(x)) for k, x in v.items()))
+    return ("other", repr(v))
+
+
+def _lists(s: dict) -> list[set]:
+    out = []
+    if "const" in s:
+        out.append({_canon(s["const"])})
+    if isinstance(s.get("enum"), list):
+        out.append({_canon(x) for x in s["enum"]})
+    return out
+
+
+def _listed_values(s: dict) -> set | None:
+    """The values the schema's enum/const and its allOf members' allow in common; None if
+    none of them lists values."""
+    lists = _lists(s)
+    parts = s.get("allOf")
+    if isinstance(parts, list):
+        for p in parts:
+            if isinstance(p, dict):
+                lists.extend(_lists(p))
+    if not lists:
+        return None
+    common = lists[0]
+    for other in lists[1:]:
+        common = common & other
+    return common
 
 
 def _matches(pattern: str, name: str) -> bool:

@@ -12,7 +12,9 @@ const) is checked against what it will become:
 - it must survive the float64 round trip: its shortest float64 form is the number written
   (0.1, 1e40 and 2^53 do; 0.10000000000000000001, 1e400, 5e-400 and 2^53 + 1 do not);
 - on a schema whose type is or lists "integer", a bound's float64 must lie strictly between
-  −2^63 and 2^63 (the 64-bit range, with its ends excluded: at them the conversion clamps);
+  −2^63 and 2^63 (the 64-bit range, with its ends excluded: at them the conversion clamps),
+  and an integral bound must be that float64 exactly (the compiler converts the float's
+  value, not its shortest form: 9223372036854775000 would become 9223372036854774784);
 - an integral number in enum or const must not be ±2^63 as a float64;
 - multipleOf must be greater than 0 (JSON Schema's rule, which the compiler does not check);
 - the significant digits of the multipleOf values (7 for 0.7 or 7000; 9973 for 99.73), summed
@@ -98,6 +100,9 @@ def check_numbers(schema: object) -> None:
                                       f"{MAX_MULTIPLE_OF_DIGITS_SUM}")
             if not _survives_float64(v):
                 raise _refuse(v, k, "the grammar holds numbers as float64")
+            if integer and v == v.to_integral_value() if isinstance(v, Decimal) else integer:
+                if Decimal(float(v)) != Decimal(v):
+                    raise _refuse(v, k, "an integer bound must be exactly a float64")
             if integer and abs(float(v)) >= _TWO_63:
                 raise _refuse(v, k, "an integer bound must lie strictly between -2^63 and "
                                     "2^63")

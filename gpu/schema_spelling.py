@@ -9,11 +9,13 @@ strings the grammar forces are checked against the vocabulary's bytes before it 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from .schema_errors import SchemaError
 from .schema_walk import subschemas
 
 
-def _fixed_strings(schema: object):
+def _fixed_strings(schema: object) -> Iterator[str]:
     """Every string the grammar writes as given: property names, and the strings (values
     and keys) inside enum and const."""
     for s in subschemas(schema):

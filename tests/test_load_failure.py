@@ -79,3 +79,17 @@ def test_check_reports_a_failed_warmup(tmp_path):
         env={**os.environ, **_hooks(tmp_path, "fail-load")})
     assert out.returncode == 2, out
     assert f"FAIL model: {CAUSE}" in out.stdout, out.stdout
+
+
+def test_a_load_that_hangs_past_its_timeout_exits_2_naming_it(tmp_path):
+    """The load is held by the hold-load hook (it never finishes, on any machine): when
+    model.load_timeout_s runs out the daemon ends at once, exit 2, saying why, never ready."""
+    env = _hooks(tmp_path, "hold-load")
+    d = DaemonProc(tmp_path, "--model-load-timeout-s", "1", env=env, wait_ready=False)
+    rc = d.wait(timeout=START_S)
+    log = "".join(d.log)
+    assert rc == 2, log
+    assert ("cannot start: the model did not load and warm up within 1 s "
+            "(model.load_timeout_s)") in log, log
+    assert (tmp_path / "hooks" / "load-held").exists()   # it expired while the load was held
+    assert "ready on" not in log

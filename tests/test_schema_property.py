@@ -45,7 +45,8 @@ WALK_TOKENS = 96
 # Numbers as the client writes them: the text goes into the schema verbatim.
 EDGE_INTS = ["0", "1", "-1", "7", "255", "-300", "2147483648", "9007199254740993",
              "9223372036854775807", "9223372036854775808", "-9223372036854775808", "9973",
-             "-9223372036854775809", "18446744073709551616", "1e20", "1e40", "-1e40"]
+             "-9223372036854775809", "18446744073709551616", "1e20", "1e40", "-1e40",
+             "9223372036854775000", "1e17", "1e19"]
 EDGE_FLOATS = ["0.1", "-2.5", "3.0", "0.10000000000000000001", "1e308", "1e400", "-1e400",
                "1e-400", "5e-324", "1.7976931348623157e308", "123456789.123456789",
                "0.3", "1.5e3", "1e-5", "2.220446049250313e-16"]
@@ -218,11 +219,24 @@ class Walker:
         return "length", bytes(out)
 
 
+def _exact(s: str) -> Decimal:
+    """A JSON number as a Decimal; one whose exponent is past even Decimal's (valid JSON:
+    an unbounded "number" may be 1e-91089790606458302503) as the Decimal nearest it on the
+    same side of 0 and of every bound a schema can write."""
+    try:
+        return Decimal(s)
+    except decimal.InvalidOperation:
+        mantissa, _, exp = s.lower().partition("e")
+        sign = "-" if mantissa.startswith("-") else ""
+        e = decimal.MIN_EMIN if exp.startswith("-") else decimal.MAX_EMAX
+        return Decimal(f"{sign}1e{e}")
+
+
 def judge(text: str, answer: bytes) -> None:
     """The answer parses as JSON and validates, every number read exactly."""
     with decimal.localcontext() as ctx:
-        ctx.prec, ctx.Emax, ctx.Emin = 2000, 10**6, -10**6
-        value = json.loads(answer.decode("utf-8"), parse_float=Decimal)
+        ctx.prec, ctx.Emax, ctx.Emin = 2000, decimal.MAX_EMAX, decimal.MIN_EMIN
+        value = json.loads(answer.decode("utf-8"), parse_float=_exact)
         schema = json.loads(text, parse_float=Decimal)
         jsonschema.validate(value, schema, cls=jsonschema.Draft202012Validator)
 

@@ -114,15 +114,27 @@ def load_main(spec: dict) -> int:
 
 
 def pinger_main(spec: dict) -> int:
+    """Plain PINGs; with spec['sdk'], every other one is zerolayer.client's Client.ping() timed
+    around the call (bench_dataplane's ZlSide.ping), so both methods see the same load."""
+    from zerolayer.client import Client
     from zerolayer.client.retry_policy import authenticate
     from zerolayer.protocol.wire import Mac, MsgType, PongFrame, encode_control
-    mac = Mac(bytes.fromhex(spec["secret"]))
+    secret = bytes.fromhex(spec["secret"])
+    mac = Mac(secret)
+    client = Client(("127.0.0.1", spec["port"]), spec["key_id"], secret, timeout=10)
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.connect(("127.0.0.1", spec["port"]))
     s.settimeout(2.0)
     rtts: list[float] = []
+    sdk_rtts: list[float] = []
     lost = bad = 0
-    for _ in range(spec["pings"]):
+    for i in range(spec["pings"]):
+        if spec.get("sdk") and i % 2:
+            t0 = time.perf_counter()
+            client.ping()
+            sdk_rtts.append(time.perf_counter() - t0)
+            time.sleep(spec["gap_ms"] / 1e3)
+            continue
         rid = secrets.token_bytes(16)
         dg = encode_control(MsgType.PING, spec["key_id"], mac, rid, time.time_ns() // 1000,
                             secrets.token_bytes(32))
@@ -139,7 +151,7 @@ def pinger_main(spec: dict) -> int:
         else:
             bad += 1
         time.sleep(spec["gap_ms"] / 1e3)
-    print(json.dumps({"rtts": rtts, "lost": lost, "bad": bad}), flush=True)
+    print(json.dumps({"rtts": rtts, "sdk_rtts": sdk_rtts, "lost": lost, "bad": bad}), flush=True)
     return 0
 
 
@@ -158,6 +170,12 @@ def line(p: subprocess.Popen, timeout: float) -> str:
     return p.stdout.readline().strip()
 
 
+def sdk_stats(rtts: list[float]) -> dict:
+    if not rtts:
+        return {}
+    return {"sdk_n": len(rtts), "sdk_p50_ms": pct(rtts, 50) * 1e3, "sdk_p99_ms": pct(rtts, 99) * 1e3}
+
+
 def one(a, name: str, extra: list[str], model: str, tmp: Path) -> dict:
     d = tmp / f"{name.replace(' ', '_')}-{time.monotonic_ns()}"
     d.mkdir()
@@ -171,7 +189,8 @@ def one(a, name: str, extra: list[str], model: str, tmp: Path) -> dict:
         try:
             if line(load, 150) != "ready":
                 raise RuntimeError("load generator did not start")
-            pinger = child("--pinger", {**spec, "pings": a.pings, "gap_ms": a.gap_ms})
+            pinger = child("--pinger", {**spec, "pings": a.pings, "gap_ms": a.gap_ms,
+                                          "sdk": a.sdk_too})
             pings = json.loads(line(pinger, 60 + a.pings * (2 + a.gap_ms / 1e3)))
             pinger.wait(10)
             load.stdin.write("stop\n")
@@ -188,7 +207,8 @@ def one(a, name: str, extra: list[str], model: str, tmp: Path) -> dict:
                 "bad": pings["bad"], "p50_ms": pct(rtts, 50) * 1e3, "p99_ms": pct(rtts, 99) * 1e3,
                 "mean_ms": statistics.fmean(rtts) * 1e3, "max_ms": max(rtts) * 1e3,
                 "chunks_s": summary["chunks_s"], "load": summary, "daemon_said": said[:1],
-                "loadavg": os.getloadavg()}
+                "loadavg": os.getloadavg(),
+                **sdk_stats(pings["sdk_rtts"])}
     finally:
         zl.stop()
 
@@ -207,6 +227,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default="")
+    ap.add_argument("--sdk-too", action="store_true",
+                    help="every other PING is Client.ping() timed around the call instead")
     a = ap.parse_args()
     variants = [(v.split("=", 1)[0], shlex.split(v.split("=", 1)[1] if "=" in v else ""))
                 for v in a.variant]
@@ -227,6 +249,9 @@ def main() -> int:
         print(f"| {r['variant']} | {r['round']} | {r['n']} | {r['lost']} | {r['p50_ms']:.3f} | "
               f"{r['p99_ms']:.3f} | {r['max_ms']:.2f} | {r['chunks_s']:.1f} | "
               f"{r['loadavg'][0]:.2f} |")
+        if "sdk_n" in r:
+            print(f"| {r['variant']}, Client.ping() | {r['round']} | {r['sdk_n']} | - | "
+                  f"{r['sdk_p50_ms']:.3f} | {r['sdk_p99_ms']:.3f} | - | - | - |")
     print("\nmedians over rounds:")
     for name, _ in variants:
         mine = [r for r in rows if r["variant"] == name]

@@ -179,8 +179,11 @@ def sdk_stats(rtts: list[float]) -> dict:
 def one(a, name: str, extra: list[str], model: str, tmp: Path) -> dict:
     d = tmp / f"{name.replace(' ', '_')}-{time.monotonic_ns()}"
     d.mkdir()
+    # a word env:NAME=VALUE among a variant's flags goes into the daemon's environment
+    env = dict(w[4:].split("=", 1) for w in extra if w.startswith("env:"))
+    flags = [w for w in extra if not w.startswith("env:")]
     zl = ZeroLayerDaemon(sys.executable, model, a.threads, 2048, d, d / "zerolayerd.log",
-                         extra=["--engine-max-running", "16", *extra])
+                         extra=["--engine-max-running", "16", *flags], env=env or None)
     try:
         zl.wait_ready(300)
         spec = {"port": zl.port, "key_id": zl.key_id, "secret": zl.secret.hex()}
@@ -219,7 +222,8 @@ def main() -> int:
         return load_main(spec) if sys.argv[1] == "--load" else pinger_main(spec)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variant", action="append", required=True,
-                    help="'NAME=daemon flags', two or more; run in turn each round")
+                    help="'NAME=daemon flags', two or more, run in turn each round; a flag "
+                         "env:NAME=VALUE sets the daemon's environment instead")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--pings", type=int, default=300)
     ap.add_argument("--gap-ms", type=float, default=20.0)

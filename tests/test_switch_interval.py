@@ -39,3 +39,13 @@ def test_the_interval_is_applied_and_logged(restore_switch_interval):
     now = startup.apply_switch_interval(cfg, lambda msg, *a: said.append(msg))
     assert sys.getswitchinterval() == pytest.approx(750e-6) == now
     assert said == ["GIL switch interval 750 µs"]
+
+
+def test_a_daemon_runs_with_the_interval_it_was_given(tmp_path):
+    """End to end: the flag reaches the daemon's own interpreter, which says so at start."""
+    from daemon_proc import DaemonProc
+    d = DaemonProc(tmp_path, "--cpu-switch-interval-us", "750")
+    try:
+        assert any("GIL switch interval 750 µs" in line for line in d.log), "".join(d.log)
+    finally:
+        d.stop()

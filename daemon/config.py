@@ -93,6 +93,7 @@ class CpuSection:
     io_cpu: str = ""               # the I/O thread's CPU, e.g. "2"; "" = any of cpus
     engine_cpus: str = ""          # the engine thread and its kernel threads, e.g. "3-5"; "" = any
     sched_fifo: int = 0            # SCHED_FIFO priority 1-99 for the I/O thread; 0 = normal scheduling
+    switch_interval_us: int = 5000  # the GIL switch interval (sys.setswitchinterval), µs; 5000 = CPython's own: the longest a woken I/O thread waits while the engine thread runs Python between kernels
     activations: str = ""          # the integer CPU kernels' activations: int16 (the F32 model's answers), int8-qkv16 or int8 (faster prefill, llama.cpp's precision: ~97% top-1); "" = the runtime's default, int16
 
 
@@ -262,6 +263,7 @@ RULES: dict[str, tuple[Any, str]] = {
     "cpu.io_cpu": (_cpus, "a CPU list like \"2\""),
     "cpu.engine_cpus": (_cpus, "a CPU list like \"3-5\""),
     "cpu.sched_fifo": _between(0, 99),
+    "cpu.switch_interval_us": _between(50, 100_000),
     "cpu.activations": _one_of("", *CPU_ACTIVATIONS),
     "control.events_hwm": _between(1),
     "lifecycle.drain_timeout_s": _between(0),

@@ -37,11 +37,23 @@ class LoadTimeoutError(TimeoutError):
     """The engine thread's load and warm-up outlived [model] load_timeout_s."""
 
 
+def apply_switch_interval(cfg: DaemonConfig, log: Log) -> float:
+    """[cpu] switch_interval_us: how long a thread that wants the GIL waits before it asks the
+    holder to drop it. While the engine thread runs Python between its nogil kernels, an I/O
+    thread woken by a datagram waits up to this long; CPython's default is 5 ms. Returns the
+    interval now in force, in seconds."""
+    sys.setswitchinterval(cfg.cpu.switch_interval_us / 1e6)
+    now = sys.getswitchinterval()
+    log(f"GIL switch interval {now * 1e6:.0f} µs")
+    return now
+
+
 def cpu_plan(cfg: DaemonConfig, log: Log) -> tuple[set[int] | None, set[int] | None]:
     """[cpu]: cpus = the whole process; io_cpu = the I/O thread; engine_cpus = the engine
     thread, which pins itself before it loads the model, so that the kernel threads it
     starts inherit its CPUs."""
     c = cfg.cpu
+    apply_switch_interval(cfg, log)
     if c.cpus:
         os.sched_setaffinity(0, config_mod.parse_cpus(c.cpus))
         log(f"pinned to CPUs {c.cpus}")

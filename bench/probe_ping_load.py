@@ -1,0 +1,269 @@
+#!/usr/bin/env python
+"""PING round trips while 8 streams decode, from a plain blocking client in its own process,
+against zerolayerd daemons that differ in one setting, interleaved (A, B, A, B ...).
+
+    flock /tmp/zl-bench.lock .venv/bin/python bench/probe_ping_load.py \
+        --variant 'gil 5 ms=--cpu-switch-interval-us 5000' \
+        --variant 'gil 0.5 ms=--cpu-switch-interval-us 500' --rounds 2
+
+Per daemon (a fresh one per variant and round, the bundled model unless --model):
+1. the load: this script with --load in a child process, `--streams` SDK streams of
+   `--tokens` tokens, a finished stream replaced at once, until told to stop. It prints
+   'ready' once every stream produced a chunk, and at the end the text chunks all streams
+   received from ready to stop, per second (about one per token).
+2. the pings: this script with --pinger in another child process. One connected UDP socket,
+   blocking; each PING is signed before the clock starts, and the time is send() -> recv() of
+   its PONG; the PONG is verified after the clock stops. `--gap-ms` apart.
+So neither the load's threads nor the SDK's per-call work (a socket per ping, signing,
+retry machinery) share the timed path or its GIL. Loopback only; bounded by --pings, and
+each child by a time limit. Prints a markdown table and one JSON line per daemon.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import select
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _serving_clients import ZeroLayerDaemon  # noqa: E402
+
+TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess", "coffee"]
+
+
+def pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    k = (len(v) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+# ------------------------------------------------------------------ child: the load
+
+
+def load_main(spec: dict) -> int:
+    from zerolayer.client import Client
+    from zerolayer.protocol.wire import ChatMessage
+    n, mt = spec["streams"], spec["tokens"]
+    client = Client(("127.0.0.1", spec["port"]), spec["key_id"], bytes.fromhex(spec["secret"]),
+                    timeout=60)
+    stop = threading.Event()
+    started = [threading.Event() for _ in range(n)]
+    lock = threading.Lock()
+    tot = {"chunks": 0, "tokens": 0, "streams": 0, "errors": 0}
+
+    def worker(i: int) -> None:
+        k = 0
+        while not stop.is_set() and k < 1000:
+            k += 1
+            try:
+                with client.stream(messages=[ChatMessage("user", f"[{i}.{k}] Write a long story "
+                                                         f"about {TOPICS[i % len(TOPICS)]}.")],
+                                   max_tokens=mt, temperature=0.0) as s:
+                    for chunk in s:
+                        if chunk:
+                            started[i].set()
+                            with lock:
+                                tot["chunks"] += 1
+                        if stop.is_set():
+                            s.cancel()
+                            break
+                with lock:
+                    tot["streams"] += 1
+                    tot["tokens"] += s.result.usage.completion_tokens if s.result else 0
+            except Exception:  # noqa: BLE001 - counted; the pings are what is measured
+                with lock:
+                    tot["errors"] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for e in started:
+        e.wait(120)
+    with lock:
+        chunks0 = tot["chunks"]
+    t0 = time.perf_counter()
+    print("ready", flush=True)
+    # 'stop' on stdin, EOF, or the time limit
+    select.select([sys.stdin], [], [], spec["time_limit"])
+    stop.set()
+    for t in threads:
+        t.join(60)
+    wall = time.perf_counter() - t0
+    # text chunks from ready to stop: the rate at which tokens reach clients (a chunk is one
+    # token's text, or a few when a token ends mid-character), counted alike on every side
+    chunks = tot["chunks"] - chunks0
+    print(json.dumps({"chunks": chunks, "wall_s": wall, "chunks_s": chunks / wall,
+                      "tokens_all": tot["tokens"], "streams": tot["streams"],
+                      "errors": tot["errors"]}), flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------ child: the pinger
+
+
+def pinger_main(spec: dict) -> int:
+    """Plain PINGs; with spec['sdk'], every other one is zerolayer.client's Client.ping() timed
+    around the call (bench_dataplane's ZlSide.ping), so both methods see the same load."""
+    from zerolayer.client import Client
+    from zerolayer.client.retry_policy import authenticate
+    from zerolayer.protocol.wire import Mac, MsgType, PongFrame, encode_control
+    secret = bytes.fromhex(spec["secret"])
+    mac = Mac(secret)
+    client = Client(("127.0.0.1", spec["port"]), spec["key_id"], secret, timeout=10)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.connect(("127.0.0.1", spec["port"]))
+    s.settimeout(2.0)
+    rtts: list[float] = []
+    sdk_rtts: list[float] = []
+    lost = bad = 0
+    for i in range(spec["pings"]):
+        if spec.get("sdk") and i % 2:
+            t0 = time.perf_counter()
+            client.ping()
+            sdk_rtts.append(time.perf_counter() - t0)
+            time.sleep(spec["gap_ms"] / 1e3)
+            continue
+        rid = secrets.token_bytes(16)
+        dg = encode_control(MsgType.PING, spec["key_id"], mac, rid, time.time_ns() // 1000,
+                            secrets.token_bytes(32))
+        t0 = time.perf_counter()
+        s.send(dg)
+        try:
+            reply = s.recv(2048)
+        except TimeoutError:
+            lost += 1
+            continue
+        rtt = time.perf_counter() - t0
+        if isinstance(authenticate(reply, mac, rid), PongFrame):
+            rtts.append(rtt)
+        else:
+            bad += 1
+        time.sleep(spec["gap_ms"] / 1e3)
+    print(json.dumps({"rtts": rtts, "sdk_rtts": sdk_rtts, "lost": lost, "bad": bad}), flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------ the parent
+
+
+def child(mode: str, spec: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, mode, json.dumps(spec)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def line(p: subprocess.Popen, timeout: float) -> str:
+    r, _, _ = select.select([p.stdout], [], [], timeout)
+    if not r:
+        raise RuntimeError(f"child silent for {timeout} s")
+    return p.stdout.readline().strip()
+
+
+def sdk_stats(rtts: list[float]) -> dict:
+    if not rtts:
+        return {}
+    return {"sdk_n": len(rtts), "sdk_p50_ms": pct(rtts, 50) * 1e3, "sdk_p99_ms": pct(rtts, 99) * 1e3}
+
+
+def one(a, name: str, extra: list[str], model: str, tmp: Path) -> dict:
+    d = tmp / f"{name.replace(' ', '_')}-{time.monotonic_ns()}"
+    d.mkdir()
+    # a word env:NAME=VALUE among a variant's flags goes into the daemon's environment
+    env = dict(w[4:].split("=", 1) for w in extra if w.startswith("env:"))
+    flags = [w for w in extra if not w.startswith("env:")]
+    zl = ZeroLayerDaemon(sys.executable, model, a.threads, 2048, d, d / "zerolayerd.log",
+                         extra=["--engine-max-running", "16", *flags], env=env or None)
+    try:
+        zl.wait_ready(300)
+        spec = {"port": zl.port, "key_id": zl.key_id, "secret": zl.secret.hex()}
+        load = child("--load", {**spec, "streams": a.streams, "tokens": a.tokens,
+                                "time_limit": 300})
+        try:
+            if line(load, 150) != "ready":
+                raise RuntimeError("load generator did not start")
+            pinger = child("--pinger", {**spec, "pings": a.pings, "gap_ms": a.gap_ms,
+                                          "sdk": a.sdk_too})
+            pings = json.loads(line(pinger, 60 + a.pings * (2 + a.gap_ms / 1e3)))
+            pinger.wait(10)
+            load.stdin.write("stop\n")
+            load.stdin.flush()
+            summary = json.loads(line(load, 90))
+        finally:
+            if load.poll() is None:
+                load.kill()
+            load.wait()
+        log_text = (d / "zerolayerd.log").read_text()
+        said = [ln.strip() for ln in log_text.splitlines() if "GIL switch interval" in ln]
+        rtts = pings["rtts"]
+        return {"variant": name, "flags": extra, "n": len(rtts), "lost": pings["lost"],
+                "bad": pings["bad"], "p50_ms": pct(rtts, 50) * 1e3, "p99_ms": pct(rtts, 99) * 1e3,
+                "mean_ms": statistics.fmean(rtts) * 1e3, "max_ms": max(rtts) * 1e3,
+                "chunks_s": summary["chunks_s"], "load": summary, "daemon_said": said[:1],
+                "loadavg": os.getloadavg(),
+                **sdk_stats(pings["sdk_rtts"])}
+    finally:
+        zl.stop()
+
+
+def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] in ("--load", "--pinger"):
+        spec = json.loads(sys.argv[2])
+        return load_main(spec) if sys.argv[1] == "--load" else pinger_main(spec)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--variant", action="append", required=True,
+                    help="'NAME=daemon flags', two or more, run in turn each round; a flag "
+                         "env:NAME=VALUE sets the daemon's environment instead")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--pings", type=int, default=300)
+    ap.add_argument("--gap-ms", type=float, default=20.0)
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default="")
+    ap.add_argument("--sdk-too", action="store_true",
+                    help="every other PING is Client.ping() timed around the call instead")
+    a = ap.parse_args()
+    variants = [(v.split("=", 1)[0], shlex.split(v.split("=", 1)[1] if "=" in v else ""))
+                for v in a.variant]
+    model = a.model or subprocess.run(
+        [sys.executable, "-c", "from zerolayer.gpu.gguf_loader import default_model_path as p; "
+         "print(p())"], capture_output=True, text=True, check=True).stdout.strip()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="zl-probe-ping-") as tmp:
+        for rnd in range(a.rounds):
+            for name, extra in variants:
+                r = one(a, name, extra, model, Path(tmp))
+                r["round"] = rnd
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+    print("\n| variant | round | n | lost | p50 ms | p99 ms | max ms | 8-stream chunks/s | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['variant']} | {r['round']} | {r['n']} | {r['lost']} | {r['p50_ms']:.3f} | "
+              f"{r['p99_ms']:.3f} | {r['max_ms']:.2f} | {r['chunks_s']:.1f} | "
+              f"{r['loadavg'][0]:.2f} |")
+        if "sdk_n" in r:
+            print(f"| {r['variant']}, Client.ping() | {r['round']} | {r['sdk_n']} | - | "
+                  f"{r['sdk_p50_ms']:.3f} | {r['sdk_p99_ms']:.3f} | - | - | - |")
+    print("\nmedians over rounds:")
+    for name, _ in variants:
+        mine = [r for r in rows if r["variant"] == name]
+        print(f"- {name}: p50 {statistics.median(r['p50_ms'] for r in mine):.3f} ms, "
+              f"p99 {statistics.median(r['p99_ms'] for r in mine):.3f} ms, "
+              f"chunks/s {statistics.median(r['chunks_s'] for r in mine):.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -14,7 +14,8 @@ alternating. Greedy output is identical on both sides (checked here, every round
 difference is an error, not a figure).
 
 The peer: llama.cpp's `llama-lookup` (examples/lookup: n-gram lookup decoding, the same
-idea) on the same GGUF, the same chat-formatted prompt text, `--temp 0 --draft 8 -t 2`,
+idea) on the same GGUF, the same chat-formatted prompt text, `--temp 0 --spec-draft-n-max 8
+-t 2`,
 built by bench/setup_llamacpp.sh; its own "decoded N tokens in T s" line. Its plain decode
 speed on the same host is llama-bench's tg (bench_runtime.py). The ratio reported against
 it is ours (speculative) / its lookup, per task.
@@ -100,7 +101,7 @@ def run_ours(gen, ids, n_tokens: int, speculative: bool) -> dict:
 
 def run_lookup(model: str, prompt: str, n_tokens: int, threads: int) -> dict:
     cmd = [str(LOOKUP), "-m", model, "-p", prompt, "-n", str(n_tokens), "--temp", "0",
-           "--draft", "8", "-t", str(threads), "-c", "2048", "--no-warmup"]
+           "--spec-draft-n-max", "8", "-t", str(threads), "-c", "2048"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     out = p.stdout + p.stderr
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", out)

@@ -15,7 +15,9 @@ const) is checked against what it will become:
   −2^63 and 2^63 (the 64-bit range, with its ends excluded: at them the conversion clamps),
   and an integral bound must be that float64 exactly (the compiler converts the float's
   value, not its shortest form: 9223372036854775000 would become 9223372036854774784);
-- an integral number in enum or const must not be ±2^63 as a float64;
+- an integer literal in enum or const must be exactly a float64, and not ±2^63 (it is
+  written back as the float's exact value: const 9223372036854775000 came out as
+  9223372036854774784);
 - multipleOf must be greater than 0 (JSON Schema's rule, which the compiler does not check);
 - the significant digits of the multipleOf values (7 for 0.7 or 7000; 9973 for 99.73), summed
   over the schema, may be at most MAX_MULTIPLE_OF_DIGITS_SUM: the compiler builds an
@@ -75,6 +77,10 @@ def _check_data(v: object, where: str) -> None:
                 raise _refuse(x, where, "the grammar holds numbers as float64")
             if abs(float(x)) == _TWO_63:
                 raise _refuse(x, where, "an integer must lie strictly between -2^63 and 2^63")
+            # an integer literal is written back as its float64's exact value, not its
+            # shortest form (a number written with a fraction or exponent keeps its form)
+            if isinstance(x, int) and Decimal(float(x)) != Decimal(x):
+                raise _refuse(x, where, "an integer must be exactly a float64")
 
 
 def check_numbers(schema: object) -> None:

@@ -305,7 +305,7 @@ def test_generated_schemas_through_the_engine(generator):
         eng = Engine(generator.model, tok, emit=rec, max_running=1)
         try:
             eng.submit(Request.for_ids(0, prompt, SamplingParams(
-                max_tokens=32, temperature=1.0, seed=seed, constraint=c)))
+                max_tokens=128, temperature=1.0, seed=seed, constraint=c)))
         except SchemaError as e:
             assert str(e).startswith("response_format: ") and not eng.has_work
             seen["refused"] += 1

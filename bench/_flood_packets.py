@@ -22,11 +22,16 @@ import time
 from dataclasses import dataclass
 
 from zerolayer.client.invoke_body import build_invoke_body
-from zerolayer.protocol import wire
+from zerolayer.protocol import wire, xdp_tag
 from zerolayer.protocol.errors import MalformedError
 from zerolayer.protocol.wire import ChatMessage, MsgType
 
-CLASSES = ("malformed", "unknown_key", "stale_timestamp", "wrong_mac", "replay")
+FLAGS_OFF = 10  # the common header's flags (docs/PROTOCOL.md §3)
+CLASSES = ("malformed", "unknown_key", "stale_timestamp", "wrong_mac", "forged_tag", "replay")
+# wrong_mac: an untagged invoke whose HMAC is wrong (an old client's layout: the XDP program
+# passes untagged requests to the daemon unless [network] xdp_require_tag). forged_tag: what
+# an attacker without the key sends to get past the kernel: the XDP_TAG flag set, the tag and
+# the HMAC guessed (random); the kernel drops it (drop_bad_tag) in every configuration.
 # spoofed sources: 10.203.0.0/16, outside every testbed subnet: what the server sends back (an
 # unsigned ERROR on the UDP path) goes to its default route, the sender's namespace, which
 # drops it, and never waits on ARP
@@ -81,6 +86,13 @@ def datagrams(cls: str, key_id: int, secret: bytes) -> list[bytes]:
     if cls == "wrong_mac":
         dg = _invoke(key_id, secret, now)
         return [dg[:-wire.TAG_LEN] + secrets.token_bytes(wire.TAG_LEN)]
+    if cls == "forged_tag":
+        dg = bytearray(_invoke(key_id, secret, now))
+        flags = struct.unpack_from("<H", dg, FLAGS_OFF)[0] | wire.XDP_TAG
+        struct.pack_into("<H", dg, FLAGS_OFF, flags)
+        dg[xdp_tag.OFFSET:xdp_tag.OFFSET + xdp_tag.LEN] = secrets.token_bytes(xdp_tag.LEN)
+        dg[-wire.TAG_LEN:] = secrets.token_bytes(wire.TAG_LEN)
+        return [bytes(dg)]
     if cls == "replay":
         # one valid request, captured: the first copy is served, every later one is a replay
         return [_invoke(key_id, secret, now)]
@@ -90,13 +102,17 @@ def datagrams(cls: str, key_id: int, secret: bytes) -> list[bytes]:
 def classify(dg: bytes, keys: dict[int, bytes], now_us: int, skew_s: float = 300.0,
              seen: set[bytes] | None = None) -> str:
     """Which class the daemon's checks put a datagram in (daemon/ingress.py's order:
-    structure, key id, tag, timestamp, nonce). `seen`: nonces already accepted (replays)."""
+    structure, key id, XDP tag, HMAC, timestamp, nonce). `seen`: nonces already accepted
+    (replays)."""
     try:
         req = wire.parse_request(dg)
     except MalformedError:
         return "malformed"
     if req.key_id not in keys:
         return "unknown_key"
+    flags = struct.unpack_from("<H", dg, FLAGS_OFF)[0]
+    if flags & wire.XDP_TAG and not xdp_tag.valid(xdp_tag.derive_key(keys[req.key_id]), dg):
+        return "forged_tag"
     tag = hmac.new(keys[req.key_id], dg[:-wire.TAG_LEN], hashlib.sha256).digest()
     if not hmac.compare_digest(tag, dg[-wire.TAG_LEN:]):
         return "wrong_mac"

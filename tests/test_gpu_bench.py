@@ -1,6 +1,6 @@
 """The GPU check's host side, without a GPU: the float64 reference it compares the CUDA
 forward with (bench/gpu_ref64.py), and its report (bench/gpu_bench.py: the table with the
-issue's targets, the peers' ratios from the same run, the sections' compile/run times) on
+GPU targets, the peers' ratios from the same run, the sections' compile/run times) on
 results files shaped as a real run writes them. The check itself runs under the simulator
 with `bench/gpu_bench.py --sim` (minutes, so not here) and on a GPU through
 scripts/gpu-check.sh."""

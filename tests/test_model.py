@@ -11,7 +11,7 @@ from zerolayer.gpu.ops import cpu_features, int8_matmul
 from zerolayer.gpu.ops.int8_matmul import kernel_set
 from zerolayer.gpu.reference import ReferenceLlama
 
-REL_TOL = 1e-3  # max |ours - ref| / max |ref|, per step (the bound)
+REL_TOL = 1e-3  # max |ours - ref| / max |ref|, per step (the GPU check's forward tolerance too)
 
 
 def _rel(a, b) -> float:

@@ -288,7 +288,7 @@ def test_sdk_response_format_and_the_clear_error(stack):
 
 
 def test_openai_response_format_50_of_50(stack):
-    """The issue's bar: 50 seeded requests through the real openai package's
+    """The bar for structured output: 50 seeded requests through the real openai package's
     response_format json_schema, all schema-valid (8 at a time: they share batches)."""
     import openai
 

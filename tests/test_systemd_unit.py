@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -90,7 +91,9 @@ class Box:
 def box():
     if os.geteuid() != 0:
         pytest.fail("ZEROLAYER_OPS_CHECK=1 needs root (rootful podman)")
-    if subprocess.run([*PODMAN, "image", "exists", BASE]).returncode != 0:
+    # image-check.sh installs podman where it is missing, and builds the image
+    if (shutil.which("podman") is None
+            or subprocess.run([*PODMAN, "image", "exists", BASE]).returncode != 0):
         subprocess.run(["bash", str(ROOT / "scripts" / "image-check.sh")], cwd=ROOT, check=True,
                        timeout=45 * 60)
     subprocess.run([*PODMAN, "build", "-q", "--layers", "--isolation", "chroot", "--network",

@@ -84,6 +84,7 @@ class Daemon:
         self.out: Frames = []
         self._handoffs: list[Handoff] = []   # the loop's hand-offs in (rearmed before a sleep)
         self._reload = False
+        self._term_before_ready = False
         self.started = time.monotonic()
         self.carriers: Carriers | None = None
         self.control: ControlServer | None = None
@@ -152,13 +153,18 @@ class Daemon:
         startup.pin_io(c, self.engines, io_cpus, log)
         host, port = self.sock.getsockname()[:2]
         path = "udp" if xdp is None else f"xdp on {c.network.interface} + udp fallback"
-        log(f"ready on {host}:{port}, ingress {path} "
-            f"(metrics {c.metrics.host}:{c.metrics.port or 'off'})")
-        self.lifecycle.handle(Event.WARMED, time.monotonic())
-        # from READY on: a signal before it is the default's (the start is not yet a daemon)
+        # From here on the daemon's own handlers: a signal during the load is the default's
+        # (the start is not yet a daemon). They go in before READY=1 and the "ready on" line,
+        # which is what systemd and scripts act on; a TERM that lands before WARMED waits
+        # for it, so a stop right after the start still drains and exits 0.
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, lambda *_: setattr(self, "_reload", True))
+        log(f"ready on {host}:{port}, ingress {path} "
+            f"(metrics {c.metrics.host}:{c.metrics.port or 'off'})")
+        self.lifecycle.handle(Event.WARMED, time.monotonic())
+        if self._term_before_ready:
+            self._on_term()
         # the slowest live engine's beat: any one stuck in a kernel stops the pings
         self.watchdog = Watchdog(self.sd, lambda: min(
             (s.thread.beat for s in self.engines if not s.dead and s.thread), default=0.0))
@@ -187,6 +193,9 @@ class Daemon:
 
     # ---- the lifecycle's consequences ----------------------------------------------------
     def _on_term(self, *_: object) -> None:
+        if self.lifecycle.phase is Phase.WARMING:
+            self._term_before_ready = True   # handled once WARMED (see start)
+            return
         try:  # a second signal while lingering stops at once; while streaming, nothing
             self.lifecycle.handle(Event.TERM, time.monotonic())
         except LifecycleError:

@@ -72,4 +72,5 @@ def test_rules_and_dashboard_query_only_exported_metrics():
     assert used and not used - exported, sorted(used - exported)
     names = set(re.findall(r"alert: (\w+)", rules))
     assert {"ZerolayerNotReady", "ZerolayerOverloaded", "ZerolayerTTFTHigh",
-            "ZerolayerXdpDrops", "ZerolayerRestarted", "ZerolayerKvCacheFull"} <= names
+            "ZerolayerXdpDrops", "ZerolayerRestarted", "ZerolayerKvCacheFull",
+            "ZerolayerEngineStalled", "ZerolayerAuthFailures"} <= names

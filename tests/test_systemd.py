@@ -123,3 +123,20 @@ def test_watchdog_logic_with_an_injected_clock():
     other = Notifier(environ={"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "10000000",
                               "WATCHDOG_PID": "1"})
     assert other.watchdog_s == 0.0  # meant for another process
+
+
+def test_a_stop_at_the_moment_of_ready_drains_and_exits_0(tmp_path):
+    """Scripts and systemd act the instant the daemon says it is ready (the "ready on" line,
+    READY=1): a SIGTERM then (`systemctl start; systemctl stop`, a rollout) must meet the
+    daemon's drain, not the default action."""
+    fake = FakeSystemd(tmp_path / "notify.sock")
+    d = DaemonProc(tmp_path, env={"NOTIFY_SOCKET": str(fake.path)}, wait_ready=False)
+    try:
+        d.wait_ready()             # returns on the "ready on" line
+        d.signal(signal.SIGTERM)
+        code = d.wait(60)
+    finally:
+        d.stop()
+        fake.close()
+    assert code == 0, "".join(d.log[-10:])
+    d.wait_for(lambda: fake.lines("STOPPING=1"), what="STOPPING=1")

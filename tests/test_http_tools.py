@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 import anthropic
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -158,6 +159,26 @@ def test_openai_multi_turn_with_a_tool_result(stack) -> None:  # type: ignore[no
     assert again.choices[0].finish_reason in ("stop", "tool_calls", "length")
 
 
+def test_a_pydantic_style_schema_with_defs_and_references(stack) -> None:  # type: ignore[no-untyped-def]
+    _, edge = stack
+    event = {"type": "object", "required": ["title", "when"], "additionalProperties": False,
+             "properties": {"title": {"type": "string", "maxLength": 16},
+                            "when": {"$ref": "#/$defs/Day"}},
+             "$defs": {"Day": {"type": "object", "required": ["month", "day"],
+                               "additionalProperties": False, "properties": {
+                                   "month": {"type": "integer", "minimum": 1, "maximum": 12},
+                                   "day": {"type": "integer", "minimum": 1, "maximum": 31}}}}}
+    for seed in SEEDS[:2]:
+        ch = chat(edge, seed=seed, max_tokens=48, tool_choice="required",
+                  parallel_tool_calls=False, tools=[
+            {"type": "function", "function": {"name": "add_event", "parameters": event}}],
+            messages=[{"role": "user", "content": "Put lunch with Sam on May 3 in my calendar"}]
+        ).choices[0]
+        assert ch.finish_reason == "tool_calls", ch
+        for c in ch.message.tool_calls:
+            jsonschema.validate(json.loads(c.function.arguments), event)
+
+
 def test_openai_hostile_tools_are_400s(stack) -> None:  # type: ignore[no-untyped-def]
     _, edge = stack
     c = oai(edge)
@@ -166,6 +187,11 @@ def test_openai_hostile_tools_are_400s(stack) -> None:  # type: ignore[no-untype
         "required": ["a"]}}}]
     huge = [{"type": "function", "function": {"name": f"f{i}", "parameters": {
         "type": "object", "description": "x" * 400}}} for i in range(60)]
+    deep = '{"model": "%s", "messages": [], "tools": %s}' % (MODEL, "[" * 5000 + "]" * 5000)
+    r = httpx.post(edge.base + "/v1/chat/completions", content=deep, timeout=30,
+                   headers={"Authorization": f"Bearer {TOKEN}",
+                            "Content-Type": "application/json"})
+    assert r.status_code == 400 and "nests too deeply" in r.json()["error"]["message"]
     for kw, param in [({"tools": broken}, "tools"),       # the daemon's compiler refuses it
                       ({"tools": huge}, "tools"),         # over the constraint's 16 KiB
                       ({"tool_choice": "required"}, "tool_choice"),

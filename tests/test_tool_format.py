@@ -68,6 +68,35 @@ def test_the_schema_admits_exactly_the_format(mode, named, parallel) -> None:  #
     assert not ok({"tool_calls": []}) and not ok({"response": "hi", "tool_calls": []})
 
 
+PERSON = {"type": "object", "properties": {"who": {"$ref": "#/$defs/Person"}}, "required": ["who"],
+          "$defs": {"Person": {"type": "object", "required": ["name"], "properties": {
+              "name": {"type": "string"},
+              "boss": {"anyOf": [{"$ref": "#/$defs/Person"}, {"type": "null"}]}}}}}
+
+
+def test_a_tools_own_defs_and_references_still_resolve() -> None:
+    # pydantic writes nested models as $defs and "#/$defs/..." references: nested under the
+    # format's call object as they are, they would point at the answer's root instead
+    for spec in (ToolSpec((Tool("hire", "", PERSON), TOOLS[1]), "auto", True),
+                 ToolSpec((Tool("hire", "", PERSON),), "required", True)):
+        ok = jsonschema.Draft202012Validator(spec.schema()).is_valid
+
+        def hire(who: object) -> dict[str, object]:
+            return {"tool_calls": [{"name": "hire", "arguments": {"who": who}}]}
+        assert ok(hire({"name": "A", "boss": {"name": "B", "boss": None}}))
+        assert not ok(hire({"name": "A", "boss": {"boss": None}}))     # B's name missing
+    assert PERSON["properties"]["who"] == {"$ref": "#/$defs/Person"}   # the tool's own: as given
+
+
+def test_parameters_nested_too_deep_are_refused_before_any_recursion() -> None:
+    deep: dict[str, object] = {"type": "object"}
+    for _ in range(5000):
+        deep = {"type": "object", "properties": {"a": deep}}
+    with pytest.raises(ApiError) as ei:
+        oai(tools=[{"type": "function", "function": {"name": "f", "parameters": deep}}])
+    assert ei.value.param == "tools" and "deeper than" in ei.value.message
+
+
 def test_the_system_turn_lists_the_offered_tools() -> None:
     text = ToolSpec(TOOLS, "required", True, "get_time").system_text()
     assert '"get_time"' in text and "get_weather" not in text

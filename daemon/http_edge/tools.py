@@ -34,6 +34,9 @@ from .errors import bad_request
 # Both APIs' rule for a tool's name; it also keeps a name plain text in the prompt.
 NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_TOOLS = 128                  # OpenAI's limit on one request's tools
+# JSON levels a tool's parameters may nest: under the daemon's 100 for a whole schema
+# (gpu/schema_text.py) with the format's own levels around them
+MAX_PARAMETERS_DEPTH = 90
 EMPTY_PARAMETERS: dict[str, object] = {"type": "object", "properties": {}}
 
 Mode = Literal["none", "auto", "required"]
@@ -64,9 +67,14 @@ class ToolSpec:
         return tuple(t for t in self.tools if self.named is None or t.name == self.named)
 
     def schema(self) -> dict[str, object]:
-        """The JSON schema the whole answer must satisfy."""
+        """The JSON schema the whole answer must satisfy. Each tool's parameters sit in the
+        root's $defs, their local references rebased there, so that a schema's own "$defs"
+        and "#/..." references (pydantic writes nested models so) still resolve."""
+        defs = {f"tool_{t.name}": rebase(t.parameters, f"#/$defs/tool_{t.name}")
+                for t in self.offered()}
         calls = [{"type": "object",
-                  "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                  "properties": {"name": {"const": t.name},
+                                 "arguments": {"$ref": f"#/$defs/tool_{t.name}"}},
                   "required": ["name", "arguments"], "additionalProperties": False}
                  for t in self.offered()]
         items: dict[str, object] = {"type": "array",
@@ -77,10 +85,10 @@ class ToolSpec:
         call_answer = {"type": "object", "properties": {"tool_calls": items},
                        "required": ["tool_calls"], "additionalProperties": False}
         if self.mode == "required":
-            return call_answer
+            return {**call_answer, "$defs": defs}
         text_answer = {"type": "object", "properties": {"response": {"type": "string"}},
                        "required": ["response"], "additionalProperties": False}
-        return {"anyOf": [call_answer, text_answer]}
+        return {"anyOf": [call_answer, text_answer], "$defs": defs}
 
     def response_format(self) -> dict[str, object]:
         return {"type": "json_schema",
@@ -101,6 +109,31 @@ class ToolSpec:
         return f"You can use these tools (JSON schemas of their arguments):\n{listed}\n{what}"
 
 
+def rebase(node: object, base: str) -> object:
+    """A copy of a schema placed at `base` (a "#/..." pointer): each local "$ref" ("#" and
+    "#/..." forms) prefixed with it. Depth is bounded by check_tool."""
+    if isinstance(node, list):
+        return [rebase(v, base) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: rebase(v, base) for k, v in node.items()}
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#") and (len(ref) == 1 or ref[1] == "/"):
+        out["$ref"] = base + ref[1:]
+    return out
+
+
+def depth(node: object) -> int:
+    """JSON levels (objects and lists) of a value, without recursion."""
+    deepest, stack = 0, [(node, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 def check_tool(name: object, description: object, parameters: object, where: str,
                param: str) -> Tool:
     """One tool as either API gives it; a 400 naming `param` if it cannot be used."""
@@ -116,6 +149,9 @@ def check_tool(name: object, description: object, parameters: object, where: str
         raise bad_request(f"{where}: the parameters must be a JSON schema object", param)
     if parameters.get("type", "object") != "object":
         raise bad_request(f"{where}: the parameters schema must be of type 'object'", param)
+    if depth(parameters) > MAX_PARAMETERS_DEPTH:
+        raise bad_request(f"{where}: the parameters schema nests deeper than "
+                          f"{MAX_PARAMETERS_DEPTH} JSON levels", param)
     return Tool(name, description, parameters)
 
 

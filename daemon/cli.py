@@ -1,7 +1,10 @@
 """`zerolayer` command line: generate locally; invoke, ping and keygen against zerolayerd.
 
     zerolayer generate "text"            run the model in this process (no daemon)
-    zerolayer invoke "text" [-v]         a signed invoke to zerolayerd, streamed to stdout
+    zerolayer invoke "text" [-v]         a signed invoke to zerolayerd, streamed to stdout;
+                                         --logprobs / --top-logprobs N print each token's
+                                         logprob to stderr, --response-format constrains
+                                         the answer to JSON (a file or inline JSON)
     zerolayer ping [--count N]           authenticated round trips and the daemon's state
     zerolayer keygen [--append PATH]     a new `<key_id> <secret_hex>` keys-file line
     zerolayer ctl COMMAND [--socket P]   operate zerolayerd through its control socket:
@@ -33,20 +36,23 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import json
 import os
 import stat
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from zerolayer.client.address import node_name, parse_host_port
+from zerolayer.protocol.sampling_params import MAX_TOP_LOGPROBS
 
 from .config import CPU_ACTIVATIONS, NetworkSection, SecuritySection
 
 if TYPE_CHECKING:
     from zerolayer.client import Client, InvokeResult
+    from zerolayer.protocol.logprobs import TokenLogprob
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -248,8 +254,13 @@ def cmd_invoke(args: argparse.Namespace) -> int:
     text = sys.stdin.read() if args.text == "-" else args.text
     client = _client(args)
     payload = {"prompt": text} if args.raw else {"messages": [ChatMessage("user", text)]}
+    fmt = response_format(args.response_format) if args.response_format else None
+    if not 0 <= args.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise UsageError(f"--top-logprobs must be in 0..{MAX_TOP_LOGPROBS}")
     try:
-        stream = client.stream(**payload, **_sampling(args), request_id=args.request_id)
+        stream = client.stream(**payload, **_sampling(args), request_id=args.request_id,
+                               logprobs=args.logprobs or args.top_logprobs > 0,
+                               top_logprobs=args.top_logprobs, response_format=fmt)
     except ValueError as e:               # a bad --request-id
         raise UsageError(f"--request-id: {e}") from None
     wrote = False
@@ -265,9 +276,53 @@ def cmd_invoke(args: argparse.Namespace) -> int:
             sys.stdout.flush()
     r = stream.result
     assert r is not None
+    if r.logprobs:
+        _print_logprobs(r.logprobs)
     if args.verbose:
         _print_invoke_stats(r)
     return EXIT_OK
+
+
+def response_format(value: str) -> dict:
+    """--response-format: inline JSON (it starts with `{`) or a JSON file's path, holding
+    either OpenAI's response_format object (type json_schema, json_object or text) or a
+    bare JSON schema, which is wrapped as a json_schema response_format."""
+    from zerolayer.protocol.constraint import from_response_format
+    from zerolayer.protocol.errors import MalformedError
+    if value.lstrip().startswith("{"):
+        text, where = value, "inline JSON"
+    else:
+        try:
+            with open(value, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--response-format: cannot read {value}: {e}") from None
+        where = value
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"--response-format: {where} is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise UsageError(f"--response-format: {where} must hold a JSON object")
+    if obj.get("type") not in ("json_schema", "json_object", "text"):
+        obj = {"type": "json_schema", "json_schema": {"name": "cli", "schema": obj}}
+    try:
+        from_response_format(obj)
+    except MalformedError as e:
+        raise UsageError(f"--response-format: {e.message}") from None
+    return obj
+
+
+def _print_logprobs(lps: Sequence[TokenLogprob]) -> None:
+    """One stderr line per generated token: its logprob, the token (as JSON, so spaces and
+    control bytes show), and the most likely alternatives if --top-logprobs asked."""
+    for t in lps:
+        line = f"zerolayer: logprob {t.logprob:.4f} {json.dumps(t.token, ensure_ascii=False)}"
+        if t.top_logprobs:
+            line += " top: " + ", ".join(
+                f"{json.dumps(a.token, ensure_ascii=False)} "
+                f"{a.logprob:.4f}" for a in t.top_logprobs)
+        print(line, file=sys.stderr)
 
 
 def _print_invoke_stats(r: InvokeResult) -> None:
@@ -411,6 +466,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "within 5 minutes gets the cached answer")
     i.add_argument("-v", "--verbose", action="store_true",
                    help="print TTFT, tok/s and the daemon's timings to stderr")
+    i.add_argument("--logprobs", action="store_true",
+                   help="print each generated token's logprob to stderr, a line a token")
+    i.add_argument("--top-logprobs", type=int, default=0, metavar="N",
+                   help="with each token, the N most likely tokens at its position and "
+                        "their logprobs (0..20; implies --logprobs)")
+    i.add_argument("--response-format", metavar="JSON|PATH",
+                   help="constrain the answer: OpenAI's response_format object or a bare "
+                        "JSON schema, inline (starting with '{') or in a file")
     _add_sampling_args(i)
     _add_target_args(i, 45.0, "give up after this long without any answer; retries go on "
                               "until then, so a daemon restart of up to 30 s is survived "

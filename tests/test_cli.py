@@ -6,6 +6,7 @@ end-to-end tests, not here.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import socket
@@ -19,6 +20,7 @@ import pytest
 from test_client import KEY_ID, SECRET, FakeDaemon, Script
 from zerolayer.daemon import cli
 from zerolayer.daemon.auth import load_keys, parse_keys
+from zerolayer.protocol.constraint import Constraint, ConstraintKind
 from zerolayer.protocol.errors import ErrorCode
 
 ENV = (cli.ENV_ADDR, cli.ENV_KEY_ID, cli.ENV_SECRET, cli.ENV_KEYS_FILE)
@@ -242,6 +244,42 @@ def test_invoke_passes_request_id_raw_and_credentials_from_env(monkeypatch, caps
     assert capsys.readouterr().out == "x\n"
     assert d.invokes[0].request_id.hex() == rid
     assert d.invokes[0].body.prompt == "The capital"
+
+
+def test_invoke_logprobs_and_response_format_reach_the_request(tmp_path, capsys) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    inline = json.dumps({"type": "json_object"})
+    with FakeDaemon(Script(chunks=["{}"])) as d:
+        assert cli.main(fake_argv(d, "invoke", "hi", "--top-logprobs", "3",
+                                  "--response-format", str(path))) == 0
+        assert cli.main(fake_argv(d, "invoke", "hi", "--logprobs",
+                                  "--response-format", inline)) == 0
+        assert cli.main(fake_argv(d, "invoke", "hi")) == 0
+    first, second, plain = (r.body.params for r in d.invokes)
+    # a bare schema is wrapped as json_schema; --top-logprobs implies --logprobs
+    assert (first.logprobs, first.top_logprobs) == (True, 3)
+    assert first.constraint == Constraint(ConstraintKind.JSON_SCHEMA,
+                                          json.dumps(schema, separators=(",", ":")))
+    assert (second.logprobs, second.top_logprobs) == (True, 0)
+    assert second.constraint == Constraint(ConstraintKind.JSON_OBJECT)
+    assert (plain.logprobs, plain.constraint) == (False, None)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--response-format", "{not json"], "is not JSON"),
+    (["--response-format", "/no/such/schema.json"], "cannot read"),
+    (["--response-format", "[1]"], "cannot read"),
+    (["--response-format", '{"type": "json_schema"}'], "json_schema must be an object"),
+    (["--top-logprobs", "21"], "--top-logprobs must be in 0..20"),
+])
+def test_invoke_bad_logprob_and_format_flags_are_usage_errors(flags, message, capsys) -> None:
+    with FakeDaemon(Script()) as d:
+        assert cli.main(fake_argv(d, "invoke", "hi", *flags)) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("zerolayer: USAGE: ") and message in err, err
+    assert not d.invokes                   # refused before anything was sent
 
 
 def test_invoke_error_code_exit_3(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -27,6 +25,7 @@ import openai
 import pytest
 
 from daemon_proc import DaemonProc, Hooks, free_port
+from edge_proc import MODEL, TOKEN, TOKEN_UNKNOWN_KEY, EdgeProc
 from zerolayer.client import ChatMessage, Client
 from zerolayer.daemon.http_edge import errors as edge_errors
 from zerolayer.daemon.http_edge.config import load as load_config
@@ -41,61 +40,9 @@ from zerolayer.protocol.errors import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL = "smollm2-test"
-TOKEN = "zl-test-token-0123456789abcdef"
-TOKEN_UNKNOWN_KEY = "zl-test-token-for-a-key-the-daemon-lacks"
 QUESTION = "What is the capital of France?"
 COUNT = "Count from one to one thousand: one, two, three,"
 
-
-
-class EdgeProc:
-    def __init__(self, tmp: Path, d: DaemonProc, *extra: str):
-        keys = tmp / "edge-keys"     # the daemon's key 7, and key 9 the daemon never heard of
-        keys.write_text(d.keys_file.read_text() + "9 " + "ab" * 32 + "\n")
-        os.chmod(keys, 0o600)
-        tokens = tmp / "http-tokens"
-        tokens.write_text(f"# test tokens\n{d.key_id} sha256:{digest(TOKEN).hex()}\n"
-                          f"9 {TOKEN_UNKNOWN_KEY}\n")
-        os.chmod(tokens, 0o600)
-        self.port = free_port(socket.SOCK_STREAM)
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / "edge.log"
-        self._log = open(self.log, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "zerolayer.daemon.http_edge.app",
-             "--daemon", f"{d.addr[0]}:{d.addr[1]}", "--keys", str(keys),
-             "--tokens", str(tokens), "--listen", f"127.0.0.1:{self.port}",
-             "--model-name", MODEL, "--max-attempts", "1", "--daemon-timeout-s", "30", *extra],
-            stdout=self._log, stderr=subprocess.STDOUT)
-        end = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(self.base + "/metrics", timeout=2).read()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > end:
-                    raise RuntimeError("edge did not start:\n" + self.log.read_text()) from None
-                time.sleep(0.05)
-
-    def metrics_text(self) -> str:
-        return urllib.request.urlopen(self.base + "/metrics", timeout=5).read().decode()
-
-    def metric(self, name: str, labels: str = "") -> float:
-        pat = re.escape(name + (("{" + labels + "}") if labels else "")) + r" ([0-9.e+-]+)"
-        m = re.search("^" + pat + "$", self.metrics_text(), re.M)
-        return float(m.group(1)) if m else 0.0
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")
@@ -429,7 +376,9 @@ def test_unsupported_parameters_are_refused(stack):
     for kwargs, param in [({"n": 2}, "n"), ({"logprobs": "yes"}, "logprobs"),
                           ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
                           ({"top_logprobs": 2}, "top_logprobs"),
-                          ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+                          ({"tools": [{"type": "function", "function": {
+                              "name": "f", "parameters": {"type": "string"}}}]}, "tools"),
+                          ({"tool_choice": "auto"}, "tool_choice"),
                           ({"presence_penalty": 2.5}, "presence_penalty"),
                           ({"logit_bias": {"5": 10}}, "logit_bias"),
                           ({"extra_body": {"repetition_penalty": 1.2, "repeat_penalty": 1.1}},
@@ -632,9 +581,11 @@ def test_anthropic_errors(stack):
                body={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     assert ei.value.body == {"type": "error", "error": {
         "type": "invalid_request_error", "message": "'max_tokens' is required"}}
-    with pytest.raises(anthropic.BadRequestError):
+    with pytest.raises(anthropic.BadRequestError) as ei:      # a name no tool has
         c.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "hi"}],
-                          tools=[{"name": "f", "input_schema": {"type": "object"}}])
+                          tools=[{"name": "f", "input_schema": {"type": "object"}}],
+                          tool_choice={"type": "tool", "name": "g"})
+    assert "'g'" in ei.value.body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError):
         c.messages.create(model="claude-x", max_tokens=4,
                           messages=[{"role": "user", "content": "hi"}])

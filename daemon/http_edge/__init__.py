@@ -21,5 +21,10 @@ Modules, one job each:
   openai_api.py     the OpenAI dialect: POST /v1/chat/completions, /v1/completions;
                     GET /v1/models
   anthropic_api.py  the Anthropic dialect: POST /v1/messages
+  tools.py          tool calls in the generic format: the tools in the system turn, the
+                    answer's JSON schema, earlier calls and results written back
+  tool_output.py    the answer of a request with tools read back, whole or as stream deltas
+  openai_tools.py   OpenAI's tools, tool_choice, tool messages and tool_calls
+  anthropic_tools.py  Anthropic's tools, tool_choice, tool_use / tool_result blocks
   app.py            the Starlette app, /healthz, /metrics, and main()
 """

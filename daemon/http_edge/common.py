@@ -33,6 +33,8 @@ async def read_json(request: Request) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise bad_request("the request body is not valid JSON") from None
+    except RecursionError:     # the parser recurses once per level: a limit, not a bug
+        raise bad_request("the request body nests too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     return body

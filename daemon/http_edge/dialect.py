@@ -8,9 +8,10 @@ supplies only what the two APIs disagree on:
                 anything it cannot honour)
     error_body  an ApiError in the API's error shape (the status and headers are common)
     body        the whole answer, when not streaming
-    chunks      the stream's events: what opens it, one event per text chunk (with the
-                logprobs of the tokens it completes, if asked), an in-band error once the
-                status line is out, and what closes it
+    chunks      the stream's events: what opens it, the events of each text chunk (with
+                the logprobs of the tokens it completes, if asked; none while a tool
+                call's answer needs more text), an in-band error once the status line is
+                out, and what closes it
 
 OpenAI's chat completions and completions (openai_api.py) and Anthropic's messages
 (anthropic_api.py) are the dialects; none of them touches the daemon stream or the HTTP

@@ -67,6 +67,8 @@ class GenParams:
     logprobs: bool = False
     top_logprobs: int = 0
     response_format: ResponseFormat | None = None   # OpenAI's shape (protocol/constraint.py)
+    # the request field the constraint came from: a refused schema is a 400 naming it
+    constraint_param: str = "response_format"
 
 
 async def until_disconnect(request: Request, fn: Callable[[], Awaitable[T]]) -> T:
@@ -126,7 +128,7 @@ class Generation:
                                     logprobs=p.logprobs, top_logprobs=p.top_logprobs,
                                     response_format=p.response_format)
         except ZerolayerError as e:         # refused locally: bad parameters, too large
-            raise daemon_error(e, metrics) from None
+            raise _constraint_error(daemon_error(e, metrics), e, p) from None
         g = cls(s, api, metrics, t0)
         try:
             g.first = await until_disconnect(request, g._first_chunk)
@@ -135,12 +137,7 @@ class Generation:
             raise
         except ZerolayerError as e:
             await g.finish()
-            err = daemon_error(e, metrics)
-            if p.response_format is not None and e.code is ErrorCode.MALFORMED:
-                # the edge checked every other field: the daemon refused the schema (it
-                # compiles it, the edge does not), and the 400 names the field
-                err.param = "response_format"
-            raise err from None
+            raise _constraint_error(daemon_error(e, metrics), e, p) from None
         except BaseException:
             await g.finish()
             raise
@@ -195,6 +192,17 @@ class Generation:
                 r = self.stream.result
                 self.metrics.completion_tokens.labels(self.api).inc(r.usage.completion_tokens)
             await self.stream.aclose()
+
+
+def _constraint_error(err: ApiError, e: ZerolayerError, p: GenParams) -> ApiError:
+    """MALFORMED for a request with a constraint: the edge checked every other field, so
+    the daemon (or the SDK, for its size) refused the schema, which the daemon compiles and
+    the edge does not; the 400 names the field it came from."""
+    if p.response_format is not None and e.code is ErrorCode.MALFORMED:
+        err.param = p.constraint_param
+        if p.constraint_param == "tools":
+            err.message = f"'tools': the tools' schemas cannot be used: {err.message}"
+    return err
 
 
 def daemon_error(e: ZerolayerError, metrics: EdgeMetrics) -> ApiError:

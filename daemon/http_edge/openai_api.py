@@ -6,10 +6,11 @@ shapes field for field, so the official SDK parses them. Supported: max_tokens /
 max_completion_tokens, temperature, top_p, stop, seed, presence_penalty, frequency_penalty,
 stream, stream_options.include_usage, response_format (chat: json_schema, strict or not,
 and json_object, enforced by the daemon's constrained decoding), logprobs (chat: logprobs +
-top_logprobs 0..20; completions: logprobs 0..20, OpenAI's limit there being 5; logprobs.py); top_k and the
+top_logprobs 0..20; completions: logprobs 0..20, OpenAI's limit there being 5; logprobs.py),
+tools with tool_choice and parallel_tool_calls (chat: openai_tools.py); top_k and the
 repetition penalty (vLLM's repetition_penalty, llama.cpp's repeat_penalty) as extensions.
-Parameters that would change the answer in ways the daemon cannot (n > 1, tools,
-logit_bias ...) are refused with 400 rather than ignored.
+Parameters that would change the answer in ways the daemon cannot (n > 1, logit_bias,
+functions ...) are refused with 400 rather than ignored.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from zerolayer.client import ChatMessage, InvokeResult, TokenLogprob
+from zerolayer.client import InvokeResult, TokenLogprob
 from zerolayer.protocol.constraint import ResponseFormat, from_response_format
 from zerolayer.protocol.errors import MalformedError
 from zerolayer.protocol.sampling_params import (
@@ -34,12 +35,13 @@ from .common import Fields, key_id_for
 from .errors import ApiError, bad_request, not_found
 from .generation import GenParams
 from .logprobs import CompletionLogprobs, chat_logprobs
+from .openai_tools import chat_messages, delta, message, parse_tools
 from .serve import error_response, serve
 from .state import EdgeState, edge
 from .streaming import data_event
+from .tool_output import ToolDeltas, read
+from .tools import ToolSpec, with_tools
 
-# OpenAI's roles -> the daemon's chat roles. "developer" is OpenAI's newer name for system.
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_TOKENS_LIMIT = 0xFFFFFFFF
 # llama.cpp server extensions some clients send (bench/_serving_clients.py does)
 NEUTRAL = {"min_p": (0, 0.0)}
@@ -50,6 +52,7 @@ class OpenAIRequest:
     params: GenParams
     stream: bool
     include_usage: bool
+    tools: ToolSpec | None = None     # with tools whose answer is constrained (not `none`)
 
 
 def _model(f: Fields, cfg_model: str) -> None:
@@ -105,20 +108,6 @@ def _stream_flags(f: Fields) -> tuple[bool, bool]:
     return stream, include_usage
 
 
-def _text_content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for p in content:
-            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(
-                    p.get("text"), str):
-                raise bad_request(f"{where}: only text content parts are supported", where)
-            parts.append(p["text"])
-        return "".join(parts)
-    raise bad_request(f"{where}: content must be a string or a list of text parts", where)
-
-
 def parse_chat(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
     f = Fields(body)
     common = _common(f, st, ("max_tokens", "max_completion_tokens"))
@@ -126,35 +115,29 @@ def parse_chat(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
     top = f.integer("top_logprobs", 0, MAX_TOP_LOGPROBS)
     if top is not None and not logprobs:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
-    f.neutral("parallel_tool_calls", True, False)
-    f.refuse("tools", "tool_choice", "functions", "function_call",
-             "audio", "modalities", "prediction", "reasoning_effort", "web_search_options")
+    f.refuse("functions", "function_call", "audio", "modalities", "prediction",
+             "reasoning_effort", "web_search_options")
+    spec = parse_tools(f)
     fmt = _response_format(f.raw("response_format"))
-    raw = f.raw("messages")
-    if not isinstance(raw, list) or not raw:
-        raise bad_request("'messages' must be a non-empty list", "messages")
-    msgs = []
-    for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad_request(f"{where} must be an object", where)
-        role = ROLES.get(m.get("role"))  # type: ignore[arg-type]
-        if role is None:
-            raise bad_request(f"{where}: role {m.get('role')!r} is not supported "
-                              f"(supported: {', '.join(ROLES)})", where)
-        if m.get("tool_calls") or m.get("function_call"):
-            raise bad_request(f"{where}: tool calls are not supported", where)
-        extra = set(m) - {"role", "content", "name", "refusal", "tool_calls", "function_call"}
-        if extra:
-            raise bad_request(f"{where}: unsupported field(s) {sorted(extra)}", where)
-        content = m.get("content")
-        msgs.append(ChatMessage(role, "" if content is None and role == "assistant"
-                                else _text_content(content, where)))
+    msgs = chat_messages(f.raw("messages"))
     stream, include_usage = _stream_flags(f)
     f.refuse_unknown()
-    return OpenAIRequest(GenParams(prompt=None, messages=tuple(msgs), logprobs=logprobs,
-                                   top_logprobs=top or 0, response_format=fmt, **common),
-                         stream, include_usage)
+    if spec is None or not spec.active:
+        return OpenAIRequest(GenParams(prompt=None, messages=msgs, logprobs=logprobs,
+                                       top_logprobs=top or 0, response_format=fmt, **common),
+                             stream, include_usage)
+    # The answer is constrained to the tool format: another constraint cannot also hold,
+    # and the logprobs would be of the format's JSON rather than of the reply.
+    if fmt is not None:
+        raise bad_request("'response_format' cannot be combined with tools unless "
+                          "tool_choice is 'none'", "response_format")
+    if logprobs:
+        raise bad_request("'logprobs' cannot be combined with tools unless tool_choice is "
+                          "'none'", "logprobs")
+    return OpenAIRequest(GenParams(prompt=None, messages=with_tools(msgs, spec),
+                                   response_format=spec.response_format(),
+                                   constraint_param="tools", **common),
+                         stream, include_usage, spec)
 
 
 def _response_format(fmt: object) -> ResponseFormat | None:
@@ -194,9 +177,11 @@ def parse_completion(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
                                    top_logprobs=top or 0, **common), stream, include_usage)
 
 
-def finish_reason(r: InvokeResult | None) -> str:
+def finish_reason(r: InvokeResult | None, called: bool = False) -> str:
     # "cancelled" only happens when the edge cancels, and then nobody reads the answer.
-    return "length" if r is not None and r.finish_reason == "length" else "stop"
+    if r is not None and r.finish_reason == "length":
+        return "length"
+    return "tool_calls" if called else "stop"
 
 
 def usage(r: InvokeResult) -> dict[str, Any]:
@@ -215,6 +200,8 @@ class OpenAIChunks:
                  created: int) -> None:
         self._chat = chat
         self._include_usage = req.include_usage
+        self._request_id = request_id
+        self._tools = ToolDeltas() if req.tools is not None else None
         self._logprobs = req.params.logprobs
         self._offsets = CompletionLogprobs()
         self._base: dict[str, Any] = {
@@ -225,14 +212,15 @@ class OpenAIChunks:
             self._base["usage"] = None    # OpenAI: null on every chunk but the last one
 
     def _chunk(self, text: str | None, finish: str | None = None,
-               role: bool = False, logprobs: Sequence[TokenLogprob] | None = None) -> bytes:
+               role: bool = False, logprobs: Sequence[TokenLogprob] | None = None,
+               tool_delta: dict[str, Any] | None = None) -> bytes:
         if self._chat:
-            delta: dict[str, Any] = {}
+            d: dict[str, Any] = {}
             if role:
-                delta["role"] = "assistant"
+                d["role"] = "assistant"
             if text is not None:
-                delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta}
+                d["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": tool_delta or d}
         else:
             choice = {"index": 0, "text": text or ""}
         choice["logprobs"] = (None if logprobs is None else chat_logprobs(logprobs) if self._chat
@@ -244,13 +232,17 @@ class OpenAIChunks:
         return [self._chunk("", role=True)] if self._chat else []
 
     def chunk(self, text: str, logprobs: Sequence[TokenLogprob] = ()) -> bytes:
+        if self._tools is not None:
+            return b"".join(self._chunk(None, tool_delta=delta(d, self._request_id))
+                            for d in self._tools.push(text))
         return self._chunk(text, logprobs=logprobs if self._logprobs else None)
 
     def error(self, e: ApiError) -> bytes:
         return data_event(e.openai_body())   # OpenAI's in-stream error: no event name
 
     def end(self, r: InvokeResult | None) -> list[bytes]:
-        out = [self._chunk(None, finish_reason(r))]
+        called = self._tools is not None and self._tools.calls_started > 0
+        out = [self._chunk(None, finish_reason(r, called))]
         if self._include_usage and r is not None:
             out.append(data_event({**self._base, "choices": [], "usage": usage(r)}))
         out.append(b"data: [DONE]\n\n")
@@ -274,13 +266,15 @@ class OpenAIDialect:
              created: int) -> dict[str, Any]:
         lps = r.logprobs if req.params.logprobs else None
         if self.chat:
+            answer = read(text) if req.tools is not None else None
+            msg = ({"role": "assistant", "content": text, "refusal": None} if answer is None
+                   else message(answer, r.request_id))
             return {"id": "chatcmpl-" + r.request_id.hex(), "object": "chat.completion",
                     "created": created, "model": model, "system_fingerprint": None,
-                    "choices": [{"index": 0,
-                                 "message": {"role": "assistant", "content": text,
-                                             "refusal": None},
+                    "choices": [{"index": 0, "message": msg,
                                  "logprobs": None if lps is None else chat_logprobs(lps),
-                                 "finish_reason": finish_reason(r)}],
+                                 "finish_reason": finish_reason(
+                                     r, answer is not None and bool(answer.named_calls))}],
                     "usage": usage(r)}
         return {"id": "cmpl-" + r.request_id.hex(), "object": "text_completion",
                 "created": created, "model": model, "system_fingerprint": None,

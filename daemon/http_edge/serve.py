@@ -74,7 +74,9 @@ async def events(gen: Generation, shape: ChunkShape, st: EdgeState) -> AsyncIter
         yield e
     try:
         async for text in gen.chunks():
-            yield shape.chunk(text, gen.take_logprobs())
+            event = shape.chunk(text, gen.take_logprobs())
+            if event:           # a tool call's answer can need more text for its next delta
+                yield event
     except ZerolayerError as err:
         st.metrics.stream_errors.labels(gen.api).inc()
         yield shape.error(daemon_error(err, st.metrics))

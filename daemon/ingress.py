@@ -147,7 +147,7 @@ class Ingress:
         self.admitted_mac: Callable[[tuple[int, bytes]], Mac | None] = lambda key: None
         self._wall = wall_clock
         self._mono = monotonic
-        # One counter per error code (the brief's promise 3), plus the outcomes.
+        # One counter per error code (every refusal is counted by its code), plus the outcomes.
         self.errors: dict[ErrorCode, int] = {c: 0 for c in ErrorCode}
         self.stats = {"datagrams": 0, "invokes": 0, "controls": 0, "fragments_buffered": 0,
                       "replies_suppressed": 0, "internal_bugs": 0,

@@ -1,6 +1,6 @@
 """Idempotency cache: (key id, request id) → the response frames of that request.
 
-Promise 4 of the brief: a retry or a lost-packet recovery never runs the model twice. The
+A retry or a lost-packet recovery never runs the model twice. The
 cache makes that hold without knowing anything about the engine: it stores signed response
 frames (bytes, indexed by their sequence number) and a status. The running generation
 behind a RUNNING entry is the daemon's to find, in its in-flight record (in_flight.py),

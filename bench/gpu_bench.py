@@ -883,30 +883,36 @@ def grid_barrier_check(model, sim: bool) -> dict:
 
 # ------------------------------------------------------------------------------ checks
 
-def forward_check(model, ref: list, c: dict, sim: bool) -> dict:
+def forward_check(model, ref: list, c: dict, sim: bool, path: str = "tiles",
+                  tol: float = FORWARD_TOL) -> dict:
     """The whole forward pass on the GPU against the float64 reference (gpu_ref64.py, same
     weights, same steps): a prefill of two prompts, then decode steps of both sequences (their
-    KV written on the GPU by the earlier steps). Tolerance FORWARD_TOL of the largest logit,
-    per step: float32 kernels over every layer, against float64."""
+    KV written on the GPU by the earlier steps). Tolerance `tol` of the largest logit, per
+    step: FORWARD_TOL for the float32 kernels (path "tiles": the prefill on them too), or
+    PREFILL_PATHS_TOL with the prefill through cuBLAS in float16 (path "cublas")."""
     from zerolayer.gpu.model import StepInput
     _, _, gpu = model
+    steps = forward_steps(c, sim)
     seqs = [gpu.new_sequence(), gpu.new_sequence()]
-    errs, same_argmax = [], []
+    errs, same_argmax, paths = [], [], []
     try:
-        for toks, want in zip(forward_steps(c, sim), ref):
-            got = gpu.step([StepInput(s, t) for s, t in zip(seqs, toks)])
-            errs.append(rel(got, want))
-            same_argmax.append(bool((np.asarray(got).argmax(1) == want.argmax(1)).all()))
+        with prefill_path(gpu, path, sum(len(t) for t in steps[0])):
+            for toks, want in zip(steps, ref):
+                got = gpu.step([StepInput(s, t) for s, t in zip(seqs, toks)])
+                errs.append(rel(got, want))
+                same_argmax.append(bool((np.asarray(got).argmax(1) == want.argmax(1)).all()))
+                paths.append(str(getattr(gpu.fwd, "last_path", "?")))
     finally:
         for s in seqs:
             s.release()
     err = max(errs)
-    print(f"  forward vs float64: per step rel err {', '.join(f'{e:.1e}' for e in errs)} "
-          f"(tol {FORWARD_TOL:g}); same argmax {same_argmax}", flush=True)
-    if not err <= FORWARD_TOL:
+    print(f"  forward vs float64 (prefill on {path}): per step rel err "
+          f"{', '.join(f'{e:.1e}' for e in errs)} (tol {tol:g}); same argmax {same_argmax}",
+          flush=True)
+    if not err <= tol:
         raise AssertionError(f"forward pass differs from the float64 reference: {errs}")
-    return {"err": err, "tol": FORWARD_TOL, "per_step_err": errs, "same_argmax": same_argmax,
-            "reference": "float64 numpy (bench/gpu_ref64.py)"}
+    return {"err": err, "tol": tol, "per_step_err": errs, "same_argmax": same_argmax,
+            "reference": "float64 numpy (bench/gpu_ref64.py)", "prefill_path": paths[0]}
 
 
 def graph_check(model, c: dict, sim: bool) -> dict:
@@ -1418,10 +1424,11 @@ def checks_summary(res: dict) -> list[tuple[str, str]]:
     out.append(("compile", f"{c['workers']} workers, {c['done']}/{c['jobs']} jobs in {c['wall_s']:.0f} s "
                            f"(sum {c['job_s_sum']:.0f} s; failed: {', '.join(c['failed']) or 'none'})"
                 if "jobs" in c else _state(c)))
-    f = s.get("forward", {})
-    out.append(("forward vs float64", f"max rel err {f['err']:.1e} (tol {f['tol']:g}), per step "
-                                      f"{', '.join(f'{e:.1e}' for e in f['per_step_err'])}"
-                if "err" in f else _state(f)))
+    for key, label in (("forward", "forward vs float64"), ("forward_cublas", "forward cuBLAS/fp64")):
+        f = s.get(key, {})
+        out.append((label, f"max rel err {f['err']:.1e} (tol {f['tol']:g}), per step "
+                           f"{', '.join(f'{e:.1e}' for e in f['per_step_err'])}"
+                    if "err" in f else _state(f)))
     k = s.get("kernels", {})
     out.append(("kernels vs CPU twins", f"{k['passed']} passed, {k['failed']} failed"
                 if "passed" in k else _state(k)))
@@ -1592,6 +1599,8 @@ def main(argv=None) -> int:
     # ... then the checks
     if model and ref:
         run.section("forward", forward_check, model, ref, c, a.sim)
+        run.section("forward_cublas", forward_check, model, ref, c, a.sim, "cublas",
+                    PREFILL_PATHS_TOL)
     if model:
         run.section("prefill_paths", prefill_paths_check, model, c, p, a.sim)
         run.section("graph", graph_check, model, c, a.sim)

@@ -342,3 +342,7 @@ def test_table_shows_both_prefill_paths_their_agreement_and_the_prediction():
     res2["sections"]["prefill_paths"] = {"ok": True, "failed": True, "tokens": 512, "rel_err": 0.5,
                                          "tol": 2e-2, "same_token": False}
     assert "rel err 5.0e-01" in dict(gb.checks_summary(res2))["prefill cuBLAS/tiles"]
+    s["forward_cublas"] = {"ok": True, "err": 4e-3, "tol": 2e-2, "per_step_err": [4e-3, 1e-3], "s": 1.0}
+    summary = dict(gb.checks_summary(res))
+    assert summary["forward cuBLAS/fp64"] == "max rel err 4.0e-03 (tol 0.02), per step 4.0e-03, 1.0e-03"
+    assert summary["forward vs float64"].startswith("max rel err 2.0e-05 (tol 0.001)")

@@ -252,11 +252,11 @@ class CudaForward:
         the device logits [len(d_rows), vocab]."""
         T = d_tok.shape[0]
         part = self.partials(T, splits, s)
-        if gemm:
+        g = self.prefill_gemm
+        if gemm and g is not None:
             self.best_keys = None
-            self.last_path = self.prefill_gemm.path
-            return self._per_op(d_tok, d_seq, d_pos, d_rows, d_tab, splits, part, s,
-                                self.prefill_gemm.matmul)
+            self.last_path = g.path
+            return self._per_op(d_tok, d_seq, d_pos, d_rows, d_tab, splits, part, s, g.matmul)
         self.last_path = self.kernel_path
         if self.fused is not None:
             logits, self.best_keys = self.fused.launch(self, d_tok, d_seq, d_pos, d_rows, d_tab,
@@ -265,7 +265,7 @@ class CudaForward:
         self.best_keys = None
         return self._per_op(d_tok, d_seq, d_pos, d_rows, d_tab, splits, part, s, _per_op_matmul)
 
-    def _per_op(self, d_tok, d_seq, d_pos, d_rows, d_tab, splits: int, part, s, mm):
+    def _per_op(self, d_tok, d_seq, d_pos, d_rows, d_tab, splits, part, s, mm):
         """The step as per-op launches; mm(weight, layer, x, y, s) does each layer matmul."""
         c = self.cfg
         T, n_out = d_tok.shape[0], d_rows.shape[0]
@@ -303,9 +303,10 @@ class CudaForward:
         return logits
 
 
-def _per_op_matmul(weight, layer: int, x, y, s) -> None:
+def _per_op_matmul(weight, layer, x, y, s):
     fmt, lw = weight
-    _mm.matmul(fmt, *lw[layer], x, y, stream=s)
+    qs, d, m, w = lw[layer]
+    _mm.matmul(fmt, qs, d, m, w, x, y, stream=s)
 
 
 class PendingStep:

@@ -77,7 +77,7 @@ class PrefillPrediction:
         return self.tokens / self.wall_s
 
 
-def predict_prefill(cfg, w, tokens: int, dev: Device) -> PrefillPrediction:
+def predict_prefill(cfg, w, tokens, dev):
     """One sequence's prompt of `tokens` tokens from position 0, through the tensor-core
     path, on `dev` (step_plan.DEVICES); w: quant.Weight stacks (gpu/cuda/step_shapes.py's
     synthetic ones, or a loaded model's)."""

@@ -45,14 +45,14 @@ ENV_SWITCH = "ZEROLAYER_CUDA_PREFILL_GEMM"
 ENV_MIN_TOKENS = "ZEROLAYER_CUDA_PREFILL_GEMM_MIN_TOKENS"
 
 
-def _ptr(a) -> int:
+def _ptr(a):
     return int(a.__cuda_array_interface__["data"][0])
 
 
 class _Cublas:
     """CuPy's cuBLAS handle and the constants of one float16-in, float32-out GEMM."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         import cupy
         from cupy_backends.cuda.libs import cublas  # loads libcublas: fails here if absent
         self.cupy, self.lib = cupy, cublas
@@ -71,7 +71,7 @@ class _Cublas:
             ext = self._streams[p] = self.cupy.cuda.ExternalStream(p)
         return ext
 
-    def gemm(self, x16, w16, y, s) -> None:
+    def gemm(self, x16, w16, y, s):
         T, K = x16.shape
         R = y.shape[1]
         lib = self.lib
@@ -89,7 +89,7 @@ class _Cublas:
 _CUBLAS: _Cublas | None = None
 
 
-def gemm_f16(x16, w16, y, stream=0) -> None:
+def gemm_f16(x16, w16, y, stream=0):
     """y[T, R] (float32) = x16[T, K] @ w16[:R, :K]^T (float16): float32 products and sums.
     y must be row-contiguous with R columns; w16 may have more rows (the padding of a row
     group). On the device: cublasGemmEx on tensor cores; under the simulator: numpy."""
@@ -128,13 +128,13 @@ def min_tokens() -> int:
     return max(1, int(v)) if v else MIN_TOKENS
 
 
-def _rows(w) -> int:
+def _rows(w):
     """Rows of one layer's uploaded weight (qs, d, m, w), padding rows included."""
     qs, d, m, w32 = w
     return int(w32.shape[0]) if d is None else int(d.shape[0]) * LANES
 
 
-def _cols(fmt: int, w) -> int:
+def _cols(fmt, w):
     """Columns (K) of one layer's uploaded weight: blocks times weights a block."""
     qs, d, m, w32 = w
     if fmt == FMT_F32:
@@ -147,7 +147,7 @@ class TensorGemm:
     every matmul of a step) and the matmul that forward.py calls in place of matmul.matmul
     for steps of at least ``min_tokens`` tokens."""
 
-    def __init__(self, weights: list, stream, min_tok: int):
+    def __init__(self, weights, stream, min_tok):
         """weights: forward.py's uploaded weights, (fmt, per-layer (qs, d, m, w)), every one
         this path may dequantize: sizes the weight scratch."""
         self.min_tokens = min_tok
@@ -165,7 +165,7 @@ class TensorGemm:
         return (f"cuBLAS float16 GEMMs on tensor cores for steps of >= {self.min_tokens} "
                 "tokens (weights dequantized per layer), per-op kernels for the rest")
 
-    def _view(self, buf, which: str, rows: int, cols: int):
+    def _view(self, buf, which, rows, cols):
         key = (which, rows, cols, id(buf))
         v = self._views.get(key)
         if v is None:
@@ -181,22 +181,21 @@ class TensorGemm:
             self._x16 = cuda.device_array(cap, np.float16, stream=self.stream)
             self._views = {k: v for k, v in self._views.items() if k[0] != "x"}
 
-    def matmul(self, weight, layer: int, x, y, s) -> None:
+    def matmul(self, weight, layer, x, y, s):
         """y[T, R] = x[T, K] @ W[layer]^T for forward.py's weight (fmt, per-layer arrays);
         steps below min_tokens rows go to matmul.matmul."""
         fmt, lw = weight
-        arrs = lw[layer]
+        qs, d, m, w = arrs = lw[layer]
         T, K = x.shape
-        if T < self.min_tokens:
-            _mm.matmul(fmt, *arrs, x, y, stream=s)
+        # below the threshold, or a weight the scratch wasn't sized for (the LM head: see
+        # forward.py): the tiled kernel
+        if T < self.min_tokens or _rows(arrs) * K > self._w16.shape[0]:
+            _mm.matmul(fmt, qs, d, m, w, x, y, stream=s)
             return
         R = y.shape[1]
-        if _rows(arrs) * K > self._w16.shape[0]:  # a weight the scratch wasn't sized for
-            _mm.matmul(fmt, *arrs, x, y, stream=s)  # (the LM head: see forward.py)
-            return
         self.ensure(T)
         w16 = self._view(self._w16, "w", R, K)
         x16 = self._view(self._x16, "x", T, K)
-        _dq.dequantize(fmt, *arrs, w16, stream=s)
+        _dq.dequantize(fmt, qs, d, m, w, w16, stream=s)
         _dq.to_half(x, x16, s)
         gemm_f16(x16, w16, y, s)

@@ -29,10 +29,16 @@ idle gap while the host stages would otherwise count as device time). Host time 
 wall - device (Python staging, launches or the graph launch, copies, the wait). The host's
 share of it that is spent queueing is reported too (enqueue).
 Under the simulator the numbers mean nothing; --sim only proves that the script runs.
+
+Prefill is timed on both of its paths: "prefill" on the model's own choice (cuBLAS on tensor
+cores at 512 tokens, gpu/cuda/tensor_gemm.py), "prefill_tiles" with that path off (the fused
+kernel's token tiles); "prefill_paths" checks that their logits agree, and
+"prefill_predicted" prints gpu/cuda/prefill_plan.py's prediction beside them (a model).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -50,6 +56,9 @@ SMOL = dict(n_layer=30, d=576, ff=1536, n_head=9, n_kv=3, hd=64, vocab=49152, ct
 # (n_ff a multiple of 64: the fused step kernel runs under the simulator too, as on a GPU)
 TINY = dict(n_layer=2, d=64, ff=128, n_head=4, n_kv=2, hd=16, vocab=200, ctx=256)
 FORWARD_TOL = 1e-3   # max |gpu - ref| / max |ref| per step, float32 kernels vs float64
+# cuBLAS prefill vs the token tiles: float16 weights and activations (11-bit significands)
+# through 30 layers against float32 kernels; max |a - b| / max |b| over the logits
+PREFILL_PATHS_TOL = 2e-2
 GATE_MAX_POLLS = 1_000_000   # ~1 s of ~1 us polls: a gate that is never opened gives up
 
 # The issue's targets (H200, SmolLM2-135M Q4_1 shapes); "peer" rows need the peers' file.
@@ -425,8 +434,80 @@ def decode(model, c: dict, p: dict, sim: bool, batch: int, draw=(0.0, 0, 1.0)) -
     return out
 
 
-def prefill(model, c: dict, p: dict, sim: bool) -> dict:
-    """One step of a `prefill`-token prompt, its last token's id drawn on the device."""
+@contextlib.contextmanager
+def prefill_path(gpu, path: str, n: int):
+    """The model's prefill path for steps of n tokens, for a section: "default" (what the
+    model chooses: cuBLAS on tensor cores for n >= its threshold, gpu/cuda/tensor_gemm.py),
+    "cublas" (that path for n tokens whatever the threshold: the simulator's prompts are
+    short), "tiles" (the fused kernel's token tiles, or per op: the cuBLAS path off)."""
+    fwd = gpu.fwd
+    g = getattr(fwd, "prefill_gemm", None)
+    if path == "cublas" and g is None:
+        raise RuntimeError(f"no cuBLAS prefill path: {getattr(fwd, 'prefill_path', '?')}")
+    first = None if g is None else g.min_tokens
+    try:
+        if path == "tiles" and g is not None:
+            fwd.prefill_gemm = None
+        elif path == "cublas":
+            g.min_tokens = min(first, n)
+        yield
+    finally:
+        if g is not None:
+            fwd.prefill_gemm, g.min_tokens = g, first
+
+
+def prefill(model, c: dict, p: dict, sim: bool, path: str = "default") -> dict:
+    """One step of a `prefill`-token prompt, its last token's id drawn on the device, on the
+    prefill path `path` (prefill_path); the record names the path the steps took."""
+    _, _, gpu = model
+    with prefill_path(gpu, path, p["prefill"]):
+        out = _prefill(model, c, p, sim)
+    out["kernel_path"] = str(getattr(gpu.fwd, "last_path", getattr(gpu.fwd, "kernel_path", "?")))
+    print(f"  prefill path: {out['kernel_path']}", flush=True)
+    return out
+
+
+def prefill_paths_check(model, c: dict, p: dict, sim: bool) -> dict:
+    """The same `prefill`-token prompt on the cuBLAS path and on the token tiles: their
+    logits agree within float16 tolerance (max |cublas - tiles| / max |tiles|) and pick the
+    same token."""
+    from zerolayer.gpu.model import StepInput
+    _, _, gpu = model
+    prompt = np.random.default_rng(11).integers(0, c["vocab"], p["prefill"])
+    logits, paths = {}, {}
+    for path in ("tiles", "cublas"):
+        with prefill_path(gpu, path, len(prompt)):
+            s = gpu.new_sequence()
+            try:
+                logits[path] = gpu.step([StepInput(s, prompt)])
+            finally:
+                s.release()
+            paths[path] = str(gpu.fwd.last_path)
+    err = rel(logits["cublas"], logits["tiles"])
+    same = bool((logits["cublas"].argmax(1) == logits["tiles"].argmax(1)).all())
+    out = {"tokens": len(prompt), "rel_err": err, "tol": PREFILL_PATHS_TOL, "same_token": same,
+           "paths": paths, "failed": not (err <= PREFILL_PATHS_TOL and same)}
+    print(f"  cuBLAS vs tiles, {len(prompt)} tokens: rel err {err:.2e} (tol {PREFILL_PATHS_TOL:g}), "
+          f"same token {same}", flush=True)
+    return out
+
+
+def prefill_prediction(model, p: dict, sim: bool) -> dict:
+    """gpu/cuda/prefill_plan.py's prediction of the cuBLAS prefill at these shapes (a model,
+    printed beside the measured prefill sections), for this GPU or, under the simulator and
+    on other GPUs, for an H100 SXM."""
+    from zerolayer.gpu.cuda import prefill_plan, step_plan
+    cfg, w, _ = model
+    dev = predicted_device(sim) or step_plan.H100_SXM
+    dev = step_plan.H200 if dev.name == "H200" else step_plan.H100_SXM  # the plan's constants
+    pr = prefill_plan.predict_prefill(cfg, w, p["prefill"], dev)
+    print(prefill_plan.table(pr, f"prefill of {p['prefill']} tokens"), flush=True)
+    return {"device": dev.name, "tokens": p["prefill"], "predicted_device_us": pr.device_s * 1e6,
+            "predicted_host_us": pr.host_s * 1e6, "predicted_tok_s": pr.tok_s,
+            "lines": {ln.name: round(ln.seconds * 1e6, 1) for ln in pr.lines}}
+
+
+def _prefill(model, c: dict, p: dict, sim: bool) -> dict:
     from zerolayer.gpu.model import StepInput
     from zerolayer.gpu.model_api import Draw
     _, _, gpu = model
@@ -802,30 +883,36 @@ def grid_barrier_check(model, sim: bool) -> dict:
 
 # ------------------------------------------------------------------------------ checks
 
-def forward_check(model, ref: list, c: dict, sim: bool) -> dict:
+def forward_check(model, ref: list, c: dict, sim: bool, path: str = "tiles",
+                  tol: float = FORWARD_TOL) -> dict:
     """The whole forward pass on the GPU against the float64 reference (gpu_ref64.py, same
     weights, same steps): a prefill of two prompts, then decode steps of both sequences (their
-    KV written on the GPU by the earlier steps). Tolerance FORWARD_TOL of the largest logit,
-    per step: float32 kernels over every layer, against float64."""
+    KV written on the GPU by the earlier steps). Tolerance `tol` of the largest logit, per
+    step: FORWARD_TOL for the float32 kernels (path "tiles": the prefill on them too), or
+    PREFILL_PATHS_TOL with the prefill through cuBLAS in float16 (path "cublas")."""
     from zerolayer.gpu.model import StepInput
     _, _, gpu = model
+    steps = forward_steps(c, sim)
     seqs = [gpu.new_sequence(), gpu.new_sequence()]
-    errs, same_argmax = [], []
+    errs, same_argmax, paths = [], [], []
     try:
-        for toks, want in zip(forward_steps(c, sim), ref):
-            got = gpu.step([StepInput(s, t) for s, t in zip(seqs, toks)])
-            errs.append(rel(got, want))
-            same_argmax.append(bool((np.asarray(got).argmax(1) == want.argmax(1)).all()))
+        with prefill_path(gpu, path, sum(len(t) for t in steps[0])):
+            for toks, want in zip(steps, ref):
+                got = gpu.step([StepInput(s, t) for s, t in zip(seqs, toks)])
+                errs.append(rel(got, want))
+                same_argmax.append(bool((np.asarray(got).argmax(1) == want.argmax(1)).all()))
+                paths.append(str(getattr(gpu.fwd, "last_path", "?")))
     finally:
         for s in seqs:
             s.release()
     err = max(errs)
-    print(f"  forward vs float64: per step rel err {', '.join(f'{e:.1e}' for e in errs)} "
-          f"(tol {FORWARD_TOL:g}); same argmax {same_argmax}", flush=True)
-    if not err <= FORWARD_TOL:
+    print(f"  forward vs float64 (prefill on {path}): per step rel err "
+          f"{', '.join(f'{e:.1e}' for e in errs)} (tol {tol:g}); same argmax {same_argmax}",
+          flush=True)
+    if not err <= tol:
         raise AssertionError(f"forward pass differs from the float64 reference: {errs}")
-    return {"err": err, "tol": FORWARD_TOL, "per_step_err": errs, "same_argmax": same_argmax,
-            "reference": "float64 numpy (bench/gpu_ref64.py)"}
+    return {"err": err, "tol": tol, "per_step_err": errs, "same_argmax": same_argmax,
+            "reference": "float64 numpy (bench/gpu_ref64.py)", "prefill_path": paths[0]}
 
 
 def graph_check(model, c: dict, sim: bool) -> dict:
@@ -1289,6 +1376,14 @@ def report(res: dict, peer: dict | None, total_s: float | None = None) -> list[d
     pv = _get(tg, "prefill", "tok_s")
     row(f"prefill {pf.get('tokens', 512)} (tok/s)", pf.get("tok_s"), dec_txt(pf, False), "prefill_tok_s",
         pv, _fmt(pv, " tok/s"), None if not (pv and pf.get("tok_s")) else pf["tok_s"] / pv)
+    pt = dec("prefill_tiles")
+    row(f"prefill {pt.get('tokens', 512)} on token tiles (tok/s)", pt.get("tok_s"), dec_txt(pt, False))
+    pp = dec("prefill_predicted")
+    row(f"prefill {pp.get('tokens', 512)} cuBLAS, a model's prediction (tok/s)",
+        pp.get("predicted_tok_s"),
+        f"{pp['predicted_tok_s']:,.0f} tok/s predicted on {pp['device']} (device "
+        f"{pp['predicted_device_us']:,.0f} us, host {pp['predicted_host_us']:,.0f} us)"
+        if "predicted_tok_s" in pp else _state(pp))
     sg1 = _get(s, "stages", "b1") or {}
     dv1 = _get(d1, "device_us", "median")
     bw = sg1["plan_bytes"] / dv1 / 1e3 if sg1.get("plan_bytes") and dv1 else None
@@ -1329,10 +1424,11 @@ def checks_summary(res: dict) -> list[tuple[str, str]]:
     out.append(("compile", f"{c['workers']} workers, {c['done']}/{c['jobs']} jobs in {c['wall_s']:.0f} s "
                            f"(sum {c['job_s_sum']:.0f} s; failed: {', '.join(c['failed']) or 'none'})"
                 if "jobs" in c else _state(c)))
-    f = s.get("forward", {})
-    out.append(("forward vs float64", f"max rel err {f['err']:.1e} (tol {f['tol']:g}), per step "
-                                      f"{', '.join(f'{e:.1e}' for e in f['per_step_err'])}"
-                if "err" in f else _state(f)))
+    for key, label in (("forward", "forward vs float64"), ("forward_cublas", "forward cuBLAS/fp64")):
+        f = s.get(key, {})
+        out.append((label, f"max rel err {f['err']:.1e} (tol {f['tol']:g}), per step "
+                           f"{', '.join(f'{e:.1e}' for e in f['per_step_err'])}"
+                    if "err" in f else _state(f)))
     k = s.get("kernels", {})
     out.append(("kernels vs CPU twins", f"{k['passed']} passed, {k['failed']} failed"
                 if "passed" in k else _state(k)))
@@ -1340,6 +1436,10 @@ def checks_summary(res: dict) -> list[tuple[str, str]]:
     out.append(("graph vs launch path", "; ".join(
         f"{b}: {g[b]['graph_step_us']:.0f} vs {g[b]['launch_step_us']:.0f} us/step, err {g[b]['rel_err']:.0e}"
         for b in ("b1", "b16") if b in g) or g.get("note") or _state(g)))
+    pc = s.get("prefill_paths", {})
+    out.append(("prefill cuBLAS/tiles", f"{pc['tokens']} tokens: rel err {pc['rel_err']:.1e} "
+                                        f"(tol {pc['tol']:g}), same token {pc['same_token']}"
+                if "rel_err" in pc else _state(pc)))
     sc = s.get("sampler_check", {})
     out.append(("device sampler", f"prob err {sc['prob_err']:.1e}, {sc['same_token_as_cpu']}/{sc['rows']} "
                                   "tokens as the CPU twin" if "prob_err" in sc else _state(sc)))
@@ -1489,6 +1589,8 @@ def main(argv=None) -> int:
         run.section("decode_b16", decode, model, c, p, a.sim, p["batches"][1])
         run.section("decode_b64", decode, model, c, p, a.sim, p["batches"][2])
         run.section("prefill", prefill, model, c, p, a.sim)
+        run.section("prefill_tiles", prefill, model, c, p, a.sim, "tiles")
+        run.section("prefill_predicted", prefill_prediction, model, p, a.sim)
     run.section("sampler", sampler_timings, c, p, a.sim)
     if model:
         run.section("decode_b1_topk", decode, model, c, p, a.sim, p["batches"][0], (0.8, 40, 0.9))
@@ -1497,7 +1599,10 @@ def main(argv=None) -> int:
     # ... then the checks
     if model and ref:
         run.section("forward", forward_check, model, ref, c, a.sim)
+        run.section("forward_cublas", forward_check, model, ref, c, a.sim, "cublas",
+                    PREFILL_PATHS_TOL)
     if model:
+        run.section("prefill_paths", prefill_paths_check, model, c, p, a.sim)
         run.section("graph", graph_check, model, c, a.sim)
         run.section("memory", memory_info, model, a.sim)
     run.section("kernels", kernel_checks, c, a.sim)

@@ -171,7 +171,10 @@ class Generator:
                 + (f" ({built.slow} compiled, the rest from the JIT cache)" if built.slow else ""))
         if backend.ON_DEVICE:
             from .cuda._cuda_shim import MEMORY
-            log(f"CUDA graphs {model.graphs}; device memory: {MEMORY}")
+            fwd = getattr(model, "fwd", None)
+            log(f"CUDA graphs {model.graphs}; device memory: {MEMORY}; steps: "
+                f"{getattr(fwd, 'kernel_path', '?')}; prefill GEMMs: "
+                f"{getattr(fwd, 'prefill_path', '?')}")
         return gen
 
     def warmup(self) -> None:

@@ -11,6 +11,8 @@
 # and each stage's measured time beside gpu/cuda/step_plan.py's predicted one (stages: the
 # prediction is a model, printed as such). Every section records the kernel path it ran on
 # (the fused kernel, or per op and why), and the table lists any section that was not fused.
+# Prefill of 512 tokens runs on cuBLAS (tensor cores) and on the fused kernel's token tiles,
+# and their logits are compared (prefill_paths), beside gpu/cuda/prefill_plan.py's prediction.
 # Writes gpu_check.json, gpu_peer.json, gpu_check_report.json and gpu_check.log to $OUT
 # (default bench/results).
 #

@@ -314,3 +314,35 @@ def test_table_shows_the_cuts_the_barrier_selftest_and_predicted_beside_measured
     assert summary["grid barrier test"].startswith("OK over 132 blocks")
     assert summary["stages b1 vs model"] == "A qkv+rope+kv 40 (140), lm head+argmax 20 (-)"
     assert "step cuts, b1" in gb.table(res, PEER)
+
+
+def test_table_shows_both_prefill_paths_their_agreement_and_the_prediction():
+    """The prefill sections: the default path (cuBLAS) with its target, the token tiles
+    beside it, the model's prediction labelled as one, and the two paths' logits compared;
+    each names the path it timed."""
+    gb = _load("gpu_bench")
+    res = _results()
+    s = res["sections"]
+    s["prefill"]["kernel_path"] = "cuBLAS float16 GEMMs on tensor cores for steps of >= 64 tokens"
+    s["prefill_tiles"] = {**_decode(512, 25600.0, 25000.0), "tokens": 512,
+                          "kernel_path": "fused step kernel"}
+    s["prefill_predicted"] = {"ok": True, "device": "H200", "tokens": 512, "predicted_tok_s": 47059.0,
+                              "predicted_device_us": 560.0, "predicted_host_us": 10880.0, "s": 0.1}
+    s["prefill_paths"] = {"ok": True, "tokens": 512, "rel_err": 3e-3, "tol": 2e-2, "same_token": True,
+                          "failed": False, "s": 1.0}
+    rows = {r["metric"]: r for r in gb.report(res, PEER)}
+    assert rows["prefill 512 on token tiles (tok/s)"]["ours"] == pytest.approx(512 / 25600e-6)
+    pred = rows["prefill 512 cuBLAS, a model's prediction (tok/s)"]
+    assert pred["ours"] == 47059.0 and "predicted on H200" in pred["ours_txt"]
+    summary = dict(gb.checks_summary(res))
+    assert summary["prefill cuBLAS/tiles"] == "512 tokens: rel err 3.0e-03 (tol 0.02), same token True"
+    assert "prefill: cuBLAS float16 GEMMs" in summary["kernel path"]
+    assert "prefill_tiles" not in summary["kernel path"]  # it ran on the fused kernel
+    res2 = _results()
+    res2["sections"]["prefill_paths"] = {"ok": True, "failed": True, "tokens": 512, "rel_err": 0.5,
+                                         "tol": 2e-2, "same_token": False}
+    assert "rel err 5.0e-01" in dict(gb.checks_summary(res2))["prefill cuBLAS/tiles"]
+    s["forward_cublas"] = {"ok": True, "err": 4e-3, "tol": 2e-2, "per_step_err": [4e-3, 1e-3], "s": 1.0}
+    summary = dict(gb.checks_summary(res))
+    assert summary["forward cuBLAS/fp64"] == "max rel err 4.0e-03 (tol 0.02), per step 4.0e-03, 1.0e-03"
+    assert summary["forward vs float64"].startswith("max rel err 2.0e-05 (tol 0.001)")

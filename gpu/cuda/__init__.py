@@ -19,6 +19,8 @@ wrappers take device arrays (Numba device arrays, or CuPy arrays through
     step_plan.py    the bytes each of its stages moves and a model's time for it (no CUDA)
     step_shapes.py  model shapes without weights, for the plan's printout (no CUDA)
     residency.py    whether its grid can be resident at once: refused at start if not
+    dequant.py      quantized weights and float32 activations to float16 (tensor-core inputs)
+    tensor_gemm.py  large prefill steps' matmuls through cuBLAS on tensor cores (no kernel)
     forward.py      the forward pass over device weights (the fused kernel, or per-op
                     launches); CudaModel.step
     sampling.py     greedy / temperature / top-k / top-p per row: only token ids leave the GPU
@@ -38,6 +40,7 @@ from __future__ import annotations
 from . import (  # noqa: F401
                _cuda_shim,
                attention,
+               dequant,
                embedding,
                forward,
                grid_sync,
@@ -50,6 +53,7 @@ from . import (  # noqa: F401
                sampling,
                step_kernel,
                swiglu,
+               tensor_gemm,
                token_mask,
 )
 from ._cuda_shim import KERNELS, SIM, device_available  # noqa: F401

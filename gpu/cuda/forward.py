@@ -22,6 +22,11 @@ layers), with no allocation or copy, so that graph.py can capture a decode step 
 graph; CudaModel replays those for decode steps (ZEROLAYER_CUDA_GRAPHS=0 turns that off).
 ``step_tokens`` samples on the device (sampling.py) and copies back only token ids.
 
+Prefill steps of many tokens (tensor_gemm.MIN_TOKENS or more, not decode steps) run the
+per-op sequence with each layer matmul through cuBLAS on tensor cores instead (the weight
+dequantized to float16 per layer: tensor_gemm.py); ZEROLAYER_CUDA_PREFILL_GEMM=0 turns that
+off. ``last_path`` names the path the last step took.
+
 ``launch_tokens`` is that step without the wait: it queues the inputs' copy, the step, the
 sampler and the ids' copy back, records an event and returns. The engine plans and stages
 step N+1 meanwhile; a sequence whose token from step N is not on the host yet takes it from
@@ -48,6 +53,7 @@ from . import rope as _rope
 from . import sampling as _smp
 from . import step_kernel as _sk
 from . import swiglu as _sw
+from . import tensor_gemm as _tg
 from ._cuda_shim import SIM, cuda, grid_1d, kernel, new_event
 from .staging import Staging, take_prev
 from .step_launch import BarrierCheck, FusedRefused, FusedStep
@@ -144,6 +150,14 @@ class CudaForward:
                 print(f"zerolayer: {why}", file=sys.stderr, flush=True)
         self.kernel_path = "fused step kernel" if why is None else f"per-op launches ({why})"
         self.best_keys = None  # the last launched step's argmax keys (fused only)
+        # Prefill steps of many tokens: their layer matmuls through cuBLAS on tensor cores
+        # (tensor_gemm.py), the rest per op. Not the LM head: a prefill wants few logit rows,
+        # and its float16 copy would be the largest scratch (vocab x d_model).
+        why_not = _tg.unavailable()
+        self.prefill_gemm = None if why_not else _tg.TensorGemm(
+            [self.wqkv, self.wo, self.wgu, self.wdown], s, _tg.min_tokens())
+        self.prefill_path = self.prefill_gemm.path if self.prefill_gemm else f"off ({why_not})"
+        self.last_path = self.kernel_path  # the path the last launched step took
 
     def ensure_buffers(self, T: int, n_out: int) -> None:
         """Activation buffers for steps of up to T tokens and n_out logit rows."""
@@ -193,7 +207,14 @@ class CudaForward:
             a.tokens, a.tok_seq, a.tok_pos, a.logit_rows, a.tables, a.prev_rows)
         if a.uses_prev:
             take_prev(d_tok, d_prev, prev_ids, self.stream)
-        return self.launch(d_tok, d_seq, d_pos, d_rows, d_tab, splits, self.stream)
+        return self.launch(d_tok, d_seq, d_pos, d_rows, d_tab, splits, self.stream,
+                           gemm=self.takes_gemm(a))
+
+    def takes_gemm(self, a: StepArrays) -> bool:
+        """A step whose matmuls go through cuBLAS (tensor_gemm.py): many tokens, and not a
+        decode step (those keep the fused kernel, and their CUDA graphs)."""
+        g = self.prefill_gemm
+        return g is not None and not a.is_decode and len(a.tokens) >= g.min_tokens
 
     def stage_times(self, a: StepArrays) -> list[float]:
         """Device microseconds of each stage of the fused kernel for one step of a, each stage
@@ -224,18 +245,30 @@ class CudaForward:
                 cuda.device_array((T, c.n_head, splits), np.float32, stream=s))
         return part
 
-    def launch(self, d_tok, d_seq, d_pos, d_rows, d_tab, splits: int, s):
+    def launch(self, d_tok, d_seq, d_pos, d_rows, d_tab, splits: int, s, gemm: bool = False):
         """Only kernel launches, on stream s, from inputs already on the device: no allocation,
         no copy, no synchronisation, so the whole step can be captured as a CUDA graph
-        (graph.py). Returns the device logits [len(d_rows), vocab]."""
-        c = self.cfg
-        T, n_out = d_tok.shape[0], d_rows.shape[0]
+        (graph.py). gemm: the matmuls through cuBLAS (takes_gemm; never captured). Returns
+        the device logits [len(d_rows), vocab]."""
+        T = d_tok.shape[0]
         part = self.partials(T, splits, s)
+        g = self.prefill_gemm
+        if gemm and g is not None:
+            self.best_keys = None
+            self.last_path = g.path
+            return self._per_op(d_tok, d_seq, d_pos, d_rows, d_tab, splits, part, s, g.matmul)
+        self.last_path = self.kernel_path
         if self.fused is not None:
             logits, self.best_keys = self.fused.launch(self, d_tok, d_seq, d_pos, d_rows, d_tab,
                                                        splits, part, s)
             return logits
         self.best_keys = None
+        return self._per_op(d_tok, d_seq, d_pos, d_rows, d_tab, splits, part, s, _per_op_matmul)
+
+    def _per_op(self, d_tok, d_seq, d_pos, d_rows, d_tab, splits, part, s, mm):
+        """The step as per-op launches; mm(weight, layer, x, y, s) does each layer matmul."""
+        c = self.cfg
+        T, n_out = d_tok.shape[0], d_rows.shape[0]
         x, xn, tmp = self._x[:T], self._xn[:T], self._tmp[:T]
         qkv, att, gu, h = self._qkv[:T], self._att[:T], self._gu[:T], self._h[:T]
         eps = np.float32(c.eps)
@@ -245,19 +278,19 @@ class CudaForward:
         _emb.embed(fmt, *lw[0], d_tok, x, stream=s)
         for layer in range(c.n_layer):
             _rms.rmsnorm(x, self.attn_norm[layer], eps, xn, stream=s)
-            _mm.matmul(self.wqkv[0], *self.wqkv[1][layer], xn, qkv, stream=s)
+            mm(self.wqkv, layer, xn, qkv, s)
             if self.qkv_bias is not None:
                 add_bias(qkv, self.qkv_bias[layer], s)
             _rope.rope(qkv, 0, d_pos, self.cos, self.sin, nh + nkv, hd, stream=s)  # Q, K adjacent
             _att.kv_write(qkv, self.k_pool, self.v_pool, layer, d_seq, d_pos, d_tab, nh, nkv, hd, stream=s)
             _att.attention(qkv, self.k_pool, self.v_pool, layer, d_seq, d_pos, d_tab, nh, nkv, hd,
                            splits, att, part=part, stream=s)
-            _mm.matmul(self.wo[0], *self.wo[1][layer], att, tmp, stream=s)
+            mm(self.wo, layer, att, tmp, s)
             _sw.add(x, tmp, stream=s)
             _rms.rmsnorm(x, self.ffn_norm[layer], eps, xn, stream=s)
-            _mm.matmul(self.wgu[0], *self.wgu[1][layer], xn, gu, stream=s)
+            mm(self.wgu, layer, xn, gu, s)
             _sw.swiglu(gu, h, stream=s)
-            _mm.matmul(self.wdown[0], *self.wdown[1][layer], h, tmp, stream=s)
+            mm(self.wdown, layer, h, tmp, s)
             _sw.add(x, tmp, stream=s)
         logits = self._logits[:n_out]
         if n_out == 0:  # prompt chunks that want no logits (and a launch of 0 blocks is an error)
@@ -268,6 +301,12 @@ class CudaForward:
         _rms.rmsnorm(xl, self.out_norm, eps, xln, stream=s)
         _mm.matmul(self.output[0], *self.output[1][0], xln, logits, stream=s)
         return logits
+
+
+def _per_op_matmul(weight, layer, x, y, s):
+    fmt, lw = weight
+    qs, d, m, w = lw[layer]
+    _mm.matmul(fmt, qs, d, m, w, x, y, stream=s)
 
 
 class PendingStep:

@@ -106,6 +106,7 @@ class Daemon:
                                                capacity=c.security.nonce_capacity,
                                                per_key=c.security.nonce_per_key))
         self.ingress = Ingress(self.keys, self.replay, Reassembler())
+        self.metrics.pull_ingress(self.ingress)
         self.ingress.require_xdp_tag = c.network.xdp_require_tag
         self.ingress.xdp_tag_valid = XdpTagCheck()   # compiled (numba's cache after the first)
         self.cache = ResultCache(ttl_s=c.cache.ttl_s, max_entries=c.cache.max_entries,

@@ -110,7 +110,7 @@ class UdpCarrier:
         return False
 
     def observe(self, metrics: Metrics) -> None:
-        pass
+        metrics.update_udp(self.io)
 
     def close(self) -> None:
         self.sock.close()

@@ -107,6 +107,7 @@ class Daemon:
                                                capacity=c.security.nonce_capacity,
                                                per_key=c.security.nonce_per_key))
         self.ingress = Ingress(self.keys, self.replay, Reassembler())
+        self.metrics.pull_ingress(self.ingress)
         self.ingress.require_xdp_tag = c.network.xdp_require_tag
         self.ingress.xdp_tag_valid = XdpTagCheck()   # compiled (numba's cache after the first)
         self.cache = ResultCache(ttl_s=c.cache.ttl_s, max_entries=c.cache.max_entries,
@@ -233,8 +234,8 @@ class Daemon:
                     break
             # Looked at every turn; an empty hand-off costs no system call. Its eventfd may
             # be left readable by a write that came after its items were taken: the sleep
-            # below rearms each fd first, or select() would return at once, turn after
-            # turn (a spinning I/O thread, competing with the kernels).
+            # below clears each fd it found readable, or select() would return at once,
+            # turn after turn (a spinning I/O thread, competing with the kernels).
             for slot in self.engines:
                 for ev in slot.events.drain():
                     self._on_event(ev, slot)
@@ -252,13 +253,26 @@ class Daemon:
             if self.lifecycle.tick(now, len(self.in_flight)) is Phase.STOPPED:
                 break
             if not busy:
-                pending = any([h.rearm() for h in self._handoffs])  # each one, before any wait
+                # A hand-off's fd is cleared when select() finds it readable, not before every
+                # sleep: two eventfd reads (each an EAGAIN exception) per sleep were paid again
+                # for every lone PING. No wake-up is lost: an item is queued
+                # before its fd is written, and every clear is followed by a look at the queue
+                # (drain pops what is there; a clear after select() goes round the loop).
+                pending = any([len(h) for h in self._handoffs])
                 shm = carriers.shm
                 if (not pending and shm is not None and shm_poll_s and shm.has_clients
-                        and engines_mod.idle(self.engines) and shm.spin(shm_poll_s, wait_fds)):
-                    continue   # a same-host client wrote while we looked: no sleep, no wake-up
+                        and engines_mod.idle(self.engines)):
+                    # the spin's select(0) must not find a stale hand-off fd: cleared first
+                    pending = any([h.rearm() for h in self._handoffs])
+                    if not pending and shm.spin(shm_poll_s, wait_fds):
+                        continue   # a same-host client wrote while we looked: no sleep
                 pending = carriers.before_sleep() or pending
-                select.select(wait_fds, [], [], 0.0 if pending else max(0.0, next_house - now))
+                ready = select.select(wait_fds, [], [],
+                                      0.0 if pending else max(0.0, next_house - now))[0]
+                if len(ready) > 1 or (ready and type(ready[0]) is Handoff):
+                    for h in self._handoffs:
+                        if h in ready:
+                            h.rearm()
         self._shutdown()
         return self.lifecycle.exit_code
 

@@ -70,34 +70,37 @@ def parse_frame(frame: memoryview, queue: int, peers: dict) -> tuple[bytes, Peer
     object (and its precomputed sums) across datagrams."""
     if len(frame) < ETH_LEN + IPV4_LEN + UDP_LEN:
         return None
+    # One copy of the frame, then bytes slicing and indexing: each memoryview slice turned
+    # into bytes, or indexed, cost more than the whole copy of a datagram-sized frame.
+    b = frame.tobytes()
     off = 12
-    etype = (frame[off] << 8) | frame[off + 1]
+    etype = (b[off] << 8) | b[off + 1]
     if etype in (ETH_P_8021Q, ETH_P_8021AD):
         off += VLAN_LEN
-        etype = (frame[off] << 8) | frame[off + 1]
+        etype = (b[off] << 8) | b[off + 1]
     ip = off + 2
     if etype == ETH_P_IP:
-        if frame[ip] >> 4 != 4 or frame[ip] & 0xF < 5 or frame[ip + 9] != IPPROTO_UDP:
+        if b[ip] >> 4 != 4 or b[ip] & 0xF < 5 or b[ip + 9] != IPPROTO_UDP:
             return None
-        udp = ip + (frame[ip] & 0xF) * 4
-        key = bytes(frame[0:ip]) + bytes(frame[ip + 12:ip + 20]) + bytes(frame[udp:udp + 4])
+        udp = ip + (b[ip] & 0xF) * 4
+        key = b[0:ip] + b[ip + 12:ip + 20] + b[udp:udp + 4]
     elif etype == ETH_P_IPV6:
-        if frame[ip + 6] != IPPROTO_UDP:
+        if b[ip + 6] != IPPROTO_UDP:
             return None
         udp = ip + IPV6_LEN
-        key = bytes(frame[0:ip]) + bytes(frame[ip + 8:ip + 40]) + bytes(frame[udp:udp + 4])
+        key = b[0:ip] + b[ip + 8:ip + 40] + b[udp:udp + 4]
     else:
         return None
-    if len(frame) < udp + UDP_LEN:
+    if len(b) < udp + UDP_LEN:
         return None
-    ulen = (frame[udp + 4] << 8) | frame[udp + 5]
-    if ulen < UDP_LEN or udp + ulen > len(frame):
+    ulen = (b[udp + 4] << 8) | b[udp + 5]
+    if ulen < UDP_LEN or udp + ulen > len(b):
         return None
-    payload = bytes(frame[udp + UDP_LEN:udp + ulen])
+    payload = b[udp + UDP_LEN:udp + ulen]
     pk = (queue, key)
     peer = peers.get(pk)
     if peer is None:
-        peer = _make_peer(bytes(frame[:udp + UDP_LEN]), queue, ip, udp, etype == ETH_P_IPV6)
+        peer = _make_peer(b[:udp + UDP_LEN], queue, ip, udp, etype == ETH_P_IPV6)
         if len(peers) >= 65536:  # a bounded cache: a spoofing flood can't grow it forever
             peers.clear()
         peers[pk] = peer

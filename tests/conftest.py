@@ -2,8 +2,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 from tiny_gguf import write_tiny_llama
+
+# Tests check behaviour, never wall-clock time: Hypothesis's default 200 ms deadline per
+# example fails property tests at random on a shared, loaded machine.
+settings.register_profile("no_deadline", deadline=None)
+settings.load_profile("no_deadline")
 
 
 @pytest.fixture(scope="session")

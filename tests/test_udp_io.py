@@ -68,3 +68,35 @@ def test_a_refused_destination_costs_only_its_datagram(n):
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("family,host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")])
+def test_each_datagram_gets_its_own_senders_address(family, host):
+    """Senders' addresses are decoded once and then looked up: interleaved senders, within
+    one batch and across batches, each get their own address back, also after the lookup
+    table was emptied (it is bounded)."""
+    srv = socket.socket(family, socket.SOCK_DGRAM)
+    srv.bind((host, 0))
+    clients = [socket.socket(family, socket.SOCK_DGRAM) for _ in range(3)]
+    try:
+        for c in clients:
+            c.bind((host, 0))
+        u = BatchedUDP(srv, batch=4, bufsize=64)
+        for rnd in range(3):
+            sent = [(i, k) for k in range(3) for i in range(3)]   # 9 datagrams, 3 batches
+            for i, k in sent:
+                clients[i].sendto(bytes([i, k, rnd]), srv.getsockname())
+            got = []
+            for _ in range(100):
+                got += u.recv_batch()
+                if len(got) == len(sent):
+                    break
+            assert len(got) == len(sent)
+            for data, addr in got:
+                assert addr[:2] == clients[data[0]].getsockname()[:2]
+            if rnd == 1:
+                u._addrs.clear()
+    finally:
+        srv.close()
+        for c in clients:
+            c.close()

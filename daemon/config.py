@@ -310,7 +310,8 @@ def add_flags(ap: argparse.ArgumentParser, comments: dict[str, str] | None = Non
             g.add_argument(f"--{sec.name}-{f.name.replace('_', '-')}",
                            dest=f"{sec.name}__{f.name}", default=None,
                            metavar=_types(sec.default_factory)[f.name].__name__.upper(),
-                           help=f"{what} (default: {f.default!r}{extra})".lstrip())
+                           # argparse %-formats help text: a literal % in a comment is escaped
+                           help=f"{what} (default: {f.default!r}{extra})".lstrip().replace("%", "%%"))
 
 
 def load(args: argparse.Namespace | None = None,

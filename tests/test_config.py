@@ -152,3 +152,15 @@ def test_check_loads_the_xdp_program_through_the_verifier(tmp_path):
                     "xdp", "--network-interface", "lo")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ok   xdp: loaded through the verifier" in r.stdout and "not attached" in r.stdout
+
+
+def test_every_flag_help_renders_with_the_settings_comments():
+    """`zerolayerd --help` formats each flag's help with %-formatting: a comment of
+    deploy/'s TOML with a literal % (e.g. "~97% top-1") must print, not raise."""
+    import argparse
+    comments = config.setting_comments()
+    assert any("%" in c for c in comments.values())
+    ap = argparse.ArgumentParser()
+    config.add_flags(ap, comments)
+    text = ap.format_help()
+    assert "%" in text and "%%" not in text

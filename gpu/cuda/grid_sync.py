@@ -27,17 +27,26 @@ this launch and of any launch after it, passes at once and computes garbage, and
 which reads a copy of the flag after each step (step_launch.BarrierCheck), discards those
 steps and stops using the fused kernel. A hang is never the outcome.
 
+Where a stage reads only part of what the stage before it wrote, a grid barrier waits for
+more than it needs: ``wait_at_least`` instead waits for a ready counter that the writers of
+just those rows increment after a fence (the per-tile counters of published megakernels).
+It gives up as the barrier does, after ``SPIN_LIMIT`` polls, setting the same sticky flag,
+and passes at once once the flag is set.
+
 Under the simulator blocks run one after another, so no barrier could ever complete: there,
 the launcher runs a persistent kernel one stage per launch and the launch boundary is the
-barrier; ``grid_sync`` is never reached between stages.
+barrier; ``grid_sync`` is never reached between stages, and a counter is always complete
+when it is waited for. One that is not would be a kernel bug, so there a wait gives up at
+the first poll (``WAIT_SPIN_LIMIT``) and the step fails its check instead of spinning.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ._cuda_shim import cuda, device, kernel
+from ._cuda_shim import SIM, cuda, device, kernel
 
 SPIN_LIMIT = 1 << 24  # polls of the generation before a block gives up (seconds, not ms)
+WAIT_SPIN_LIMIT = 0 if SIM else SPIN_LIMIT  # polls of a ready counter (see above)
 WORDS = 4              # int32 words of barrier state (one spare)
 
 
@@ -64,6 +73,36 @@ def grid_sync(bar, tid):
                     break
     cuda.syncthreads()
     cuda.threadfence()  # other blocks' writes, before this block's next loads
+
+
+@device
+def wait_at_least(ctr, i0, i1, want, bar, tid):
+    """Wait until ctr[i] >= want for every i in [i0, i1); all threads of the block call it.
+    The writers fence their writes before they count, and every thread fences after the
+    wait, so what they wrote before counting is visible to this block's loads after it."""
+    cuda.syncthreads()  # type: ignore[call-arg]  # numba stubs: an intrinsic
+    if tid == 0:
+        spins = 0
+        for i in range(i0, i1):
+            while cuda.atomic.add(ctr, i, 0) < want:
+                if cuda.atomic.add(bar, 2, 0) != 0:
+                    break
+                spins += 1
+                if spins > WAIT_SPIN_LIMIT:
+                    cuda.atomic.max(bar, 2, 1)
+                    break
+    cuda.syncthreads()
+    cuda.threadfence()
+
+
+@device
+def count_ready(ctr, i, tid):
+    """Count one more producer done at ctr[i], after this block's writes (all threads call
+    it, after their last write)."""
+    cuda.threadfence()
+    cuda.syncthreads()  # type: ignore[call-arg]  # numba stubs: an intrinsic
+    if tid == 0:
+        cuda.atomic.add(ctr, i, 1)
 
 
 def new_state():

@@ -16,7 +16,10 @@ from ..quant import LANES
 class Geometry:
     threads: int = 256              # threads per block; one block per multiprocessor
     rows_per_item: int = LANES      # output rows a matmul work item computes
-    k_splits: int = 1               # slices of K per row group (split-K; 1: none)
+    k_splits: int = 1               # at most this many slices of K per row group (split-K)
+    # split-K aims at this many matmul items per SM (``k_splits_for``): two, so a block that
+    # finishes early takes another item instead of idling at the barrier
+    matmul_items_per_sm: int = 2
     load_bytes: int = 4             # bytes per weight load instruction and thread
     loads_in_flight: int = 4        # weight loads a thread issues before using any
     # attention's K and V reads: one 4-byte value per thread and load; the head-dim loop's
@@ -26,7 +29,10 @@ class Geometry:
     # that finishes its split early takes another instead of idling at the barrier)
     attention_items_per_sm: int = 2
     stages_per_layer: int = 5       # A qkv, B attention, C o-proj, D gate|up, E down
-    grid_syncs_per_layer: int = 5   # one grid-wide barrier after every stage
+    grid_syncs_per_layer: int = 5   # grid-wide barriers a layer (the rest: ready counters)
+    # after which of a layer's stages (A..E) every block waits at a grid barrier; the reader
+    # of a stage with none waits on ready counters for just what it reads
+    barrier_after: tuple[bool, ...] = (True, True, True, True, True)
 
     @property
     def bytes_in_flight(self) -> int:
@@ -34,4 +40,18 @@ class Geometry:
         return self.threads * self.load_bytes * self.loads_in_flight
 
 
-KERNEL = Geometry()
+def k_splits_for(row_items: int, k_blocks: int, target: int, most: int) -> int:
+    """Slices of K for a matmul stage of `row_items` (row group, token tile) items over
+    `k_blocks` K blocks: just enough for `target` items in all, at most `most` and never
+    more than the K blocks (no slice is empty). The kernel and step_plan both call this."""
+    want = (target + row_items - 1) // row_items
+    return max(1, min(want, most, k_blocks))
+
+
+# 16-row items (four row quads of a quant row group) and K split up to 8 ways: every matmul
+# stage of SmolLM2-135M and Llama-3.2-1B has >= 2 items per SM of an H100 at batch 1.
+# Ready counters instead of grid barriers after A and D: an attention item waits for its KV
+# head's Q, K and V row groups, a down-projection slice for the gate|up groups of its h
+# columns (and its residual write for every gate|up item of its tile, readers of x).
+KERNEL = Geometry(rows_per_item=16, k_splits=8, grid_syncs_per_layer=3,
+                  barrier_after=(False, True, True, False, True))

@@ -4,10 +4,11 @@ persistent kernel: the device half of gpu/model.py's ``forward`` with no launch 
 Why: at SmolLM2-135M's size a decode step moves ~115 MB of weights, ~25 us of HBM time on an
 H200, while the per-op path (forward.py) is ~395 kernel nodes whose launch gaps and
 latency-bound small grids cost milliseconds. Here one launch runs a fixed sequence of
-*stages*; between two stages every block waits at a grid barrier (grid_sync.py), which is
-what a kernel boundary provided before:
+*stages*. Where a stage reads what the whole stage before it wrote, every block waits at a
+grid barrier (grid_sync.py), which is what a kernel boundary provided before; where it reads
+a part, it waits on ready counters for that part only (step_geometry.barrier_after):
 
-    stage 0            x = embed(tokens); argmax slots cleared
+    stage 0            x = embed(tokens); argmax slots and ready counters cleared
     per layer, 5:      A  rmsnorm + [Q|K|V] matmul + bias + RoPE; K, V into the KV arena; Q kept
                        B  attention per (token, KV head, split); the last split merges
                        C  O-proj + residual:             x += att @ Wo^T
@@ -15,9 +16,22 @@ what a kernel boundary provided before:
                        E  down + residual:               x += h @ Wd^T
     last stage         logits = rmsnorm(x[rows]) @ Wout^T, and each row's argmax
 
-A stage is a list of work items taken grid-stride by the blocks: a *row group* (64 output
-rows, gpu/quant.py's LANES) times a tile of TT tokens for the matmul stages, a (token, KV
-head, split) for attention. The fusions need no extra pass:
+Barriers come after C and E (their readers normalise whole rows of x) and after B (the O
+projection reads every head). After A, an attention item waits for the count of its KV
+head's Q|K|V row groups of its token tile; after D, a down-projection item waits for the
+gate|up groups of its K slice of h, and the one that adds into x waits first for every
+gate|up item of the tile, since those read x. The counters are per (layer, token tile), so
+no stage's counter is reused within a step.
+
+A stage is a list of work items taken grid-stride by the blocks: for the matmul stages a
+*row group* (16 output rows, four row quads of one gpu/quant.py LANES group) times a slice of
+K times a tile of TT tokens; for attention a (token, KV head, split). K is split just enough
+for step_geometry.matmul_items_per_sm items per block (``k_splits_for``, at most k_splits):
+at batch 1 a 576-row projection is 36 row groups, a 6th of an H100's 132 multiprocessors,
+and 8 slices of K make it 288 items. Each slice's sums go to scratch and the item of the row
+group that arrives last (an atomic count) adds them in slice order and finishes the rows
+(norm, bias, RoPE, SwiGLU, residual), so the result does not depend on block order. The
+fusions need no extra pass:
   * RMSNorm is folded into the dot products: rmsnorm(x) W^T = inv * ((x * w_norm) W^T), and
     the sum of squares that gives inv is accumulated from the same x loads (every element of
     a row passes exactly one K-thread of each row quad);
@@ -30,13 +44,13 @@ head, split) for attention. The fusions need no extra pass:
     order-preserving key with the negated index in the low bits (the first index on ties,
     as numpy); the sampler reads it for greedy rows instead of scanning the vocabulary.
 
-Thread layout of a matmul item (256 threads): thread (j = tid // 16, quad = tid % 16) owns
-rows 4*quad .. 4*quad + 3 of the group and byte position j (and j + 16 for 32-byte blocks)
-of every K block: the group's weights are read as 32-bit words, one per thread per block,
-``qs32[layer, g, b, j, quad]`` (the quant layout's bytes, 4 rows per word), so a warp reads
-128 contiguous bytes per block. Partial sums meet by one shuffle (the two K positions of a
-warp) and shared memory (the 8 warps). TT (tokens per item) is a compile-time constant: 1
-for a step of one token, 4 otherwise.
+Thread layout of a matmul item (256 threads): thread (kp = tid // 4, quad = tid % 4) owns
+rows 4*quad .. 4*quad + 3 of the item and every 64th (block, byte) position of its K slice
+from kp: the weights are read as 32-bit words, ``qs32[layer, g64, b, j, lq]`` (the quant
+layout's bytes, 4 rows per word; lq the quad within the 64-row group), so a warp reads 8
+runs of 16 contiguous bytes (the other 48 bytes of each 64 are the 3 sibling items', read
+in the same stage, from L2). Partial sums meet in shared memory, halving in a fixed order.
+TT (tokens per item) is a compile-time constant: 1 for a step of one token, 4 otherwise.
 
 Under the simulator the same kernel runs one stage per launch (grid_sync.py); the launch
 count (``_cuda_shim.LAUNCHES``) still counts one launch per step, the launch the device makes.
@@ -54,17 +68,25 @@ from numba import float32, int32, int64, uint32
 from ..ops.attention import BLOCK_TOKENS
 from ..quant import FMT_F32, FMT_Q4, LANES
 from ._cuda_shim import cuda, device, float_bits, kernel, shfl_xor, warp_max, warp_sum
-from .grid_sync import grid_sync
-from .step_geometry import KERNEL
+from .grid_sync import count_ready, grid_sync, wait_at_least
+from .step_geometry import KERNEL, k_splits_for
 
-if KERNEL.rows_per_item != LANES or KERNEL.k_splits != 1:
-    raise ImportError("step_kernel reads whole quant row groups: rows_per_item LANES, no K split")
+if (LANES % KERNEL.rows_per_item or KERNEL.rows_per_item % 4 or KERNEL.rows_per_item > 32
+        or KERNEL.threads % KERNEL.rows_per_item):
+    raise ImportError("step_kernel's items are whole row quads of one quant row group")
 
 # The cut of the work (step_geometry.KERNEL, which step_plan.py predicts from): one source.
 THREADS = KERNEL.threads
-ROWS = KERNEL.rows_per_item  # rows per matmul work item: one quant row group (LANES)
-QUADS = ROWS // 4     # 16 row quads; THREADS // QUADS = 16 K positions
-WARPS = THREADS // 32
+ROWS = KERNEL.rows_per_item  # rows per matmul work item: row quads of one quant row group
+QUADS = ROWS // 4     # row quads of an item, one 32-bit word (4 rows' bytes) each
+KPOS = THREADS // QUADS  # K positions an item's threads take at a time
+SUBS = LANES // ROWS  # items per quant row group
+QW = LANES // 4       # 32-bit words of one (block, byte) of a quant row group
+RED8 = 8              # first-round partial sums of an item's reduction (KPOS // RED8 terms each)
+K_SPLITS = KERNEL.k_splits
+BARRIER_AFTER = KERNEL.barrier_after  # a grid barrier after which stages of a layer
+# the argmax keys meet over the ROWS lanes of one token (a warp holds 32 // ROWS tokens)
+KEY_SHUFFLES = tuple(o for o in (16, 8, 4, 2, 1) if o < ROWS)
 STAGES_PER_LAYER = KERNEL.stages_per_layer
 HEAD = STAGES_PER_LAYER  # the LM head's stage kind
 MAX_G = 8             # query heads per KV head
@@ -81,10 +103,10 @@ def stage_count(n_layer: int) -> int:
 
 def supports(cfg, fmts) -> str | None:
     """Why this kernel can't run a model, or None when it can."""
-    if cfg.n_ff % ROWS:
-        return f"n_ff {cfg.n_ff} is not a multiple of {ROWS}"
-    if cfg.head_dim > MAX_HD or cfg.head_dim % 2:
-        return f"head_dim {cfg.head_dim} (at most {MAX_HD}, even)"
+    if cfg.n_ff % LANES:  # the up rows start a quant row group
+        return f"n_ff {cfg.n_ff} is not a multiple of {LANES}"
+    if cfg.head_dim > MAX_HD or cfg.head_dim % ROWS:  # a row group within one head
+        return f"head_dim {cfg.head_dim} (at most {MAX_HD}, a multiple of {ROWS})"
     if cfg.n_head % cfg.n_kv or cfg.n_head // cfg.n_kv > MAX_G:
         return f"GQA group {cfg.n_head}/{cfg.n_kv} (at most {MAX_G})"
     return None
@@ -92,15 +114,20 @@ def supports(cfg, fmts) -> str | None:
 
 def _make(TT):
     ACC = 4 * TT  # accumulators per thread: 4 rows x TT tokens (a constant for local arrays)
+    REDC = (ROWS + 1) * TT  # reduction columns: ROWS x TT sums, then TT sums of squares
 
     @device
-    def dot_group(fmt, qs, d, m, w, layer, g, src, rows, use_rows, t0, T, nw, use_norm, tid,
-                  red, reds, res, ssr):
-        """res[r, tt] = sum_k W[g*64 + r, k] * xw[t0 + tt, k], xw = src * nw if use_norm;
-        ssr[tt] = sum_k src[t0 + tt, k]^2. Every thread of the block calls it."""
-        j = tid >> 4
-        quad = tid & 15
-        trow = cuda.local.array(TT, int64)  # src row of each token of the tile
+    def dot_item(fmt, qs, d, m, w, dims, layer, g, kb0, kb1, src, rows, use_rows, t0, T, norms,
+                 nrow, use_norm, tid, red, red8, res, ssr):
+        """res[r, tt] = sum_k W[g*ROWS + r, k] * xw[t0 + tt, k] over the K blocks [kb0, kb1)
+        (32 elements a block), xw = src * norms[nrow] if use_norm; ssr[tt] = sum_k src[t0 + tt, k]^2
+        over the same k. Every thread of the block calls it."""
+        kp = tid >> 2         # K position of the thread (KPOS of them)
+        quad = tid & 3        # row quad of the item: rows 4*quad .. 4*quad + 3
+        g64 = g // SUBS       # the quant row group holding the item's rows
+        lq = (g % SUBS) * QUADS + quad  # the thread's word in that group's (block, byte) row
+        nb = dims[1]
+        trow = cuda.local.array(TT, int32)  # src row of each token of the tile
         for tt in range(TT):
             t = min(t0 + tt, T - 1)  # past the end: the last token again, never stored
             trow[tt] = rows[t] if use_rows else t
@@ -113,105 +140,95 @@ def _make(TT):
         for tt in range(TT):
             ss[tt] = float32(0.0)
         if fmt == FMT_F32:
-            R = w.shape[1]
-            K = w.shape[2]
-            for k in range(j, K, 16):
-                sc = nw[k] if use_norm else float32(1.0)
+            R = dims[3]
+            K = dims[4]
+            wrow = layer * R
+            for k in range(kb0 * 32 + kp, min(kb1 * 32, K), KPOS):
+                sc = norms[nrow, k] if use_norm else float32(1.0)
                 for tt in range(TT):
                     v = src[trow[tt], k]
                     ss[tt] += v * v
                     xa[tt] = v * sc
                 for q in range(4):
-                    wv = w[layer, min(g * ROWS + 4 * quad + q, R - 1), k]
+                    wv = w[(wrow + min(g * ROWS + 4 * quad + q, R - 1)) * K + k]
                     for tt in range(TT):
                         acc[q * TT + tt] += wv * xa[tt]
-        elif fmt == FMT_Q4:
-            # four blocks' words loaded before any is used: loads in flight are what a
-            # latency-bound stream needs (the clamped repeats at the end hit L1)
-            nb = d.shape[2]
-            for b0 in range(0, nb, 4):
-                w0 = qs[layer, g, b0, j, quad]
-                w1 = qs[layer, g, min(b0 + 1, nb - 1), j, quad]
-                w2 = qs[layer, g, min(b0 + 2, nb - 1), j, quad]
-                w3 = qs[layer, g, min(b0 + 3, nb - 1), j, quad]
+        else:
+            # Q4: a (block, byte) position holds elements j and j + 16 of 4 rows; the byte
+            # formats: element j alone. Four positions' words loaded before any is used:
+            # loads in flight are what a latency-bound stream needs (clamped repeats hit L1).
+            BS = dims[2]
+            j = kp % BS                 # BS (16 or 32) divides KPOS: the thread's byte is fixed
+            step = KPOS // BS           # and it takes every step-th block of the slice
+            gb = (layer * dims[0] + g64) * nb  # the group's first block
+            for b0 in range(kb0 + kp // BS, kb1, 4 * step):
+                w0 = qs[((gb + b0) * BS + j) * QW + lq]
+                w1 = qs[((gb + min(b0 + step, kb1 - 1)) * BS + j) * QW + lq]
+                w2 = qs[((gb + min(b0 + 2 * step, kb1 - 1)) * BS + j) * QW + lq]
+                w3 = qs[((gb + min(b0 + 3 * step, kb1 - 1)) * BS + j) * QW + lq]
                 for u in range(4):
-                    b = b0 + u
-                    if b < nb:
+                    b = b0 + u * step
+                    if b < kb1:
                         word = w0 if u == 0 else (w1 if u == 1 else (w2 if u == 2 else w3))
-                        e = b * 32 + j
-                        sa = nw[e] if use_norm else float32(1.0)
-                        sb = nw[e + 16] if use_norm else float32(1.0)
-                        for tt in range(TT):
-                            va = src[trow[tt], e]
-                            vb = src[trow[tt], e + 16]
-                            ss[tt] += va * va + vb * vb
-                            xa[tt] = va * sa
-                            xb[tt] = vb * sb
-                        for q in range(4):
-                            byte = (word >> uint32(8 * q)) & uint32(255)
-                            lo = float32(byte & uint32(15))
-                            hi = float32(byte >> uint32(4))
-                            dq = d[layer, g, b, 4 * quad + q]
-                            mq = m[layer, g, b, 4 * quad + q]
+                        if fmt == FMT_Q4:
+                            e = b * 32 + j
+                            sa = norms[nrow, e] if use_norm else float32(1.0)
+                            sb = norms[nrow, e + 16] if use_norm else float32(1.0)
                             for tt in range(TT):
-                                acc[q * TT + tt] += dq * (lo * xa[tt] + hi * xb[tt]) + mq * (xa[tt] + xb[tt])
-        else:  # byte formats: BS bytes (= weights) per block, 32 or 16
-            # a thread's words of two blocks (bytes j and j + 16 of each) loaded before use
-            nb = d.shape[2]
-            BS = qs.shape[3]
-            j2 = min(j + 16, BS - 1)  # BS == 16: the second word is never used
-            for b0 in range(0, nb, 2):
-                b1 = min(b0 + 1, nb - 1)
-                w0 = qs[layer, g, b0, j, quad]
-                w1 = qs[layer, g, b0, j2, quad]
-                w2 = qs[layer, g, b1, j, quad]
-                w3 = qs[layer, g, b1, j2, quad]
-                for u in range(4):
-                    b = b0 + u // 2
-                    jj = j + 16 * (u % 2)
-                    if b < nb and jj < BS:
-                        word = w0 if u == 0 else (w1 if u == 1 else (w2 if u == 2 else w3))
-                        e = b * BS + jj
-                        sa = nw[e] if use_norm else float32(1.0)
-                        for tt in range(TT):
-                            va = src[trow[tt], e]
-                            ss[tt] += va * va
-                            xa[tt] = va * sa
-                        for q in range(4):
-                            qv = float32((word >> uint32(8 * q)) & uint32(255))
-                            dq = d[layer, g, b, 4 * quad + q]
-                            mq = m[layer, g, b, 4 * quad + q]
+                                va = src[trow[tt], e]
+                                vb = src[trow[tt], e + 16]
+                                ss[tt] += va * va + vb * vb
+                                xa[tt] = va * sa
+                                xb[tt] = vb * sb
+                            for q in range(4):
+                                byte = (word >> uint32(8 * q)) & uint32(255)
+                                lo = float32(byte & uint32(15))
+                                hi = float32(byte >> uint32(4))
+                                dq = d[(gb + b) * LANES + 4 * lq + q]
+                                mq = m[(gb + b) * LANES + 4 * lq + q]
+                                for tt in range(TT):
+                                    acc[q * TT + tt] += (dq * (lo * xa[tt] + hi * xb[tt])
+                                                         + mq * (xa[tt] + xb[tt]))
+                        else:
+                            e = b * BS + j
+                            sa = norms[nrow, e] if use_norm else float32(1.0)
                             for tt in range(TT):
-                                acc[q * TT + tt] += (dq * qv + mq) * xa[tt]
-        # the two K positions of a warp (lanes l and l ^ 16), then the 8 warps in shared memory
-        lane = tid & 31
-        wp = tid >> 5
-        for i in range(4 * TT):
-            v = acc[i]
-            acc[i] = v + shfl_xor(v, 16)
-        for tt in range(TT):
-            v = ss[tt]
-            ss[tt] = v + shfl_xor(v, 16)
-        if lane < 16:
-            for q in range(4):
-                for tt in range(TT):
-                    red[wp, 4 * lane + q, tt] = acc[q * TT + tt]
-            if lane == 0:
-                for tt in range(TT):
-                    reds[wp, tt] = ss[tt]
+                                va = src[trow[tt], e]
+                                ss[tt] += va * va
+                                xa[tt] = va * sa
+                            for q in range(4):
+                                qv = float32((word >> uint32(8 * q)) & uint32(255))
+                                dq = d[(gb + b) * LANES + 4 * lq + q]
+                                mq = m[(gb + b) * LANES + 4 * lq + q]
+                                for tt in range(TT):
+                                    acc[q * TT + tt] += (dq * qv + mq) * xa[tt]
+        # the KPOS positions' partial sums meet in shared memory in a fixed order (the result
+        # is the same whichever block runs the item), in two rounds of RED8 terms: column
+        # r * TT + tt for row r, ROWS * TT + tt for the sum of squares (each element passed
+        # one thread of quad 0)
+        for q in range(4):
+            for tt in range(TT):
+                red[kp, (4 * quad + q) * TT + tt] = acc[q * TT + tt]
+        if quad == 0:
+            for tt in range(TT):
+                red[kp, ROWS * TT + tt] = ss[tt]
         cuda.syncthreads()
-        if tid < ROWS * TT:
-            r = tid % ROWS
-            tt = tid // ROWS
+        for e in range(tid, RED8 * REDC, THREADS):
+            p = e // REDC
+            c = e % REDC
             v = float32(0.0)
-            for k in range(WARPS):
-                v += red[k, r, tt]
-            res[r, tt] = v
-        if tid < TT:
+            for i in range(KPOS // RED8):
+                v += red[p * (KPOS // RED8) + i, c]
+            red8[p, c] = v
+        cuda.syncthreads()
+        if tid < REDC:
             v = float32(0.0)
-            for k in range(WARPS):
-                v += reds[k, tid]
-            ssr[tid] = v
+            for p in range(RED8):
+                v += red8[p, tid]
+            if tid < ROWS * TT:
+                res[tid // TT, tid % TT] = v
+            else:
+                ssr[tid - ROWS * TT] = v
         cuda.syncthreads()
 
     @device
@@ -229,23 +246,28 @@ def _make(TT):
 
     @kernel([_SIG_TEMPLATE.format(TT=TT)], name=f"step_kernel.step_tt{TT}")
     def step(qq, qd, qm, qw, fq, oq, od, om, ow, fo, gq, gd, gm, gw, fg, dq_, dd, dm, dw, fd,
-             eq, ed, em, ew, fe, lq, ld, lm, lw, fl,
-             attn_norm, ffn_norm, out_norm, qkv_bias, has_bias, cos, sin, k_pool, v_pool,
+             eq, ed, em, ew, fe, lq, ld, lm, lw, fl, wdim,
+             norms, qkv_bias, has_bias, cos, sin, k_pool, v_pool,
              tok, tok_seq, tok_pos, logit_rows, tables,
-             x, qbuf, att, h, logits, part_o, part_m, part_l, cnt, best, bar,
-             n_head, n_kv, hd, n_ff, eps, scale, splits, stage_lo, stage_hi):
+             x, qbuf, att, h, logits, part_o, part_m, part_l, cnt, best, pmm, mcnt, rdy, bar,
+             n_head, n_kv, hd, n_ff, eps, scale, splits, split_target, stage_lo, stage_hi):
         tid = cuda.threadIdx.x
         bid = cuda.blockIdx.x
         nblocks = cuda.gridDim.x
         T = tok.shape[0]
         D = x.shape[1]
         n_out = logit_rows.shape[0]
-        L = attn_norm.shape[0]
+        L = (norms.shape[0] - 1) // 2  # rows: every layer's attention norm, FFN norm, output
         G = n_head // n_kv
+        # ready counters of a (layer, token tile): stage A's row groups done per KV head,
+        # stage D's per gate group, and D's in all (see the stage loop)
+        n_tiles = (T + TT - 1) // TT
+        ngd = n_ff // ROWS
+        rdy_per = n_kv + ngd + 1
         q_w = n_head * hd
         kv_w = n_kv * hd
-        red = cuda.shared.array((WARPS, ROWS, TT), float32)
-        reds = cuda.shared.array((WARPS, TT), float32)
+        red = cuda.shared.array((KPOS, REDC), float32)
+        red8 = cuda.shared.array((RED8, REDC), float32)
         res = cuda.shared.array((ROWS, TT), float32)
         res2 = cuda.shared.array((ROWS, TT), float32)
         ssr = cuda.shared.array(TT, float32)
@@ -266,22 +288,26 @@ def _make(TT):
                     k = e % D
                     r = tok[t]
                     if fe == FMT_F32:
-                        x[t, k] = ew[0, r, k]
+                        x[t, k] = ew[r * wdim[4, 4] + k]
                     else:
-                        gg = r // ROWS
-                        l = r % ROWS
+                        gb = (r // LANES) * wdim[4, 1]
+                        l = r % LANES
+                        bs = wdim[4, 2]
+                        b = k // 32 if fe == FMT_Q4 else k // bs
+                        jb = k % 32 if fe == FMT_Q4 else k % bs
+                        word = eq[((gb + b) * bs + jb % bs) * QW + l // 4]
+                        byte = (word >> uint32(8 * (l % 4))) & uint32(255)
                         if fe == FMT_Q4:
-                            b = k // 32
-                            jb = k % 32
-                            byte = (eq[0, gg, b, jb % 16, l // 4] >> uint32(8 * (l % 4))) & uint32(255)
                             qv = float32(byte >> uint32(4)) if jb >= 16 else float32(byte & uint32(15))
                         else:
-                            bs = eq.shape[3]
-                            b = k // bs
-                            qv = float32((eq[0, gg, b, k % bs, l // 4] >> uint32(8 * (l % 4))) & uint32(255))
-                        x[t, k] = qv * ed[0, gg, b, l] + em[0, gg, b, l]
-                for i in range(bid * THREADS + tid, n_out, nblocks * THREADS):
-                    best[i] = NO_KEY
+                            qv = float32(byte)
+                        x[t, k] = qv * ed[(gb + b) * LANES + l] + em[(gb + b) * LANES + l]
+                n_rdy = L * n_tiles * rdy_per
+                for i in range(bid * THREADS + tid, max(n_out, n_rdy), nblocks * THREADS):
+                    if i < n_out:
+                        best[i] = NO_KEY
+                    if i < n_rdy:
+                        rdy[i] = 0
             else:
                 layer = (st - 1) // STAGES_PER_LAYER
                 kind = (st - 1) % STAGES_PER_LAYER
@@ -292,6 +318,9 @@ def _make(TT):
                         sp = it % splits
                         t = (it // splits) // n_kv
                         kvh = (it // splits) % n_kv
+                        # its KV head's Q, K and V row groups of stage A written
+                        ia = (layer * n_tiles + t // TT) * rdy_per + kvh
+                        wait_at_least(rdy, ia, ia + 1, (G + 2) * hd // ROWS, bar, tid)
                         for e in range(tid, G * hd, THREADS):
                             q_s[e // hd, e % hd] = qbuf[t, (kvh * G + e // hd) * hd + e % hd] * scale
                             o_s[e // hd, e % hd] = float32(0.0)
@@ -390,39 +419,98 @@ def _make(TT):
                                     cnt[t * n_kv + kvh] = 0
                         cuda.syncthreads()
                 else:  # ------------------------------------------ the matmul stages
-                    # One call site of dot_group for all of them: each inlined copy costs
+                    # One call site of dot_item for all of them: each inlined copy costs
                     # Numba's front end seconds of compilation.
-                    src, nw, use_norm, use_rows, rows, Tn = x, attn_norm[layer], True, False, tok, T
-                    wq, wd, wm, ww, fmt = qq, qd, qm, qw, fq
+                    # (no array is chosen per stage but the weights and src: a chosen array
+                    # carries its shape in registers through the whole stage)
+                    src, nrow, use_norm, use_rows, Tn = x, layer, True, False, T
+                    wq, wd, wm, ww, fmt, wi = qq, qd, qm, qw, fq, 0
                     R = q_w + 2 * kv_w
                     passes = 1
                     if kind == 2:
                         src, use_norm, R = att, False, D
-                        wq, wd, wm, ww, fmt = oq, od, om, ow, fo
+                        wq, wd, wm, ww, fmt, wi = oq, od, om, ow, fo, 1
                     elif kind == 3:
-                        nw, R, passes = ffn_norm[layer], n_ff, 2
-                        wq, wd, wm, ww, fmt = gq, gd, gm, gw, fg
+                        nrow, R, passes = L + layer, n_ff, 2
+                        wq, wd, wm, ww, fmt, wi = gq, gd, gm, gw, fg, 2
                     elif kind == 4:
                         src, use_norm, R = h, False, D
-                        wq, wd, wm, ww, fmt = dq_, dd, dm, dw, fd
+                        wq, wd, wm, ww, fmt, wi = dq_, dd, dm, dw, fd, 3
                     elif kind == HEAD:
-                        nw, use_rows, rows, Tn = out_norm, True, logit_rows, n_out
-                        wq, wd, wm, ww, fmt = lq, ld, lm, lw, fl
+                        nrow, use_rows, Tn = 2 * L, True, n_out
+                        wq, wd, wm, ww, fmt, wi = lq, ld, lm, lw, fl, 5
                         R = logits.shape[1]
                     ng = (R + ROWS - 1) // ROWS
                     tiles = (Tn + TT - 1) // TT
-                    for it in range(bid, ng * tiles, nblocks):
+                    dims = wdim[wi]
+                    nb = dims[1]
+                    S = k_splits_dev(ng * tiles, nb, split_target, K_SPLITS)
+                    # D and E may run at once (no barrier between): their split scratch and
+                    # counters are apart, by the stage kind's parity
+                    par = (kind & 1) * (mcnt.shape[0] // 2)
+                    for it in range(bid, ng * tiles * S, nblocks):
                         g = it % ng
-                        t0 = (it // ng) * TT
+                        sk = (it // ng) % S
+                        tile = (it // ng) // S
+                        tg = par + tile * ng + g   # the (token tile, row group)'s counter
+                        t0 = tile * TT
+                        kb0 = sk * nb // S
+                        kb1 = (sk + 1) * nb // S
+                        if kind == 4:  # the gate|up groups that wrote this slice's h columns
+                            hb = (layer * n_tiles + tile) * rdy_per + n_kv
+                            wait_at_least(rdy, hb + kb0 * 32 // ROWS, hb + min(kb1 * 32 // ROWS, ngd),
+                                          1, bar, tid)
                         for ps in range(passes):  # SwiGLU: the gate group, then the up group
-                            dot_group(fmt, wq, wd, wm, ww, layer, g + ps * ng, src, rows, use_rows,
-                                      t0, Tn, nw, use_norm, tid, red, reds,
-                                      res2 if ps + 1 < passes else res, ssr)
+                            dot_item(fmt, wq, wd, wm, ww, dims, layer, g + ps * ng, kb0, kb1, src,
+                                     logit_rows, use_rows, t0, Tn, norms, nrow, use_norm, tid, red, red8,
+                                     res2 if ps + 1 < passes else res, ssr)
+                        if S > 1:
+                            # split K: this slice's sums into scratch; the item of the row
+                            # group that arrives last adds every slice's, in slice order, so
+                            # the sum does not depend on which block that is, and finishes
+                            slot = tg * S + sk
+                            if tid < ROWS * TT:
+                                pmm[slot, tid // TT, tid % TT] = res[tid // TT, tid % TT]
+                                if passes == 2:
+                                    pmm[slot, ROWS + tid // TT, tid % TT] = res2[tid // TT, tid % TT]
+                            if tid < TT:
+                                pmm[slot, 2 * ROWS, tid] = ssr[tid]
+                            cuda.threadfence()
+                            cuda.syncthreads()  # type: ignore[call-arg]  # numba stubs: an intrinsic
+                            if tid == 0:
+                                done = cuda.atomic.add(mcnt, tg, 1)
+                                flag[0] = 1 if done == S - 1 else 0
+                            cuda.syncthreads()
+                            if flag[0] == 0:
+                                continue
+                            cuda.threadfence()
+                            if tid < ROWS * TT:
+                                rr = tid // TT
+                                tt = tid % TT
+                                v = float32(0.0)
+                                v2 = float32(0.0)
+                                for k in range(S):
+                                    v += pmm[tg * S + k, rr, tt]
+                                    if passes == 2:
+                                        v2 += pmm[tg * S + k, ROWS + rr, tt]
+                                res[rr, tt] = v
+                                res2[rr, tt] = v2
+                            if tid < TT:
+                                v = float32(0.0)
+                                for k in range(S):
+                                    v += pmm[tg * S + k, 2 * ROWS, tid]
+                                ssr[tid] = v
+                            if tid == 0:
+                                mcnt[tg] = 0
+                            cuda.syncthreads()
+                        rbase = (layer * n_tiles + tile) * rdy_per
                         row = tid % ROWS
                         tt = tid // ROWS
                         r = g * ROWS + row
                         t = t0 + tt
                         live = tt < TT and t < Tn and r < R
+                        if kind == 4:  # every gate|up item of the tile has read x
+                            wait_at_least(rdy, rbase + n_kv + ngd, rbase + n_kv + ngd + 1, ngd, bar, tid)
                         if kind == 0:  # ----------------------------- A: bias, RoPE, K/V out
                             if tt < TT:
                                 v = res[row, tt] * inv_rms(ssr[tt], D, eps)
@@ -463,18 +551,28 @@ def _make(TT):
                                 v = res[row, tt] * inv_rms(ssr[tt], D, eps)
                                 logits[t, r] = v
                                 key = argmax_key(v, r)
-                            for o in (16, 8, 4, 2, 1):
+                            for o in KEY_SHUFFLES:  # the lanes of one token's rows
                                 key = max(key, shfl_xor(key, o))
-                            if tid % 32 == 0 and tt < TT and t < Tn and key != NO_KEY:
+                            if row == 0 and tt < TT and t < Tn and key != NO_KEY:
                                 cuda.atomic.max(best, t, key)
                         else:  # ------------------------------ C, E: the residual add
                             if live:
                                 x[t, r] += res[row, tt]
+                        if kind == 0:  # Q, K or V rows of one KV head (ROWS divides hd)
+                            r0 = g * ROWS
+                            kh = (r0 // hd) // G if r0 < q_w else ((r0 - q_w) // hd) % n_kv
+                            count_ready(rdy, rbase + kh, tid)
+                        elif kind == 3:
+                            count_ready(rdy, rbase + n_kv + g, tid)
+                            count_ready(rdy, rbase + n_kv + ngd, tid)
                         cuda.syncthreads()
-            if st + 1 < stage_hi:
+            if st + 1 < stage_hi and (st == 0 or BARRIER_AFTER[(st - 1) % STAGES_PER_LAYER]):
                 grid_sync(bar, tid)
 
     return step
+
+
+k_splits_dev = device(k_splits_for)
 
 
 @device
@@ -482,15 +580,15 @@ def stage_count_dev(n_layer):
     return 2 + STAGES_PER_LAYER * n_layer
 
 
-_W = "uint32[:, :, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, ::1], int64"
+_W = "uint32[::1], float32[::1], float32[::1], float32[::1], int64"
 _F2 = "float32[:, ::1]"
 _I1 = "int32[::1]"
 _SIG_TEMPLATE = (
-    "void(" + ", ".join([_W] * 6) + ", " + _F2 + ", " + _F2 + ", float32[::1], " + _F2 + ", boolean, "
+    "void(" + ", ".join([_W] * 6) + ", int32[:, ::1], " + _F2 + ", " + _F2 + ", boolean, "
     + _F2 + ", " + _F2 + ", float32[:, :, :, :, ::1], float32[:, :, :, :, ::1], "
     + ", ".join([_I1] * 4) + ", int32[:, ::1], "
     + ", ".join([_F2] * 5) + ", float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
-    + "int32[::1], int64[::1], int32[::1], int64, int64, int64, int64, float32, float32, int64, "
-    + "int64, int64)")
+    + "int32[::1], int64[::1], float32[:, :, ::1], int32[::1], int32[::1], int32[::1], "
+    + "int64, int64, int64, int64, float32, float32, int64, int64, int64, int64)")
 
 STEP = {TT: _make(TT) for TT in TOKEN_TILES}

@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from ..quant import FMT_F32, Array
+from ..quant import FMT_F32, LANES, QK, Array
 from . import _cuda_shim as shim
 from . import grid_sync, residency
 from . import step_kernel as sk
@@ -27,6 +27,11 @@ from ._cuda_shim import SIM, cuda
 from .step_geometry import KERNEL
 
 SIM_BLOCKS = 2  # blocks under the simulator: enough to exercise the grid-stride loops
+# Matmul items split-K aims at (step_geometry.k_splits_for): matmul_items_per_sm per block,
+# under the simulator too, whose two blocks rarely need a split; ``split_target`` may be
+# raised to SPLIT_ALL (before the first step) to split K as far as it goes, as the
+# simulator's equality tests do so that the split reduction runs.
+SPLIT_ALL = 1 << 20
 # How a step's stages are cut into launches (ZEROLAYER_CUDA_STEP_LAUNCH): "step", one launch
 # and a grid barrier between stages (the default); "layer", a launch per layer (barriers
 # within it: 2 + n_layer nodes); "stage", a launch per stage and no barrier at all. The same
@@ -39,14 +44,19 @@ FLAG_SLOTS = 2
 
 
 def _words(fmt, qs, d, m, w, L: int, stream):
-    """A weight's device arrays as the kernel takes them: qs as uint32 words (4 rows per
-    word); unused arrays as one-element placeholders of the right rank."""
+    """A weight's device arrays as the kernel takes them, each flat (a view: no copy), and
+    its dims row [row groups, K blocks, bytes per block, rows, K]: qs as uint32 words (4
+    rows per word); unused arrays as one-element placeholders. Flat arrays and plain dims
+    keep the kernel from carrying six weights' shapes through its stage switch (registers)."""
     if fmt == FMT_F32:
-        z5 = cuda.to_device(np.zeros((L, 1, 1, 1, 1), np.uint32), stream=stream)
-        z4 = cuda.to_device(np.zeros((L, 1, 1, 1), np.float32), stream=stream)
-        return (z5, z4, z4, w, fmt)
-    z3 = cuda.to_device(np.zeros((L, 1, 1), np.float32), stream=stream)
-    return (qs.view(np.uint32), d, m, z3, fmt)
+        z1 = cuda.to_device(np.zeros(1, np.uint32), stream=stream)
+        f1 = cuda.to_device(np.zeros(1, np.float32), stream=stream)
+        R, K = int(w.shape[1]), int(w.shape[2])
+        return (z1, f1, f1, w.reshape(-1), fmt), [0, -(-K // 32), 0, R, K]
+    G, nb, bs = (int(n) for n in qs.shape[1:4])
+    f1 = cuda.to_device(np.zeros(1, np.float32), stream=stream)
+    return ((qs.view(np.uint32).reshape(-1), d.reshape(-1), m.reshape(-1), f1, fmt),
+            [G, nb, bs, G * LANES, nb * QK])
 
 
 class FusedRefused(RuntimeError):
@@ -62,14 +72,22 @@ class FusedStep:
         c = fwd.cfg
         self.cfg, self.stream = c, stream
         L = c.n_layer
-        self.weights = []
+        self.weights, dims = [], []
         for name in ("wqkv", "wo", "wgu", "wdown", "emb", "output"):
             fmt, arrs = full[name]
-            self.weights.append(_words(fmt, *arrs, L if name not in ("emb", "output") else 1, stream))
+            arrays, dim = _words(fmt, *arrs, L if name not in ("emb", "output") else 1, stream)
+            self.weights.append(arrays)
+            dims.append(dim)
+        self.wdim = cuda.to_device(np.array(dims, np.int32), stream=stream)
+        # every layer's attention and FFN norm weights, then the output norm's: one array
+        self.norms = cuda.to_device(np.concatenate(
+            [fwd.attn_norm_full.copy_to_host(), fwd.ffn_norm_full.copy_to_host(),
+             fwd.out_norm.copy_to_host()[None]]).astype(np.float32), stream=stream)
         qb = fwd.qkv_bias_full
         self.has_bias = qb is not None
         self.qkv_bias = qb if qb is not None else cuda.to_device(np.zeros((L, 1), np.float32), stream=stream)
         self.blocks = SIM_BLOCKS if SIM else fwd.sms
+        self.split_target = KERNEL.matmul_items_per_sm * self.blocks
         self.split = os.environ.get("ZEROLAYER_CUDA_STEP_LAUNCH", "step")
         if self.split not in SPLITS:
             raise ValueError(f"ZEROLAYER_CUDA_STEP_LAUNCH={self.split!r}: one of {SPLITS}")
@@ -86,15 +104,28 @@ class FusedStep:
         self.flag_host = (cuda.pinned_array((FLAG_SLOTS, 1), np.int32) if not SIM
                           else np.zeros((FLAG_SLOTS, 1), np.int32))
         self._flag_turn = 0
-        self._cap = 0
+        self._cap, self._cap_target = 0, 0
 
     def scratch(self, T: int):
-        """Per-(token, KV head) merge counters and per-row argmax keys, for T tokens."""
-        if T > self._cap:
+        """For T tokens: per-(token, KV head) merge counters, per-row argmax keys, and the
+        split-K partial sums and their per-(token tile, row group) counters."""
+        if T > self._cap or self._cap_target != self.split_target:
+            c, s = self.cfg, self.stream
             cap = max(16, 1 << (T - 1).bit_length())
-            self.cnt = cuda.to_device(np.zeros(cap * self.cfg.n_kv, np.int32), stream=self.stream)
-            self.best = cuda.device_array(cap, np.int64, stream=self.stream)
-            self._cap = cap
+            self.cnt = cuda.to_device(np.zeros(cap * c.n_kv, np.int32), stream=s)
+            self.best = cuda.device_array(cap, np.int64, stream=s)
+            rows = max((c.n_head + 2 * c.n_kv) * c.head_dim, c.d_model, c.n_ff, c.vocab)
+            tiles = max(1, -(-cap // sk.TOKEN_TILES[-1]))
+            # K is split only while a stage has fewer (tile, row group) items than the target;
+            # two sets, for two stages that may run at once (step_kernel: D and E)
+            groups = 2 * min(-(-rows // sk.ROWS) * tiles, self.split_target)
+            self.pmm = cuda.device_array((groups * sk.K_SPLITS, 2 * sk.ROWS + 1, sk.TOKEN_TILES[-1]),
+                                         np.float32, stream=s)
+            self.mcnt = cuda.to_device(np.zeros(groups, np.int32), stream=s)
+            # ready counters per (layer, token tile): the kernel clears them each step
+            self.rdy = cuda.device_array(c.n_layer * tiles * (c.n_kv + c.n_ff // sk.ROWS + 1),
+                                         np.int32, stream=s)
+            self._cap, self._cap_target = cap, self.split_target
         return self.cnt, self.best
 
     def splits(self, T: int, max_blocks: int | None = None) -> int:
@@ -115,13 +146,13 @@ class FusedStep:
         part_o, part_m, part_l = part
         x, q, att, h, logits = fwd.activations(T, n_out)
         w = [a for wt in self.weights for a in wt]
-        args = (*w, fwd.attn_norm_full, fwd.ffn_norm_full, fwd.out_norm, self.qkv_bias,
+        args = (*w, self.wdim, self.norms, self.qkv_bias,
                 self.has_bias, fwd.cos, fwd.sin, fwd.k_pool, fwd.v_pool,
                 d_tok, d_seq, d_pos, d_rows, d_tab,
                 x, q, att, h, logits, part_o, part_m, part_l,
-                cnt, best[:max(n_out, 1)], self.bar,
+                cnt, best[:max(n_out, 1)], self.pmm, self.mcnt, self.rdy, self.bar,
                 c.n_head, c.n_kv, c.head_dim, c.n_ff, np.float32(c.eps),
-                np.float32(1.0 / np.sqrt(c.head_dim)), splits)
+                np.float32(1.0 / np.sqrt(c.head_dim)), splits, self.split_target)
         k = sk.STEP[TT]
         n_st = sk.stage_count(c.n_layer)
         if n_out == 0:

@@ -16,7 +16,14 @@ The model of a stage (``predict``), with the constants of ``Device``:
     costs one DRAM latency (nothing of the next item is requested before it starts) plus an
     item's bytes at that rate; a stage never takes less than one latency plus its bytes at
     the device's HBM bandwidth;
+  * a stage whose K is split (step_geometry.k_splits_for) pays, after its last wave, two
+    L2 round trips more: the counter's atomic, then the other slices' partial sums, read by
+    the row group's last item before it finishes the rows (L2_LATENCY_S);
   * grid barriers are a separate line: their count times BARRIER_S;
+  * so are the stage boundaries a layer crosses on ready counters instead of a barrier
+    (step_geometry.barrier_after): each costs two L2 round trips, the writer's count
+    reaching L2 and the reader's poll that sees it; the stages' own work does not overlap
+    in the model, though on the device the reader's other items can proceed meanwhile;
   * activations (a few KB an item, read by every item) are taken to come from L2, free.
 What it leaves out: instruction issue, shared-memory reductions, L2 hits of token tiles,
 clock throttling. Print it:  python -m zerolayer.gpu.cuda.step_plan  (see ``main``).
@@ -28,7 +35,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..quant import FMT_F32, LANES, Weight
-from .step_geometry import KERNEL, Geometry
+from .step_geometry import KERNEL, Geometry, k_splits_for
 
 TOKEN_TILE = 4  # step_kernel.TOKEN_TILES[-1]: tokens per item when a step has more than one
 BLOCK_TOKENS = 64  # KV positions per block (gpu/ops/attention.BLOCK_TOKENS)
@@ -43,6 +50,10 @@ DRAM_LATENCY_S = 600e-9
 # Single and Multi-device Synchronization Methods in Nvidia GPUs", IPDPS 2020, on V100);
 # 2 us here.
 BARRIER_S = 2e-6
+# An L2 hit (an atomic, or a load of what another SM just wrote) returns after a few hundred
+# core cycles: an %smid-resolved probe of an L40's L2 finds 222-339 cycles (arXiv 2606.22588);
+# 300 ns here, about 500 cycles at Hopper's ~1.7 GHz boost, to be on the slow side.
+L2_LATENCY_S = 300e-9
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,7 @@ class Device:
     sm_bw_cap: float = field(default=0.0)
     dram_latency_s: float = DRAM_LATENCY_S
     barrier_s: float = BARRIER_S
+    l2_latency_s: float = L2_LATENCY_S
 
     def sm_bytes_s(self, in_flight: int) -> float:
         cap = self.sm_bw_cap or 2 * self.hbm_bytes_s / self.sms
@@ -75,10 +87,12 @@ class Stage:
     weight_bytes: int
     other_bytes: int
     kind: str = "matmul"   # "embed", "matmul" or "attention": what streams the bytes
+    k_splits: int = 1      # slices of K per row group (matmul stages)
+    split_bytes: int = 0   # split-K partial sums, written and read back (from L2)
 
     @property
     def bytes(self) -> int:
-        return self.weight_bytes + self.other_bytes
+        return self.weight_bytes + self.other_bytes + self.split_bytes
 
 
 def _layer_bytes(wt: Weight) -> int:
@@ -93,10 +107,22 @@ def _rows(wt: Weight) -> int:
     return int(wt.w.shape[1]) if wt.fmt == FMT_F32 else int(wt.d.shape[1]) * LANES
 
 
-def _items(rows: int, g: Geometry, split: bool = True) -> int:
-    """Work items of a matmul of `rows` output rows: row groups, times the K slices of each
-    (split False: the LM head, whose vocabulary rows are items enough)."""
-    return -(-rows // g.rows_per_item) * (g.k_splits if split else 1)
+def _k_blocks(wt: Weight) -> int:
+    """K blocks of 32 elements of a quant.Weight: what split-K slices (float32 rows too)."""
+    return -(-int(wt.w.shape[2]) // 32) if wt.fmt == FMT_F32 else int(wt.d.shape[2])
+
+
+def _matmul(name: str, wt: Weight, rows: int, tiles: int, other: int, g: Geometry,
+            sms: int, passes: int = 1) -> Stage:
+    """A matmul stage as the kernel cuts it: (token tile, row group) items, K split by
+    step_geometry.k_splits_for toward g.matmul_items_per_sm items per SM; the split
+    partial sums (rows per pass and the sum of squares, per token) are written and read."""
+    row_items = -(-rows // g.rows_per_item) * tiles
+    S = k_splits_for(row_items, _k_blocks(wt), g.matmul_items_per_sm * sms, g.k_splits)
+    tokens = tiles * (1 if tiles == 1 else TOKEN_TILE)
+    partials = 0 if S == 1 else 2 * row_items * S * (passes * g.rows_per_item + 1) * tokens * 4
+    return Stage(name, row_items * S, _layer_bytes(wt) * tiles, other, k_splits=S,
+                 split_bytes=partials)
 
 
 def attention_splits(T: int, n_kv: int, sms: int, context: int, g: Geometry = KERNEL) -> int:
@@ -126,20 +152,20 @@ def plan(cfg, w, tokens: int, context: int, prefill: bool = False, sms: int = H1
     for layer in range(cfg.n_layer):
         # A reads x and writes Q, K, V; B reads Q and the K and V of every attended position
         # and writes att; C reads att and x, writes x; D reads x, writes h; E reads h and x
-        st += [Stage(f"L{layer}.A qkv+rope+kv", _items(_rows(w.wqkv), g) * tiles,
-                     _layer_bytes(w.wqkv) * tiles, T * (D + q_w + 2 * kv_w) * f32),
+        st += [_matmul(f"L{layer}.A qkv+rope+kv", w.wqkv, _rows(w.wqkv), tiles,
+                       T * (D + q_w + 2 * kv_w) * f32, g, sms),
                Stage(f"L{layer}.B attention", T * cfg.n_kv * splits, 0,
                      positions * 2 * kv_w * f32 + 2 * T * q_w * f32, "attention"),
-               Stage(f"L{layer}.C o-proj+residual", _items(_rows(w.wo), g) * tiles,
-                     _layer_bytes(w.wo) * tiles, T * (q_w + 2 * D) * f32),
-               Stage(f"L{layer}.D gate|up+swiglu", _items(_rows(w.wgu) // 2, g) * tiles,
-                     _layer_bytes(w.wgu) * tiles, T * (D + cfg.n_ff) * f32),
-               Stage(f"L{layer}.E down+residual", _items(_rows(w.wdown), g) * tiles,
-                     _layer_bytes(w.wdown) * tiles, T * (cfg.n_ff + 2 * D) * f32)]
+               _matmul(f"L{layer}.C o-proj+residual", w.wo, _rows(w.wo), tiles,
+                       T * (q_w + 2 * D) * f32, g, sms),
+               _matmul(f"L{layer}.D gate|up+swiglu", w.wgu, _rows(w.wgu) // 2, tiles,
+                       T * (D + cfg.n_ff) * f32, g, sms, passes=2),
+               _matmul(f"L{layer}.E down+residual", w.wdown, _rows(w.wdown), tiles,
+                       T * (cfg.n_ff + 2 * D) * f32, g, sms)]
     rows = 1 if prefill else T
     head_tiles = -(-rows // (1 if rows == 1 else TOKEN_TILE))
-    st.append(Stage("lm head+argmax", _items(_rows(w.output), g, split=False) * head_tiles,
-                    _layer_bytes(w.output) * head_tiles, rows * (D + cfg.vocab) * f32))
+    st.append(_matmul("lm head+argmax", w.output, _rows(w.output), head_tiles,
+                      rows * (D + cfg.vocab) * f32, g, sms))
     return st
 
 
@@ -155,7 +181,13 @@ def predict_stage(s: Stage, dev: Device, g: Geometry = KERNEL) -> float:
     waves = math.ceil(s.items / dev.sms)
     per_item = streamed / max(s.items, 1)
     t = waves * (dev.dram_latency_s + per_item / dev.sm_bytes_s(in_flight))
-    return max(t, dev.dram_latency_s + streamed / dev.hbm_bytes_s)
+    t = max(t, dev.dram_latency_s + streamed / dev.hbm_bytes_s)
+    return t + (2 * dev.l2_latency_s if s.k_splits > 1 else 0.0)
+
+
+def counter_waits(n_layer: int, g: Geometry = KERNEL) -> int:
+    """Stage boundaries of one step crossed on ready counters rather than a grid barrier."""
+    return (g.stages_per_layer - g.grid_syncs_per_layer) * n_layer
 
 
 def grid_syncs(n_layer: int, g: Geometry = KERNEL) -> int:
@@ -170,17 +202,21 @@ class Prediction:
     stages: list[tuple[Stage, float]]  # each stage and its predicted seconds
     barriers: int
     barrier_s: float
+    waits: int = 0        # stage boundaries crossed on ready counters
+    wait_s: float = 0.0   # the model's cost of one
 
     @property
     def total_s(self) -> float:
-        return sum(t for _, t in self.stages) + self.barriers * self.barrier_s
+        return (sum(t for _, t in self.stages) + self.barriers * self.barrier_s
+                + self.waits * self.wait_s)
 
 
 def predict(cfg, w, tokens: int, context: int, dev: Device, g: Geometry = KERNEL,
             prefill: bool = False) -> Prediction:
     stages = plan(cfg, w, tokens, context, prefill, sms=dev.sms, geometry=g)
     return Prediction(dev, [(s, predict_stage(s, dev, g)) for s in stages],
-                      grid_syncs(cfg.n_layer, g), dev.barrier_s)
+                      grid_syncs(cfg.n_layer, g), dev.barrier_s,
+                      counter_waits(cfg.n_layer, g), 2 * dev.l2_latency_s)
 
 
 def summary(stages: list[Stage], n_layer: int) -> list[tuple[str, int, int, int]]:
@@ -217,6 +253,7 @@ def table(p: Prediction, title: str) -> str:
         lines.append(f"| {name} | {items} | {items / p.device.sms:.2f} | {nbytes / 1e6:.1f} "
                      f"| {t * 1e6:.1f} |")
     lines.append(f"| grid barriers | {p.barriers} | | | {p.barriers * p.barrier_s * 1e6:.1f} |")
+    lines.append(f"| ready-counter waits | {p.waits} | | | {p.waits * p.wait_s * 1e6:.1f} |")
     lines.append(f"| **step** | | | | **{p.total_s * 1e6:.1f}** |")
     return "\n".join(lines)
 

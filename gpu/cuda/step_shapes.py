@@ -8,12 +8,13 @@ architecture quantized the same way, not a particular file.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
 
 from ..quant import FMT_Q4, FMT_Q8, LANES, QK, Weight
-from .step_geometry import KERNEL, Geometry
+from .step_geometry import KERNEL
 
 SHAPES = {
     # HF SmolLM2-135M-Instruct config (docs/BRIEF: 30 layers, d 576, FFN 1536, 9/3 heads)
@@ -24,10 +25,9 @@ SHAPES = {
                          vocab=128256),
 }
 
-# A cut the kernel does not make yet, priced by the same model: 16-row items (four row quads,
-# one 16-byte word per K position), K split 8 ways, 16-byte loads 4 deep, 3 barriers a layer.
-PROPOSED = Geometry(rows_per_item=16, k_splits=8, load_bytes=16, loads_in_flight=4,
-                    grid_syncs_per_layer=3)
+# A cut the kernel does not make yet, priced by the same model: the kernel's (16-row items,
+# K split up to 8 ways, 3 barriers a layer) with 16-byte weight loads 4 deep.
+PROPOSED = replace(KERNEL, load_bytes=16, loads_in_flight=4)
 GEOMETRIES = {"kernel": KERNEL, "proposed": PROPOSED}
 
 

@@ -954,7 +954,11 @@ def _segments(fmt: int, qs: np.ndarray, d: np.ndarray, m: np.ndarray, isa: int, 
             g1 += 1
         q, dd, mm = (np.concatenate([x[k] for x in groups[g0:g1]]) for k in (2, 3, 4))
         bs = block_weights(f)
-        form, d16, m16 = scale_form(bs, dd, mm, lambda sc, k=kind, b=bs: has_variant(k, b, wide, sc))
+
+        def allowed(sc: int, k: int = kind, b: int = bs) -> bool:
+            return has_variant(k, b, wide, sc)
+
+        form, d16, m16 = scale_form(bs, dd, mm, allowed)
         pq = pack(q, kind)
         out.append((fmt_code(isa, kind, wide, form), q.shape[1], pq.shape[2], g0, g1,
                     pq.reshape(-1), d16, m16))
@@ -1019,7 +1023,8 @@ def for_forward(w: Weight) -> Weight:
 def _used(w: Weight) -> tuple[list[int], list[int], list[int]]:
     """A prepared weight's used entries per layer slot: (qs bytes, d, m halves)."""
     assert w.lf is not None
-    segs = [w.lf[i][w.lf[i, :, LF_CODE] >= 0] for i in range(w.lf.shape[0])]
+    lf = np.asarray(w.lf, np.int64)
+    segs = [lf[i][lf[i, :, LF_CODE] >= 0] for i in range(lf.shape[0])]
     return tuple([int(s[:, k].sum()) for s in segs] for k in (LF_QN, LF_DN, LF_MN))  # type: ignore[return-value]
 
 

@@ -17,9 +17,15 @@ the same float32 products. A stack whose values don't factor keeps SC_DM.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+from numpy.typing import NDArray
 
 from ..quant import LANES
+
+F32 = NDArray[np.float32]
+U16 = NDArray[np.uint16]
 
 SC_DM, SC_D, SC_K4, SC_K6 = 0, 1, 2, 3
 K4_BLOCKS, K6_BLOCKS = 8, 16  # blocks per super-block
@@ -29,7 +35,7 @@ K4_BYTES, K6_BYTES = 12, 16   # packed scale bytes per row and super-block
 _SEARCH_MAX = 4096
 
 
-def to_half(a: np.ndarray) -> np.ndarray:
+def to_half(a: F32) -> U16:
     """float32 -> float16 bits (uint16: Numba's CPU arrays have no float16)."""
     h = np.ascontiguousarray(a, np.float32).astype(np.float16)
     if not np.isfinite(h).all():
@@ -37,12 +43,12 @@ def to_half(a: np.ndarray) -> np.ndarray:
     return h.view(np.uint16)
 
 
-def _half_exact(a: np.ndarray) -> np.ndarray:
+def _half_exact(a: F32) -> NDArray[np.bool_]:
     with np.errstate(over="ignore"):
         return a.astype(np.float16).astype(np.float32) == a
 
 
-def factor(v: np.ndarray, per: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray] | None:
+def factor(v: F32, per: int, lo: int, hi: int) -> tuple[F32, NDArray[np.int64]] | None:
     """v float32 [G, nb, LANES] -> (D float32 [G, nb // per, LANES], q int64 [G, nb, LANES])
     with every D a float16, lo <= q <= hi and D q == v exactly in float32, per ``per``
     consecutive blocks of a row; None where some super-block has no such form."""
@@ -51,7 +57,7 @@ def factor(v: np.ndarray, per: int, lo: int, hi: int) -> tuple[np.ndarray, np.nd
         return None
     x = np.ascontiguousarray(v.reshape(G, nb // per, per, L).transpose(0, 1, 3, 2)).reshape(-1, per)
     D = np.zeros(x.shape[0], np.float32)
-    done = ~x.any(axis=1)
+    done = np.array(~x.any(axis=1), dtype=bool)
     ext = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)[:, 0]
     ks = sorted((k for k in range(lo, hi + 1) if k), key=lambda k: (-abs(k), -k))
     for i, k in enumerate(ks):
@@ -75,7 +81,7 @@ def factor(v: np.ndarray, per: int, lo: int, hi: int) -> tuple[np.ndarray, np.nd
     return Dg, np.rint(q).astype(np.int64)
 
 
-def common_ratio(d: np.ndarray, m: np.ndarray) -> float | None:
+def common_ratio(d: F32, m: F32) -> float | None:
     """c with m == c d (float32) for every block, c and every d float16; else None."""
     if not _half_exact(d).all():
         return None
@@ -88,7 +94,7 @@ def common_ratio(d: np.ndarray, m: np.ndarray) -> float | None:
     return float(c) if np.array_equal((d * c).astype(np.float32), m) else None
 
 
-def pack_k4(d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def pack_k4(d: F32, m: F32) -> tuple[U16, NDArray[np.uint8]] | None:
     """SC_K4 arrays of d, m [G, nb, LANES]: (D and Dm as float16 bits [G, nsb, 2, LANES],
     bytes [G, nsb, 12 LANES]: 8 rows of LANES bytes sc & 15 | (mn & 15) << 4, then each
     lane's 32-bit word, bits 4k..4k+1 the top of sc of block k, 4k+2..4k+3 of mn), or None."""
@@ -109,7 +115,7 @@ def pack_k4(d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | Non
     return to_half(np.stack([D, Dm], axis=2)), scales
 
 
-def pack_k6(d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def pack_k6(d: F32, m: F32) -> tuple[U16, NDArray[np.uint8]] | None:
     """SC_K6 arrays of d, m [G, nb, LANES] (m must be -32 d): (D as float16 bits
     [G, nsb, LANES], int8 sc as bytes [G, nsb, 16 LANES]), or None."""
     if not np.array_equal(m, (np.float32(-32.0) * d).astype(np.float32)):
@@ -122,7 +128,7 @@ def pack_k6(d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray] | Non
     return to_half(D), sc.astype(np.int8).view(np.uint8).reshape(G, nb // K6_BLOCKS, K6_BLOCKS * L)
 
 
-def scale_form(bs: int, d: np.ndarray, m: np.ndarray, allowed) -> tuple[int, np.ndarray, np.ndarray]:
+def scale_form(bs: int, d: F32, m: F32, allowed: Callable[[int], bool]) -> tuple[int, U16, U16]:
     """The narrowest exact form of one segment's scales d, m (float32 [G, nb, LANES]) among
     those ``allowed(form)`` admits: (form, d16 bits flat, m16 bits flat)."""
     assert d.shape[-1] == LANES
@@ -140,10 +146,9 @@ def scale_form(bs: int, d: np.ndarray, m: np.ndarray, allowed) -> tuple[int, np.
     return SC_DM, to_half(d).reshape(-1), to_half(m).reshape(-1)
 
 
-def unpack_scales(form: int, d16: np.ndarray, m16: np.ndarray, G: int, nb: int
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def unpack_scales(form: int, d16: U16, m16: U16, G: int, nb: int) -> tuple[F32, F32]:
     """scale_form's inverse: (d, m) float32 [G, nb, LANES] (tests)."""
-    def f32(h):
+    def f32(h: U16) -> F32:
         return np.ascontiguousarray(h).view(np.float16).astype(np.float32)
 
     if form == SC_DM:
@@ -155,8 +160,8 @@ def unpack_scales(form: int, d16: np.ndarray, m16: np.ndarray, G: int, nb: int
     if form == SC_K6:
         nsb = nb // K6_BLOCKS
         D = f32(d16).reshape(G, nsb, 1, LANES)
-        sc = b.view(np.int8).reshape(G, nsb, K6_BLOCKS, LANES).astype(np.float32)
-        d = (D * sc).reshape(G, nb, LANES).astype(np.float32)
+        sc6 = b.view(np.int8).reshape(G, nsb, K6_BLOCKS, LANES).astype(np.float32)
+        d = (D * sc6).reshape(G, nb, LANES).astype(np.float32)
         return d, (np.float32(-32.0) * d).astype(np.float32)
     nsb = nb // K4_BLOCKS
     DD = f32(d16).reshape(G, nsb, 2, 1, LANES)

@@ -310,7 +310,7 @@ def _layer_matmul(w, layer, x, y):
     raise NotImplementedError
 
 
-@overload(_layer_matmul, jit_options={"cache": True, "nogil": True})
+@overload(_layer_matmul, jit_options={"cache": True, "nogil": True})  # type: ignore[typeddict-unknown-key]
 def _layer_matmul_typed(w, layer, x, y):
     # prepared int8 weights are flat slots ([L, n] arrays); the float kernels' are [L, G, ...]
     if w.types[1].ndim == 2:

@@ -173,14 +173,15 @@ def fmt_name(fmt: int) -> str:
     if fmt >= i8.FMT_I8:
         kind = ("q4 nibbles", "q8 bytes", "q8 bytes (split)", "q5 nibbles+bits",
                 "q6 nibbles+bits")[fmt % 8]
-        return f"int8 path, {kind}, f16 scales"
+        scales = ("f16 d, m", "f16 d", "q4_k scales", "q6_k scales")[i8.scales_of(fmt)]
+        return f"int8 path, {kind}, {scales}"
     return {quant.FMT_Q4: "float path, q4 nibbles, f32 scales", quant.FMT_Q8: "float path, bytes",
             quant.FMT_Q8_16: "float path, bytes /16", quant.FMT_F32: "f32"}[fmt]
 
 
 def formats_read(w) -> str:
     """The format each layer is read in; a mixed stack names each with its layer count."""
-    codes = [int(c) for c in w.layers()[:, 0]]
+    codes = [int(c) for c in w.layers()[:, :, 0].reshape(-1) if c >= 0]  # every segment
     if len(set(codes)) == 1:
         return fmt_name(codes[0])
     return "; ".join(f"{fmt_name(c)} ×{codes.count(c)}" for c in sorted(set(codes)))

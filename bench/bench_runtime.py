@@ -1334,7 +1334,7 @@ def _main_kernels(args, command: str) -> int:
     from zerolayer.gpu.model import LlamaModel
     from zerolayer.gpu.ops import cpu_features
     from zerolayer.gpu.ops import int8_matmul as im
-    from zerolayer.gpu.ops.matmul import matmul
+    from zerolayer.gpu.ops.matmul import layer_matmul
     numba.set_num_threads(THREADS)
     model = LlamaModel.load(args.model)
     w = model.w
@@ -1355,20 +1355,20 @@ def _main_kernels(args, command: str) -> int:
             res = {}
             for isa in (0,) + im.ISAS:
                 pw = im.prepare(wt, isa) if isa else wt
-                args_ = (pw.fmt, pw.qs[0], pw.d[0], pw.m[0], pw.w[0])
+                lw = pw._replace(lf=pw.layers())  # layer 0, every segment of it
                 y = np.empty((T, R), np.float32)
-                matmul(*args_, x, y)  # compile / warm
+                layer_matmul(lw, 0, x, y)  # compile / warm
                 t0 = time.perf_counter()
                 n = 0
                 while time.perf_counter() - t0 < 0.05:
-                    matmul(*args_, x, y)
+                    layer_matmul(lw, 0, x, y)
                     n += 1
                 n = max(3, n)
                 samples = []
                 for _ in range(runs):
                     t0 = time.perf_counter()
                     for _ in range(n):
-                        matmul(*args_, x, y)
+                        layer_matmul(lw, 0, x, y)
                     samples.append((time.perf_counter() - t0) / n * 1e6)
                 res[isa] = (statistics.median(samples), y.copy())
             base_us, base_y = res[0]

@@ -113,8 +113,15 @@ def _prune(source: str, keep: str) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
+# The int8 layout's version: a change of what prepare() writes (the arrays' shapes or
+# meaning) bumps it, so an old cache entry is never read as the new layout (the source hash
+# in cache_dir changes with any edit too; this names the layout itself).
+# 2: flat per-layer slots with segments, the files' own scale forms.
+PREPARED_LAYOUT = 2
+
+
 def prepared_dir(path: str, key: str) -> str:
-    return f"{cache_dir(path)}-int8-{key}"
+    return f"{cache_dir(path)}-int8-v{PREPARED_LAYOUT}-{key}"
 
 
 def load_prepared(path: str, key: str) -> dict | None:

@@ -24,9 +24,10 @@ apply unchanged, at the same cost as Q4_1. 5- and 6-bit values are stored as who
 the byte kernel already exists, needs no bit-plane logic (which Numba would widen to int64,
 see gpu/ops/matmul.py), and is exact. The price is memory traffic for the float kernels: 10
 bits a weight for the 5-bit types and 12 for Q6_K (two floats per 16 weights; 6.6 in the
-file). The int8 kernels re-pack them (gpu/ops/int8_matmul.py: nibble plane + high bits,
-float16 scales): 6 and 8. Q6_K's scales are per 16 weights, so it gets the byte layout with
-16-weight blocks; the byte kernels read the block length from the array's shape.
+file). The CPU's int8 kernels re-pack every type to its file's size (gpu/ops/int8_matmul.py:
+nibble plane + high bits; the scales in the file's form, gpu/ops/kquant_scales.py).
+Q6_K's scales are per 16 weights, so it gets the byte layout with 16-weight blocks; the
+byte kernels read the block length from the array's shape.
 
 Quantized weights are then *row-interleaved* for the kernels: rows are padded to a multiple
 of LANES and grouped, and within a group the bytes of one (block, position) of all LANES rows
@@ -76,15 +77,23 @@ def block_bytes(fmt: int) -> int:
 Array = np.ndarray[tuple[int, ...], np.dtype[np.generic]]  # any shape and dtype, no Any
 
 
+# Columns of a weight's layer table lf [L, S, LF_COLS]: per layer, its segments (row groups
+# g0..g1 stored in one format; gpu/ops/int8_matmul.py's prepare): the format code, blocks a
+# row, bytes a block and row, the groups, and where its qs, d and m lie in the layer's flat
+# slot (offset, size). A code of -1 ends a layer's list.
+(LF_CODE, LF_NB, LF_BLK, LF_G0, LF_G1, LF_QOFF, LF_DOFF, LF_MOFF, LF_QN, LF_DN,
+ LF_MN) = range(11)
+LF_COLS = 11
+
+
 class Weight(NamedTuple):
     fmt: int
-    qs: Array  # uint8 [L, G, nb, bytes per block, LANES]
-    d: Array   # float32 [L, G, nb, LANES] (the int8 path: float16 bits as uint16)
+    qs: Array  # uint8 [L, G, nb, bytes per block, LANES] (the int8 path: [L, slot bytes])
+    d: Array   # float32 [L, G, nb, LANES] (the int8 path: float16 bits as uint16 [L, slot])
     m: Array   # float32 [L, G, nb, LANES] (as d)
     w: Array   # float32 [L, R, K]
-    # int64 [L, 3]: (format, nb, bytes per block) of each layer, where the layers of a stack
-    # differ (gpu/ops/int8_matmul.py's mixed stacks); None: every layer is (fmt, and the
-    # arrays' own nb and bytes per block). layers() gives it either way.
+    # int64 [L, S, LF_COLS]: the segments of each layer (the int8 path's prepared weights);
+    # None: one segment a layer, the whole of the arrays. layers() gives it either way.
     lf: Array | None = None
 
     @property
@@ -97,12 +106,15 @@ class Weight(NamedTuple):
         return (self.fmt, self.qs[i], self.d[i], self.m[i], self.w[i])
 
     def layers(self) -> Array:
-        """The per-layer table lf, built from the arrays' shapes for a uniform stack."""
+        """The layer table lf, built from the arrays' shapes for a plain stack."""
         if self.lf is not None:
             return self.lf
         L = max(a.shape[0] for a in (self.qs, self.d, self.w))
-        row = (self.fmt, self.d.shape[2], self.qs.shape[3]) if self.fmt != FMT_F32 else (self.fmt, 0, 0)
-        return np.tile(np.array(row, np.int64), (L, 1))
+        row = np.zeros(LF_COLS, np.int64)
+        row[LF_CODE] = self.fmt
+        if self.fmt != FMT_F32:
+            row[[LF_NB, LF_BLK, LF_G1]] = self.qs.shape[2], self.qs.shape[3], self.qs.shape[1]
+        return np.tile(row, (L, 1, 1))
 
 
 def check_type(name: str, ttype: int) -> QT:
@@ -285,8 +297,8 @@ def stack(parts: list[tuple[int, dict[str, np.ndarray]]]) -> Weight:
     Layers share one compiled kernel, so they share one format: a stack of mixed formats
     widens to the narrowest common one (e.g. Q4_K_M files mix Q4_K and Q6_K layers), which
     is exact for every source format. The float and CUDA kernels run it so; the CPU's int8
-    path narrows each layer back to its own format (gpu/ops/int8_matmul.py's prepare), so
-    decode there streams each layer's own bytes.
+    path narrows each layer's row groups back to their own formats (gpu/ops/int8_matmul.py's
+    prepare), so decode there streams the file's bytes.
     """
     fmt = common_format({f for f, _ in parts})
     arrays: dict[str, list[np.ndarray]] = {"qs": [], "d": [], "m": [], "w": []}

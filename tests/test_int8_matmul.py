@@ -53,10 +53,12 @@ def test_kernel_exact(isa, fmt, qmax, T, wide):
     w, q, d, m = _weight(fmt, R, K, rng, qmax)
     pw = im.prepare(w, isa, wide)
     assert im.is_int8(pw.fmt) and im.is_wide(pw.fmt) == wide
-    assert np.array_equal(im.unpack(pw.qs, pw.fmt), w.qs)
+    (code, qs, d16, m16), = im.segments(pw)  # random scales: float16 d and m per block
+    assert code == pw.fmt and im.scales_of(code) == im.SC_DM
+    assert np.array_equal(im.unpack(qs, code), w.qs[0])
     # bits a weight in memory: 5- and 6-bit values are packed (nibbles + high-bit planes)
     bits = 4 if fmt == FMT_Q4 else 5 if qmax < 32 else 6 if (fmt == FMT_Q8_16 and qmax < 64) else 8
-    assert pw.qs.nbytes * 8 == w.qs.shape[1] * LANES * K * bits
+    assert qs.nbytes * 8 == w.qs.shape[1] * LANES * K * bits
     if isa == cpu_features.ISA_AVX2 and qmax > 127 and not wide:
         assert pw.fmt == im.fmt_code(isa, im.KIND_Q8_SPLIT)
     x = rng.standard_normal((T, K)).astype(np.float32)
@@ -79,14 +81,15 @@ def test_kernel_exact(isa, fmt, qmax, T, wide):
     got = np.zeros((T, G * LANES, nb), np.int32)
     # (int16 sums pass float32's 2^24 there: the integer check takes activations / 64)
     xs = (xq // 64).astype(xq.dtype) if wide else xq
-    im.int_block_sums(pw.fmt, pw.qs[0], nb, xs.view(np.int8), T, K, got)
+    im.int_block_sums(code, qs, nb, xs.view(np.int8), T, K, got)
     want = np.einsum("rbk,tbk->trb", q.reshape(R, nb, bw), xs.reshape(T, nb, bw).astype(np.int64))
     assert np.array_equal(got[:, :R].astype(np.int64), want)
     assert not got[:, R:].any()  # padding rows
     want = np.einsum("rbk,tbk->trb", q.reshape(R, nb, bw), xqi.reshape(T, nb, bw))
     # the matmul against float64 over the same quantized activations (exact up to f32 rounding)
     y = np.empty((T, R), np.float32)
-    matmul(pw.fmt, pw.qs[0], pw.d[0], pw.m[0], pw.w[0], x, y)
+    G, nb = qs.shape[:2]  # the float kernels' entry point takes per-block scales as [G, nb, LANES]
+    matmul(code, qs, d16.reshape(G, nb, LANES), m16.reshape(G, nb, LANES), pw.w[0], x, y)
     ref = np.einsum("trb,rb,tb->tr", want, d, sx) + np.einsum("rb,tb->tr", m, xsm.astype(np.float64))
     scale = np.abs(ref).max()
     assert np.abs(y - ref).max() <= 1e-5 * scale
@@ -111,30 +114,31 @@ def test_prefill_unpacks_to_the_same_bits(isa, fmt, qmax, R):
     K = 256
     w, q, d, m = _weight(fmt, R, K, rng, qmax)
     pw = im.prepare(w, isa, True)
-    kind = pw.fmt % 8
-    assert im.planar(pw.fmt) and kind != im.KIND_Q8
+    (code, qs, d16, m16), = im.segments(pw)
+    kind = code % 8
+    assert im.planar(code) and kind != im.KIND_Q8
     bs = quant.block_weights(fmt)
     nb = K // bs
-    G = pw.d.shape[1]
-    wq = pw.qs[0].reshape(-1)
+    G = qs.shape[0]
+    wq = qs.reshape(-1)
     for g in (0, G - 1):
         wb = np.empty(nb * bs * LANES, np.uint8)
-        im.unpack_group(kind, wq, g, nb, pw.qs.shape[3], bs, wb)
+        im.unpack_group(kind, wq, g, nb, qs.shape[2], bs, wb)
         got = im.untranspose_blocks(wb.reshape(1, nb, bs, LANES))[0]  # [nb, bs, LANES]
         want = np.zeros((LANES, K), np.int64)
         rows = q[g * LANES:(g + 1) * LANES]
         want[:rows.shape[0]] = rows
         assert np.array_equal(got.transpose(2, 0, 1).reshape(LANES, K), want)
     T = im.UNPACK_T * 4 + 5
-    assert im.work_plan(pw.fmt, T, G)[1]  # this call unpacks; decode-sized calls do not
-    assert not im.work_plan(pw.fmt, im.UNPACK_T - 1, G)[1]
+    assert im.work_plan(code, T, G)[1]  # this call unpacks; decode-sized calls do not
+    assert not im.work_plan(code, im.UNPACK_T - 1, G)[1]
     assert not im.work_plan(im.fmt_code(isa, im.KIND_Q8, True), T, G)[1]
     x = rng.standard_normal((T, K)).astype(np.float32)
     y = np.empty((T, R), np.float32)
-    im.int8_matmul(pw.fmt, pw.qs[0], pw.d[0], pw.m[0], x, y)
+    im.int8_matmul(code, qs, d16, m16, x, y)
     for t in range(T):
         y1 = np.empty((1, R), np.float32)
-        im.int8_matmul(pw.fmt, pw.qs[0], pw.d[0], pw.m[0], x[t:t + 1], y1)
+        im.int8_matmul(code, qs, d16, m16, x[t:t + 1], y1)
         if isa == cpu_features.ISA_AVX2:
             assert np.abs(y[t] - y1[0]).max() <= 1e-6 * np.abs(y1[0]).max(), t
         else:
@@ -238,7 +242,7 @@ def test_mixed_stack_layers_keep_their_own_format(isa):
     pw = im.prepare(wide, isa, True)
     each = [im.prepare(quant.stack([n]), isa, True) for n in natural]
     assert [e.fmt % 8 for e in each] == [im.KIND_Q4, im.KIND_Q6P, im.KIND_Q5P, im.KIND_Q8]
-    assert pw.lf is not None and [int(c) for c in pw.lf[:, 0]] == [e.fmt for e in each]
+    assert [int(c) for c in pw.lf[:, 0, 0]] == [e.fmt for e in each]
     assert im.read_nbytes(pw) == sum(im.read_nbytes(e) for e in each)
     table = pw._replace(lf=pw.layers())
     for T in (1, 5, im.UNPACK_T + 3):
@@ -247,11 +251,11 @@ def test_mixed_stack_layers_keep_their_own_format(isa):
             got = np.empty((T, R), np.float32)
             layer_matmul(table, i, x, got)
             want = np.empty((T, R), np.float32)
-            im.int8_matmul(e.fmt, e.qs[0], e.d[0], e.m[0], x, want)
+            im.int8_matmul(*im.segment(e), x, want)
             assert np.array_equal(got, want), (i, T)
-    # a uniform stack stays one plain stack
+    # a uniform stack: one segment a layer, the whole of its rows
     same = im.prepare(quant.stack([natural[0], natural[0]]), isa, True)
-    assert same.lf is None and np.array_equal(same.layers()[:, 0], [each[0].fmt] * 2)
+    assert same.lf.shape[1] == 1 and np.array_equal(same.lf[:, 0, 0], [each[0].fmt] * 2)
 
 
 @pytest.mark.skipif(not ISAS, reason="no int8 kernel set on this CPU")
@@ -274,11 +278,11 @@ def test_tiny_model_with_per_layer_types(tmp_path):
     with im.kernel_set(ISAS[0]):
         for _ in range(3):  # fresh (saves the layout), then mapped from the cache
             mdl = LlamaModel.load(p, max_seq_len=64)
-            assert mdl.prepared["wqkv"].lf is not None and mdl.prepared["wdown"].lf is not None
+            assert len({int(c) for c in mdl.prepared["wdown"].lf[:, 0, 0]}) == 2
             # the forward runs on copies in anonymous memory, not on the cache's mapping
             assert not any(isinstance(a, np.memmap) and a.size
                            for i in (1, 2, 3, 4, 8) for a in mdl._wargs[i][1:5])
-            kinds = [int(c) % 8 for c in mdl.prepared["wdown"].lf[:, 0]]
+            kinds = [int(c) % 8 for c in mdl.prepared["wdown"].lf[:, 0, 0]]
             assert kinds[0] == im.KIND_Q5P and kinds[1] in (im.KIND_Q8, im.KIND_Q8_SPLIT)
             out.append(mdl.step([StepInput(mdl.new_sequence(), np.arange(9, dtype=np.int32))]))
     np.testing.assert_array_equal(out[0], out[1])

@@ -38,19 +38,22 @@ A Q4 byte holds weights j (low nibble) and 16 + j (high), so the transposed word
 ``(j4, l)`` pairs its low nibbles with activations 4 j4 .. 4 j4 + 3 and its high nibbles
 with 16 + 4 j4 ...
 
-Decode reads every weight byte once per token, so bytes are time. Two changes of layout
-bring the int8 path to llama.cpp's bytes per weight: the block scales d and m are float16
-(exact for every type whose file stores f16 scales; the K-quants' d_sb * sc products round
-to 11 bits), and 5- and 6-bit values (Q5_0, Q5_1, Q5_K, Q6_K), which gpu/quant.py stores as
-whole bytes, are packed here as a nibble plane (as Q4) plus one 32-bit word per row of their
-high bits (pack_bits; the kernel ORs them back in with a shift and a mask): 5 or 6 bits a
-weight instead of 8. Q4_1 goes from 6 to 5 bits a weight with its scales, Q6_K from 12 to 8.
-
-Per layer: a stack's layers may differ (llama.cpp's Q4_K_M puts Q6_K in some layers' attn_v
-and ffn_down), and gpu/quant.py widens a stack to its widest layer; prepare narrows each layer
-back to the narrowest format that holds it exactly, so a Q4_K layer is read at 5 bits even
-where ten others are Q6_K, and the forward (layer_matmul) reads each layer's format, blocks and
-block bytes from the weight's per-layer table.
+Decode reads every weight byte once per token, so bytes are time, and the int8 layout stores
+each weight at its file's size:
+* 5- and 6-bit values (Q5_0, Q5_1, Q5_K, Q6_K), which gpu/quant.py stores as whole bytes,
+  are packed here as a nibble plane (as Q4) plus one 32-bit word per row of their high bits
+  (pack_bits; the kernel ORs them back in with a shift and a mask): 5 or 6 bits a weight.
+* The scales keep the file's form (gpu/ops/kquant_scales.py; the format code carries it):
+  float16 d and m per block (Q4_1, Q5_1), one float16 d where m is a fixed multiple of it
+  (Q4_0, Q5_0, Q8_0), and the K-quants' super-block scales as the file packs them, decoded
+  per block in the kernel (_scale_vectors): Q4_K/Q5_K's 6-bit sub-block scales and mins
+  (4.5 and 5.5 bits a weight in all), Q6_K's int8 ones (6.5625).
+* Each part in its own format: a stack's layers may differ (llama.cpp's Q4_K_M puts Q6_K in
+  some layers' attn_v and ffn_down), and gpu/quant.py widens a stack to its widest layer and
+  a fused Q|K|V or gate|up to its widest part; prepare narrows every row group back to the
+  narrowest format that holds it exactly, and runs of groups alike become segments, each a
+  matmul of its own (layer_matmul) into its rows of the output: a Q4_K_M layer with a Q6_K
+  attn_v reads Q and K as Q4_K.
 
 AVX2 saturation: ``vpmaddubsw`` adds two u8 x s8 products into a saturating int16, which
 overflows for weight bytes above 129 (only Q8_0's q + 128 reaches them). Such weights get the
@@ -68,9 +71,31 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numpy.typing import NDArray
 
-from ..quant import FMT_F32, FMT_Q4, FMT_Q8, FMT_Q8_16, LANES, Array, Weight
+from ..quant import (
+    FMT_F32,
+    FMT_Q4,
+    FMT_Q8,
+    FMT_Q8_16,
+    LANES,
+    LF_BLK,
+    LF_CODE,
+    LF_COLS,
+    LF_DN,
+    LF_DOFF,
+    LF_G0,
+    LF_G1,
+    LF_MN,
+    LF_MOFF,
+    LF_NB,
+    LF_QN,
+    LF_QOFF,
+    Array,
+    Weight,
+    block_weights,
+)
 from . import cpu_features, prefetch
 from .cpu_features import ISA_AVX2, ISA_VNNI256, ISA_VNNI512
+from .kquant_scales import K4_BLOCKS, K4_BYTES, K6_BLOCKS, K6_BYTES, SC_D, SC_DM, SC_K4, SC_K6, scale_form
 
 FMT_I8 = 16  # format codes at and above this are int8-path weights
 KIND_Q4, KIND_Q8, KIND_Q8_SPLIT, KIND_Q5P, KIND_Q6P = 0, 1, 2, 3, 4
@@ -84,14 +109,21 @@ llvm.initialize_native_asmparser()
 
 
 WIDE = 32  # fmt bit: the activations are int16, not int8 (see the module doc)
+# How a block's scale d and offset m are stored: fmt // SCALES_STEP, one of
+# gpu/ops/kquant_scales.py's forms (SC_DM, SC_D, SC_K4, SC_K6).
+SCALES_STEP = 64
 
 
-def fmt_code(isa: int, kind: int, wide: bool = False) -> int:
-    return FMT_I8 + WIDE * wide + 8 * isa + kind
+def fmt_code(isa: int, kind: int, wide: bool = False, scales: int = SC_DM) -> int:
+    return FMT_I8 + SCALES_STEP * scales + WIDE * wide + 8 * isa + kind
 
 
 def is_wide(fmt: int) -> bool:
-    return fmt >= FMT_I8 + WIDE
+    return fmt >= FMT_I8 and (fmt - FMT_I8) // WIDE % 2 == 1
+
+
+def scales_of(fmt: int) -> int:
+    return (fmt - FMT_I8) // SCALES_STEP if fmt >= FMT_I8 else SC_DM
 
 
 def is_int8(fmt: int) -> bool:
@@ -195,13 +227,14 @@ def _hi_bits(builder, h, bits, k, V):
     return builder.bitcast(v, _vt(I8, 4 * V))
 
 
-def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbase, mbase,
-                   sbase, cbase, sstride, obase):
+def _block_codegen(isa, kind, bs, nt, wide, scales, builder, wbase, xbase, xstride, dbase,
+                   mbytes, sub, sbase, cbase, sstride, obase):
     """One weight block (64 rows) times nt activation rows, scaled and added to the output.
 
     wbase: i8* to the block's bytes (layouts in prepare()); xbase: i8* to the first token's
-    activations of this block (token t at xbase + t * xstride); dbase, mbase: half* to the
-    block's 64 scales and offsets; sbase, cbase: float* to token 0's activation scale s and
+    activations of this block (token t at xbase + t * xstride); dbase (half*), mbytes (i8*)
+    and sub (i64): where the block's 64 scales and offsets come from, by ``scales``
+    (_scale_vectors); sbase, cbase: float* to token 0's activation scale s and
     s * sum(xq) for this block (token t at + t * sstride); obase: float* [nt, 64], where
     out[t, l] += d[l] * s[t] * (sum of q[l, k] xq[t, k]) + m[l] * c[t].
 
@@ -230,14 +263,14 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
     four = _splat(I8, 4 * V, 4)
     zero = ir.Constant(_vt(I32, V), None)
     i64 = ir.IntType(64)
-    F32, F16 = ir.FloatType(), ir.HalfType()
-    fv, hv = _vt(F32, V), _vt(F16, V)
+    fv = _vt(ir.FloatType(), V)
     nibbles = kind in (KIND_Q4, KIND_Q5P, KIND_Q6P)
     nj4 = bs // 8 if nibbles else bs // 4  # 4-byte words of one row in the (nibble) plane
     half = bs // 2  # a nibble byte holds positions j and half + j
     hbits = {KIND_Q5P: 1, KIND_Q6P: 2}.get(kind, 0)
     if nt == 1:  # decode: the bytes are the time (PREFETCH_BLOCKS)
-        _prefetch_ahead(builder, wbase, dbase, mbase, nj4 * 4 * LANES + (4 * LANES if hbits else 0))
+        _prefetch_ahead(builder, wbase, nj4 * 4 * LANES + (4 * LANES if hbits else 0))
+        _prefetch_scales(builder, scales, dbase, mbytes, sub)
     xoffs = [builder.mul(xstride, ir.Constant(i64, t)) if t else ir.Constant(i64, 0) for t in range(nt)]
     soffs = [builder.mul(sstride, ir.Constant(i64, t)) if t else ir.Constant(i64, 0) for t in range(nt)]
     s_t = [_splat_value(builder, builder.load(builder.gep(sbase, [soffs[t]])), V) for t in range(nt)]
@@ -305,8 +338,7 @@ def _block_codegen(isa, kind, bs, nt, wide, builder, wbase, xbase, xstride, dbas
                 acc[t, v] = (builder.add(builder.shl(hi_acc, eight), lo_acc) if nibbles
                              else _pair_sums(builder, lo_acc, hi_acc))
         for v in vs:
-            dv = builder.fpext(_load_vec(builder, dbase, v * V, hv), fv)
-            mv = builder.fpext(_load_vec(builder, mbase, v * V, hv), fv)
+            dv, mv = _scale_vectors(builder, scales, dbase, mbytes, sub, v, V)
             for t in range(nt):
                 p = builder.bitcast(builder.gep(obase, [ir.Constant(i64, t * LANES + v * V)]),
                                     fv.as_pointer())
@@ -333,17 +365,83 @@ _FAST = ("fast",)
 PREFETCH_BLOCKS = 2
 
 
-def _prefetch_ahead(builder, wbase, dbase, mbase, nbytes):
-    """Prefetch the weight block PREFETCH_BLOCKS calls ahead: nbytes of it from wbase, and
-    its 64 float16 scales and offsets (two lines each)."""
-    def at(base, off):
-        prefetch.emit(builder, builder.gep(base, [ir.Constant(ir.IntType(64), off)]))
-
+def _prefetch_ahead(builder, wbase, nbytes):
+    """Prefetch the weight block PREFETCH_BLOCKS calls ahead: nbytes of it from wbase."""
     for off in range(0, nbytes, 64):
-        at(wbase, PREFETCH_BLOCKS * nbytes + off)
-    for base in (dbase, mbase):  # half*: LANES halves a block, 32 to a line
-        at(base, PREFETCH_BLOCKS * LANES)
-        at(base, PREFETCH_BLOCKS * LANES + 32)
+        ahead = ir.Constant(ir.IntType(64), PREFETCH_BLOCKS * nbytes + off)
+        prefetch.emit(builder, builder.gep(wbase, [ahead]))
+
+
+def _prefetch_scales(builder, scales, dbase, mbytes, sub):
+    """Prefetch the scales a later call reads: per-block ones PREFETCH_BLOCKS blocks ahead
+    (64 float16 d, and m for SC_DM: two lines each); the super-block forms' next super-block,
+    a line or two a call (the call for block ``sub`` of this one takes the lines ``sub`` of
+    the next, so the eight or sixteen calls cover it)."""
+    i64 = ir.IntType(64)
+
+    def at(base, off):
+        prefetch.emit(builder, builder.gep(base, [off if isinstance(off, ir.Value)
+                                                  else ir.Constant(i64, off)]))
+
+    if scales in (SC_DM, SC_D):
+        for off in (0, 32):  # half*: LANES halves a block, 32 to a line
+            at(dbase, PREFETCH_BLOCKS * LANES + off)
+        if scales == SC_DM:
+            mb = builder.bitcast(mbytes, ir.HalfType().as_pointer())
+            for off in (0, 32):
+                at(mb, PREFETCH_BLOCKS * LANES + off)
+        return
+    nd, nm = (2 * LANES, K4_BYTES * LANES) if scales == SC_K4 else (LANES, K6_BYTES * LANES)
+    line = builder.mul(sub, ir.Constant(i64, 64))  # bytes
+    at(mbytes, builder.add(line, ir.Constant(i64, nm)))
+    if scales == SC_K4:  # the 4 lines of high bits, from calls 0-3
+        at(mbytes, builder.add(line, ir.Constant(i64, nm + 8 * LANES)))
+    dl = builder.mul(builder.and_(sub, ir.Constant(i64, nd // 32 - 1)), ir.Constant(i64, 32))
+    at(dbase, builder.add(dl, ir.Constant(i64, nd)))  # half*: 32 a line
+
+
+def _scale_vectors(builder, scales, dbase, mbytes, sub, v, V):
+    """(d, m) of rows v V .. v V + V - 1 of a block as <V x float>, from its storage form.
+
+    SC_DM: d and m float16 at dbase and mbytes. SC_D: d at dbase, m = d c with c the
+    float16 at mbytes. SC_K4: D at dbase, Dm at dbase + LANES, block sub's byte at
+    mbytes + sub LANES (low 4 bits of sc | low 4 of mn << 4) and each row's 32-bit word at
+    mbytes + 8 LANES (bits 4 sub..: the high 2 bits of sc, then of mn); d = D sc, m = Dm mn.
+    SC_K6: D at dbase, sc = the int8 at mbytes + sub LANES; d = D sc, m = -32 d. The
+    products are float32's exact ones (an 11-bit D times a 6- or 8-bit integer), the values
+    gpu/quant.py expands the file's scales to."""
+    F32, F16 = ir.FloatType(), ir.HalfType()
+    fv, hv = _vt(F32, V), _vt(F16, V)
+    i64 = ir.IntType(64)
+    hp = F16.as_pointer()
+
+    def halves(base, off):
+        return builder.fpext(_load_vec(builder, base, off, hv), fv)
+
+    if scales == SC_DM:
+        return halves(dbase, v * V), halves(builder.bitcast(mbytes, hp), v * V)
+    if scales == SC_D:
+        c = builder.fpext(builder.load(builder.bitcast(mbytes, hp)), F32)
+        dv = halves(dbase, v * V)
+        return dv, builder.fmul(dv, _splat_value(builder, c, V))
+    row = builder.add(builder.mul(sub, ir.Constant(i64, LANES)), ir.Constant(i64, v * V))
+    b = _load_vec(builder, mbytes, row, _vt(I8, V))
+    D = halves(dbase, v * V)
+    if scales == SC_K6:
+        dv = builder.fmul(D, builder.sitofp(builder.sext(b, _vt(I32, V)), fv))
+        return dv, builder.fmul(dv, _splat(F32, V, -32.0))
+    b32 = builder.zext(b, _vt(I32, V))
+    hw = _load_vec(builder, mbytes, 8 * LANES + 4 * v * V, _vt(I32, V))
+    sh = builder.trunc(builder.mul(sub, ir.Constant(i64, 4)), I32)
+    h = builder.lshr(hw, _splat_value(builder, sh, V))
+    three, fifteen = _splat(I32, V, 3), _splat(I32, V, 15)
+    sc = builder.or_(builder.and_(b32, fifteen),
+                     builder.shl(builder.and_(h, three), _splat(I32, V, 4)))
+    mn = builder.or_(builder.lshr(b32, _splat(I32, V, 4)),
+                     builder.shl(builder.and_(builder.lshr(h, _splat(I32, V, 2)), three),
+                                 _splat(I32, V, 4)))
+    Dm = halves(dbase, LANES + v * V)
+    return (builder.fmul(D, builder.sitofp(sc, fv)), builder.fmul(Dm, builder.sitofp(mn, fv)))
 
 
 def _splat_value(builder, x, n):
@@ -352,16 +450,32 @@ def _splat_value(builder, x, n):
     return builder.shuffle_vector(v, undef, ir.Constant(_vt(I32, n), [ir.Constant(I32, 0)] * n))
 
 
-# The variants compiled in: (isa, kind, block length), each for 1 and NT tokens, for the ISAs
-# this CPU runs. AVX2 needs the split kind for bytes above 127 (see the module doc).
+# The variants compiled in: (isa, kind, block length, scale form), each for 1 and NT tokens,
+# for the ISAs this CPU runs. AVX2 needs the split kind for bytes above 127 (see the module
+# doc). The super-block scale forms go with their files' block lengths; their Q8 variants
+# are the int16 prefill's (a nibble kind's group unpacked to bytes: UNPACK_T).
 _KINDS = {ISA_VNNI512: (KIND_Q4, KIND_Q8, KIND_Q5P, KIND_Q6P),
           ISA_VNNI256: (KIND_Q4, KIND_Q8, KIND_Q5P, KIND_Q6P),
           ISA_AVX2: (KIND_Q4, KIND_Q8, KIND_Q5P, KIND_Q6P, KIND_Q8_SPLIT)}
 _BLOCK_LENGTHS = {KIND_Q4: (32,), KIND_Q5P: (32,), KIND_Q6P: (16,), KIND_Q8: (32, 16),
                   KIND_Q8_SPLIT: (32, 16)}
-VARIANTS = tuple((isa, kind, bs, nt, wide) for isa in ISAS for kind in _KINDS[isa]
+
+
+def has_variant(kind: int, bs: int, wide: bool, scales: int) -> bool:
+    """Whether a (kind, block length, activations, scale form) is compiled in (for every ISA
+    that has the kind)."""
+    if bs not in _BLOCK_LENGTHS[kind] or (wide and kind == KIND_Q8_SPLIT):  # vpmaddwd: no saturation
+        return False
+    if scales == SC_K4:
+        return bs == 32 and (kind in (KIND_Q4, KIND_Q5P) or (kind == KIND_Q8 and wide))
+    if scales == SC_K6:
+        return bs == 16 and (kind == KIND_Q6P or (kind == KIND_Q8 and wide))
+    return True
+
+
+VARIANTS = tuple((isa, kind, bs, nt, wide, sc) for isa in ISAS for kind in _KINDS[isa]
                  for bs in _BLOCK_LENGTHS[kind] for nt in (1, NT) for wide in (False, True)
-                 if not (wide and kind == KIND_Q8_SPLIT))  # vpmaddwd does not saturate
+                 for sc in (SC_DM, SC_D, SC_K4, SC_K6) if has_variant(kind, bs, wide, sc))
 
 
 def _variant_key(fmt, bs, n):
@@ -369,13 +483,15 @@ def _variant_key(fmt, bs, n):
 
 
 @intrinsic
-def block_dot(typingctx, fmt, bs, n, wq, woff, xq, xoff, xstride, d16, m16, doff, sx, xsm,
-              soff, sstride, out, ooff):
+def block_dot(typingctx, fmt, bs, n, wq, woff, xq, xoff, xstride, d16, m16, doff, moff, sub,
+              sx, xsm, soff, sstride, out, ooff):
     """out[ooff + t*LANES + l] += d[l] s[t] (sum over one weight block of q[l, k] xq[t, k])
     + m[l] c[t] for t < n (1 or NT): _block_codegen's code for the weight's format and block
-    length, picked by one switch (every variant this CPU runs, in one function)."""
-    sig = types.void(fmt, bs, n, wq, woff, xq, xoff, xstride, d16, m16, doff, sx, xsm, soff,
-                     sstride, out, ooff)
+    length, picked by one switch (every variant this CPU runs, in one function). The
+    block's scales: d16 from half doff, m16 from byte moff, sub its block in a super-block
+    (scale_offsets)."""
+    sig = types.void(fmt, bs, n, wq, woff, xq, xoff, xstride, d16, m16, doff, moff, sub, sx,
+                     xsm, soff, sstride, out, ooff)
 
     def codegen(context, builder, signature, args):
         i64 = ir.IntType(64)
@@ -388,18 +504,19 @@ def block_dot(typingctx, fmt, bs, n, wq, woff, xq, xoff, xstride, d16, m16, doff
             a = context.make_array(signature.args[k])(context, builder, args[k])
             return builder.gep(builder.bitcast(a.data, ty.as_pointer()), [i(koff)])
 
-        wp, xp, dp, mp = ptr(3, I8, 4), ptr(5, I8, 6), ptr(8, F16, 10), ptr(9, F16, 10)
-        sp, cp, op = ptr(11, F32, 13), ptr(12, F32, 13), ptr(15, F32, 16)
-        xs, ss = i(7), i(14)
+        wp, xp, dp, mp = ptr(3, I8, 4), ptr(5, I8, 6), ptr(8, F16, 10), ptr(9, I8, 11)
+        sp, cp, op = ptr(13, F32, 15), ptr(14, F32, 15), ptr(17, F32, 18)
+        xs, ss, sb = i(7), i(16), i(12)
         key = builder.add(builder.mul(builder.add(builder.mul(i(0), ir.Constant(i64, 64)), i(1)),
                                       ir.Constant(i64, 8)), i(2))
         done = builder.append_basic_block("block_dot.done")
         sw = builder.switch(key, done)  # an unknown variant does nothing (prepare() refuses it)
-        for isa, kind, blen, nt, wide in VARIANTS:
-            bb = builder.append_basic_block(f"block_dot.{isa}.{kind}.{blen}.{nt}.{int(wide)}")
-            sw.add_case(ir.Constant(i64, _variant_key(fmt_code(isa, kind, wide), blen, nt)), bb)
+        for isa, kind, blen, nt, wide, sc in VARIANTS:
+            bb = builder.append_basic_block(f"block_dot.{isa}.{kind}.{blen}.{nt}.{int(wide)}.{sc}")
+            sw.add_case(ir.Constant(i64, _variant_key(fmt_code(isa, kind, wide, sc), blen, nt)), bb)
             builder.position_at_end(bb)
-            _block_codegen(isa, kind, blen, nt, wide, builder, wp, xp, xs, dp, mp, sp, cp, ss, op)
+            _block_codegen(isa, kind, blen, nt, wide, sc, builder, wp, xp, xs, dp, mp, sb, sp,
+                           cp, ss, op)
             builder.branch(done)
         builder.position_at_end(done)
         return context.get_dummy_value()
@@ -448,7 +565,30 @@ def quantize(x, bs, xq, sx, xsm):
 def planar(fmt):
     """Whether a weight's kernels take int16 activations as byte planes (to_planes): the
     wide nibble kinds. Q8's wide kernels read plain int16."""
-    return fmt >= FMT_I8 + WIDE and fmt % 8 != KIND_Q8
+    return wide_code(fmt) and fmt % 8 != KIND_Q8
+
+
+@njit(cache=True, nogil=True)
+def wide_code(fmt):
+    """is_wide, compiled."""
+    return fmt >= FMT_I8 and (fmt - FMT_I8) // WIDE % 2 == 1
+
+
+@njit(cache=True, nogil=True)
+def scale_offsets(fmt, g, nb, b):
+    """(doff, moff, sub) of block b of row group g (nb blocks a row) for block_dot: its
+    scales' offset in d16 (halves) and in m16 (bytes), and its block in its super-block."""
+    sc = (fmt - FMT_I8) // SCALES_STEP
+    if sc == SC_K4:
+        sb = g * (nb // K4_BLOCKS) + b // K4_BLOCKS
+        return sb * 2 * LANES, sb * K4_BYTES * LANES, b % K4_BLOCKS
+    if sc == SC_K6:
+        sb = g * (nb // K6_BLOCKS) + b // K6_BLOCKS
+        return sb * LANES, sb * K6_BYTES * LANES, b % K6_BLOCKS
+    gb = g * nb + b
+    if sc == SC_D:
+        return gb * LANES, 0, 0
+    return gb * LANES, 2 * gb * LANES, 0
 
 
 @njit(cache=True, nogil=True)
@@ -470,7 +610,7 @@ def to_planes(xq16, T, K):
 def activation_bytes(fmt, xq, T, K):
     """The quantized activations (int8, or int16 viewed as bytes) as ``fmt``'s kernels read
     them, and the byte offset of (token t, position k) there: t * a + k * p."""
-    if fmt < FMT_I8 + WIDE:
+    if not wide_code(fmt):
         return xq, K, 1
     if planar(fmt):
         return to_planes(xq.view(np.int16), T, K), 2 * K, 1
@@ -485,12 +625,12 @@ def _group(fmt, wq, wg, blk, d16, m16, g, nb, xq, xa, xp, sx, xsm, bs, ta, tb, o
     activations' bytes, (token t, position k) at t * xa + k * xp)."""
     out[:] = 0
     for b in range(nb):
-        gb = g * nb + b
+        doff, moff, sub = scale_offsets(fmt, g, nb, b)
         t0 = ta
         while t0 < tb:
             n = NT if tb - t0 >= NT else 1
             block_dot(fmt, bs, n, wq, (wg * nb + b) * blk * LANES, xq, t0 * xa + b * bs * xp,
-                      xa, d16, m16, gb * LANES, sx, xsm, t0 * nb + b, nb, out,
+                      xa, d16, m16, doff, moff, sub, sx, xsm, t0 * nb + b, nb, out,
                       (t0 - ta) * LANES)
             t0 += n
 
@@ -599,18 +739,18 @@ def work_plan(fmt, T, G):
 
 @njit(cache=True, nogil=True)
 def int8_matmul(fmt, qs, d, m, x, y):
-    """y[T, R] = x[T, K] @ W[R, K].T for int8-path weights (prepare(): transposed blocks,
-    float16 scales as uint16), activations quantized here per block."""
-    int8_matmul_layout(fmt, d.shape[1], qs.shape[2], qs, d, m, x, y)
+    """y[T, R] = x[T, K] @ W[R, K].T for one segment of int8-path weights (qs [G, nb, blk,
+    LANES]: transposed blocks; d, m: its scales, any shape), activations quantized here."""
+    int8_matmul_layout(fmt, qs.shape[1], qs.shape[2], qs.shape[0], qs.reshape(-1),
+                       d.reshape(-1), m.reshape(-1), x, y)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def int8_matmul_layout(fmt, nb, blk, qs, d, m, x, y):
-    """int8_matmul for a weight whose nb blocks a row, of blk bytes each, fill the leading
-    part of its arrays (one layer of a mixed stack; see prepare)."""
+def int8_matmul_layout(fmt, nb, blk, G, wq, d16, m16, x, y):
+    """int8_matmul for a segment given flat: G row groups of nb blocks a row, blk bytes each
+    (wq), its scales d16 and m16 (scale_offsets); y's columns are the segment's rows."""
     T, K = x.shape
     R = y.shape[1]
-    G = d.shape[0]
     bs = K // nb
     sx = np.empty((T, nb), np.float32)
     xsm = np.empty((T, nb), np.float32)
@@ -618,7 +758,7 @@ def int8_matmul_layout(fmt, nb, blk, qs, d, m, x, y):
     tc, unpack = work_plan(fmt, T, G)
     kind = fmt % 8
     kfmt = fmt - kind + KIND_Q8 if unpack else fmt  # the kernel that runs
-    if fmt >= FMT_I8 + WIDE:
+    if wide_code(fmt):
         xq16 = np.empty(T * K, np.int16)
         quantize(x, bs, xq16, sx, xsm)
         xq, xa, xp = activation_bytes(kfmt, xq16.view(np.int8), T, K)
@@ -626,9 +766,6 @@ def int8_matmul_layout(fmt, nb, blk, qs, d, m, x, y):
         xq = np.empty(T * K, np.int8)
         quantize(x, bs, xq, sx, xsm)
         xa, xp = K, 1
-    wq = qs.reshape(-1)
-    d16 = d.reshape(-1)
-    m16 = m.reshape(-1)
     sxf = sx.reshape(-1)
     xsmf = xsm.reshape(-1)
     for it in prange(G * tc):
@@ -764,48 +901,84 @@ def prepare(w: Weight, isa: int | None = None, wide: bool | None = None) -> Weig
     (default: the selected ones). Float32 weights and isa 0 (the float kernels) come back
     unchanged.
 
-    Each layer gets its own narrowest format (narrowest, then kind_for): in llama.cpp's mixed
-    files (Q4_K_M: Q6_K attn_v and ffn_down in some layers, Q4_K in the rest) a stack widened
-    to its widest layer would stream the Q4_K layers at 8 bits. Layers of one shape share the
-    stack's arrays as before; otherwise the stack is *mixed*: each layer's packed bytes and
-    scales fill the leading part of its slot (sized for the largest layer), and lf holds each
-    layer's (format, nb, bytes per block) for int8_matmul_layout. Decode reads only a layer's
-    own bytes, so the unused tail of a slot costs disk and address space, not time."""
+    Decode reads every byte once a token, so each part of a weight is stored in its own
+    file's form, found from the values (a stack arrives widened to its widest layer, and a
+    fused Q|K|V or gate|up to its widest part: gpu/quant.py):
+    * per layer and row group of LANES rows, the narrowest format (narrowest) and kind
+      (kind_for): in llama.cpp's Q4_K_M a layer's Q|K|V with a Q6_K attn_v runs Q and K as
+      4-bit nibbles and V as 6-bit values; runs of groups alike are one *segment*;
+    * per segment, the scales' form (gpu/ops/kquant_scales.py): the K-quants' super-block
+      scales as the file packs them, one d where m is a multiple of it, else d and m.
+    Every layer is a slot of flat arrays (qs uint8, d and m float16 bits as uint16, [L, n]),
+    its segments one after another from its start; lf [L, S, LF_COLS] describes them
+    (gpu/quant.py's LF_* columns; a code of -1 ends a layer's list). A slot is sized for the
+    largest layer: decode reads only a layer's own bytes."""
     isa = cpu_features.ISA if isa is None else isa
     wide = cpu_features.ACTIVATIONS == "int16" if wide is None else wide
     if not isa or w.fmt == FMT_F32 or is_int8(w.fmt):
         return w
     if isa not in ISAS:
         raise ValueError(f"this CPU cannot run int8 kernel set {isa} (it has {ISAS})")
-    layers = []
-    for i in range(w.qs.shape[0]):
-        f, qs, d, m = narrowest(w.fmt, w.qs[i], w.d[i], w.m[i])
-        kind = kind_for(f, qs, isa, wide)
-        layers.append((fmt_code(isa, kind, wide), pack(qs, kind), to_half(d), to_half(m)))
-    first = layers[0]
-    if all(c == first[0] and q.shape == first[1].shape for c, q, _, _ in layers):
-        return Weight(first[0], np.stack([q for _, q, _, _ in layers]),
-                      np.stack([d for _, _, d, _ in layers]), np.stack([m for _, _, _, m in layers]), w.w)
-    return _mixed(layers, w.w)
+    layers = [_segments(w.fmt, w.qs[i], w.d[i], w.m[i], isa, wide) for i in range(w.qs.shape[0])]
+    L, S = len(layers), max(len(x) for x in layers)
+    size = [max(sum(seg[k].size for seg in x) for x in layers) for k in (5, 6, 7)]
+    qs = np.zeros((L, size[0]), np.uint8)
+    d = np.zeros((L, size[1]), np.uint16)
+    m = np.zeros((L, max(1, size[2])), np.uint16)
+    lf = np.full((L, S, LF_COLS), -1, np.int64)
+    for i, segs in enumerate(layers):
+        off = [0, 0, 0]
+        for j, (code, nb, blk, g0, g1, q, dd, mm) in enumerate(segs):
+            for k, (dst, src) in enumerate(((qs, q), (d, dd), (m, mm))):
+                dst[i, off[k]:off[k] + src.size] = src
+            lf[i, j] = (code, nb, blk, g0, g1, off[0], off[1], off[2], q.size, dd.size, mm.size)
+            off = [off[0] + q.size, off[1] + dd.size, off[2] + mm.size]
+    return Weight(int(lf[0, 0, LF_CODE]), qs, d, m, w.w, lf)
 
 
-def _mixed(layers: list[tuple[int, NDArray[np.uint8], NDArray[np.uint16], NDArray[np.uint16]]],
-           w: Array) -> Weight:
-    """Per-layer packed arrays of different formats -> one stack of slots (see prepare)."""
-    big_q = max((q for _, q, _, _ in layers), key=lambda q: q.size)
-    big_d = max((d for _, _, d, _ in layers), key=lambda d: d.size)
-    L = len(layers)
-    qs = np.zeros((L,) + big_q.shape, np.uint8)
-    d = np.zeros((L,) + big_d.shape, np.uint16)
-    m = np.zeros_like(d)
-    lf = np.zeros((L, 3), np.int64)
-    for i, (code, q, di, mi) in enumerate(layers):
-        qs[i].reshape(-1)[:q.size] = q.reshape(-1)
-        d[i].reshape(-1)[:di.size] = di.reshape(-1)
-        m[i].reshape(-1)[:mi.size] = mi.reshape(-1)
-        lf[i] = (code, di.shape[1], q.shape[2])
-    widest = max(layers, key=lambda t: t[1].size)[0]
-    return Weight(widest, qs, d, m, w, lf)
+def _segments(fmt: int, qs: np.ndarray, d: np.ndarray, m: np.ndarray, isa: int, wide: bool
+              ) -> list[tuple]:
+    """One layer's interleaved arrays -> its segments (code, nb, blk, g0, g1, packed qs,
+    d16, m16 flat) (see prepare)."""
+    G = qs.shape[0]
+    groups = []
+    for g in range(G):
+        f, q, dd, mm = narrowest(fmt, qs[g:g + 1], d[g:g + 1], m[g:g + 1])
+        groups.append((f, kind_for(f, q, isa, wide), q, dd, mm))
+    out = []
+    g0 = 0
+    while g0 < G:
+        f, kind = groups[g0][:2]
+        g1 = g0 + 1
+        while g1 < G and groups[g1][:2] == (f, kind):
+            g1 += 1
+        q, dd, mm = (np.concatenate([x[k] for x in groups[g0:g1]]) for k in (2, 3, 4))
+        bs = block_weights(f)
+
+        def allowed(sc: int, k: int = kind, b: int = bs) -> bool:
+            return has_variant(k, b, wide, sc)
+
+        form, d16, m16 = scale_form(bs, dd, mm, allowed)
+        pq = pack(q, kind)
+        out.append((fmt_code(isa, kind, wide, form), q.shape[1], pq.shape[2], g0, g1,
+                    pq.reshape(-1), d16, m16))
+        g0 = g1
+    return out
+
+
+def segment(w: Weight, layer: int = 0, s: int = 0) -> tuple[int, Array, Array, Array]:
+    """Segment s of a layer of a prepared weight: (code, qs [G, nb, blk, LANES], d16, m16)
+    (tests and benchmarks; int8_matmul takes them)."""
+    assert w.lf is not None
+    c = [int(v) for v in w.lf[layer, s]]
+    qs = w.qs[layer, c[LF_QOFF]:c[LF_QOFF] + c[LF_QN]]
+    return (c[LF_CODE], qs.reshape(c[LF_G1] - c[LF_G0], c[LF_NB], c[LF_BLK], LANES),
+            w.d[layer, c[LF_DOFF]:c[LF_DOFF] + c[LF_DN]], w.m[layer, c[LF_MOFF]:c[LF_MOFF] + c[LF_MN]])
+
+
+def segments(w: Weight, layer: int = 0) -> list[tuple[int, Array, Array, Array]]:
+    assert w.lf is not None
+    return [segment(w, layer, s) for s in range(w.lf.shape[1]) if w.lf[layer, s, LF_CODE] >= 0]
 
 
 def resident(w: Weight) -> Weight:
@@ -818,8 +991,8 @@ def resident(w: Weight) -> Weight:
     (bench/bench_resident.py, interleaved: Q4_1 33.2 -> 29.8 ms, Q4_K_M 36.1 -> 31.2). The
     copy costs a read of the cache
     (~0.1 s per GB) and makes the weights the process's own memory rather than shared page
-    cache. A mixed stack copies each layer's used bytes only: its slots' tails stay untouched
-    zero pages."""
+    cache. Each layer's slot copies its used bytes only: the tails stay untouched zero
+    pages."""
     def copy(a: Array, used: list[int] | None) -> Array:
         if not isinstance(a, np.memmap) or a.size == 0:
             return a
@@ -835,12 +1008,11 @@ def resident(w: Weight) -> Weight:
             mm.madvise(mmap.MADV_DONTNEED)
         return out
 
-    if w.lf is None:
+    if not is_int8(w.fmt):
         return w._replace(qs=copy(w.qs, None), d=copy(w.d, None), m=copy(w.m, None),
                           w=copy(w.w, None))
-    values, scales = _used(w)
-    return w._replace(qs=copy(w.qs, values), d=copy(w.d, scales), m=copy(w.m, scales),
-                      w=copy(w.w, None))
+    q, d, m = _used(w)
+    return w._replace(qs=copy(w.qs, q), d=copy(w.d, d), m=copy(w.m, m), w=copy(w.w, None))
 
 
 def for_forward(w: Weight) -> Weight:
@@ -848,31 +1020,21 @@ def for_forward(w: Weight) -> Weight:
     return resident(w)._replace(lf=w.layers())
 
 
-def _used(w: Weight) -> tuple[list[int], list[int]]:
-    """A mixed stack's used entries per layer: (packed value bytes, scales) of each slot."""
+def _used(w: Weight) -> tuple[list[int], list[int], list[int]]:
+    """A prepared weight's used entries per layer slot: (qs bytes, d, m halves)."""
     assert w.lf is not None
-    G = w.d.shape[1]
-    return ([int(G * nb * blk * LANES) for _, nb, blk in w.lf],
-            [int(G * nb * LANES) for _, nb, _ in w.lf])
+    lf = np.asarray(w.lf, np.int64)
+    segs = [lf[i][lf[i, :, LF_CODE] >= 0] for i in range(lf.shape[0])]
+    return tuple([int(s[:, k].sum()) for s in segs] for k in (LF_QN, LF_DN, LF_MN))  # type: ignore[return-value]
 
 
 def read_nbytes(w: Weight) -> int:
     """Bytes a forward pass reads of a weight: every layer's own packed values and scales
-    (a mixed stack's slots are sized for its largest layer)."""
-    if w.lf is None:
+    (a prepared weight's slots are sized for its largest layer)."""
+    if not is_int8(w.fmt):
         return int(sum(a.nbytes for a in (w.qs, w.d, w.m, w.w)))
-    values, scales = _used(w)
-    return sum(values) + 2 * w.d.itemsize * sum(scales)
-
-
-def to_half(a: np.ndarray) -> np.ndarray:
-    """float32 scales -> float16 bits (uint16: Numba's CPU arrays have no float16). Exact for
-    the types whose file scales are f16 (Q4_0/1, Q5_0/1, Q8_0, and their -8 d, -16 d, -128 d
-    offsets); the K-quants' d_sb * sc products round to 11 bits (relative 2^-12)."""
-    h = np.ascontiguousarray(a, np.float32).astype(np.float16)
-    if not np.isfinite(h).all():
-        raise ValueError("a block scale overflows float16")
-    return h.view(np.uint16)
+    q, d, m = _used(w)
+    return sum(q) + w.d.itemsize * (sum(d) + sum(m))
 
 
 def scales_f32(a: np.ndarray) -> np.ndarray:
@@ -921,6 +1083,7 @@ def int_block_sums(fmt, qs, nb, xq, T, K, out):
     activations' bytes (an int16 array viewed as int8 for a wide weight)."""
     bs = K // nb
     xq, xa, xp = activation_bytes(fmt, xq, T, K)
+    dm = fmt - (fmt - FMT_I8) // SCALES_STEP * SCALES_STEP  # the same kernel with SC_DM scales
     wq = qs.reshape(-1)
     G = out.shape[1] // LANES
     blk = qs.shape[2]
@@ -935,8 +1098,8 @@ def int_block_sums(fmt, qs, nb, xq, T, K, out):
             while t0 < T:
                 n = NT if T - t0 >= NT else 1
                 acc[:] = 0
-                block_dot(fmt, bs, n, wq, (g * nb + b) * blk * LANES, xq, t0 * xa + b * bs * xp, xa,
-                          one, zero, 0, s1, c0, t0, 1, acc, 0)
+                block_dot(dm, bs, n, wq, (g * nb + b) * blk * LANES, xq, t0 * xa + b * bs * xp, xa,
+                          one, zero, 0, 0, 0, s1, c0, t0, 1, acc, 0)
                 for t in range(n):
                     for l in range(LANES):
                         out[t0 + t, g * LANES + l, b] = np.int32(acc[t * LANES + l])

@@ -28,8 +28,25 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+from numba.extending import overload
 
-from ..quant import FMT_F32, FMT_Q4, LANES, QK
+from ..quant import (
+    FMT_F32,
+    FMT_Q4,
+    LANES,
+    LF_BLK,
+    LF_CODE,
+    LF_DN,
+    LF_DOFF,
+    LF_G0,
+    LF_G1,
+    LF_MN,
+    LF_MOFF,
+    LF_NB,
+    LF_QN,
+    LF_QOFF,
+    QK,
+)
 from .int8_matmul import FMT_I8, int8_matmul, int8_matmul_layout
 
 TILE_MIN_TOKENS = 32  # at and above this many tokens, dequantize to a tile first (measured crossover)
@@ -288,14 +305,39 @@ def matmul_ref(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
 
 
+def _layer_matmul(w, layer, x, y):
+    """layer_matmul's body, chosen by the weight's type (see the overload)."""
+    raise NotImplementedError
+
+
+@overload(_layer_matmul, jit_options={"cache": True, "nogil": True})  # type: ignore[typeddict-unknown-key]
+def _layer_matmul_typed(w, layer, x, y):
+    # prepared int8 weights are flat slots ([L, n] arrays); the float kernels' are [L, G, ...]
+    if w.types[1].ndim == 2:
+        def segments(w, layer, x, y):
+            lf = w[5]
+            R = y.shape[1]
+            for s in range(lf.shape[1]):
+                c = lf[layer, s]
+                if c[LF_CODE] < 0:
+                    break
+                r1 = min(R, c[LF_G1] * LANES)
+                int8_matmul_layout(c[LF_CODE], c[LF_NB], c[LF_BLK], c[LF_G1] - c[LF_G0],
+                                   w[1][layer, c[LF_QOFF]:c[LF_QOFF] + c[LF_QN]],
+                                   w[2][layer, c[LF_DOFF]:c[LF_DOFF] + c[LF_DN]],
+                                   w[3][layer, c[LF_MOFF]:c[LF_MOFF] + c[LF_MN]],
+                                   x, y[:, c[LF_G0] * LANES:r1])
+        return segments
+
+    def whole(w, layer, x, y):
+        matmul(w[5][layer, 0, LF_CODE], w[1][layer], w[2][layer], w[3][layer], w[4][layer], x, y)
+    return whole
+
+
 @njit(cache=True, nogil=True)
 def layer_matmul(w, layer, x, y):
     """y = x @ W.T for one layer of a stacked weight w (gpu/quant.py's Weight with its
-    per-layer table lf filled in: Weight.layers()). Each layer runs in its own format: a
-    mixed stack's layers differ (gpu/ops/int8_matmul.py's prepare)."""
-    lf = w[5]
-    fmt = lf[layer, 0]
-    if fmt >= FMT_I8:
-        int8_matmul_layout(fmt, lf[layer, 1], lf[layer, 2], w[1][layer], w[2][layer], w[3][layer], x, y)
-    else:
-        matmul(fmt, w[1][layer], w[2][layer], w[3][layer], w[4][layer], x, y)
+    layer table lf filled in: Weight.layers()). A prepared int8 weight runs segment by
+    segment, each in its own format and into its own rows of y
+    (gpu/ops/int8_matmul.py's prepare)."""
+    _layer_matmul(w, layer, x, y)

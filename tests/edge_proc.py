@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from daemon_proc import DaemonProc, free_port
@@ -67,3 +69,17 @@ class EdgeProc:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+@contextmanager
+def daemon_and_edge(tmp: Path, *daemon_args: str) -> Iterator[tuple[DaemonProc, EdgeProc]]:
+    """A daemon and an HTTP edge in front of it, both stopped on the way out."""
+    d = DaemonProc(tmp, *daemon_args)
+    edge = None
+    try:
+        edge = EdgeProc(tmp, d)
+        yield d, edge
+    finally:
+        if edge is not None:
+            edge.stop()
+        d.stop()

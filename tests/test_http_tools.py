@@ -19,8 +19,7 @@ import jsonschema
 import openai
 import pytest
 
-from daemon_proc import DaemonProc
-from edge_proc import MODEL, TOKEN, EdgeProc
+from edge_proc import MODEL, TOKEN, EdgeProc, daemon_and_edge
 from zerolayer.daemon import cli
 
 WEATHER = {"type": "object",
@@ -42,16 +41,8 @@ MAX_TOKENS = 40        # a call of these tools is ~25 tokens in the format
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):  # type: ignore[no-untyped-def]
-    tmp = tmp_path_factory.mktemp("zl-tools")
-    d = DaemonProc(tmp)
-    edge = None
-    try:
-        edge = EdgeProc(tmp, d)
-        yield d, edge
-    finally:
-        if edge is not None:
-            edge.stop()
-        d.stop()
+    with daemon_and_edge(tmp_path_factory.mktemp("zl-tools")) as pair:
+        yield pair
 
 
 def oai(edge: EdgeProc) -> openai.OpenAI:

@@ -249,18 +249,9 @@ def test_logprobs_of_forbidden_tokens_are_json():
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from daemon_proc import DaemonProc
-    from test_http_edge import EdgeProc
-    tmp = tmp_path_factory.mktemp("zl-structured")
-    d = DaemonProc(tmp, "--cache-lease-s", "30")
-    edge = None
-    try:
-        edge = EdgeProc(tmp, d)
-        yield d, edge
-    finally:
-        if edge is not None:
-            edge.stop()
-        d.stop()
+    from edge_proc import daemon_and_edge
+    with daemon_and_edge(tmp_path_factory.mktemp("zl-structured"), "--cache-lease-s", "30") as pair:
+        yield pair
 
 
 def test_sdk_response_format_and_the_clear_error(stack):

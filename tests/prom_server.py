@@ -72,9 +72,11 @@ class Prometheus:
     def query(self, expr: str) -> list[dict]:
         return self.api("query", query=expr)["result"]
 
-    def alert_states(self) -> dict[str, str]:
-        """alertname -> "pending" or "firing" for every active alert (a resolved one is gone)."""
-        return {a["labels"]["alertname"]: a["state"] for a in self.api("alerts")["alerts"]}
+    def alert_states(self, labelled: str | None = None) -> dict[str, str]:
+        """alertname -> "pending" or "firing" for every active alert (a resolved one is gone);
+        only the alerts that carry the label `labelled`, where one is named."""
+        return {a["labels"]["alertname"]: a["state"] for a in self.api("alerts")["alerts"]
+                if labelled is None or labelled in a["labels"]}
 
     def wait_for(self, cond, timeout: float, what: str) -> None:
         end = time.monotonic() + timeout

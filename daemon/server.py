@@ -38,9 +38,9 @@ import time
 from zerolayer.protocol.errors import ErrorCode
 from zerolayer.protocol.wire import ServerState
 
+from . import collector_pauses, control_commands, logs, rollup, shm_ingress, startup
 from . import config as config_mod
 from . import control as control_mod
-from . import control_commands, logs, rollup, shm_ingress, startup
 from . import engines as engines_mod
 from .admission import Admission
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
@@ -97,6 +97,7 @@ class Daemon:
     # ---- start-up ------------------------------------------------------------------------
     def start(self) -> None:
         c = self.cfg
+        self.gc_pauses = collector_pauses.register(self.metrics.registry)
         io_cpus, engine_cpus = startup.cpu_plan(c, log)
         bad = engines_mod.cpu_problems(c)
         if bad:
@@ -152,6 +153,9 @@ class Daemon:
         self.admission = Admission(c, self.ingress, self.in_flight, self.engines, self.metrics,
                                    self.streams, self._send, lambda: self.lifecycle.phase.wire)
         startup.pin_io(c, self.engines, io_cpus, log)
+        # what the load built is never garbage: out of the collector's reach, so that a full
+        # collection does not stop every thread for tens of ms while serving
+        frozen = self.gc_pauses.warm()
         host, port = self.sock.getsockname()[:2]
         path = "udp" if xdp is None else f"xdp on {c.network.interface} + udp fallback"
         # From here on the daemon's own handlers: a signal during the load is the default's
@@ -162,7 +166,7 @@ class Daemon:
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, lambda *_: setattr(self, "_reload", True))
         log(f"ready on {host}:{port}, ingress {path} "
-            f"(metrics {c.metrics.host}:{c.metrics.port or 'off'})")
+            f"(metrics {c.metrics.host}:{c.metrics.port or 'off'}; {frozen} objects frozen)")
         self.lifecycle.handle(Event.WARMED, time.monotonic())
         if self._term_before_ready:
             self._on_term()

@@ -58,9 +58,10 @@ def test_example_toml_has_every_setting_at_its_default() -> None:
 
 
 def test_metrics_table_lists_every_metric() -> None:
+    from zerolayer.daemon.collector_pauses import CollectorPauses
     from zerolayer.daemon.metrics import Metrics
     names = set()
-    for fam in Metrics().registry.collect():
+    for fam in [*Metrics().registry.collect(), *CollectorPauses().collect()]:
         names.add(fam.name + "_total" if fam.type == "counter" else fam.name)
     missing = sorted(n for n in names if f"`{n}`" not in OPS)
     assert not missing, f"metrics not documented in docs/OPERATIONS.md: {missing}"

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import fcntl
 import http.client
 import json
 import os
@@ -70,22 +69,27 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _serving_clients import (  # noqa: E402
+from _harness import (  # noqa: E402
+    LLAMA_BIN,
+    LOCK_PATH,
+    REPO,
+    RESULTS,
     CpuWatch,
     NativeLlamaServer,
     ZeroLayerDaemon,
     chat_body,
+    default_model,
     free_port,
     http_get_timed,
     log,
+    machine_info,
+    sh,
+    stats,
+    take_lock,
     top_processes,
     zl_stream_chat,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
-LLAMA_BIN = REPO / ".bench-llamacpp" / "bin"
-LOCK_PATH = "/tmp/zl-bench.lock"
 QUESTION = "What is the capital of France?"
 TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess", "coffee",
           "mountains", "owls", "rain", "bridges", "the desert", "music", "autumn", "clocks",
@@ -99,32 +103,6 @@ def story(i: int, tag: str = "") -> str:
 
 
 # ================================================================ small helpers
-
-
-def pct(values: list[float], q: float) -> float:
-    v = sorted(values)
-    if len(v) == 1:
-        return v[0]
-    k = (len(v) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
-
-
-def stats(values: list[float]) -> dict | None:
-    values = [x for x in values if x is not None]
-    if not values:
-        return None
-    return {"n": len(values), "p50": pct(values, 50), "p99": pct(values, 99),
-            "mean": statistics.fmean(values), "min": min(values), "max": max(values)}
-
-
-def sh(cmd: str, timeout: float = 15) -> str:
-    try:
-        p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout)
-        return (p.stdout or p.stderr).strip()
-    except Exception as e:  # noqa: BLE001
-        return f"<{e}>"
 
 
 def udp_snmp() -> dict:
@@ -166,38 +144,6 @@ class SendCounter:
             cm._send = counted
 
 
-def take_lock(max_wait: float, command: str):
-    """Exclusive flock and POSIX lockf on LOCK_PATH (the convention of bench_runtime.py, so a
-    tool taking either kind waits for us), waited for at most max_wait seconds; the holder's
-    pid and command are written into the file for whoever waits next."""
-    f = open(LOCK_PATH, "a+")
-    t0 = time.monotonic()
-    told = False
-    for how, fn in (("flock", fcntl.flock), ("lockf", fcntl.lockf)):
-        while True:
-            try:
-                fn(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except (BlockingIOError, PermissionError):
-                waited = time.monotonic() - t0
-                if waited >= max_wait:
-                    f.close()
-                    raise SystemExit(f"{LOCK_PATH} ({how}) still held after {waited:.0f} s; "
-                                     "giving up") from None
-                if not told:
-                    f.seek(0)
-                    log(f"waiting for {LOCK_PATH} (up to {max_wait:.0f} s), held by: "
-                        f"{f.read().strip() or 'unknown'}")
-                    told = True
-                time.sleep(1)
-    waited = time.monotonic() - t0
-    if told:
-        log(f"got {LOCK_PATH} after {waited:.0f} s")
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}: {command}\n")
-    f.flush()
-    return f, waited
 
 
 # ================================================================ the two sides
@@ -901,8 +847,7 @@ class Bench:
         if not r["preflight"]["quiet"]:
             log(f"WARNING: other processes use {r['preflight']['foreign_share']:.0%} of the "
                 "machine; measuring anyway (results noisy)")
-        self.model = a.model or sh(f"{sys.executable} -c 'from zerolayer.gpu.gguf_loader import "
-                                   "default_model_path as p; print(p())'")
+        self.model = a.model or default_model()
         r["model"] = {"path": self.model, "bytes": os.path.getsize(self.model)}
         self.sdk_counter = SendCounter()
         self.zl = self.base = None
@@ -983,16 +928,6 @@ class Bench:
         out_path.write_text(json.dumps(r, indent=1, default=str))
         r["json_path"] = str(out_path)
         return r
-
-
-def machine_info() -> dict:
-    lscpu = dict(line.split(":", 1) for line in sh("lscpu").splitlines() if ":" in line)
-    lscpu = {k.strip(): v.strip() for k, v in lscpu.items()}
-    return {"cpu_model": lscpu.get("Model name"), "l3_cache": lscpu.get("L3 cache"),
-            "nproc": sh("nproc"), "cpus": os.cpu_count(),
-            "hypervisor": lscpu.get("Hypervisor vendor"), "kernel": platform.release(),
-            "rmem_max": sh("cat /proc/sys/net/core/rmem_max"),
-            "rmem_default": sh("cat /proc/sys/net/core/rmem_default")}
 
 
 def versions(a) -> dict:

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _serving_clients import (  # noqa: E402
+from _harness import (  # noqa: E402
     CpuWatch,
     LlamaServer,
     ZeroLayerDaemon,

@@ -42,7 +42,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from bench_runtime import bench_lock  # noqa: E402
+from _harness import bench_lock  # noqa: E402
 
 from zerolayer.daemon.engine import Engine  # noqa: E402
 from zerolayer.daemon.request import DoneEvent, Request  # noqa: E402

@@ -304,37 +304,6 @@ def terminate(proc: subprocess.Popen, timeout: float = 60) -> None:
             proc.wait()
 
 
-class LlamaServer(_Proc):
-    """`python -m llama_cpp.server` (llama-cpp-python's FastAPI/uvicorn/sse-starlette server)."""
-    name = "llama_cpp.server"
-
-    def __init__(self, python: str, model: str, threads: int, n_ctx: int, port: int,
-                 log_path: Path, extra: list[str] = ()):
-        self.port = port
-        cmd = [python, "-m", "llama_cpp.server", "--model", model,
-               "--n_threads", str(threads), "--n_threads_batch", str(threads),
-               "--n_ctx", str(n_ctx), "--host", "127.0.0.1", "--port", str(port), *extra]
-        super().__init__(cmd, log_path)
-
-    def wait_ready(self, timeout: float = 180) -> None:
-        end = time.perf_counter() + timeout
-        while time.perf_counter() < end:
-            self._check_alive()
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-                c.request("GET", "/v1/models")
-                r = c.getresponse()
-                r.read()
-                c.close()
-                if r.status == 200:
-                    self.ready_s = time.perf_counter() - self.t_spawn
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not ready after {timeout} s")
-
-
 class ZeroLayerDaemon(_Proc):
     """`python -m zerolayer.daemon.server` (zerolayerd) with a fresh key, on free UDP and
     metrics ports of 127.0.0.1 unless told. model / threads / max_seq_len None: the daemon's
@@ -472,8 +441,8 @@ def messages_of(content: str | list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 def chat_body(content: str | list[tuple[str, str]], max_tokens: int, stream: bool = True,
               extra: dict | None = None) -> bytes:
-    """Greedy on llama-cpp-python's server: temperature 0 selects its greedy sampler; the
-    repeat penalty (server default 1.1) is set to 1.0 so the chain is argmax only, like ours.
+    """Greedy on llama-server: temperature 0 selects its greedy sampler; the repeat penalty
+    is set to 1.0 so the chain is argmax only, like ours.
     `extra`: more body fields (e.g. llama-server's "stream_options")."""
     return json.dumps({
         "messages": [{"role": r, "content": c} for r, c in messages_of(content)],
@@ -526,19 +495,6 @@ def http_stream_chat(conn: http.client.HTTPConnection, body: bytes,
     e2e = time.perf_counter() - t0
     return {"ttft_s": ttft, "e2e_s": e2e, "text": "".join(parts), "content_chunks": n_content,
             "finish_reason": finish, "usage": usage}
-
-
-def http_chat(conn: http.client.HTTPConnection, body: bytes) -> dict:
-    """Non-streaming POST /v1/chat/completions (for usage: token counts and the prompt size)."""
-    conn.request("POST", "/v1/chat/completions", body=body,
-                 headers={"Content-Type": "application/json"})
-    r = conn.getresponse()
-    data = r.read()
-    if r.status != 200:
-        raise RuntimeError(f"HTTP {r.status}: {data[:300]!r}")
-    d = json.loads(data)
-    return {"text": d["choices"][0]["message"]["content"], "usage": d["usage"],
-            "finish_reason": d["choices"][0]["finish_reason"]}
 
 
 def http_get_timed(conn: http.client.HTTPConnection, path: str) -> float:

@@ -318,91 +318,102 @@ def _load_ours(model_path: str):
     return zl, prompts, batch_prompts, jit_s, numba_info
 
 
-def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path) -> int:
-    runs = args.runs or (2 if args.quick else 5)
-    reps = args.reps or (1 if args.quick else 3)
-    steps = args.steps or 32
-    binary = Path(args.llama_bench)
-    help_text = llama_bench_help(binary)
-    depths = [0, 1000]
-    if "--n-depth" not in help_text:
-        log("WARNING: this llama-bench has no -d/--n-depth; only depth-0 rows are compared")
-        depths = [0]
-    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True,
-                             timeout=60)
-    version = (version.stdout + version.stderr).strip()
+class Comparison:
+    """One run: llama-bench and ours, in interleaved rounds, each sample checked for noise.
 
-    loadavg0 = os.getloadavg()
-    uptime0 = sh(["uptime"])
-    log(f"uptime: {uptime0}")
-    if loadavg0[0] > 0.5:
-        log(f"WARNING: 1-min load average {loadavg0[0]:.2f} > 0.5; busy processes: {top_processes()}")
+    samples[key][side] holds one value per round that has one (the median of its R samples);
+    raw_lb and raw_zl every llama-bench row and every sample of ours, reruns included."""
 
-    from zerolayer.gpu import __version__ as zl_version
-    from zerolayer.gpu.gguf_loader import default_model_path
+    def __init__(self, args):
+        self.args = args
+        self.runs = args.runs or (2 if args.quick else 5)
+        self.reps = args.reps or (1 if args.quick else 3)
+        self.steps = args.steps or 32
+        self.binary = Path(args.llama_bench)
+        self.help_text = llama_bench_help(self.binary)
+        self.depths = [0, 1000]
+        if "--n-depth" not in self.help_text:
+            log("WARNING: this llama-bench has no -d/--n-depth; only depth-0 rows are compared")
+            self.depths = [0]
+        v = subprocess.run([str(self.binary), "--version"], capture_output=True, text=True,
+                           timeout=60)
+        self.version = (v.stdout + v.stderr).strip()
+        from zerolayer.gpu.gguf_loader import default_model_path
+        self.model_path = os.path.abspath(args.model or default_model_path())
+        # --repack (llama.cpp's default: on) repacks the weights for the CPU's own kernels (on
+        # an AMX machine: the AMX buffer type). Both modes are measured and the better taken
+        # per row, like -fa; a row that crashes llama-bench in one mode (this llama.cpp's AMX
+        # path dies of SIGSEGV on prompts of more than one token) is measured in the other
+        # and reported.
+        self.repacks = ([r for r in args.repack.split(",") if r]
+                        if "--repack" in self.help_text else [])
+        self.full_cmd = self.lb_cmd("100,500", str(self.steps), ",".join(map(str, self.depths)),
+                                    args.fa)
+        # one test per command: (p, n, d), for a mode that crashed on some test
+        self.single_tests = [("0", str(self.steps), str(d)) for d in self.depths] + [
+            (str(pp), "0", str(d)) for pp in (100, 500) for d in self.depths]
+        log(f"llama-bench: {shlex.join(self.full_cmd)}"
+            + (f", in each of --repack {', '.join(self.repacks)}" if self.repacks else ""))
+        self.tg0, self.tg1000 = f"tg{self.steps}_d0", f"tg{self.steps}_d1000"
+        self.watch = CpuWatch(children=True)  # the cold-start probes are ours
+        self.samples: dict[str, dict[str, list[float]]] = {}
+        self.raw_lb: list[dict] = []
+        self.raw_zl: list[dict] = []
+        self.lb_runs: list[dict] = []
+        self.excluded = {"llama_bench_rows": 0, "zerolayer_samples": 0}
+        self.crashed: dict[str, dict] = {}  # "<test> repack <r>" -> the crash, once seen
+        self.seen_cache: str | None = None
 
-    model_path = os.path.abspath(args.model or default_model_path())
-    src_hash0 = gpu_source_hash()
-    git_head = sh(["git", "-C", str(REPO), "rev-parse", "HEAD"])
-    git_dirty_gpu = sh(["git", "-C", str(REPO), "status", "--porcelain", "gpu"]).splitlines()
-
-    # --repack (llama.cpp's default: on) repacks the weights for the CPU's own kernels (on an
-    # AMX machine: the AMX buffer type). Both modes are measured and the better taken per row,
-    # like -fa; a row that crashes llama-bench in one mode (this llama.cpp's AMX path dies of
-    # SIGSEGV on prompts of more than one token) is measured in the other and reported.
-    repacks = [r for r in args.repack.split(",") if r] if "--repack" in help_text else []
-
-    def lb_cmd(p: str, n: str, d: str, fa: str, repack: str | None = None) -> list[str]:
-        cmd = [str(binary), "-m", model_path, "-t", str(THREADS), "-p", p, "-n", n]
-        if "--n-depth" in help_text:
+    def lb_cmd(self, p: str, n: str, d: str, fa: str, repack: str | None = None) -> list[str]:
+        cmd = [str(self.binary), "-m", self.model_path, "-t", str(THREADS), "-p", p, "-n", n]
+        if "--n-depth" in self.help_text:
             cmd += ["-d", d]
         if repack is not None:
             cmd += ["--repack", repack]
-        return cmd + ["-fa", fa, "-o", "jsonl", "-r", str(reps)]
+        return cmd + ["-fa", fa, "-o", "jsonl", "-r", str(self.reps)]
 
-    full_cmd = lb_cmd("100,500", str(steps), ",".join(map(str, depths)), args.fa)
-    # one test per command: (p, n, d), for a mode that crashed on some test
-    single_tests = [("0", str(steps), str(d)) for d in depths] + [
-        (str(pp), "0", str(d)) for pp in (100, 500) for d in depths]
-    log(f"llama-bench: {shlex.join(full_cmd)}"
-        + (f", in each of --repack {', '.join(repacks)}" if repacks else ""))
+    # ------------------------------------------------------------ ours
 
-    zl, prompts, batch_prompts, jit_s, numba_info = _load_ours(model_path)
+    def load_ours(self) -> None:
+        """Our runtime loaded and warm, and self.ours: key -> (thunk, kind), kind turning a
+        result into a value (tok/s; cold: seconds)."""
+        self.zl, self.prompts, batch, self.jit_s, self.numba_info = _load_ours(self.model_path)
+        zl, pr, steps = self.zl, self.prompts, self.steps
+        self.ours = {
+            self.tg0: (lambda: zl.decode(pr["ctx50"], steps), "decode"),
+            self.tg1000: (lambda: zl.decode(pr["ctx1000"], steps), "decode"),
+            "pp100_d0": (lambda: zl.prefill(pr["p100"]), "prefill"),
+            "pp500_d0": (lambda: zl.prefill(pr["p500"]), "prefill"),
+            "pp100_d1000": (lambda: zl.prefill(pr["p100"], context=pr["ctx1000"]), "prefill"),
+            "pp500_d1000": (lambda: zl.prefill(pr["p500"], context=pr["ctx1000"]), "prefill"),
+            "batch8": (lambda: zl.batch_decode(batch, steps), "batch"),
+            "cold_start": (self.zl_cold, "cold"),
+        }
+        if 1000 not in self.depths:
+            for k in (self.tg1000, "pp100_d1000", "pp500_d1000"):
+                self.ours.pop(k)
+        if self.args.no_cold_start:
+            self.ours.pop("cold_start")
+        log("warm-up: each of our measurements once (llama-bench warms up each test itself)")
+        for fn, _ in self.ours.values():
+            fn()
 
-    zl_cold_cmd = [sys.executable, "-c", ZL_COLD, model_path, COLD_PROMPT, str(THREADS), str(N_CTX)]
-    seen_cache = [None]
-
-    def zl_cold() -> dict:
+    def zl_cold(self) -> dict:
         """A cold start with a warm JIT cache. If gpu/ changed since the last one (others may be
         editing the tree), the child compiled into a new cache dir: that run warmed the new
         cache, so run again and keep the second."""
-        r = cold_start(zl_cold_cmd)
+        cmd = [sys.executable, "-c", ZL_COLD, self.model_path, COLD_PROMPT, str(THREADS),
+               str(N_CTX)]
+        r = cold_start(cmd)
         cache = r.get("breakdown", {}).get("numba_cache_dir")
-        if seen_cache[0] is not None and cache != seen_cache[0]:
+        if self.seen_cache is not None and cache != self.seen_cache:
             log(f"  gpu/ changed: new JIT cache {cache}; that cold start ({r['seconds']:.1f} s) "
                 "compiled, running it again")
-            r = cold_start(zl_cold_cmd) | {"recompiled_run_s": r["seconds"]}
-        seen_cache[0] = cache
+            r = cold_start(cmd) | {"recompiled_run_s": r["seconds"]}
+        self.seen_cache = cache
         return r
 
-    tg0, tg1000 = f"tg{steps}_d0", f"tg{steps}_d1000"
-    # Ours: key -> (thunk, kind); kind turns a result into a value (tok/s; cold: seconds).
-    ours = {
-        tg0: (lambda: zl.decode(prompts["ctx50"], steps), "decode"),
-        tg1000: (lambda: zl.decode(prompts["ctx1000"], steps), "decode"),
-        "pp100_d0": (lambda: zl.prefill(prompts["p100"]), "prefill"),
-        "pp500_d0": (lambda: zl.prefill(prompts["p500"]), "prefill"),
-        "pp100_d1000": (lambda: zl.prefill(prompts["p100"], context=prompts["ctx1000"]), "prefill"),
-        "pp500_d1000": (lambda: zl.prefill(prompts["p500"], context=prompts["ctx1000"]), "prefill"),
-        "batch8": (lambda: zl.batch_decode(batch_prompts, steps), "batch"),
-        "cold_start": (zl_cold, "cold"),
-    }
-    if 1000 not in depths:
-        for k in (tg1000, "pp100_d1000", "pp500_d1000"):
-            ours.pop(k)
-    if args.no_cold_start:
-        ours.pop("cold_start")
-
+    @staticmethod
     def value(kind: str, r: dict) -> float:
         if kind == "decode":
             return r["steps"] / r["seconds"]
@@ -412,218 +423,248 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
             return r["batch"] * r["steps"] / r["seconds"]
         return r["seconds"]
 
-    watch = CpuWatch(children=True)  # the cold-start probes are ours
-    log("warm-up: each of our measurements once (llama-bench warms up each test itself)")
-    for fn, _ in ours.values():
-        fn()
+    def add(self, key: str, side: str, v: float) -> None:
+        self.samples.setdefault(key, {}).setdefault(side, []).append(v)
 
-    # round values: samples[key][side] = [value of each round that has one]
-    samples: dict[str, dict[str, list[float]]] = {}
-    raw_lb: list[dict] = []   # every llama-bench row, reruns included
-    raw_zl: list[dict] = []   # every sample of ours
-    lb_runs: list[dict] = []
-    excluded = {"llama_bench_rows": 0, "zerolayer_samples": 0}
+    def quiet(self) -> float:
+        return self.watch.wait_quiet(self.args.max_foreign, self.args.max_wait)["waited_s"]
 
-    def add(key, side, v):
-        samples.setdefault(key, {}).setdefault(side, []).append(v)
-
-    crashed: dict[str, dict] = {}  # "<test> repack <r>" -> the crash, once seen (not rerun)
-
-    def lb_commands() -> list[tuple[list[str], tuple | None]]:
-        """This round's llama-bench commands (each with its single test, or None for all)."""
-        if not repacks:
-            return [(full_cmd, None)]
-        out = []
-        for r in repacks:
-            if not any(k.endswith(f" repack {r}") for k in crashed):
-                out.append((full_cmd + ["--repack", r], None))
-                continue
-            for t in single_tests:
-                if f"{'/'.join(t)} repack {r}" not in crashed:
-                    out.append((lb_cmd(*t, args.fa, r), t))
-        return out
-
-    def lb_run(rnd: int, cmd: list[str], test) -> list[dict]:
-        """One llama-bench command; a crash of a whole-set command is retried test by test
-        (so one crashing test loses only itself), a crash of one test is recorded."""
-        waited = watch.wait_quiet(args.max_foreign, args.max_wait)["waited_s"]
-        try:
-            rows, run = run_llama_bench(cmd, watch)
-        except LlamaBenchCrash as e:
-            r = cmd[cmd.index("--repack") + 1]
-            if test is None:
-                log(f"  llama-bench crashed with --repack {r}; running its tests one by one")
-                crashed[f"all repack {r}"] = {"error": str(e).splitlines()[0]}
-                return [row for t in single_tests
-                        for row in lb_run(rnd, lb_cmd(*t, args.fa, r), t)]
-            key = f"{'/'.join(test)} repack {r}"
-            log(f"  llama-bench -p/-n/-d {'/'.join(test)} --repack {r}: crashed "
-                f"({str(e).splitlines()[0][:60]}...); not measured in that mode")
-            crashed[key] = {"round": rnd, "cmd": cmd, "error": str(e)[-600:]}
-            return []
-        lb_runs.append({"round": rnd, "cmd": cmd, "waited_s": waited, **run})
-        return rows
-
-    def lb_round(rnd: int) -> None:
-        rows = [row for cmd, test in lb_commands() for row in lb_run(rnd, cmd, test)]
-        for row in rows:
-            attempt = 0
-            while row["foreign_share"] > args.max_foreign and attempt < args.retries:
-                attempt += 1
-                key, side = lb_key(row), lb_side(row)
-                log(f"  llama-bench {key} {side}: disturbed (other processes took "
-                    f"{row['foreign_share']:.0%} of the machine); rerunning that row")
-                raw_lb.append({"round": rnd, "attempt": attempt - 1, "used": False, **row})
-                n_p, n_g = int(row["n_prompt"]), int(row["n_gen"])
-                cmd = lb_cmd(str(n_p), str(n_g), str(int(row["n_depth"])),
-                             {"off": "0", "on": "1", "auto": "auto"}[fa_name(row["flash_attn"])],
-                             str(int(row["repack"])) if "repack" in row else None)
-                waited = watch.wait_quiet(args.max_foreign, args.max_wait)["waited_s"]
-                one, run = run_llama_bench(cmd, watch)
-                lb_runs.append({"round": rnd, "cmd": cmd, "waited_s": waited, **run})
-                row = next(r for r in one if lb_key(r) == key)
-                row["foreign_share"] = max(row["foreign_share"], run["foreign_share"])
-            spoiled = row["foreign_share"] > args.max_foreign
-            excluded["llama_bench_rows"] += spoiled
-            raw_lb.append({"round": rnd, "attempt": attempt, "used": not spoiled, **row})
-            if not spoiled:
-                add(lb_key(row), lb_side(row), row["value"])
-        vals = ", ".join(f"{lb_key(r)}/{fa_name(r['flash_attn'])}={r['value']:.1f}" for r in rows)
-        log(f"round {rnd} llama-bench ({run_total(rnd):.0f} s): {vals}")
-
-    def run_total(rnd: int) -> float:
-        return sum(r["wall_s"] for r in lb_runs if r["round"] == rnd)
-
-    def zl_round(rnd: int, keys: list[str]) -> None:
+    def zl_round(self, rnd: int, keys: list[str]) -> None:
+        a_ = self.args
         for key in keys:
-            fn, kind = ours[key]
-            waited = watch.wait_quiet(args.max_foreign, args.max_wait)["waited_s"]
-            n_s = 1 if kind == "cold" else reps  # one cold start per round: it takes seconds
+            fn, kind = self.ours[key]
+            waited = self.quiet()
+            n_s = 1 if kind == "cold" else self.reps  # one cold start per round: it takes seconds
             good = []
             for s in range(n_s):
-                for attempt in range(args.retries + 1):
+                for attempt in range(a_.retries + 1):
                     if attempt:
-                        watch.wait_quiet(args.max_foreign, args.max_wait)
-                    a = watch.snap()
+                        self.quiet()
+                    a = self.watch.snap()
                     r = fn()
-                    r["foreign_share"] = watch.foreign(a, watch.snap())
-                    if r["foreign_share"] <= args.max_foreign or attempt == args.retries:
+                    r["foreign_share"] = self.watch.foreign(a, self.watch.snap())
+                    if r["foreign_share"] <= a_.max_foreign or attempt == a_.retries:
                         break
                     log(f"  zerolayer {key}: disturbed (other processes took "
                         f"{r['foreign_share']:.0%} of the machine); rerun")
-                spoiled = r["foreign_share"] > args.max_foreign
-                excluded["zerolayer_samples"] += spoiled
-                r["value"] = value(kind, r)
+                spoiled = r["foreign_share"] > a_.max_foreign
+                self.excluded["zerolayer_samples"] += spoiled
+                r["value"] = self.value(kind, r)
                 if kind == "decode":
                     r.pop("tokens")  # the greedy ids: nothing to compare them with here
-                raw_zl.append({"round": rnd, "metric": key, "sample": s, "attempts": attempt + 1,
-                               "waited_s": waited, "used": not spoiled, **r})
+                self.raw_zl.append({"round": rnd, "metric": key, "sample": s,
+                                    "attempts": attempt + 1, "waited_s": waited,
+                                    "used": not spoiled, **r})
                 if not spoiled:
                     good.append(r["value"])
                 time.sleep(0.1)
             if good:
-                add(key, "zerolayer", statistics.median(good))
-        vals = ", ".join(f"{k}={samples[k]['zerolayer'][-1]:.3g}" for k in keys
-                         if samples.get(k, {}).get("zerolayer"))
+                self.add(key, "zerolayer", statistics.median(good))
+        vals = ", ".join(f"{k}={self.samples[k]['zerolayer'][-1]:.3g}" for k in keys
+                         if self.samples.get(k, {}).get("zerolayer"))
         log(f"round {rnd} zerolayer: {vals}")
 
-    lb_keys_expected: set[tuple[str, str]] = set()
-    rnd = 0
-    max_rounds = 2 * runs
-    t_rounds = time.perf_counter()
-    while rnd < max_rounds:
-        lb_short = rnd == 0 or any(len(samples.get(k, {}).get(s, [])) < runs
-                                   for k, s in lb_keys_expected)
-        zl_short = [k for k in ours if len(samples.get(k, {}).get("zerolayer", [])) < runs]
-        if not lb_short and not zl_short:
-            break
-        order = ["llama-bench", "zerolayer"] if rnd % 2 == 0 else ["zerolayer", "llama-bench"]
-        for who in order:
-            if who == "llama-bench" and lb_short:
-                lb_round(rnd)
-                if rnd == 0:
-                    lb_keys_expected = {(lb_key(r), lb_side(r)) for r in raw_lb}
-            elif who == "zerolayer" and zl_short:
-                zl_round(rnd, zl_short)
-            time.sleep(0.2)  # let the other side's threads stop spinning
-        rnd += 1
-    rounds_s = time.perf_counter() - t_rounds
+    # ------------------------------------------------------------ llama-bench
 
-    short = {f"{k}/{s}": len(v) for k, d in samples.items() for s, v in d.items() if len(v) < runs}
-    short |= {f"{k}/{s}": 0 for k, s in lb_keys_expected if s not in samples.get(k, {})}
-    if short:
-        log(f"WARNING: fewer than {runs} undisturbed rounds for {short}")
+    def lb_commands(self) -> list[tuple[list[str], tuple | None]]:
+        """This round's llama-bench commands (each with its single test, or None for all)."""
+        if not self.repacks:
+            return [(self.full_cmd, None)]
+        out = []
+        for r in self.repacks:
+            if not any(k.endswith(f" repack {r}") for k in self.crashed):
+                out.append((self.full_cmd + ["--repack", r], None))
+                continue
+            for t in self.single_tests:
+                if f"{'/'.join(t)} repack {r}" not in self.crashed:
+                    out.append((self.lb_cmd(*t, self.args.fa, r), t))
+        return out
+
+    def lb_run(self, rnd: int, cmd: list[str], test) -> list[dict]:
+        """One llama-bench command; a crash of a whole-set command is retried test by test
+        (so one crashing test loses only itself), a crash of one test is recorded."""
+        waited = self.quiet()
+        try:
+            rows, run = run_llama_bench(cmd, self.watch)
+        except LlamaBenchCrash as e:
+            r = cmd[cmd.index("--repack") + 1]
+            if test is None:
+                log(f"  llama-bench crashed with --repack {r}; running its tests one by one")
+                self.crashed[f"all repack {r}"] = {"error": str(e).splitlines()[0]}
+                return [row for t in self.single_tests
+                        for row in self.lb_run(rnd, self.lb_cmd(*t, self.args.fa, r), t)]
+            key = f"{'/'.join(test)} repack {r}"
+            log(f"  llama-bench -p/-n/-d {'/'.join(test)} --repack {r}: crashed "
+                f"({str(e).splitlines()[0][:60]}...); not measured in that mode")
+            self.crashed[key] = {"round": rnd, "cmd": cmd, "error": str(e)[-600:]}
+            return []
+        self.lb_runs.append({"round": rnd, "cmd": cmd, "waited_s": waited, **run})
+        return rows
+
+    def lb_rerun(self, rnd: int, row: dict) -> dict:
+        """A disturbed row measured again in a llama-bench run of that row alone."""
+        cmd = self.lb_cmd(str(int(row["n_prompt"])), str(int(row["n_gen"])),
+                          str(int(row["n_depth"])),
+                          {"off": "0", "on": "1", "auto": "auto"}[fa_name(row["flash_attn"])],
+                          str(int(row["repack"])) if "repack" in row else None)
+        waited = self.quiet()
+        one, run = run_llama_bench(cmd, self.watch)
+        self.lb_runs.append({"round": rnd, "cmd": cmd, "waited_s": waited, **run})
+        new = next(r for r in one if lb_key(r) == lb_key(row))
+        new["foreign_share"] = max(new["foreign_share"], run["foreign_share"])
+        return new
+
+    def lb_round(self, rnd: int) -> None:
+        a_ = self.args
+        rows = [row for cmd, test in self.lb_commands() for row in self.lb_run(rnd, cmd, test)]
+        for row in rows:
+            attempt = 0
+            while row["foreign_share"] > a_.max_foreign and attempt < a_.retries:
+                attempt += 1
+                log(f"  llama-bench {lb_key(row)} {lb_side(row)}: disturbed (other processes "
+                    f"took {row['foreign_share']:.0%} of the machine); rerunning that row")
+                self.raw_lb.append({"round": rnd, "attempt": attempt - 1, "used": False, **row})
+                row = self.lb_rerun(rnd, row)
+            spoiled = row["foreign_share"] > a_.max_foreign
+            self.excluded["llama_bench_rows"] += spoiled
+            self.raw_lb.append({"round": rnd, "attempt": attempt, "used": not spoiled, **row})
+            if not spoiled:
+                self.add(lb_key(row), lb_side(row), row["value"])
+        took = sum(r["wall_s"] for r in self.lb_runs if r["round"] == rnd)
+        vals = ", ".join(f"{lb_key(r)}/{fa_name(r['flash_attn'])}={r['value']:.1f}" for r in rows)
+        log(f"round {rnd} llama-bench ({took:.0f} s): {vals}")
+
+    # ------------------------------------------------------------ the rounds and the result
+
+    def run_rounds(self) -> None:
+        """Rounds, the side going first alternating, until every row has --runs values (at
+        most 2 x --runs rounds)."""
+        self.lb_keys_expected: set[tuple[str, str]] = set()
+        rnd = 0
+        t0 = time.perf_counter()
+        while rnd < 2 * self.runs:
+            lb_short = rnd == 0 or any(len(self.samples.get(k, {}).get(s, [])) < self.runs
+                                       for k, s in self.lb_keys_expected)
+            zl_short = [k for k in self.ours
+                        if len(self.samples.get(k, {}).get("zerolayer", [])) < self.runs]
+            if not lb_short and not zl_short:
+                break
+            order = ["llama-bench", "zerolayer"] if rnd % 2 == 0 else ["zerolayer", "llama-bench"]
+            for who in order:
+                if who == "llama-bench" and lb_short:
+                    self.lb_round(rnd)
+                    if rnd == 0:
+                        self.lb_keys_expected = {(lb_key(r), lb_side(r)) for r in self.raw_lb}
+                elif who == "zerolayer" and zl_short:
+                    self.zl_round(rnd, zl_short)
+                time.sleep(0.2)  # let the other side's threads stop spinning
+            rnd += 1
+        self.rounds_done, self.rounds_s = rnd, time.perf_counter() - t0
+
+    def compare(self) -> dict:
+        """stats, the best llama-bench mode per row, the ratios and the targets' verdicts."""
+        stats = {k: {who: summary(v) for who, v in d.items() if v}
+                 for k, d in self.samples.items()}
+        lb_sides = sorted({s for d in stats.values() for s in d if s != "zerolayer"})
+
+        def med(key, who):
+            s = stats.get(key, {}).get(who)
+            return s["median"] if s else None
+
+        tg0, tg1000 = self.tg0, self.tg1000
+        # a mode that crashed on any test is no peer (it could not serve the prompts), however
+        # fast its other rows: the baseline is the best of the modes that completed every test
+        serving = [s for s in lb_sides if not crashed_mode(s, self.crashed)]
+        best_lb, ratios = {}, {}
+        for key in [tg0, tg1000, "pp100_d0", "pp500_d0", "pp100_d1000", "pp500_d1000"]:
+            cands = [(med(key, s), s) for s in serving if med(key, s) is not None]
+            if cands:
+                v, s = max(cands)
+                best_lb[key] = {"side": s, "median": v}
+            z, b = med(key, "zerolayer"), best_lb.get(key, {}).get("median")
+            ratios[key] = z / b if z and b else None
+            for s in lb_sides:
+                l_ = med(key, s)
+                ratios[f"{key}_vs_{s}"] = z / l_ if z and l_ else None
+        z8, z1, z1000 = med("batch8", "zerolayer"), med(tg0, "zerolayer"), med(tg1000, "zerolayer")
+        ratios["batch8_vs_own_batch1"] = z8 / z1 if z8 and z1 else None
+        ratios["decode_short_over_ctx1000_zerolayer"] = z1 / z1000 if z1 and z1000 else None
+        for s in lb_sides:
+            l0, l1000 = med(tg0, s), med(tg1000, s)
+            ratios[f"decode_short_over_ctx1000_{s}"] = l0 / l1000 if l0 and l1000 else None
+        targets = {
+            "decode_ctx50": verdict("decode_ctx50", ratios[tg0]),
+            "decode_ctx1000": verdict("decode_ctx1000", ratios[tg1000]),
+            "prefill_100": verdict("prefill_100", ratios["pp100_d0"]),
+            "prefill_500": verdict("prefill_500", ratios["pp500_d0"]),
+            "cold_start": verdict("cold_start", med("cold_start", "zerolayer")),
+            "attn_scaling": verdict("attn_scaling",
+                                    ratios["decode_short_over_ctx1000_zerolayer"]),
+        }
+        return {"stats": stats, "sides": ["zerolayer", *lb_sides], "best_llama_bench": best_lb,
+                "ratios": ratios, "targets": targets}
+
+    def short_of_runs(self) -> dict:
+        runs, samples = self.runs, self.samples
+        short = {f"{k}/{s}": len(v) for k, d in samples.items() for s, v in d.items()
+                 if len(v) < runs}
+        short |= {f"{k}/{s}": 0 for k, s in self.lb_keys_expected
+                  if s not in samples.get(k, {})}
+        if short:
+            log(f"WARNING: fewer than {runs} undisturbed rounds for {short}")
+        return short
+
+    def llama_bench_info(self) -> dict:
+        first = self.raw_lb[0] if self.raw_lb else {}
+        return {"cmd": self.full_cmd, "repack_modes": self.repacks, "crashed": self.crashed,
+                "binary": str(self.binary), "version": self.version,
+                **{k: first.get(k) for k in ("build_commit", "build_number", "cpu_info",
+                                             "backends", "n_batch", "n_ubatch", "type_k",
+                                             "type_v")},
+                "has_n_depth": "--n-depth" in self.help_text, "runs": self.lb_runs}
+
+
+def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path) -> int:
+    loadavg0 = os.getloadavg()
+    uptime0 = sh(["uptime"])
+    log(f"uptime: {uptime0}")
+    if loadavg0[0] > 0.5:
+        log(f"WARNING: 1-min load average {loadavg0[0]:.2f} > 0.5; busy processes: {top_processes()}")
+    from zerolayer.gpu import __version__ as zl_version
+    src_hash0 = gpu_source_hash()
+    git_head = sh(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    git_dirty_gpu = sh(["git", "-C", str(REPO), "status", "--porcelain", "gpu"]).splitlines()
+
+    c = Comparison(args)
+    c.load_ours()
+    c.run_rounds()
+    short = c.short_of_runs()
     loadavg1 = os.getloadavg()
     src_hash1 = gpu_source_hash()
     if src_hash1 != src_hash0:
         log("WARNING: gpu/ sources changed during the run")
-
-    stats = {k: {who: summary(v) for who, v in d.items() if v} for k, d in samples.items()}
-    lb_sides = sorted({s for d in stats.values() for s in d if s != "zerolayer"})
-
-    def med(key, who):
-        s = stats.get(key, {}).get(who)
-        return s["median"] if s else None
-
-    rows = [tg0, tg1000, "pp100_d0", "pp500_d0", "pp100_d1000", "pp500_d1000"]
-    # a mode that crashed on any test is no peer (it could not serve the prompts), however
-    # fast its other rows: the baseline is the best of the modes that completed every test
-    serving = [s for s in lb_sides if not crashed_mode(s, crashed)]
-    best_lb, ratios = {}, {}
-    for key in rows:
-        cands = [(med(key, s), s) for s in serving if med(key, s) is not None]
-        if cands:
-            v, s = max(cands)
-            best_lb[key] = {"side": s, "median": v}
-        z, b = med(key, "zerolayer"), best_lb.get(key, {}).get("median")
-        ratios[key] = z / b if z and b else None
-        for s in lb_sides:
-            l_ = med(key, s)
-            ratios[f"{key}_vs_{s}"] = z / l_ if z and l_ else None
-    z8, z1, z1000 = med("batch8", "zerolayer"), med(tg0, "zerolayer"), med(tg1000, "zerolayer")
-    ratios["batch8_vs_own_batch1"] = z8 / z1 if z8 and z1 else None
-    ratios["decode_short_over_ctx1000_zerolayer"] = z1 / z1000 if z1 and z1000 else None
-    for s in lb_sides:
-        l0, l1000 = med(tg0, s), med(tg1000, s)
-        ratios[f"decode_short_over_ctx1000_{s}"] = l0 / l1000 if l0 and l1000 else None
-    zc = med("cold_start", "zerolayer")
-    targets = {
-        "decode_ctx50": verdict("decode_ctx50", ratios[tg0]),
-        "decode_ctx1000": verdict("decode_ctx1000", ratios[tg1000]),
-        "prefill_100": verdict("prefill_100", ratios["pp100_d0"]),
-        "prefill_500": verdict("prefill_500", ratios["pp500_d0"]),
-        "cold_start": verdict("cold_start", zc),
-        "attn_scaling": verdict("attn_scaling", ratios["decode_short_over_ctx1000_zerolayer"]),
-    }
-    first = raw_lb[0] if raw_lb else {}
+    compared = c.compare()
     result = {
         "schema": "zerolayer-bench-runtime/3",
         "reference": "llama-bench",
         "date": started.isoformat(timespec="seconds"),
         "command": command,
         "quick": args.quick,
-        "runs": runs,
-        "reps_per_round": reps,
-        "rounds_done": rnd,
-        "rounds_s": rounds_s,
-        "decode_steps": steps,
+        "runs": c.runs,
+        "reps_per_round": c.reps,
+        "rounds_done": c.rounds_done,
+        "rounds_s": c.rounds_s,
+        "decode_steps": c.steps,
         "threads": THREADS,
         "n_ctx": N_CTX,
-        "llama_bench": {"cmd": full_cmd, "repack_modes": repacks, "crashed": crashed,
-                        "binary": str(binary), "version": version,
-                        "build_commit": first.get("build_commit"),
-                        "build_number": first.get("build_number"),
-                        "cpu_info": first.get("cpu_info"), "backends": first.get("backends"),
-                        "n_batch": first.get("n_batch"), "n_ubatch": first.get("n_ubatch"),
-                        "type_k": first.get("type_k"), "type_v": first.get("type_v"),
-                        "has_n_depth": "--n-depth" in help_text, "runs": lb_runs},
-        "model": {"path": model_path, "bytes": os.path.getsize(model_path),
-                  "sha256": file_sha256(model_path)},
-        "zerolayer_prompts": {"decode_short_ctx": len(prompts["ctx50"]),
-                              "decode_long_ctx": len(prompts["ctx1000"]),
-                              "depth_context": len(prompts["ctx1000"]), "batch8_each": 50},
+        "llama_bench": c.llama_bench_info(),
+        "model": {"path": c.model_path, "bytes": os.path.getsize(c.model_path),
+                  "sha256": file_sha256(c.model_path)},
+        "zerolayer_prompts": {"decode_short_ctx": len(c.prompts["ctx50"]),
+                              "decode_long_ctx": len(c.prompts["ctx1000"]),
+                              "depth_context": len(c.prompts["ctx1000"]), "batch8_each": 50},
         "cold_prompt": COLD_PROMPT,
-        "sides": ["zerolayer", *lb_sides],
+        "sides": compared.pop("sides"),
         "baseline": "per row, the best of llama-bench's modes (flash attention, repack) in "
                     "`sides` that completed every test; a mode that crashed on any row is in "
                     "llama_bench.crashed and is never the baseline",
@@ -631,21 +672,18 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
                                      "loadavg_after": loadavg1},
         "lock": {"path": LOCK_PATH, "waited_s": getattr(args, "lock_wait_s", None)},
         "noise": {"max_foreign_share": args.max_foreign, "retries": args.retries,
-                  "excluded": excluded, "short_of_runs": short,
+                  "excluded": c.excluded, "short_of_runs": short,
                   "note": "foreign_share = CPU time of other processes + steal, as a share of all "
                           "CPUs: per llama-bench row since the previous row, per sample of ours"},
         "versions": {"python": platform.python_version(), "numpy": np.__version__,
-                     "zerolayer": zl_version, **numba_info,
+                     "zerolayer": zl_version, **c.numba_info,
                      "git_head_at_start": git_head, "git_dirty_gpu_at_start": git_dirty_gpu,
                      "gpu_source_hash_start": src_hash0, "gpu_source_hash_end": src_hash1},
-        "zerolayer_jit_first_steps_s": jit_s,
-        "zerolayer_load_s": zl.load_s,
-        "stats": stats,
-        "best_llama_bench": best_lb,
-        "ratios": ratios,
-        "targets": targets,
-        "llama_bench_rows": raw_lb,
-        "zerolayer_samples": raw_zl,
+        "zerolayer_jit_first_steps_s": c.jit_s,
+        "zerolayer_load_s": c.zl.load_s,
+        **compared,
+        "llama_bench_rows": c.raw_lb,
+        "zerolayer_samples": c.raw_zl,
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1))

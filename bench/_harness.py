@@ -284,11 +284,12 @@ class _Proc:
 
     def _check_alive(self) -> None:
         if self.proc.poll() is not None:
-            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n"
+            raise RuntimeError(f"{self.name} exited with status {self.proc.returncode} before it "
+                               f"was ready ({time.perf_counter() - self.t_spawn:.1f} s):\n"
                                + self.log_path.read_text()[-3000:])
 
-    def stop(self) -> int | None:
-        terminate(self.proc)
+    def stop(self, timeout: float = 60) -> int | None:
+        terminate(self.proc, timeout)
         self._log.close()
         return self.proc.returncode
 

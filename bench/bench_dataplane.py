@@ -898,7 +898,7 @@ class LlamaPeer:
                 # llama.cpp 0c1e570's weight repacking for AMX dies of SIGSEGV on prompts
                 # (its warm-up is one): the peer is then its fastest mode that serves,
                 # --no-repack (a mode that crashes on prompts is no peer), and the JSON says so
-                if "--no-repack" in extra or "exited with -11" not in str(e):
+                if "--no-repack" in extra or "exited with status -11" not in str(e):
                     raise
                 log("  llama-server crashed (SIGSEGV) with its default weight repacking; "
                     "measuring it with --no-repack from here on")

@@ -53,6 +53,7 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 import gpu_warm  # noqa: E402
+from _harness import ZeroLayerDaemon  # noqa: E402
 from gpu_warm import TINY, rand_weight  # noqa: E402
 
 SMOL = dict(n_layer=30, d=576, ff=1536, n_head=9, n_kv=3, hd=64, vocab=49152, ctx=2048)
@@ -1201,58 +1202,28 @@ def daemon_ttft(c: dict, sim: bool, bound_s: float, prepared: dict | None = None
     The daemon loads its kernels from the cache the compile workers filled (gpu_warm.py
     --daemon). It fails fast: the section ends as soon as the daemon exits, or after bound_s
     without "ready", with the daemon's log tail."""
-    import secrets
-    import subprocess
-    import threading
-
-    from zerolayer.client import Client
     prepared = prepared or ttft_model(c)
     tmp, model = Path(prepared["dir"]), Path(prepared["model"])
-    secret = secrets.token_bytes(32)
-    keys = tmp / "keys"
-    keys.write_text(f"1 {secret.hex()}\n")
-    keys.chmod(0o600)
-    env = dict(os.environ, ZEROLAYER_CACHE_DIR=str(tmp / "cache"), PYTHONUNBUFFERED="1")
-    env["ZEROLAYER_GPU_BACKEND"] = "sim" if sim else env.get("ZEROLAYER_GPU_BACKEND", "auto")
+    env = dict(ZEROLAYER_CACHE_DIR=str(tmp / "cache"), PYTHONUNBUFFERED="1")
+    env["ZEROLAYER_GPU_BACKEND"] = "sim" if sim else os.environ.get("ZEROLAYER_GPU_BACKEND", "auto")
     # NUMBA_CACHE_DIR stays this process's (set by zerolayer.gpu): the compiled kernels
-    proc = subprocess.Popen([sys.executable, str(BENCH / "gpu_warm.py"), "--daemon", "--model-path",
-                             str(model), "--security-keys-file", str(keys), "--network-port", "0",
-                             "--metrics-port", "0", "--model-max-seq-len", "256",
-                             "--engine-kv-blocks", "16", "--cache-lease-s", "120"],
-                            env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read():
-        for line in proc.stderr:
-            lines.append(line)
-            if "ready on" in line:
-                ready.set()
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    d = ZeroLayerDaemon(sys.executable, str(model), None, 256, tmp, tmp / "zerolayerd.log",
+                        ["--engine-kv-blocks", "16", "--cache-lease-s", "120"], env=env,
+                        metrics_port=0, entry=[str(BENCH / "gpu_warm.py"), "--daemon"])
 
     def tail() -> str:
-        return "".join(lines[-25:])
+        return "".join(d.log_path.read_text().splitlines(True)[-25:])
     try:
-        t0 = time.monotonic()
-        while not ready.wait(0.1):
-            if proc.poll() is not None:
-                reader.join(2)
-                raise RuntimeError(f"zerolayerd exited with status {proc.returncode} before it was "
-                                   f"ready ({time.monotonic() - t0:.1f} s):\n{tail()}")
-            if time.monotonic() - t0 > bound_s:
-                raise RuntimeError(f"zerolayerd not ready after {bound_s:.0f} s:\n{tail()}")
-        start_s = time.monotonic() - t0
-        port = int(next(ln for ln in lines if "ready on" in ln).split("ready on ")[1]
-                   .split(",")[0].rsplit(":", 1)[1])
+        d.wait_ready(bound_s)
+        start_s = d.ready_s
         # (the simulator takes seconds a step, more on a busy machine)
-        cl = Client(("127.0.0.1", port), 1, secret, timeout=600.0 if sim else min(30.0, bound_s))
+        cl = d.client(timeout=600.0 if sim else min(30.0, bound_s))
         rng = np.random.default_rng(7)
         n, plen = (1, 4) if sim else (30, 32)  # the simulator runs a 32-token prefill in ~90 s
         ttft, server = [], []
         for i in range(n + 1):
-            if proc.poll() is not None:
-                raise RuntimeError(f"zerolayerd exited with status {proc.returncode}:\n{tail()}")
+            if d.proc.poll() is not None:
+                raise RuntimeError(f"zerolayerd exited with status {d.proc.returncode}:\n{tail()}")
             ids = rng.integers(3, c["vocab"], plen).tolist()
             t = time.perf_counter()
             with cl.stream(token_ids=ids, max_tokens=2) as s:
@@ -1264,7 +1235,8 @@ def daemon_ttft(c: dict, sim: bool, bound_s: float, prepared: dict | None = None
                 ttft.append(first * 1e3)
                 tm = s.result.timings
                 server.append((tm.ingress_us, tm.queue_us, tm.prefill_us))
-        backend = next((ln.strip() for ln in lines if "loaded" in ln), "?")
+        backend = next((ln.strip() for ln in d.log_path.read_text().splitlines() if "loaded" in ln),
+                       "?")
         out = {"requests": len(ttft), "prompt_tokens": plen, "ttft_ms_p50": float(np.median(ttft)),
                "ttft_ms_p90": float(np.percentile(ttft, 90)), "daemon_start_s": round(start_s, 2),
                "server_us_median": dict(zip(("ingress", "queue", "prefill"),
@@ -1275,13 +1247,7 @@ def daemon_ttft(c: dict, sim: bool, bound_s: float, prepared: dict | None = None
               flush=True)
         return out
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        d.stop(10)
 
 
 # ------------------------------------------------------------------------------ report

@@ -231,7 +231,7 @@ class CpuWatch:
         wall = max(b["t"] - a["t"], 1e-6)
         cap = wall * CLK_TCK * NCPU           # jiffies the whole machine had
         ours = sum(b[k] - a[k] for k in a if k not in ("t", "busy"))
-        out = {k: (b[k] - a[k]) / cap for k in a if k not in ("t", "busy")}
+        out = {k: (b[k] - a[k]) / cap for k in a if k not in ("t", "busy", "live")}
         out["foreign"] = max(0, (b["busy"] - a["busy"]) - ours) / cap
         return out                            # shares of the machine (1.0 = both cores busy)
 

@@ -11,7 +11,7 @@ turn (the order rotating from round to round); a round's value is the median of 
 - decode: one token at depth 50 (its KV slot rewritten each sample), greedy, via model.step;
 - pp100 / pp500: one batched forward of that many tokens into a fresh sequence.
 
-Holds /tmp/zl-bench.lock (bench_runtime.bench_lock). Prints a markdown table; --out writes
+Holds /tmp/zl-bench.lock (_harness.bench_lock). Prints a markdown table; --out writes
 the samples as JSON.
 """
 from __future__ import annotations

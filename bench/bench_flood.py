@@ -77,6 +77,7 @@ from _harness import (  # noqa: E402
     chat_body,
     http_get_timed,
     http_stream_chat,
+    log,
     machine_info,
     sh,
     stats,
@@ -92,10 +93,6 @@ from netns import in_netns  # noqa: E402  (tests/, put on the path by bench_xdp)
 HTTP_PORT = 8080
 PATHS = ("udp", "xdp", "llama")
 SETTLE_S = 1.0
-
-
-def log(msg: str) -> None:
-    print(f"[flood {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------- the servers

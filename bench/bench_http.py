@@ -14,7 +14,7 @@ Three sides, the same GGUF and the same number of threads (--threads, 2), all st
    sides take turns request by request, in an order that rotates every round, each request
    after --gap-ms (50) of quiet, so drift in the machine's speed is shared and no side always
    follows the same other one; p50/p99 per side. The HTTP sides use one stdlib client
-   (bench/_serving_clients.http_stream_chat: keep-alive, SSE read line by line; TTFT = just
+   (bench/_harness.http_stream_chat: keep-alive, SSE read line by line; TTFT = just
    before the request is sent -> first non-empty content delta); the SDK side
    zl_stream_chat (same clock points).
 2. Aggregate tok/s: --conc (16) concurrent streams of --conc-tokens (64) each, one distinct

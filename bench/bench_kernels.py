@@ -32,7 +32,7 @@ machine's measured read bandwidth; and llama.cpp's decode on the same files.
    baseline, never as it (llama.cpp 0c1e570's AMX repacking crashes on any prompt of more than
    one token on an AMX host; on a host without AMX its repacking serves prompts).
 
-Holds /tmp/zl-bench.lock (bench_runtime.bench_lock) for all of it; the load average and the
+Holds /tmp/zl-bench.lock (_harness.bench_lock) for all of it; the load average and the
 other processes' CPU share are recorded. Output: a markdown table on stdout, JSON under
 bench/results/kernels-<time>.json (git-ignored).
 """
@@ -221,7 +221,7 @@ def load_model(path: str, max_seq: int):
 
 
 class Noise:
-    """Other processes' CPU share (bench_runtime.CpuWatch): wait for quiet before a run,
+    """Other processes' CPU share (_harness.CpuWatch): wait for quiet before a run,
     measure a run again when others took more than max_foreign of the machine."""
 
     def __init__(self, max_foreign: float, max_wait: float, retries: int):

@@ -23,7 +23,7 @@ own, as a share of all CPUs), and a pair (free and masked, back to back) in whic
 saw more than --max-foreign of the machine taken is left out; rounds go on until --rounds
 clean pairs per batch size or 4 x --rounds rounds. The table gives medians over the clean
 runs, the ratio of those medians and the median of the per-pair ratios. Only one benchmark
-at a time: /tmp/zl-bench.lock, flock + lockf (bench_runtime.bench_lock). Results: JSON
+at a time: /tmp/zl-bench.lock, flock + lockf (_harness.bench_lock). Results: JSON
 (default bench/results/structured-<ts>.json) and a markdown table on stdout.
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ turn (the order rotating from round to round); a round's value is the median of 
 - decode: one token at depth 50 (its KV slot rewritten each sample), greedy, via model.step;
 - pp100 / pp500: one batched forward of that many tokens into a fresh sequence.
 
-Holds /tmp/zl-bench.lock (bench_runtime.bench_lock). Prints a markdown table; --out writes
+Holds /tmp/zl-bench.lock (_harness.bench_lock). Prints a markdown table; --out writes
 the samples as JSON.
 """
 from __future__ import annotations
@@ -22,12 +22,16 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
-import bench_runtime as br
 import numpy as np
 
 from zerolayer.gpu.model import LlamaModel, set_threads
 from zerolayer.gpu.model_api import StepInput
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import REPO, bench_lock, machine_info, sh  # noqa: E402
+
 from zerolayer.gpu.ops import cpu_features, int8_matmul
 
 MATS = {1: "wqkv", 2: "wo", 3: "wgu", 4: "wdown", 8: "output"}  # positions in model._wargs
@@ -125,15 +129,15 @@ def main() -> int:
         modes.insert(0, "int16")
     set_threads(2)
     command = " ".join(sys.argv)
-    with br.bench_lock(command):
+    with bench_lock(command):
         res = [one(p, modes, a.rounds, a.tokens) for p in a.models]
     table = render(res)
     print(table)
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"date": _dt.datetime.now(_dt.UTC).isoformat(timespec="minutes"),
-                       "git": br.sh(["git", "-C", str(br.REPO), "rev-parse", "--short", "HEAD"]),
-                       "command": command, "machine": br.machine_info(), "results": res,
+                       "git": sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
+                       "command": command, "machine": machine_info(), "results": res,
                        "table": table}, f, indent=1)
     return 0
 

@@ -43,9 +43,10 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import REPO, RESULTS, ZeroLayerDaemon, take_lock  # noqa: E402
+
 PY = REPO / ".venv" / "bin" / "python"
-RESULTS = REPO / "bench" / "results"
 TESTBED = REPO / "scripts" / "xdp-testbed.sh"
 SRV_IF, SRV_V4 = "zl-s", "10.201.0.1"
 SERVER_CPU, CLIENT_CPU = 0, 1
@@ -189,31 +190,18 @@ def snapshot(proc: subprocess.Popen, path: Path) -> dict:
 
 
 def block(carrier: str, a, tmp: Path, ns: str | None) -> dict:
-    key_id, secret = 1, secrets.token_bytes(32)
-    keys = tmp / f"keys-{uuid.uuid4().hex[:6]}"
-    keys.write_text(f"{key_id} {secret.hex()}\n")
-    os.chmod(keys, 0o600)
     stats = tmp / f"stats-{uuid.uuid4().hex[:6]}.json"
-    log_path = tmp / f"zerolayerd-{carrier}-{uuid.uuid4().hex[:6]}.log"
-    port = 7433 if ns else _free_udp_port()
     host = SRV_V4 if ns else "127.0.0.1"
-    cmd = ["taskset", "-c", str(SERVER_CPU), str(PY), __file__, "--serve", str(stats), "--",
-           "--security-keys-file", str(keys), "--network-host", "0.0.0.0" if ns else host,
-           "--network-port", str(port), "--metrics-port", "0",
-           "--network-ingress", carrier, "--network-busy-poll", "false",
-           "--cpu-cpus", str(SERVER_CPU), "--model-threads", "1", *a.zl_extra.split()]
-    if ns:
-        cmd[0:0] = ["ip", "netns", "exec", ns]
-        cmd += ["--network-interface", SRV_IF]
-    if a.model:
-        cmd += ["--model-path", a.model]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))
+    d = ZeroLayerDaemon(
+        str(PY), a.model or None, 1, None, tmp, tmp / f"zerolayerd-{carrier}-{uuid.uuid4().hex[:6]}.log",
+        ["--network-host", "0.0.0.0" if ns else host, "--network-ingress", carrier,
+         "--network-busy-poll", "false", "--cpu-cpus", str(SERVER_CPU),
+         *(["--network-interface", SRV_IF] if ns else []), *a.zl_extra.split()],
+        prefix=[*(["ip", "netns", "exec", ns] if ns else []), "taskset", "-c", str(SERVER_CPU)],
+        port=7433 if ns else None, metrics_port=0, entry=[__file__, "--serve", str(stats), "--"])
+    proc, port, key_id, secret = d.proc, d.port, d.key_id, d.secret
     try:
-        end = time.monotonic() + 300
-        while "ready on" not in log_path.read_text():
-            if proc.poll() is not None or time.monotonic() > end:
-                raise RuntimeError(f"zerolayerd failed:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.05)
+        d.wait_ready(300)
         run_pinger(ns, host, port, key_id, secret, a.warm, a.gap_us)
         s0 = snapshot(proc, stats)
         t0 = time.monotonic()
@@ -223,12 +211,7 @@ def block(carrier: str, a, tmp: Path, ns: str | None) -> dict:
         time.sleep(window)   # the idle baseline: housekeeping, the metrics, the same length
         s2 = snapshot(proc, stats)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        d.stop()
     n = s1["feed_datagrams"] - s0["feed_datagrams"]
     idle = s2["io_thread_ns"] - s1["io_thread_ns"]
     return {
@@ -243,14 +226,6 @@ def block(carrier: str, a, tmp: Path, ns: str | None) -> dict:
         "rtt_p50_us": statistics.median(rtts) if rtts else None,
         "pair_ns": s0["pair_ns"], "loadavg": os.getloadavg()[0],
     }
-
-
-def _free_udp_port() -> int:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def main() -> int:
@@ -270,8 +245,6 @@ def main() -> int:
     ap.add_argument("--lock-wait", type=float, default=3600)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    sys.path.insert(0, str(REPO / "bench"))
-    from bench_dataplane import take_lock
     carriers = a.carriers.split(",")
     if "xdp" in carriers and os.geteuid() != 0:
         print("the xdp carrier needs root (namespaces, XDP)", file=sys.stderr)

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import fcntl
 import http.client
 import json
 import os
@@ -70,22 +69,27 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _serving_clients import (  # noqa: E402
+from _harness import (  # noqa: E402
+    LLAMA_BIN,
+    LOCK_PATH,
+    REPO,
+    RESULTS,
     CpuWatch,
     NativeLlamaServer,
     ZeroLayerDaemon,
     chat_body,
+    default_model,
     free_port,
     http_get_timed,
     log,
+    machine_info,
+    sh,
+    stats,
+    take_lock,
     top_processes,
     zl_stream_chat,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
-LLAMA_BIN = REPO / ".bench-llamacpp" / "bin"
-LOCK_PATH = "/tmp/zl-bench.lock"
 QUESTION = "What is the capital of France?"
 TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess", "coffee",
           "mountains", "owls", "rain", "bridges", "the desert", "music", "autumn", "clocks",
@@ -99,32 +103,6 @@ def story(i: int, tag: str = "") -> str:
 
 
 # ================================================================ small helpers
-
-
-def pct(values: list[float], q: float) -> float:
-    v = sorted(values)
-    if len(v) == 1:
-        return v[0]
-    k = (len(v) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
-
-
-def stats(values: list[float]) -> dict | None:
-    values = [x for x in values if x is not None]
-    if not values:
-        return None
-    return {"n": len(values), "p50": pct(values, 50), "p99": pct(values, 99),
-            "mean": statistics.fmean(values), "min": min(values), "max": max(values)}
-
-
-def sh(cmd: str, timeout: float = 15) -> str:
-    try:
-        p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout)
-        return (p.stdout or p.stderr).strip()
-    except Exception as e:  # noqa: BLE001
-        return f"<{e}>"
 
 
 def udp_snmp() -> dict:
@@ -166,38 +144,6 @@ class SendCounter:
             cm._send = counted
 
 
-def take_lock(max_wait: float, command: str):
-    """Exclusive flock and POSIX lockf on LOCK_PATH (the convention of bench_runtime.py, so a
-    tool taking either kind waits for us), waited for at most max_wait seconds; the holder's
-    pid and command are written into the file for whoever waits next."""
-    f = open(LOCK_PATH, "a+")
-    t0 = time.monotonic()
-    told = False
-    for how, fn in (("flock", fcntl.flock), ("lockf", fcntl.lockf)):
-        while True:
-            try:
-                fn(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except (BlockingIOError, PermissionError):
-                waited = time.monotonic() - t0
-                if waited >= max_wait:
-                    f.close()
-                    raise SystemExit(f"{LOCK_PATH} ({how}) still held after {waited:.0f} s; "
-                                     "giving up") from None
-                if not told:
-                    f.seek(0)
-                    log(f"waiting for {LOCK_PATH} (up to {max_wait:.0f} s), held by: "
-                        f"{f.read().strip() or 'unknown'}")
-                    told = True
-                time.sleep(1)
-    waited = time.monotonic() - t0
-    if told:
-        log(f"got {LOCK_PATH} after {waited:.0f} s")
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}: {command}\n")
-    f.flush()
-    return f, waited
 
 
 # ================================================================ the two sides
@@ -584,9 +530,6 @@ class Bench:
         self.a = a
         self.blocks: list[dict] = []
         self.tmp = Path(tempfile.mkdtemp(prefix="zl-bench-dataplane-"))
-        self.llama_cmds: list[str] = []
-        self.llama_fallback: list[str] = []  # flags added after a crash (start_llama)
-        self.llama_crashes: list[str] = []
         self.zl_side = self.bside = None
 
     # -- a block: CPU split of the machine, samples kept --------------------------------------
@@ -697,148 +640,7 @@ class Bench:
                                 "samples": summary})
             log(f"  load summary: {summary}")
 
-    def flood(self) -> dict:
-        """Metric 5: datagrams to the daemon while 8 streams decode; lost in the kernel."""
-        from zerolayer.protocol.wire import Mac, MsgType, encode_control
-        a, d = self.a, self.zl
-        n = int(a.flood_rate * a.flood_s)
-        mac = Mac(d.secret)
-        ts = time.time_ns() // 1000
-        rng = random.Random(20240611)
-        junk = [b"JUNK" + rng.randbytes(rng.randint(0, 1396)) for _ in range(512)]
-        dgs = []
-        n_valid = 0
-        for i in range(n):
-            if int((i + 1) * a.flood_valid) > int(i * a.flood_valid):
-                dgs.append(encode_control(MsgType.PING, d.key_id, mac, secrets.token_bytes(16), ts,
-                                          secrets.token_bytes(32)))
-                n_valid += 1
-            else:
-                dgs.append(junk[i % len(junk)])
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        sock.connect(d.addr)
-        sock.setblocking(False)
-        pongs = 0
-
-        def drain():
-            nonlocal pongs
-            for _ in range(100_000):
-                try:
-                    sock.recv(2048)
-                    pongs += 1
-                except (BlockingIOError, InterruptedError):
-                    return
-                except ConnectionRefusedError:
-                    continue
-
-        key = "zerolayer_ingress_datagrams_total"
-        m0 = scrape(d.metrics_port)
-        snmp0 = udp_snmp()
-        sdk0 = self.sdk_counter.n
-        lg = LoadGen(self.zl_side, a.load_streams, a.load_tokens, a.flood_s + 120)
-        res: dict = {"rate": a.flood_rate, "duration_s": a.flood_s, "planned": n,
-                     "valid_planned": n_valid}
-        try:
-            res["load_active"] = lg.wait_ready()
-
-            def go():
-                sent = errs = 0
-                max_lag = 0
-                t0 = time.perf_counter()
-                while sent < n and time.perf_counter() - t0 < a.flood_s + 10:
-                    due = min(n, int((time.perf_counter() - t0) * a.flood_rate) + 1)
-                    max_lag = max(max_lag, due - sent)
-                    while sent < due:
-                        try:
-                            sock.send(dgs[sent])
-                        except (BlockingIOError, ConnectionRefusedError):
-                            errs += 1
-                        sent += 1
-                    drain()
-                    time.sleep(0.001)
-                wall = time.perf_counter() - t0
-                return {"sent": sent - errs, "send_errors": errs, "wall_s": wall,
-                        "achieved_rate": (sent - errs) / wall, "max_lag_datagrams": max_lag}
-            b = self.block("flood", self.zl_side, go, {"loadgen": lg.pid})
-            res.update(b["samples"])
-        finally:
-            res["load"] = lg.stop()
-        # settle: every datagram queued has been read when the counter stops moving
-        last, t_settle = None, time.monotonic()
-        while time.monotonic() - t_settle < 15:
-            drain()
-            cur = scrape(d.metrics_port).get(key)
-            if cur is not None and cur == last:
-                break
-            last = cur
-            time.sleep(0.5)
-        drain()
-        m1 = scrape(d.metrics_port)
-        snmp1 = udp_snmp()
-        sock.close()
-        res["pongs_received"] = pongs
-        res["sdk_datagrams_bench"] = self.sdk_counter.n - sdk0 if self.sdk_counter.ok else None
-        res["sdk_datagrams_loadgen"] = res["load"].get("sdk_datagrams")
-        res["daemon_counter"] = key if key in m1 else None
-        if key in m0 and key in m1:
-            res["daemon_received"] = int(m1[key] - m0[key])
-            if res["sdk_datagrams_loadgen"] is not None and res["sdk_datagrams_bench"] is not None:
-                res["sent_total"] = res["sent"] + res["sdk_datagrams_loadgen"] + res["sdk_datagrams_bench"]
-                res["lost"] = res["sent_total"] - res["daemon_received"]
-        res["udp_snmp_delta"] = {k: snmp1[k] - snmp0.get(k, 0) for k in snmp1}
-        res["rcvbuf_errors_delta"] = res["udp_snmp_delta"].get("RcvbufErrors")
-        res["daemon_error_deltas"] = {k: m1[k] - m0.get(k, 0) for k in m1
-                                      if k.startswith("zerolayer_request_errors_total")
-                                      and m1[k] - m0.get(k, 0)}
-        self.blocks[-1]["samples"] = res
-        log(f"  flood: sent {res['sent']} (+SDK {res['sdk_datagrams_loadgen']}), daemon read "
-            f"{res.get('daemon_received')}, lost {res.get('lost')}, RcvbufErrors "
-            f"+{res['rcvbuf_errors_delta']}, pongs {pongs}/{n_valid}")
-        return res
-
     # -- servers ----------------------------------------------------------------------------
-
-    def start_llama(self, parallel: int):
-        extra = shlex.split(self.a.llama_extra) + self.llama_fallback
-        srv = NativeLlamaServer(str(LLAMA_BIN / "llama-server"), self.model, self.a.threads,
-                                parallel, free_port(), self.tmp / f"llama-np{parallel}.log",
-                                ctx_per_slot=self.a.ctx_per_slot, extra=extra)
-        try:
-            try:
-                srv.wait_ready()
-            except RuntimeError as e:
-                # llama.cpp 0c1e570's weight repacking for AMX dies of SIGSEGV on prompts
-                # (its warm-up is one): the peer is then its fastest mode that serves,
-                # --no-repack (a mode that crashes on prompts is no peer), and the JSON says so
-                if "--no-repack" in extra or "exited with -11" not in str(e):
-                    raise
-                log("  llama-server crashed (SIGSEGV) with its default weight repacking; "
-                    "measuring it with --no-repack from here on")
-                self.llama_fallback = ["--no-repack"]
-                self.llama_crashes.append(f"{shlex.join(srv.cmd)}: {str(e).splitlines()[0]}")
-                srv.stop()
-                return self.start_llama(parallel)
-            self.llama_cmds.append(shlex.join(srv.cmd))
-            side = LlamaSide(srv)
-            # warm-up: the question twice, one short story
-            side.ttft_full(QUESTION, self.a.ttft_tokens)
-            side.ttft_full(QUESTION, self.a.ttft_tokens)
-            side.ttft_full(story(0, "[warm] "), 16)
-        except BaseException:
-            srv.stop()
-            self.llama_log_tail = srv.log_path.read_text(errors="replace")[-3000:]
-            raise
-        log(f"  llama-server -np {parallel} ready in {srv.ready_s:.1f} s (pid {srv.pid})")
-        return srv, side
-
-    def stop_llama(self, srv, side) -> None:
-        if side.reconnects:
-            log(f"  llama-server keep-alive reconnects: {side.reconnects}")
-        self.llama_reconnects = getattr(self, "llama_reconnects", 0) + side.reconnects
-        side.close()
-        srv.stop()
-        self.llama_log_tail = srv.log_path.read_text(errors="replace")[-3000:]
 
     def start_zl(self, name: str, env: dict | None = None):
         d = self.tmp / name
@@ -854,30 +656,6 @@ class Bench:
             side.ttft_full(QUESTION, self.a.ttft_tokens)
         self.concurrent(side, 16, 16, "warm", -1)
         self.blocks.pop()
-
-    def baseline_pkg(self) -> tuple[dict, dict]:
-        base = Path(self.a.baseline_repo).resolve()
-        pkg = self.tmp / "baseline-pkg" / "zerolayer"
-        pkg.mkdir(parents=True)
-        for room in ("daemon", "gpu", "bpf"):
-            if not (base / room).is_dir():
-                raise SystemExit(f"--baseline-repo {base}: no {room}/")
-            (pkg / room).symlink_to(base / room)
-        for room in ("client", "protocol"):   # the baseline's own wire, where it has them
-            if (base / room).is_dir():
-                (pkg / room).symlink_to(base / room)
-        env = {"PYTHONPATH": str(pkg.parent)}
-        where = subprocess.run(
-            [sys.executable, "-c", "import os, zerolayer.daemon.server as s, zerolayer.gpu.model as m;"
-             " print(os.path.realpath(s.__file__)); print(os.path.realpath(m.__file__))"],
-            capture_output=True, text=True, env={**os.environ, **env}, timeout=120)
-        files = where.stdout.split()
-        if where.returncode or not files or not all(f.startswith(str(base)) for f in files):
-            raise SystemExit(f"baseline checkout not imported from {base}: {where.stdout!r} "
-                             f"{where.stderr[-500:]!r}")
-        info = {"path": str(base), "git": sh(f"git -C {base} rev-parse --short HEAD"),
-                "subject": sh(f"git -C {base} log -1 --format=%s"), "imports": files}
-        return env, info
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -901,9 +679,9 @@ class Bench:
         if not r["preflight"]["quiet"]:
             log(f"WARNING: other processes use {r['preflight']['foreign_share']:.0%} of the "
                 "machine; measuring anyway (results noisy)")
-        self.model = a.model or sh(f"{sys.executable} -c 'from zerolayer.gpu.gguf_loader import "
-                                   "default_model_path as p; print(p())'")
+        self.model = a.model or default_model()
         r["model"] = {"path": self.model, "bytes": os.path.getsize(self.model)}
+        self.llama = LlamaPeer(a, self.model, self.tmp)
         self.sdk_counter = SendCounter()
         self.zl = self.base = None
         try:
@@ -913,67 +691,25 @@ class Bench:
             r["servers"] = {"zl": shlex.join(self.zl.cmd)}
             self.warm_zl(self.zl_side)
             for rnd in range(a.rounds):
-                first_llama = rnd % 2 == 0
-                log(f"round {rnd + 1}/{a.rounds}: idle + {a.conc[0]} streams")
-                for who in (("llama", "zl") if first_llama else ("zl", "llama")):
-                    if who == "llama" and a.only_ours:
-                        continue
-                    if who == "llama":
-                        srv, side = self.start_llama(a.conc[0])
-                        try:
-                            self.idle(side, rnd)
-                            self.concurrent(side, a.conc[0], a.tokens, f"tok_s_{a.conc[0]}", rnd)
-                        finally:
-                            self.stop_llama(srv, side)
-                    else:
-                        self.idle(self.zl_side, rnd)
-                        self.concurrent(self.zl_side, a.conc[0], a.tokens, f"tok_s_{a.conc[0]}", rnd)
-                log(f"round {rnd + 1}/{a.rounds}: under load + {a.conc[1]} streams")
-                for who in (("zl", "llama") if first_llama else ("llama", "zl")):
-                    if who == "llama" and a.only_ours:
-                        continue
-                    if who == "llama":
-                        srv, side = self.start_llama(a.load_slots)
-                        try:
-                            self.under_load(side, rnd)
-                            if a.load_slots != a.conc[1]:
-                                self.stop_llama(srv, side)
-                                srv, side = self.start_llama(a.conc[1])
-                            self.concurrent(side, a.conc[1], a.tokens, f"tok_s_{a.conc[1]}", rnd)
-                        finally:
-                            self.stop_llama(srv, side)
-                    else:
-                        self.under_load(self.zl_side, rnd)
-                        self.concurrent(self.zl_side, a.conc[1], a.tokens, f"tok_s_{a.conc[1]}", rnd)
+                self.round(rnd)
             if a.flood_s > 0:
                 log(f"flood: {a.flood_rate}/s for {a.flood_s} s while {a.load_streams} streams decode")
-                r["flood"] = self.flood()
+                r["flood"] = flood(self)
             if a.baseline_repo:
-                env, r["baseline"] = self.baseline_pkg()
-                log(f"baseline: zerolayerd from {r['baseline']['path']} ({r['baseline']['git']})")
-                self.base = self.start_zl("baseline", env)
-                r["servers"]["baseline"] = f"PYTHONPATH={env['PYTHONPATH']} " + shlex.join(self.base.cmd)
-                bside = self.bside = ZlSide(self.base, "base")
-                self.warm_zl(bside)
-                for rnd in range(a.rounds):
-                    for n in a.conc:
-                        order = (bside, self.zl_side) if (rnd + (n == a.conc[1])) % 2 == 0 \
-                            else (self.zl_side, bside)
-                        for side in order:
-                            self.concurrent(side, n, a.tokens, f"base_tok_s_{n}", rnd)
+                self.against_baseline(r)
         finally:
             for d in (self.base, self.zl):
                 if d is not None:
                     d.stop()
             r["server_logs_tail"] = {
                 "zl": self.zl.log_path.read_text(errors="replace")[-2000:] if self.zl else None,
-                "llama": getattr(self, "llama_log_tail", None),
+                "llama": self.llama.log_tail,
                 "baseline": self.base.log_path.read_text(errors="replace")[-2000:] if self.base else None}
             lock.close()
             shutil.rmtree(self.tmp, ignore_errors=True)   # keys files and logs (tails kept above)
-        r["servers"]["llama"] = sorted(set(self.llama_cmds))
-        r["servers"]["llama_crashed"] = self.llama_crashes
-        r["llama_keepalive_reconnects"] = getattr(self, "llama_reconnects", 0)
+        r["servers"]["llama"] = sorted(set(self.llama.cmds))
+        r["servers"]["llama_crashed"] = self.llama.crashes
+        r["llama_keepalive_reconnects"] = self.llama.reconnects
         r["machine"]["uptime_after"] = sh("uptime")
         r["blocks"] = self.blocks
         r["finished"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -984,15 +720,238 @@ class Bench:
         r["json_path"] = str(out_path)
         return r
 
+    def round(self, rnd: int) -> None:
+        """Idle and the first concurrency, then under load and the second; the side going
+        first alternates from round to round."""
+        a = self.a
+        first_llama = rnd % 2 == 0
+        log(f"round {rnd + 1}/{a.rounds}: idle + {a.conc[0]} streams")
+        for who in (("llama", "zl") if first_llama else ("zl", "llama")):
+            if who == "llama" and a.only_ours:
+                continue
+            if who == "llama":
+                srv, side = self.llama.start(a.conc[0])
+                try:
+                    self.idle(side, rnd)
+                    self.concurrent(side, a.conc[0], a.tokens, f"tok_s_{a.conc[0]}", rnd)
+                finally:
+                    self.llama.stop(srv, side)
+            else:
+                self.idle(self.zl_side, rnd)
+                self.concurrent(self.zl_side, a.conc[0], a.tokens, f"tok_s_{a.conc[0]}", rnd)
+        log(f"round {rnd + 1}/{a.rounds}: under load + {a.conc[1]} streams")
+        for who in (("zl", "llama") if first_llama else ("llama", "zl")):
+            if who == "llama" and a.only_ours:
+                continue
+            if who == "llama":
+                srv, side = self.llama.start(a.load_slots)
+                try:
+                    self.under_load(side, rnd)
+                    if a.load_slots != a.conc[1]:
+                        self.llama.stop(srv, side)
+                        srv, side = self.llama.start(a.conc[1])
+                    self.concurrent(side, a.conc[1], a.tokens, f"tok_s_{a.conc[1]}", rnd)
+                finally:
+                    self.llama.stop(srv, side)
+            else:
+                self.under_load(self.zl_side, rnd)
+                self.concurrent(self.zl_side, a.conc[1], a.tokens, f"tok_s_{a.conc[1]}", rnd)
 
-def machine_info() -> dict:
-    lscpu = dict(line.split(":", 1) for line in sh("lscpu").splitlines() if ":" in line)
-    lscpu = {k.strip(): v.strip() for k, v in lscpu.items()}
-    return {"cpu_model": lscpu.get("Model name"), "l3_cache": lscpu.get("L3 cache"),
-            "nproc": sh("nproc"), "cpus": os.cpu_count(),
-            "hypervisor": lscpu.get("Hypervisor vendor"), "kernel": platform.release(),
-            "rmem_max": sh("cat /proc/sys/net/core/rmem_max"),
-            "rmem_default": sh("cat /proc/sys/net/core/rmem_default")}
+    def against_baseline(self, r: dict) -> None:
+        """tok/s of a zerolayerd from --baseline-repo against ours, interleaved."""
+        a = self.a
+        env, r["baseline"] = baseline_pkg(a.baseline_repo, self.tmp)
+        log(f"baseline: zerolayerd from {r['baseline']['path']} ({r['baseline']['git']})")
+        self.base = self.start_zl("baseline", env)
+        r["servers"]["baseline"] = f"PYTHONPATH={env['PYTHONPATH']} " + shlex.join(self.base.cmd)
+        bside = self.bside = ZlSide(self.base, "base")
+        self.warm_zl(bside)
+        for rnd in range(a.rounds):
+            for n in a.conc:
+                order = (bside, self.zl_side) if (rnd + (n == a.conc[1])) % 2 == 0 \
+                    else (self.zl_side, bside)
+                for side in order:
+                    self.concurrent(side, n, a.tokens, f"base_tok_s_{n}", rnd)
+
+
+def flood(b: Bench) -> dict:
+    """Metric 5: datagrams to the daemon while 8 streams decode; lost in the kernel."""
+    from zerolayer.protocol.wire import Mac, MsgType, encode_control
+    a, d = b.a, b.zl
+    n = int(a.flood_rate * a.flood_s)
+    mac = Mac(d.secret)
+    ts = time.time_ns() // 1000
+    rng = random.Random(20240611)
+    junk = [b"JUNK" + rng.randbytes(rng.randint(0, 1396)) for _ in range(512)]
+    dgs = []
+    n_valid = 0
+    for i in range(n):
+        if int((i + 1) * a.flood_valid) > int(i * a.flood_valid):
+            dgs.append(encode_control(MsgType.PING, d.key_id, mac, secrets.token_bytes(16), ts,
+                                      secrets.token_bytes(32)))
+            n_valid += 1
+        else:
+            dgs.append(junk[i % len(junk)])
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.connect(d.addr)
+    sock.setblocking(False)
+    pongs = 0
+
+    def drain():
+        nonlocal pongs
+        for _ in range(100_000):
+            try:
+                sock.recv(2048)
+                pongs += 1
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionRefusedError:
+                continue
+
+    key = "zerolayer_ingress_datagrams_total"
+    m0 = scrape(d.metrics_port)
+    snmp0 = udp_snmp()
+    sdk0 = b.sdk_counter.n
+    lg = LoadGen(b.zl_side, a.load_streams, a.load_tokens, a.flood_s + 120)
+    res: dict = {"rate": a.flood_rate, "duration_s": a.flood_s, "planned": n,
+                 "valid_planned": n_valid}
+    try:
+        res["load_active"] = lg.wait_ready()
+
+        def go():
+            sent = errs = 0
+            max_lag = 0
+            t0 = time.perf_counter()
+            while sent < n and time.perf_counter() - t0 < a.flood_s + 10:
+                due = min(n, int((time.perf_counter() - t0) * a.flood_rate) + 1)
+                max_lag = max(max_lag, due - sent)
+                while sent < due:
+                    try:
+                        sock.send(dgs[sent])
+                    except (BlockingIOError, ConnectionRefusedError):
+                        errs += 1
+                    sent += 1
+                drain()
+                time.sleep(0.001)
+            wall = time.perf_counter() - t0
+            return {"sent": sent - errs, "send_errors": errs, "wall_s": wall,
+                    "achieved_rate": (sent - errs) / wall, "max_lag_datagrams": max_lag}
+        res.update(b.block("flood", b.zl_side, go, {"loadgen": lg.pid})["samples"])
+    finally:
+        res["load"] = lg.stop()
+    # settle: every datagram queued has been read when the counter stops moving
+    last, t_settle = None, time.monotonic()
+    while time.monotonic() - t_settle < 15:
+        drain()
+        cur = scrape(d.metrics_port).get(key)
+        if cur is not None and cur == last:
+            break
+        last = cur
+        time.sleep(0.5)
+    drain()
+    m1 = scrape(d.metrics_port)
+    snmp1 = udp_snmp()
+    sock.close()
+    res["pongs_received"] = pongs
+    res["sdk_datagrams_bench"] = b.sdk_counter.n - sdk0 if b.sdk_counter.ok else None
+    res["sdk_datagrams_loadgen"] = res["load"].get("sdk_datagrams")
+    res["daemon_counter"] = key if key in m1 else None
+    if key in m0 and key in m1:
+        res["daemon_received"] = int(m1[key] - m0[key])
+        if res["sdk_datagrams_loadgen"] is not None and res["sdk_datagrams_bench"] is not None:
+            res["sent_total"] = res["sent"] + res["sdk_datagrams_loadgen"] + res["sdk_datagrams_bench"]
+            res["lost"] = res["sent_total"] - res["daemon_received"]
+    res["udp_snmp_delta"] = {k: snmp1[k] - snmp0.get(k, 0) for k in snmp1}
+    res["rcvbuf_errors_delta"] = res["udp_snmp_delta"].get("RcvbufErrors")
+    res["daemon_error_deltas"] = {k: m1[k] - m0.get(k, 0) for k in m1
+                                  if k.startswith("zerolayer_request_errors_total")
+                                  and m1[k] - m0.get(k, 0)}
+    b.blocks[-1]["samples"] = res
+    log(f"  flood: sent {res['sent']} (+SDK {res['sdk_datagrams_loadgen']}), daemon read "
+        f"{res.get('daemon_received')}, lost {res.get('lost')}, RcvbufErrors "
+        f"+{res['rcvbuf_errors_delta']}, pongs {pongs}/{n_valid}")
+    return res
+
+
+class LlamaPeer:
+    """llama-server started for a block and stopped after it, with what the JSON records of
+    its runs: the commands, the crashes, keep-alive reconnects and its log's tail."""
+
+    def __init__(self, a, model: str, tmp: Path):
+        self.a, self.model, self.tmp = a, model, tmp
+        self.cmds: list[str] = []
+        self.fallback: list[str] = []  # flags added after a crash (start)
+        self.crashes: list[str] = []
+        self.reconnects = 0
+        self.log_tail: str | None = None
+
+    def start(self, parallel: int):
+        extra = shlex.split(self.a.llama_extra) + self.fallback
+        srv = NativeLlamaServer(str(LLAMA_BIN / "llama-server"), self.model, self.a.threads,
+                                parallel, free_port(), self.tmp / f"llama-np{parallel}.log",
+                                ctx_per_slot=self.a.ctx_per_slot, extra=extra)
+        try:
+            try:
+                srv.wait_ready()
+            except RuntimeError as e:
+                # llama.cpp 0c1e570's weight repacking for AMX dies of SIGSEGV on prompts
+                # (its warm-up is one): the peer is then its fastest mode that serves,
+                # --no-repack (a mode that crashes on prompts is no peer), and the JSON says so
+                if "--no-repack" in extra or "exited with status -11" not in str(e):
+                    raise
+                log("  llama-server crashed (SIGSEGV) with its default weight repacking; "
+                    "measuring it with --no-repack from here on")
+                self.fallback = ["--no-repack"]
+                self.crashes.append(f"{shlex.join(srv.cmd)}: {str(e).splitlines()[0]}")
+                srv.stop()
+                return self.start(parallel)
+            self.cmds.append(shlex.join(srv.cmd))
+            side = LlamaSide(srv)
+            # warm-up: the question twice, one short story
+            side.ttft_full(QUESTION, self.a.ttft_tokens)
+            side.ttft_full(QUESTION, self.a.ttft_tokens)
+            side.ttft_full(story(0, "[warm] "), 16)
+        except BaseException:
+            srv.stop()
+            self.log_tail = srv.log_path.read_text(errors="replace")[-3000:]
+            raise
+        log(f"  llama-server -np {parallel} ready in {srv.ready_s:.1f} s (pid {srv.pid})")
+        return srv, side
+
+    def stop(self, srv, side) -> None:
+        if side.reconnects:
+            log(f"  llama-server keep-alive reconnects: {side.reconnects}")
+        self.reconnects += side.reconnects
+        side.close()
+        srv.stop()
+        self.log_tail = srv.log_path.read_text(errors="replace")[-3000:]
+
+
+def baseline_pkg(repo: str, tmp: Path) -> tuple[dict, dict]:
+    """A package dir whose zerolayer/ is the checkout `repo`'s, and the env that imports it."""
+    base = Path(repo).resolve()
+    pkg = tmp / "baseline-pkg" / "zerolayer"
+    pkg.mkdir(parents=True)
+    for room in ("daemon", "gpu", "bpf"):
+        if not (base / room).is_dir():
+            raise SystemExit(f"--baseline-repo {base}: no {room}/")
+        (pkg / room).symlink_to(base / room)
+    for room in ("client", "protocol"):   # the baseline's own wire, where it has them
+        if (base / room).is_dir():
+            (pkg / room).symlink_to(base / room)
+    env = {"PYTHONPATH": str(pkg.parent)}
+    where = subprocess.run(
+        [sys.executable, "-c", "import os, zerolayer.daemon.server as s, zerolayer.gpu.model as m;"
+         " print(os.path.realpath(s.__file__)); print(os.path.realpath(m.__file__))"],
+        capture_output=True, text=True, env={**os.environ, **env}, timeout=120)
+    files = where.stdout.split()
+    if where.returncode or not files or not all(f.startswith(str(base)) for f in files):
+        raise SystemExit(f"baseline checkout not imported from {base}: {where.stdout!r} "
+                         f"{where.stderr[-500:]!r}")
+    info = {"path": str(base), "git": sh(f"git -C {base} rev-parse --short HEAD"),
+            "subject": sh(f"git -C {base} log -1 --format=%s"), "imports": files}
+    return env, info
 
 
 def versions(a) -> dict:

@@ -22,7 +22,6 @@ machine should be otherwise idle. --quick: 4 streams x 16 tokens, 1 round (a smo
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import statistics
 import sys
@@ -32,15 +31,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _serving_clients import ZeroLayerDaemon  # noqa: E402
+from _harness import LOCK_PATH, ZeroLayerDaemon, log, take_lock  # noqa: E402
 
-LOCK_PATH = "/tmp/zl-bench.lock"
 TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess", "coffee",
           "lighthouses", "glaciers", "owls", "bridges", "deserts", "clocks", "whales", "maps"]
-
-
-def log(msg: str) -> None:
-    print(f"[bench_engines] {msg}", file=sys.stderr, flush=True)
 
 
 def parse_cpus(spec: str) -> list[int]:
@@ -103,9 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--cpus needs at least two CPUs")
     lock = None
     if not a.no_lock:
-        lock = open(LOCK_PATH, "a+")
-        log(f"waiting for {LOCK_PATH}")
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock, _ = take_lock(float("inf"), " ".join(sys.argv))
     spec = "[" + ", ".join(f'{{cpus="{c}", threads=1}}' for c in cpus) + "]"
     per_engine = -(-a.streams // n)
     configs = {

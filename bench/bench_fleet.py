@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
-from bench_dataplane import machine_info, take_lock  # noqa: E402
+from _harness import machine_info, take_lock  # noqa: E402
 
 from daemon_proc import DaemonProc  # noqa: E402  (the tests' daemon and testbed helpers)
 from netns import fleet_testbed, in_netns  # noqa: E402

@@ -70,36 +70,29 @@ from _flood_testbed import (  # noqa: E402
     flood_testbed,
     link_stats,
 )
-from _serving_clients import (  # noqa: E402
+from _harness import (  # noqa: E402
+    LLAMA_BIN,
+    RESULTS,
     NativeLlamaServer,
     chat_body,
     http_get_timed,
     http_stream_chat,
+    log,
+    machine_info,
+    sh,
+    stats,
+    take_lock,
     top_processes,
     zl_stream_chat,
 )
-from bench_dataplane import (  # noqa: E402
-    LLAMA_BIN,
-    STREAM_OPTS,
-    machine_info,
-    scrape,
-    sh,
-    stats,
-    story,
-    take_lock,
-)
+from bench_dataplane import STREAM_OPTS, scrape, story  # noqa: E402
 from bench_xdp import METRICS_PORT, PORT, Daemon, proc_cpu_s  # noqa: E402
 
 from netns import in_netns  # noqa: E402  (tests/, put on the path by bench_xdp)
 
-RESULTS = REPO / "bench" / "results"
 HTTP_PORT = 8080
 PATHS = ("udp", "xdp", "llama")
 SETTLE_S = 1.0
-
-
-def log(msg: str) -> None:
-    print(f"[flood {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------- the servers

@@ -14,7 +14,7 @@ Three sides, the same GGUF and the same number of threads (--threads, 2), all st
    sides take turns request by request, in an order that rotates every round, each request
    after --gap-ms (50) of quiet, so drift in the machine's speed is shared and no side always
    follows the same other one; p50/p99 per side. The HTTP sides use one stdlib client
-   (bench/_serving_clients.http_stream_chat: keep-alive, SSE read line by line; TTFT = just
+   (bench/_harness.http_stream_chat: keep-alive, SSE read line by line; TTFT = just
    before the request is sent -> first non-empty content delta); the SDK side
    zl_stream_chat (same clock points).
 2. Aggregate tok/s: --conc (16) concurrent streams of --conc-tokens (64) each, one distinct
@@ -46,22 +46,28 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _serving_clients import (  # noqa: E402
+from _harness import (  # noqa: E402
+    LLAMA_BIN,
+    LOCK_PATH,
+    REPO,
+    RESULTS,
     CpuWatch,
     NativeLlamaServer,
     ZeroLayerDaemon,
     _Proc,
     chat_body,
+    default_model,
     free_port,
     http_stream_chat,
     log,
+    machine_info,
+    sh,
+    stats,
+    take_lock,
     zl_stream_chat,
 )
-from bench_dataplane import LOCK_PATH, machine_info, sh, stats, take_lock  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
-LLAMA_SERVER = REPO / ".bench-llamacpp" / "bin" / "llama-server"
+LLAMA_SERVER = LLAMA_BIN / "llama-server"
 MODEL_NAME = "smollm2-135m-instruct"
 QUESTION = "What is the capital of France?"
 TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess", "coffee",
@@ -244,8 +250,7 @@ class Bench:
                    "machine": machine_info(), "lock_waited_s": waited,
                    "zerolayer_git": sh(f"git -C {REPO} rev-parse --short HEAD"),
                    "llama_server_version": sh(f"{a.llama_server} --version 2>&1 | tail -n 2")}
-        model = a.model or sh(f"{sys.executable} -c 'from zerolayer.gpu.gguf_loader import "
-                              "default_model_path as p; print(p())'")
+        model = a.model or default_model()
         r["model"] = model
         tmp = Path(tempfile.mkdtemp(prefix="zl-bench-http-"))
         self.llama = self.zl = self.edge = None

@@ -32,7 +32,7 @@ machine's measured read bandwidth; and llama.cpp's decode on the same files.
    baseline, never as it (llama.cpp 0c1e570's AMX repacking crashes on any prompt of more than
    one token on an AMX host; on a host without AMX its repacking serves prompts).
 
-Holds /tmp/zl-bench.lock (bench_runtime.bench_lock) for all of it; the load average and the
+Holds /tmp/zl-bench.lock (_harness.bench_lock) for all of it; the load average and the
 other processes' CPU share are recorded. Output: a markdown table on stdout, JSON under
 bench/results/kernels-<time>.json (git-ignored).
 """
@@ -48,15 +48,27 @@ import sys
 import time
 from pathlib import Path
 
-import bench_runtime as br
 import numpy as np
 from numba import njit, prange
 
-REPO = br.REPO
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import (  # noqa: E402
+    LLAMA_BENCH,
+    REPO,
+    RESULTS,
+    CpuWatch,
+    LlamaBenchCrash,
+    bench_lock,
+    gpu_source_hash,
+    log,
+    machine_info,
+    run_llama_bench,
+    sh,
+)
+
 SYNTH_DIR = Path(os.environ.get("ZEROLAYER_SYNTH_DIR", Path.home() / ".cache" / "zerolayer" / "synth"))
 SYNTH = ("tinyllama-1.1b-synth.Q4_1.gguf", "tinyllama-1.1b-synth.Q4_K_M.gguf")
 THREADS = 2
-log = br.log
 
 
 # ---------------------------------------------------------------- read bandwidth
@@ -209,11 +221,11 @@ def load_model(path: str, max_seq: int):
 
 
 class Noise:
-    """Other processes' CPU share (bench_runtime.CpuWatch): wait for quiet before a run,
+    """Other processes' CPU share (_harness.CpuWatch): wait for quiet before a run,
     measure a run again when others took more than max_foreign of the machine."""
 
     def __init__(self, max_foreign: float, max_wait: float, retries: int):
-        self.watch = br.CpuWatch([])
+        self.watch = CpuWatch(children=True)  # the reaped llama-bench runs are ours
         self.max_foreign, self.max_wait, self.retries = max_foreign, max_wait, retries
 
 
@@ -396,8 +408,8 @@ def _theirs(rec: dict, path: str, first: bool, reps: int, lb: str, noise: Noise)
             rec["commands"].append(shlex.join(cmd))
         noise.watch.wait_quiet(noise.max_foreign, noise.max_wait)
         try:
-            rows, _ = br.run_llama_bench(cmd, noise.watch)
-        except br.LlamaBenchCrash as e:
+            rows, _ = run_llama_bench(cmd, noise.watch)
+        except LlamaBenchCrash as e:
             rec["crashed"].append(f"repack {repack}: {str(e)[:200]}")
             continue
         for row in rows:
@@ -423,9 +435,9 @@ def serves_prompts(path: str, lb: str, noise: Noise) -> dict[str, bool]:
                "--repack", str(repack), "-r", "1", "-o", "jsonl"]
         noise.watch.wait_quiet(noise.max_foreign, noise.max_wait)
         try:
-            br.run_llama_bench(cmd, noise.watch)
+            run_llama_bench(cmd, noise.watch)
             out[f"repack {repack}"] = True
-        except br.LlamaBenchCrash:
+        except LlamaBenchCrash:
             out[f"repack {repack}"] = False
     log(f"  llama-bench serves a 16-token prompt on {Path(path).name}: {out}")
     return out
@@ -584,7 +596,7 @@ def main() -> int:
                     help="also the selected activations vs int16 (int16: vs int8), interleaved (position 0)")
     ap.add_argument("--peer-rounds", type=int, default=3)
     ap.add_argument("--peer-reps", type=int, default=3)
-    ap.add_argument("--llama-bench", default=str(br.LLAMA_BENCH))
+    ap.add_argument("--llama-bench", default=str(LLAMA_BENCH))
     ap.add_argument("--max-foreign", type=float, default=0.10,
                     help="share of the machine others may take during a run before it is "
                     "measured again (default 0.10)")
@@ -605,22 +617,19 @@ def main() -> int:
                                                     if (SYNTH_DIR / f).exists()]
     depths = [int(d) for d in args.depths.split(",")]
     started = _dt.datetime.now(_dt.UTC)
-    out = Path(args.out) if args.out else br.RESULTS / f"kernels-{started:%Y%m%d-%H%M%S}.json"
+    out = Path(args.out) if args.out else RESULTS / f"kernels-{started:%Y%m%d-%H%M%S}.json"
     command = shlex.join([sys.executable, *sys.argv])
-    machine = br.machine_info()
-    lscpu = dict(line.split(":", 1) for line in br.sh(["lscpu"]).splitlines() if ":" in line)
-    flags = lscpu.get("Flags", "").split()
-    machine["l3"] = lscpu.get("L3 cache", "").strip()
-    machine["simd_flags"] = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8",
-                                         "amx_bf16") if f in flags]
+    machine = machine_info()
+    machine["l3"] = machine["l3_cache"] or ""
+    machine["simd_flags"] = [f for f in machine["simd"] if f not in ("fma", "f16c")]
     from zerolayer.gpu.ops import cpu_features
     r = {"command": command, "date": f"{started:%Y-%m-%d %H:%M} UTC", "machine": machine,
-         "git": br.sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
-         "gpu_source": br.gpu_source_hash(), "cpu_kernels": cpu_features.describe()}
+         "git": sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
+         "gpu_source": gpu_source_hash(), "cpu_kernels": cpu_features.describe()}
     noise = Noise(args.max_foreign, args.max_wait, args.retries)
     r["noise"] = {"max_foreign": args.max_foreign, "max_wait_s": args.max_wait,
                   "retries": args.retries}
-    with br.bench_lock(command) as waited:
+    with bench_lock(command) as waited:
         r["lock_waited_s"] = waited
         r["loadavg_before"] = " ".join(open("/proc/loadavg").read().split()[:3])
         spt = tick_seconds()

@@ -2,7 +2,6 @@
 """zerolayer vs llama.cpp's own `llama-bench` on the same GGUF, 2 threads each.
 
     .venv/bin/python bench/bench_runtime.py [--runs N] [--reps R] [--quick] [--out PATH]
-    .venv/bin/python bench/bench_runtime.py --reference llama-cpp-python   # the old peer
 
 The reference is the native llama-bench built by bench/setup_llamacpp.sh
 (.bench-llamacpp/bin/llama-bench), run as
@@ -48,16 +47,12 @@ How it keeps the comparison fair:
 
 Results: a JSON file (default bench/results/runtime-<timestamp>.json, gitignored) with every
 llama-bench row and every sample, and a markdown table on stdout with the ratios ours /
-llama-bench and which of the issue's targets are met. --reference llama-cpp-python runs the
-earlier comparison with llama-cpp-python workers under .venv-bench instead (see
-_main_llama_cpp_python).
+llama-bench and which of the targets are met.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as _dt
-import fcntl
 import hashlib
 import json
 import os
@@ -72,16 +67,27 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-BENCH_PY = REPO / ".venv-bench" / "bin" / "python"
-WORKER = REPO / "bench" / "_llamacpp_worker.py"
-LLAMA_BENCH = REPO / ".bench-llamacpp" / "bin" / "llama-bench"
-LOCK_PATH = "/tmp/zl-bench.lock"
-RESULTS = REPO / "bench" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import (  # noqa: E402
+    LLAMA_BENCH,
+    LOCK_PATH,
+    REPO,
+    RESULTS,
+    CpuWatch,
+    LlamaBenchCrash,
+    bench_lock,
+    command_line,
+    gpu_source_hash,
+    llama_bench_help,
+    log,
+    machine_info,
+    run_llama_bench,
+    sh,
+    top_processes,
+)
+
 THREADS = 2
 N_CTX = 2048  # room for the 1000-token context plus a 500-token prompt or the decode steps
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-NCPU = os.cpu_count() or 1
 
 TARGETS = {  # prefill 1.25x, cold start 1.5 s (the first targets were 1.0x and 3 s)
     "decode_ctx50": ("decode ctx 50 vs llama.cpp", ">=", 1.25),
@@ -137,85 +143,6 @@ print(json.dumps({"token": tok, "prompt_tokens": len(ids), "import_s": t_import 
                   "numba_cache_dir": os.environ.get("NUMBA_CACHE_DIR"),
                   "tokenizer_from": "gguf" if tk is None else "model"}), flush=True)
 """
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------- machine-noise accounting
-
-
-def _busy_jiffies() -> int:
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    # user nice system idle iowait irq softirq steal ...: steal counts as taken from us
-    return v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)
-
-
-def _proc_jiffies(pid: int | str, children: bool = False) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    n = int(rest[11]) + int(rest[12])  # utime, stime
-    if children:  # cutime, cstime: the cold-start processes we spawned and waited for
-        n += int(rest[13]) + int(rest[14])
-    return n
-
-
-class CpuWatch:
-    """CPU taken by everything except us and the llama.cpp side, as a share of the machine.
-
-    Ours: this process, its children once reaped (cutime: the cold-start probes, finished
-    llama-bench runs), the long-lived llama-cpp-python workers and a running llama-bench."""
-
-    def __init__(self, worker_pids: list[int]):
-        self.worker_pids = worker_pids
-        self.live_pids: list[int] = []  # children still running (not yet in our cutime)
-
-    def snap(self) -> tuple[float, int, int]:
-        ours = _proc_jiffies("self", children=True)
-        for pid in (*self.worker_pids, *self.live_pids):
-            ours += _proc_jiffies(pid)
-        return time.perf_counter(), _busy_jiffies(), ours
-
-    @staticmethod
-    def foreign(a, b) -> float:
-        wall = max(b[0] - a[0], 1e-6)
-        other = max(0, (b[1] - a[1]) - (b[2] - a[2]))
-        return other / (wall * CLK_TCK * NCPU)
-
-    def wait_quiet(self, limit: float, max_wait: float, window: float = 0.5) -> tuple[float, float]:
-        """Wait until foreign CPU over `window` is <= limit; returns (waited_s, last share)."""
-        t0 = time.perf_counter()
-        announced = False
-        while True:
-            a = self.snap()
-            time.sleep(window)
-            share = self.foreign(a, self.snap())
-            waited = time.perf_counter() - t0
-            if share <= limit or waited >= max_wait:
-                if announced and share <= limit:
-                    log(f"  quiet again after {waited:.0f} s")
-                elif announced:
-                    log(f"  still busy after {waited:.0f} s ({share:.0%}); measuring anyway")
-                return waited, share
-            if not announced:
-                log(f"  machine busy (other processes use {share:.0%} of it); waiting "
-                    f"up to {max_wait:.0f} s: {top_processes(3)}")
-                announced = True
-            time.sleep(1.0)
-
-
-def top_processes(n: int = 5) -> list[str]:
-    try:
-        out = subprocess.run(["ps", "-eo", "pcpu,pid,comm", "--sort=-pcpu"], capture_output=True,
-                             text=True, timeout=5).stdout.splitlines()[1:n + 1]
-        return [" ".join(line.split()) for line in out]
-    except Exception:
-        return []
 
 
 # ---------------------------------------------------------------- the two runtimes
@@ -285,33 +212,6 @@ class ZeroLayer:
         return {"seconds": dt, "steps": steps, "batch": len(prompts)}
 
 
-class LlamaCppWorker:
-    def __init__(self, path: str, threads: int, flash_attn: str):
-        self.cmd = [str(BENCH_PY), str(WORKER), "--model", path, "--threads", str(threads),
-                    "--n-ctx", str(N_CTX), "--n-batch", "512", "--flash-attn", flash_attn]
-        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, cwd=str(REPO))
-
-    def call(self, **req) -> dict:
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"llama.cpp worker died (rc={self.proc.poll()})")
-        res = json.loads(line)
-        if "error" in res:
-            raise RuntimeError(f"llama.cpp worker: {res['error']}")
-        return res
-
-    def close(self) -> None:
-        try:
-            self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
-            self.proc.stdin.flush()
-            self.proc.wait(timeout=10)
-        except Exception:
-            self.proc.kill()
-
-
 def cold_start(cmd: list[str]) -> dict:
     """Spawn `cmd`; seconds from just before the spawn to its first stdout line."""
     t0 = time.perf_counter()
@@ -335,41 +235,6 @@ def cold_start(cmd: list[str]) -> dict:
 # ---------------------------------------------------------------- helpers
 
 
-def sh(cmd: list[str]) -> str:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
-    except Exception as e:
-        return f"<{e}>"
-
-
-def machine_info() -> dict:
-    lscpu = {}
-    for line in sh(["lscpu"]).splitlines():
-        if ":" in line:
-            k, v = line.split(":", 1)
-            lscpu[k.strip()] = v.strip()
-    flags = lscpu.get("Flags", "").split()
-    return {
-        "cpu_model": lscpu.get("Model name"),
-        "cpus": NCPU,
-        "cores_per_socket": lscpu.get("Core(s) per socket"),
-        "threads_per_core": lscpu.get("Thread(s) per core"),
-        "hypervisor": lscpu.get("Hypervisor vendor"),
-        "simd": [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni") if f in flags],
-        "kernel": platform.release(),
-        "mem_total": next((line.split(":", 1)[1].strip() for line in open("/proc/meminfo")
-                           if line.startswith("MemTotal")), None),
-    }
-
-
-def gpu_source_hash() -> str:
-    h = hashlib.sha256()
-    for p in sorted((REPO / "gpu").rglob("*.py")):
-        h.update(str(p.relative_to(REPO)).encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]
-
-
 def file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -389,36 +254,6 @@ def verdict(key: str, value: float | None) -> dict:
     label, op, target = TARGETS[key]
     met = None if value is None else (value >= target if op == ">=" else value <= target)
     return {"label": label, "value": value, "op": op, "target": target, "met": met}
-
-
-# ---------------------------------------------------------------- one benchmark at a time
-
-
-@contextlib.contextmanager
-def bench_lock(command: str, path: str = LOCK_PATH):
-    """Hold an exclusive lock on `path` (flock and, independently on Linux, a POSIX lockf, so
-    another tool that takes either kind excludes us). Waits for it, saying who holds it."""
-    f = open(path, "a+")
-    try:
-        t0 = time.perf_counter()
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            log(f"waiting for the benchmark lock {path}, held by: {holder}")
-            fcntl.flock(f, fcntl.LOCK_EX)
-        fcntl.lockf(f, fcntl.LOCK_EX)
-        waited = time.perf_counter() - t0
-        if waited > 1:
-            log(f"got the benchmark lock after {waited:.0f} s")
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}: {command}\n")
-        f.flush()
-        yield waited
-    finally:
-        f.close()  # releases both locks
 
 
 # ---------------------------------------------------------------- llama-bench
@@ -446,52 +281,6 @@ def lb_side(row: dict) -> str:
     if "repack" in row:  # builds with --repack: weights repacked for the CPU's kernels (AMX...)
         side += f"_repack_{'on' if row['repack'] else 'off'}"
     return side
-
-
-class LlamaBenchCrash(RuntimeError):
-    """llama-bench died of a signal (not a usage error): that test can't be measured in that
-    mode on this machine, which the results then say."""
-
-
-def llama_bench_help(binary: Path) -> str:
-    r = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
-    return r.stdout + r.stderr
-
-
-def run_llama_bench(cmd: list[str], watch: CpuWatch) -> tuple[list[dict], dict]:
-    """Run llama-bench (-o jsonl); each row it prints gets the share of the machine that other
-    processes took since the previous row (or the start), so a disturbance is pinned on the
-    tests that ran during it."""
-    with tempfile.TemporaryFile("w+") as errf:
-        a = prev = watch.snap()
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, text=True, cwd=str(REPO))
-        watch.live_pids = [p.pid]
-        rows = []
-        try:
-            for line in p.stdout:
-                line = line.strip()
-                if not line.startswith("{"):
-                    continue
-                now = watch.snap()
-                row = json.loads(line)
-                row["foreign_share"] = watch.foreign(prev, now)
-                row["interval_s"] = now[0] - prev[0]
-                row["value"] = statistics.median(row["samples_ts"])
-                prev = now
-                rows.append(row)
-            p.wait(timeout=600)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            watch.live_pids = []
-        b = watch.snap()  # reaped: its CPU time is in our children's now
-        if p.returncode != 0:
-            errf.seek(0)
-            err = RuntimeError if p.returncode > 0 else LlamaBenchCrash
-            raise err(f"llama-bench failed (rc={p.returncode}): {shlex.join(cmd)}\n"
-                      f"{errf.read().strip()[-2000:]}")
-    return rows, {"wall_s": b[0] - a[0], "foreign_share": watch.foreign(a, b)}
 
 
 def _cpu_kernels() -> str:
@@ -529,91 +318,102 @@ def _load_ours(model_path: str):
     return zl, prompts, batch_prompts, jit_s, numba_info
 
 
-def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path) -> int:
-    runs = args.runs or (2 if args.quick else 5)
-    reps = args.reps or (1 if args.quick else 3)
-    steps = args.steps or 32
-    binary = Path(args.llama_bench)
-    help_text = llama_bench_help(binary)
-    depths = [0, 1000]
-    if "--n-depth" not in help_text:
-        log("WARNING: this llama-bench has no -d/--n-depth; only depth-0 rows are compared")
-        depths = [0]
-    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True,
-                             timeout=60)
-    version = (version.stdout + version.stderr).strip()
+class Comparison:
+    """One run: llama-bench and ours, in interleaved rounds, each sample checked for noise.
 
-    loadavg0 = os.getloadavg()
-    uptime0 = sh(["uptime"])
-    log(f"uptime: {uptime0}")
-    if loadavg0[0] > 0.5:
-        log(f"WARNING: 1-min load average {loadavg0[0]:.2f} > 0.5; busy processes: {top_processes()}")
+    samples[key][side] holds one value per round that has one (the median of its R samples);
+    raw_lb and raw_zl every llama-bench row and every sample of ours, reruns included."""
 
-    from zerolayer.gpu import __version__ as zl_version
-    from zerolayer.gpu.gguf_loader import default_model_path
+    def __init__(self, args):
+        self.args = args
+        self.runs = args.runs or (2 if args.quick else 5)
+        self.reps = args.reps or (1 if args.quick else 3)
+        self.steps = args.steps or 32
+        self.binary = Path(args.llama_bench)
+        self.help_text = llama_bench_help(self.binary)
+        self.depths = [0, 1000]
+        if "--n-depth" not in self.help_text:
+            log("WARNING: this llama-bench has no -d/--n-depth; only depth-0 rows are compared")
+            self.depths = [0]
+        v = subprocess.run([str(self.binary), "--version"], capture_output=True, text=True,
+                           timeout=60)
+        self.version = (v.stdout + v.stderr).strip()
+        from zerolayer.gpu.gguf_loader import default_model_path
+        self.model_path = os.path.abspath(args.model or default_model_path())
+        # --repack (llama.cpp's default: on) repacks the weights for the CPU's own kernels (on
+        # an AMX machine: the AMX buffer type). Both modes are measured and the better taken
+        # per row, like -fa; a row that crashes llama-bench in one mode (this llama.cpp's AMX
+        # path dies of SIGSEGV on prompts of more than one token) is measured in the other
+        # and reported.
+        self.repacks = ([r for r in args.repack.split(",") if r]
+                        if "--repack" in self.help_text else [])
+        self.full_cmd = self.lb_cmd("100,500", str(self.steps), ",".join(map(str, self.depths)),
+                                    args.fa)
+        # one test per command: (p, n, d), for a mode that crashed on some test
+        self.single_tests = [("0", str(self.steps), str(d)) for d in self.depths] + [
+            (str(pp), "0", str(d)) for pp in (100, 500) for d in self.depths]
+        log(f"llama-bench: {shlex.join(self.full_cmd)}"
+            + (f", in each of --repack {', '.join(self.repacks)}" if self.repacks else ""))
+        self.tg0, self.tg1000 = f"tg{self.steps}_d0", f"tg{self.steps}_d1000"
+        self.watch = CpuWatch(children=True)  # the cold-start probes are ours
+        self.samples: dict[str, dict[str, list[float]]] = {}
+        self.raw_lb: list[dict] = []
+        self.raw_zl: list[dict] = []
+        self.lb_runs: list[dict] = []
+        self.excluded = {"llama_bench_rows": 0, "zerolayer_samples": 0}
+        self.crashed: dict[str, dict] = {}  # "<test> repack <r>" -> the crash, once seen
+        self.seen_cache: str | None = None
 
-    model_path = os.path.abspath(args.model or default_model_path())
-    src_hash0 = gpu_source_hash()
-    git_head = sh(["git", "-C", str(REPO), "rev-parse", "HEAD"])
-    git_dirty_gpu = sh(["git", "-C", str(REPO), "status", "--porcelain", "gpu"]).splitlines()
-
-    # --repack (llama.cpp's default: on) repacks the weights for the CPU's own kernels (on an
-    # AMX machine: the AMX buffer type). Both modes are measured and the better taken per row,
-    # like -fa; a row that crashes llama-bench in one mode (this llama.cpp's AMX path dies of
-    # SIGSEGV on prompts of more than one token) is measured in the other and reported.
-    repacks = [r for r in args.repack.split(",") if r] if "--repack" in help_text else []
-
-    def lb_cmd(p: str, n: str, d: str, fa: str, repack: str | None = None) -> list[str]:
-        cmd = [str(binary), "-m", model_path, "-t", str(THREADS), "-p", p, "-n", n]
-        if "--n-depth" in help_text:
+    def lb_cmd(self, p: str, n: str, d: str, fa: str, repack: str | None = None) -> list[str]:
+        cmd = [str(self.binary), "-m", self.model_path, "-t", str(THREADS), "-p", p, "-n", n]
+        if "--n-depth" in self.help_text:
             cmd += ["-d", d]
         if repack is not None:
             cmd += ["--repack", repack]
-        return cmd + ["-fa", fa, "-o", "jsonl", "-r", str(reps)]
+        return cmd + ["-fa", fa, "-o", "jsonl", "-r", str(self.reps)]
 
-    full_cmd = lb_cmd("100,500", str(steps), ",".join(map(str, depths)), args.fa)
-    # one test per command: (p, n, d), for a mode that crashed on some test
-    single_tests = [("0", str(steps), str(d)) for d in depths] + [
-        (str(pp), "0", str(d)) for pp in (100, 500) for d in depths]
-    log(f"llama-bench: {shlex.join(full_cmd)}"
-        + (f", in each of --repack {', '.join(repacks)}" if repacks else ""))
+    # ------------------------------------------------------------ ours
 
-    zl, prompts, batch_prompts, jit_s, numba_info = _load_ours(model_path)
+    def load_ours(self) -> None:
+        """Our runtime loaded and warm, and self.ours: key -> (thunk, kind), kind turning a
+        result into a value (tok/s; cold: seconds)."""
+        self.zl, self.prompts, batch, self.jit_s, self.numba_info = _load_ours(self.model_path)
+        zl, pr, steps = self.zl, self.prompts, self.steps
+        self.ours = {
+            self.tg0: (lambda: zl.decode(pr["ctx50"], steps), "decode"),
+            self.tg1000: (lambda: zl.decode(pr["ctx1000"], steps), "decode"),
+            "pp100_d0": (lambda: zl.prefill(pr["p100"]), "prefill"),
+            "pp500_d0": (lambda: zl.prefill(pr["p500"]), "prefill"),
+            "pp100_d1000": (lambda: zl.prefill(pr["p100"], context=pr["ctx1000"]), "prefill"),
+            "pp500_d1000": (lambda: zl.prefill(pr["p500"], context=pr["ctx1000"]), "prefill"),
+            "batch8": (lambda: zl.batch_decode(batch, steps), "batch"),
+            "cold_start": (self.zl_cold, "cold"),
+        }
+        if 1000 not in self.depths:
+            for k in (self.tg1000, "pp100_d1000", "pp500_d1000"):
+                self.ours.pop(k)
+        if self.args.no_cold_start:
+            self.ours.pop("cold_start")
+        log("warm-up: each of our measurements once (llama-bench warms up each test itself)")
+        for fn, _ in self.ours.values():
+            fn()
 
-    zl_cold_cmd = [sys.executable, "-c", ZL_COLD, model_path, COLD_PROMPT, str(THREADS), str(N_CTX)]
-    seen_cache = [None]
-
-    def zl_cold() -> dict:
+    def zl_cold(self) -> dict:
         """A cold start with a warm JIT cache. If gpu/ changed since the last one (others may be
         editing the tree), the child compiled into a new cache dir: that run warmed the new
         cache, so run again and keep the second."""
-        r = cold_start(zl_cold_cmd)
+        cmd = [sys.executable, "-c", ZL_COLD, self.model_path, COLD_PROMPT, str(THREADS),
+               str(N_CTX)]
+        r = cold_start(cmd)
         cache = r.get("breakdown", {}).get("numba_cache_dir")
-        if seen_cache[0] is not None and cache != seen_cache[0]:
+        if self.seen_cache is not None and cache != self.seen_cache:
             log(f"  gpu/ changed: new JIT cache {cache}; that cold start ({r['seconds']:.1f} s) "
                 "compiled, running it again")
-            r = cold_start(zl_cold_cmd) | {"recompiled_run_s": r["seconds"]}
-        seen_cache[0] = cache
+            r = cold_start(cmd) | {"recompiled_run_s": r["seconds"]}
+        self.seen_cache = cache
         return r
 
-    tg0, tg1000 = f"tg{steps}_d0", f"tg{steps}_d1000"
-    # Ours: key -> (thunk, kind); kind turns a result into a value (tok/s; cold: seconds).
-    ours = {
-        tg0: (lambda: zl.decode(prompts["ctx50"], steps), "decode"),
-        tg1000: (lambda: zl.decode(prompts["ctx1000"], steps), "decode"),
-        "pp100_d0": (lambda: zl.prefill(prompts["p100"]), "prefill"),
-        "pp500_d0": (lambda: zl.prefill(prompts["p500"]), "prefill"),
-        "pp100_d1000": (lambda: zl.prefill(prompts["p100"], context=prompts["ctx1000"]), "prefill"),
-        "pp500_d1000": (lambda: zl.prefill(prompts["p500"], context=prompts["ctx1000"]), "prefill"),
-        "batch8": (lambda: zl.batch_decode(batch_prompts, steps), "batch"),
-        "cold_start": (zl_cold, "cold"),
-    }
-    if 1000 not in depths:
-        for k in (tg1000, "pp100_d1000", "pp500_d1000"):
-            ours.pop(k)
-    if args.no_cold_start:
-        ours.pop("cold_start")
-
+    @staticmethod
     def value(kind: str, r: dict) -> float:
         if kind == "decode":
             return r["steps"] / r["seconds"]
@@ -623,218 +423,248 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
             return r["batch"] * r["steps"] / r["seconds"]
         return r["seconds"]
 
-    watch = CpuWatch([])
-    log("warm-up: each of our measurements once (llama-bench warms up each test itself)")
-    for fn, _ in ours.values():
-        fn()
+    def add(self, key: str, side: str, v: float) -> None:
+        self.samples.setdefault(key, {}).setdefault(side, []).append(v)
 
-    # round values: samples[key][side] = [value of each round that has one]
-    samples: dict[str, dict[str, list[float]]] = {}
-    raw_lb: list[dict] = []   # every llama-bench row, reruns included
-    raw_zl: list[dict] = []   # every sample of ours
-    lb_runs: list[dict] = []
-    excluded = {"llama_bench_rows": 0, "zerolayer_samples": 0}
+    def quiet(self) -> float:
+        return self.watch.wait_quiet(self.args.max_foreign, self.args.max_wait)["waited_s"]
 
-    def add(key, side, v):
-        samples.setdefault(key, {}).setdefault(side, []).append(v)
-
-    crashed: dict[str, dict] = {}  # "<test> repack <r>" -> the crash, once seen (not rerun)
-
-    def lb_commands() -> list[tuple[list[str], tuple | None]]:
-        """This round's llama-bench commands (each with its single test, or None for all)."""
-        if not repacks:
-            return [(full_cmd, None)]
-        out = []
-        for r in repacks:
-            if not any(k.endswith(f" repack {r}") for k in crashed):
-                out.append((full_cmd + ["--repack", r], None))
-                continue
-            for t in single_tests:
-                if f"{'/'.join(t)} repack {r}" not in crashed:
-                    out.append((lb_cmd(*t, args.fa, r), t))
-        return out
-
-    def lb_run(rnd: int, cmd: list[str], test) -> list[dict]:
-        """One llama-bench command; a crash of a whole-set command is retried test by test
-        (so one crashing test loses only itself), a crash of one test is recorded."""
-        waited, _ = watch.wait_quiet(args.max_foreign, args.max_wait)
-        try:
-            rows, run = run_llama_bench(cmd, watch)
-        except LlamaBenchCrash as e:
-            r = cmd[cmd.index("--repack") + 1]
-            if test is None:
-                log(f"  llama-bench crashed with --repack {r}; running its tests one by one")
-                crashed[f"all repack {r}"] = {"error": str(e).splitlines()[0]}
-                return [row for t in single_tests
-                        for row in lb_run(rnd, lb_cmd(*t, args.fa, r), t)]
-            key = f"{'/'.join(test)} repack {r}"
-            log(f"  llama-bench -p/-n/-d {'/'.join(test)} --repack {r}: crashed "
-                f"({str(e).splitlines()[0][:60]}...); not measured in that mode")
-            crashed[key] = {"round": rnd, "cmd": cmd, "error": str(e)[-600:]}
-            return []
-        lb_runs.append({"round": rnd, "cmd": cmd, "waited_s": waited, **run})
-        return rows
-
-    def lb_round(rnd: int) -> None:
-        rows = [row for cmd, test in lb_commands() for row in lb_run(rnd, cmd, test)]
-        for row in rows:
-            attempt = 0
-            while row["foreign_share"] > args.max_foreign and attempt < args.retries:
-                attempt += 1
-                key, side = lb_key(row), lb_side(row)
-                log(f"  llama-bench {key} {side}: disturbed (other processes took "
-                    f"{row['foreign_share']:.0%} of the machine); rerunning that row")
-                raw_lb.append({"round": rnd, "attempt": attempt - 1, "used": False, **row})
-                n_p, n_g = int(row["n_prompt"]), int(row["n_gen"])
-                cmd = lb_cmd(str(n_p), str(n_g), str(int(row["n_depth"])),
-                             {"off": "0", "on": "1", "auto": "auto"}[fa_name(row["flash_attn"])],
-                             str(int(row["repack"])) if "repack" in row else None)
-                waited, _ = watch.wait_quiet(args.max_foreign, args.max_wait)
-                one, run = run_llama_bench(cmd, watch)
-                lb_runs.append({"round": rnd, "cmd": cmd, "waited_s": waited, **run})
-                row = next(r for r in one if lb_key(r) == key)
-                row["foreign_share"] = max(row["foreign_share"], run["foreign_share"])
-            spoiled = row["foreign_share"] > args.max_foreign
-            excluded["llama_bench_rows"] += spoiled
-            raw_lb.append({"round": rnd, "attempt": attempt, "used": not spoiled, **row})
-            if not spoiled:
-                add(lb_key(row), lb_side(row), row["value"])
-        vals = ", ".join(f"{lb_key(r)}/{fa_name(r['flash_attn'])}={r['value']:.1f}" for r in rows)
-        log(f"round {rnd} llama-bench ({run_total(rnd):.0f} s): {vals}")
-
-    def run_total(rnd: int) -> float:
-        return sum(r["wall_s"] for r in lb_runs if r["round"] == rnd)
-
-    def zl_round(rnd: int, keys: list[str]) -> None:
+    def zl_round(self, rnd: int, keys: list[str]) -> None:
+        a_ = self.args
         for key in keys:
-            fn, kind = ours[key]
-            waited, _ = watch.wait_quiet(args.max_foreign, args.max_wait)
-            n_s = 1 if kind == "cold" else reps  # one cold start per round: it takes seconds
+            fn, kind = self.ours[key]
+            waited = self.quiet()
+            n_s = 1 if kind == "cold" else self.reps  # one cold start per round: it takes seconds
             good = []
             for s in range(n_s):
-                for attempt in range(args.retries + 1):
+                for attempt in range(a_.retries + 1):
                     if attempt:
-                        watch.wait_quiet(args.max_foreign, args.max_wait)
-                    a = watch.snap()
+                        self.quiet()
+                    a = self.watch.snap()
                     r = fn()
-                    r["foreign_share"] = watch.foreign(a, watch.snap())
-                    if r["foreign_share"] <= args.max_foreign or attempt == args.retries:
+                    r["foreign_share"] = self.watch.foreign(a, self.watch.snap())
+                    if r["foreign_share"] <= a_.max_foreign or attempt == a_.retries:
                         break
                     log(f"  zerolayer {key}: disturbed (other processes took "
                         f"{r['foreign_share']:.0%} of the machine); rerun")
-                spoiled = r["foreign_share"] > args.max_foreign
-                excluded["zerolayer_samples"] += spoiled
-                r["value"] = value(kind, r)
+                spoiled = r["foreign_share"] > a_.max_foreign
+                self.excluded["zerolayer_samples"] += spoiled
+                r["value"] = self.value(kind, r)
                 if kind == "decode":
                     r.pop("tokens")  # the greedy ids: nothing to compare them with here
-                raw_zl.append({"round": rnd, "metric": key, "sample": s, "attempts": attempt + 1,
-                               "waited_s": waited, "used": not spoiled, **r})
+                self.raw_zl.append({"round": rnd, "metric": key, "sample": s,
+                                    "attempts": attempt + 1, "waited_s": waited,
+                                    "used": not spoiled, **r})
                 if not spoiled:
                     good.append(r["value"])
                 time.sleep(0.1)
             if good:
-                add(key, "zerolayer", statistics.median(good))
-        vals = ", ".join(f"{k}={samples[k]['zerolayer'][-1]:.3g}" for k in keys
-                         if samples.get(k, {}).get("zerolayer"))
+                self.add(key, "zerolayer", statistics.median(good))
+        vals = ", ".join(f"{k}={self.samples[k]['zerolayer'][-1]:.3g}" for k in keys
+                         if self.samples.get(k, {}).get("zerolayer"))
         log(f"round {rnd} zerolayer: {vals}")
 
-    lb_keys_expected: set[tuple[str, str]] = set()
-    rnd = 0
-    max_rounds = 2 * runs
-    t_rounds = time.perf_counter()
-    while rnd < max_rounds:
-        lb_short = rnd == 0 or any(len(samples.get(k, {}).get(s, [])) < runs
-                                   for k, s in lb_keys_expected)
-        zl_short = [k for k in ours if len(samples.get(k, {}).get("zerolayer", [])) < runs]
-        if not lb_short and not zl_short:
-            break
-        order = ["llama-bench", "zerolayer"] if rnd % 2 == 0 else ["zerolayer", "llama-bench"]
-        for who in order:
-            if who == "llama-bench" and lb_short:
-                lb_round(rnd)
-                if rnd == 0:
-                    lb_keys_expected = {(lb_key(r), lb_side(r)) for r in raw_lb}
-            elif who == "zerolayer" and zl_short:
-                zl_round(rnd, zl_short)
-            time.sleep(0.2)  # let the other side's threads stop spinning
-        rnd += 1
-    rounds_s = time.perf_counter() - t_rounds
+    # ------------------------------------------------------------ llama-bench
 
-    short = {f"{k}/{s}": len(v) for k, d in samples.items() for s, v in d.items() if len(v) < runs}
-    short |= {f"{k}/{s}": 0 for k, s in lb_keys_expected if s not in samples.get(k, {})}
-    if short:
-        log(f"WARNING: fewer than {runs} undisturbed rounds for {short}")
+    def lb_commands(self) -> list[tuple[list[str], tuple | None]]:
+        """This round's llama-bench commands (each with its single test, or None for all)."""
+        if not self.repacks:
+            return [(self.full_cmd, None)]
+        out = []
+        for r in self.repacks:
+            if not any(k.endswith(f" repack {r}") for k in self.crashed):
+                out.append((self.full_cmd + ["--repack", r], None))
+                continue
+            for t in self.single_tests:
+                if f"{'/'.join(t)} repack {r}" not in self.crashed:
+                    out.append((self.lb_cmd(*t, self.args.fa, r), t))
+        return out
+
+    def lb_run(self, rnd: int, cmd: list[str], test) -> list[dict]:
+        """One llama-bench command; a crash of a whole-set command is retried test by test
+        (so one crashing test loses only itself), a crash of one test is recorded."""
+        waited = self.quiet()
+        try:
+            rows, run = run_llama_bench(cmd, self.watch)
+        except LlamaBenchCrash as e:
+            r = cmd[cmd.index("--repack") + 1]
+            if test is None:
+                log(f"  llama-bench crashed with --repack {r}; running its tests one by one")
+                self.crashed[f"all repack {r}"] = {"error": str(e).splitlines()[0]}
+                return [row for t in self.single_tests
+                        for row in self.lb_run(rnd, self.lb_cmd(*t, self.args.fa, r), t)]
+            key = f"{'/'.join(test)} repack {r}"
+            log(f"  llama-bench -p/-n/-d {'/'.join(test)} --repack {r}: crashed "
+                f"({str(e).splitlines()[0][:60]}...); not measured in that mode")
+            self.crashed[key] = {"round": rnd, "cmd": cmd, "error": str(e)[-600:]}
+            return []
+        self.lb_runs.append({"round": rnd, "cmd": cmd, "waited_s": waited, **run})
+        return rows
+
+    def lb_rerun(self, rnd: int, row: dict) -> dict:
+        """A disturbed row measured again in a llama-bench run of that row alone."""
+        cmd = self.lb_cmd(str(int(row["n_prompt"])), str(int(row["n_gen"])),
+                          str(int(row["n_depth"])),
+                          {"off": "0", "on": "1", "auto": "auto"}[fa_name(row["flash_attn"])],
+                          str(int(row["repack"])) if "repack" in row else None)
+        waited = self.quiet()
+        one, run = run_llama_bench(cmd, self.watch)
+        self.lb_runs.append({"round": rnd, "cmd": cmd, "waited_s": waited, **run})
+        new = next(r for r in one if lb_key(r) == lb_key(row))
+        new["foreign_share"] = max(new["foreign_share"], run["foreign_share"])
+        return new
+
+    def lb_round(self, rnd: int) -> None:
+        a_ = self.args
+        rows = [row for cmd, test in self.lb_commands() for row in self.lb_run(rnd, cmd, test)]
+        for row in rows:
+            attempt = 0
+            while row["foreign_share"] > a_.max_foreign and attempt < a_.retries:
+                attempt += 1
+                log(f"  llama-bench {lb_key(row)} {lb_side(row)}: disturbed (other processes "
+                    f"took {row['foreign_share']:.0%} of the machine); rerunning that row")
+                self.raw_lb.append({"round": rnd, "attempt": attempt - 1, "used": False, **row})
+                row = self.lb_rerun(rnd, row)
+            spoiled = row["foreign_share"] > a_.max_foreign
+            self.excluded["llama_bench_rows"] += spoiled
+            self.raw_lb.append({"round": rnd, "attempt": attempt, "used": not spoiled, **row})
+            if not spoiled:
+                self.add(lb_key(row), lb_side(row), row["value"])
+        took = sum(r["wall_s"] for r in self.lb_runs if r["round"] == rnd)
+        vals = ", ".join(f"{lb_key(r)}/{fa_name(r['flash_attn'])}={r['value']:.1f}" for r in rows)
+        log(f"round {rnd} llama-bench ({took:.0f} s): {vals}")
+
+    # ------------------------------------------------------------ the rounds and the result
+
+    def run_rounds(self) -> None:
+        """Rounds, the side going first alternating, until every row has --runs values (at
+        most 2 x --runs rounds)."""
+        self.lb_keys_expected: set[tuple[str, str]] = set()
+        rnd = 0
+        t0 = time.perf_counter()
+        while rnd < 2 * self.runs:
+            lb_short = rnd == 0 or any(len(self.samples.get(k, {}).get(s, [])) < self.runs
+                                       for k, s in self.lb_keys_expected)
+            zl_short = [k for k in self.ours
+                        if len(self.samples.get(k, {}).get("zerolayer", [])) < self.runs]
+            if not lb_short and not zl_short:
+                break
+            order = ["llama-bench", "zerolayer"] if rnd % 2 == 0 else ["zerolayer", "llama-bench"]
+            for who in order:
+                if who == "llama-bench" and lb_short:
+                    self.lb_round(rnd)
+                    if rnd == 0:
+                        self.lb_keys_expected = {(lb_key(r), lb_side(r)) for r in self.raw_lb}
+                elif who == "zerolayer" and zl_short:
+                    self.zl_round(rnd, zl_short)
+                time.sleep(0.2)  # let the other side's threads stop spinning
+            rnd += 1
+        self.rounds_done, self.rounds_s = rnd, time.perf_counter() - t0
+
+    def compare(self) -> dict:
+        """stats, the best llama-bench mode per row, the ratios and the targets' verdicts."""
+        stats = {k: {who: summary(v) for who, v in d.items() if v}
+                 for k, d in self.samples.items()}
+        lb_sides = sorted({s for d in stats.values() for s in d if s != "zerolayer"})
+
+        def med(key, who):
+            s = stats.get(key, {}).get(who)
+            return s["median"] if s else None
+
+        tg0, tg1000 = self.tg0, self.tg1000
+        # a mode that crashed on any test is no peer (it could not serve the prompts), however
+        # fast its other rows: the baseline is the best of the modes that completed every test
+        serving = [s for s in lb_sides if not crashed_mode(s, self.crashed)]
+        best_lb, ratios = {}, {}
+        for key in [tg0, tg1000, "pp100_d0", "pp500_d0", "pp100_d1000", "pp500_d1000"]:
+            cands = [(med(key, s), s) for s in serving if med(key, s) is not None]
+            if cands:
+                v, s = max(cands)
+                best_lb[key] = {"side": s, "median": v}
+            z, b = med(key, "zerolayer"), best_lb.get(key, {}).get("median")
+            ratios[key] = z / b if z and b else None
+            for s in lb_sides:
+                l_ = med(key, s)
+                ratios[f"{key}_vs_{s}"] = z / l_ if z and l_ else None
+        z8, z1, z1000 = med("batch8", "zerolayer"), med(tg0, "zerolayer"), med(tg1000, "zerolayer")
+        ratios["batch8_vs_own_batch1"] = z8 / z1 if z8 and z1 else None
+        ratios["decode_short_over_ctx1000_zerolayer"] = z1 / z1000 if z1 and z1000 else None
+        for s in lb_sides:
+            l0, l1000 = med(tg0, s), med(tg1000, s)
+            ratios[f"decode_short_over_ctx1000_{s}"] = l0 / l1000 if l0 and l1000 else None
+        targets = {
+            "decode_ctx50": verdict("decode_ctx50", ratios[tg0]),
+            "decode_ctx1000": verdict("decode_ctx1000", ratios[tg1000]),
+            "prefill_100": verdict("prefill_100", ratios["pp100_d0"]),
+            "prefill_500": verdict("prefill_500", ratios["pp500_d0"]),
+            "cold_start": verdict("cold_start", med("cold_start", "zerolayer")),
+            "attn_scaling": verdict("attn_scaling",
+                                    ratios["decode_short_over_ctx1000_zerolayer"]),
+        }
+        return {"stats": stats, "sides": ["zerolayer", *lb_sides], "best_llama_bench": best_lb,
+                "ratios": ratios, "targets": targets}
+
+    def short_of_runs(self) -> dict:
+        runs, samples = self.runs, self.samples
+        short = {f"{k}/{s}": len(v) for k, d in samples.items() for s, v in d.items()
+                 if len(v) < runs}
+        short |= {f"{k}/{s}": 0 for k, s in self.lb_keys_expected
+                  if s not in samples.get(k, {})}
+        if short:
+            log(f"WARNING: fewer than {runs} undisturbed rounds for {short}")
+        return short
+
+    def llama_bench_info(self) -> dict:
+        first = self.raw_lb[0] if self.raw_lb else {}
+        return {"cmd": self.full_cmd, "repack_modes": self.repacks, "crashed": self.crashed,
+                "binary": str(self.binary), "version": self.version,
+                **{k: first.get(k) for k in ("build_commit", "build_number", "cpu_info",
+                                             "backends", "n_batch", "n_ubatch", "type_k",
+                                             "type_v")},
+                "has_n_depth": "--n-depth" in self.help_text, "runs": self.lb_runs}
+
+
+def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path) -> int:
+    loadavg0 = os.getloadavg()
+    uptime0 = sh(["uptime"])
+    log(f"uptime: {uptime0}")
+    if loadavg0[0] > 0.5:
+        log(f"WARNING: 1-min load average {loadavg0[0]:.2f} > 0.5; busy processes: {top_processes()}")
+    from zerolayer.gpu import __version__ as zl_version
+    src_hash0 = gpu_source_hash()
+    git_head = sh(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    git_dirty_gpu = sh(["git", "-C", str(REPO), "status", "--porcelain", "gpu"]).splitlines()
+
+    c = Comparison(args)
+    c.load_ours()
+    c.run_rounds()
+    short = c.short_of_runs()
     loadavg1 = os.getloadavg()
     src_hash1 = gpu_source_hash()
     if src_hash1 != src_hash0:
         log("WARNING: gpu/ sources changed during the run")
-
-    stats = {k: {who: summary(v) for who, v in d.items() if v} for k, d in samples.items()}
-    lb_sides = sorted({s for d in stats.values() for s in d if s != "zerolayer"})
-
-    def med(key, who):
-        s = stats.get(key, {}).get(who)
-        return s["median"] if s else None
-
-    rows = [tg0, tg1000, "pp100_d0", "pp500_d0", "pp100_d1000", "pp500_d1000"]
-    # a mode that crashed on any test is no peer (it could not serve the prompts), however
-    # fast its other rows: the baseline is the best of the modes that completed every test
-    serving = [s for s in lb_sides if not crashed_mode(s, crashed)]
-    best_lb, ratios = {}, {}
-    for key in rows:
-        cands = [(med(key, s), s) for s in serving if med(key, s) is not None]
-        if cands:
-            v, s = max(cands)
-            best_lb[key] = {"side": s, "median": v}
-        z, b = med(key, "zerolayer"), best_lb.get(key, {}).get("median")
-        ratios[key] = z / b if z and b else None
-        for s in lb_sides:
-            l_ = med(key, s)
-            ratios[f"{key}_vs_{s}"] = z / l_ if z and l_ else None
-    z8, z1, z1000 = med("batch8", "zerolayer"), med(tg0, "zerolayer"), med(tg1000, "zerolayer")
-    ratios["batch8_vs_own_batch1"] = z8 / z1 if z8 and z1 else None
-    ratios["decode_short_over_ctx1000_zerolayer"] = z1 / z1000 if z1 and z1000 else None
-    for s in lb_sides:
-        l0, l1000 = med(tg0, s), med(tg1000, s)
-        ratios[f"decode_short_over_ctx1000_{s}"] = l0 / l1000 if l0 and l1000 else None
-    zc = med("cold_start", "zerolayer")
-    targets = {
-        "decode_ctx50": verdict("decode_ctx50", ratios[tg0]),
-        "decode_ctx1000": verdict("decode_ctx1000", ratios[tg1000]),
-        "prefill_100": verdict("prefill_100", ratios["pp100_d0"]),
-        "prefill_500": verdict("prefill_500", ratios["pp500_d0"]),
-        "cold_start": verdict("cold_start", zc),
-        "attn_scaling": verdict("attn_scaling", ratios["decode_short_over_ctx1000_zerolayer"]),
-    }
-    first = raw_lb[0] if raw_lb else {}
+    compared = c.compare()
     result = {
         "schema": "zerolayer-bench-runtime/3",
         "reference": "llama-bench",
         "date": started.isoformat(timespec="seconds"),
         "command": command,
         "quick": args.quick,
-        "runs": runs,
-        "reps_per_round": reps,
-        "rounds_done": rnd,
-        "rounds_s": rounds_s,
-        "decode_steps": steps,
+        "runs": c.runs,
+        "reps_per_round": c.reps,
+        "rounds_done": c.rounds_done,
+        "rounds_s": c.rounds_s,
+        "decode_steps": c.steps,
         "threads": THREADS,
         "n_ctx": N_CTX,
-        "llama_bench": {"cmd": full_cmd, "repack_modes": repacks, "crashed": crashed,
-                        "binary": str(binary), "version": version,
-                        "build_commit": first.get("build_commit"),
-                        "build_number": first.get("build_number"),
-                        "cpu_info": first.get("cpu_info"), "backends": first.get("backends"),
-                        "n_batch": first.get("n_batch"), "n_ubatch": first.get("n_ubatch"),
-                        "type_k": first.get("type_k"), "type_v": first.get("type_v"),
-                        "has_n_depth": "--n-depth" in help_text, "runs": lb_runs},
-        "model": {"path": model_path, "bytes": os.path.getsize(model_path),
-                  "sha256": file_sha256(model_path)},
-        "zerolayer_prompts": {"decode_short_ctx": len(prompts["ctx50"]),
-                              "decode_long_ctx": len(prompts["ctx1000"]),
-                              "depth_context": len(prompts["ctx1000"]), "batch8_each": 50},
+        "llama_bench": c.llama_bench_info(),
+        "model": {"path": c.model_path, "bytes": os.path.getsize(c.model_path),
+                  "sha256": file_sha256(c.model_path)},
+        "zerolayer_prompts": {"decode_short_ctx": len(c.prompts["ctx50"]),
+                              "decode_long_ctx": len(c.prompts["ctx1000"]),
+                              "depth_context": len(c.prompts["ctx1000"]), "batch8_each": 50},
         "cold_prompt": COLD_PROMPT,
-        "sides": ["zerolayer", *lb_sides],
+        "sides": compared.pop("sides"),
         "baseline": "per row, the best of llama-bench's modes (flash attention, repack) in "
                     "`sides` that completed every test; a mode that crashed on any row is in "
                     "llama_bench.crashed and is never the baseline",
@@ -842,21 +672,18 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
                                      "loadavg_after": loadavg1},
         "lock": {"path": LOCK_PATH, "waited_s": getattr(args, "lock_wait_s", None)},
         "noise": {"max_foreign_share": args.max_foreign, "retries": args.retries,
-                  "excluded": excluded, "short_of_runs": short,
+                  "excluded": c.excluded, "short_of_runs": short,
                   "note": "foreign_share = CPU time of other processes + steal, as a share of all "
                           "CPUs: per llama-bench row since the previous row, per sample of ours"},
         "versions": {"python": platform.python_version(), "numpy": np.__version__,
-                     "zerolayer": zl_version, **numba_info,
+                     "zerolayer": zl_version, **c.numba_info,
                      "git_head_at_start": git_head, "git_dirty_gpu_at_start": git_dirty_gpu,
                      "gpu_source_hash_start": src_hash0, "gpu_source_hash_end": src_hash1},
-        "zerolayer_jit_first_steps_s": jit_s,
-        "zerolayer_load_s": zl.load_s,
-        "stats": stats,
-        "best_llama_bench": best_lb,
-        "ratios": ratios,
-        "targets": targets,
-        "llama_bench_rows": raw_lb,
-        "zerolayer_samples": raw_zl,
+        "zerolayer_jit_first_steps_s": c.jit_s,
+        "zerolayer_load_s": c.zl.load_s,
+        **compared,
+        "llama_bench_rows": c.raw_lb,
+        "zerolayer_samples": c.raw_zl,
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1))
@@ -990,337 +817,6 @@ def render_llama_bench(r: dict) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- the earlier peer: llama-cpp-python
-
-
-
-
-def _main_llama_cpp_python(args, command: str, started: _dt.datetime, out_path: Path) -> int:
-    """The earlier comparison: llama-cpp-python workers under .venv-bench, one per
-    flash-attention mode of --llama-flash-attn, driven request by request (see bench/README.md,
-    "--reference llama-cpp-python")."""
-    runs = args.runs or (2 if args.quick else 7)
-    steps = args.steps or (8 if args.quick else 32)
-    warmup_reps = 1
-
-    loadavg0 = os.getloadavg()
-    uptime0 = sh(["uptime"])
-    log(f"uptime: {uptime0}")
-    if loadavg0[0] > 0.5:
-        log(f"WARNING: 1-min load average {loadavg0[0]:.2f} > 0.5; busy processes: {top_processes()}")
-    if not BENCH_PY.exists():
-        log(f"missing {BENCH_PY}: llama-cpp-python's venv (see bench/README.md)")
-        return 2
-
-    from zerolayer.gpu import __version__ as zl_version
-    from zerolayer.gpu.gguf_loader import default_model_path
-
-    model_path = os.path.abspath(args.model or default_model_path())
-    src_hash0 = gpu_source_hash()
-    git_head = sh(["git", "-C", str(REPO), "rev-parse", "HEAD"])
-    git_dirty_gpu = sh(["git", "-C", str(REPO), "status", "--porcelain", "gpu"]).splitlines()
-
-    zl, prompts, batch_prompts, jit_s, numba_info = _load_ours(model_path)
-
-    fa_modes = list(dict.fromkeys(m.strip() for m in args.llama_flash_attn.split(",") if m.strip()))
-    bad = [m for m in fa_modes if m not in ("auto", "on", "off")]
-    if bad or not fa_modes:
-        log(f"--llama-flash-attn: unknown mode(s) {bad}; use auto, on, off")
-        return 2
-    workers: dict[str, LlamaCppWorker] = {}
-    ll_info: dict[str, dict] = {}
-    for fa in fa_modes:
-        side = f"llama_cpp_fa_{fa}"
-        log(f"starting llama.cpp worker ({side})")
-        workers[side] = LlamaCppWorker(model_path, THREADS, fa)
-        ll_info[side] = workers[side].call(op="info")
-        workers[side].call(op="decode", prompt=prompts["ctx50"], steps=2)
-    ll_sides = list(workers)
-    sides = ["zerolayer", *ll_sides]
-    watch = CpuWatch([w.proc.pid for w in workers.values()])
-
-    zl_cold_cmd = [sys.executable, "-c", ZL_COLD, model_path, COLD_PROMPT, str(THREADS), str(N_CTX)]
-    ll_cold_cmd = {s: [*w.cmd, "--cold", "--prompt", COLD_PROMPT] for s, w in workers.items()}
-    log("warming the cold-start paths (JIT cache, model cache, page cache)")
-    zl_cold_warm = cold_start(zl_cold_cmd)
-    for cmd in ll_cold_cmd.values():
-        cold_start(cmd)
-    if zl_cold_warm.get("breakdown", {}).get("numba_cache_dir") != numba_info["cache_dir"]:
-        log("WARNING: the cold-start process uses another numba cache dir than this one "
-            "(gpu/ sources changed?)")
-
-    seen_cache = [zl_cold_warm.get("breakdown", {}).get("numba_cache_dir")]
-
-    def zl_cold() -> dict:
-        """A cold start with a warm JIT cache. If gpu/ changed since the last one (others may be
-        editing the tree), the child compiled into a new cache dir: that run warmed the new
-        cache, so run again and keep the second."""
-        r = cold_start(zl_cold_cmd)
-        cache = r.get("breakdown", {}).get("numba_cache_dir")
-        if cache != seen_cache[0]:
-            log(f"  gpu/ changed: new JIT cache {cache}; that cold start ({r['seconds']:.1f} s) "
-                "compiled, running it again")
-            seen_cache[0] = cache
-            r = cold_start(zl_cold_cmd) | {"recompiled_run_s": r["seconds"]}
-        return r
-
-    def ll_thunks(op: str, **req):
-        return {s: (lambda w=w: w.call(op=op, **req)) for s, w in workers.items()}
-
-    # One measurement = (key, {side: thunk}, kind). kind says how a result becomes a value:
-    # decode/prefill/batch -> tokens per second (higher is better); cold -> seconds (lower).
-    measurements = [
-        ("decode_ctx50", {"zerolayer": lambda: zl.decode(prompts["ctx50"], steps),
-                          **ll_thunks("decode", prompt=prompts["ctx50"], steps=steps)}, "decode"),
-        ("decode_ctx1000", {"zerolayer": lambda: zl.decode(prompts["ctx1000"], steps),
-                            **ll_thunks("decode", prompt=prompts["ctx1000"], steps=steps)}, "decode"),
-        ("prefill_100", {"zerolayer": lambda: zl.prefill(prompts["p100"]),
-                         **ll_thunks("prefill", prompt=prompts["p100"])}, "prefill"),
-        ("prefill_500", {"zerolayer": lambda: zl.prefill(prompts["p500"]),
-                         **ll_thunks("prefill", prompt=prompts["p500"])}, "prefill"),
-        ("batch8", {"zerolayer": lambda: zl.batch_decode(batch_prompts, steps)}, "batch"),
-        ("cold_start", {"zerolayer": zl_cold,
-                        **{s: (lambda c=c: cold_start(c)) for s, c in ll_cold_cmd.items()}}, "cold"),
-    ]
-    lower_is_better = {"cold_start"}
-
-    def value(kind: str, r: dict) -> float:
-        if kind == "decode":
-            return r["steps"] / r["seconds"]
-        if kind == "prefill":
-            return r["tokens"] / r["seconds"]
-        if kind == "batch":
-            return r["batch"] * r["steps"] / r["seconds"]
-        return r["seconds"]
-
-    samples: dict[str, dict[str, list]] = {k: {s: [] for s in fns} for k, fns, _ in measurements}
-    raw: list[dict] = []
-    excluded = 0
-    greedy_agree: list[float] = []
-    max_reps = warmup_reps + 2 * runs  # room to replace samples spoiled by other processes
-    rep = 0
-    while rep < max_reps:
-        todo = [(mi, m) for mi, m in enumerate(measurements)
-                if rep < warmup_reps or len(samples[m[0]]["zerolayer"]) < runs]
-        if not todo:
-            break
-        for mi, (key, fns, kind) in todo:
-            names = list(fns)
-            shift = (rep + mi) % len(names)  # rotate who goes first from one repetition to the next
-            order = names[shift:] + names[:shift]
-            for attempt in range(args.retries + 1):
-                waited, _ = watch.wait_quiet(args.max_foreign, args.max_wait)
-                a = watch.snap()
-                res = {}
-                for who in order:
-                    sa = watch.snap()
-                    r = fns[who]()
-                    r["foreign_share"] = watch.foreign(sa, watch.snap())
-                    res[who] = r
-                    time.sleep(0.2)  # let the previous side's OpenMP threads stop spinning
-                share = watch.foreign(a, watch.snap())
-                worst = max(r["foreign_share"] for r in res.values())
-                if worst <= args.max_foreign or attempt == args.retries:
-                    break
-                log(f"  {key}: disturbed (other processes took {worst:.0%} of the machine); rerun")
-            is_warm = rep < warmup_reps
-            spoiled = worst > args.max_foreign  # still disturbed after every rerun: not counted
-            if spoiled and not is_warm:
-                excluded += 1
-            entry = {"rep": rep, "warmup": is_warm, "excluded": spoiled, "metric": key,
-                     "order": order, "attempts": attempt + 1, "waited_s": waited,
-                     "foreign_share": share}
-            for who, r in res.items():
-                r = dict(r)
-                r["value"] = value(kind, r)
-                entry[who] = r
-                if not is_warm and not spoiled:
-                    samples[key][who].append(r["value"])
-            if kind == "decode" and not is_warm:
-                for s in ll_sides:
-                    a_t, b_t = res["zerolayer"]["tokens"], res[s]["tokens"]
-                    n = min(len(a_t), len(b_t))
-                    greedy_agree.append(next((i for i in range(n) if a_t[i] != b_t[i]), n) / n)
-            raw.append(entry)
-            vals = ", ".join(f"{w}={entry[w]['value']:.3g}" for w in sides if w in entry)
-            tag = " (warm-up)" if is_warm else (" EXCLUDED: disturbed" if spoiled else "")
-            log(f"rep {rep} {key}: {vals} (foreign {share:.0%}){tag}; "
-                f"{len(samples[key]['zerolayer'])}/{runs} samples")
-        rep += 1
-    short = {k: len(d["zerolayer"]) for k, d in samples.items() if len(d["zerolayer"]) < runs}
-    if short:
-        log(f"WARNING: fewer than {runs} undisturbed samples for {short}")
-
-    for w in workers.values():
-        w.close()
-    loadavg1 = os.getloadavg()
-    src_hash1 = gpu_source_hash()
-    if src_hash1 != src_hash0:
-        log("WARNING: gpu/ sources changed during the run; the cold-start processes may have "
-            "compiled (see cold_start breakdowns)")
-
-    stats = {k: {who: summary(v) for who, v in d.items() if v} for k, d in samples.items()}
-
-    def med(key, who):
-        s = stats.get(key, {}).get(who)
-        return s["median"] if s else None
-
-    # llama.cpp's baseline for each metric: its best configuration on that metric.
-    best_ll = {}
-    for key, _fns, _ in measurements:
-        cands = [(med(key, s), s) for s in ll_sides if med(key, s) is not None]
-        if cands:
-            v, s = (min if key in lower_is_better else max)(cands)
-            best_ll[key] = {"side": s, "median": v}
-    ratios = {}
-    for key in ("decode_ctx50", "decode_ctx1000", "prefill_100", "prefill_500"):
-        z, b = med(key, "zerolayer"), best_ll.get(key, {}).get("median")
-        ratios[key] = z / b if z and b else None
-        for s in ll_sides:
-            l_ = med(key, s)
-            ratios[f"{key}_vs_{s}"] = z / l_ if z and l_ else None
-    z8, z1 = med("batch8", "zerolayer"), med("decode_ctx50", "zerolayer")
-    ratios["batch8_vs_own_batch1"] = z8 / z1 if z8 and z1 else None
-    zc, lc = med("cold_start", "zerolayer"), best_ll.get("cold_start", {}).get("median")
-    ratios["cold_start_llama_over_zerolayer"] = lc / zc if zc and lc else None
-    z1000 = med("decode_ctx1000", "zerolayer")
-    ratios["decode_ctx50_over_ctx1000_zerolayer"] = z1 / z1000 if z1 and z1000 else None
-    for s in ll_sides:
-        l50, l1000 = med("decode_ctx50", s), med("decode_ctx1000", s)
-        ratios[f"decode_ctx50_over_ctx1000_{s}"] = l50 / l1000 if l50 and l1000 else None
-
-    targets = {
-        "decode_ctx50": verdict("decode_ctx50", ratios["decode_ctx50"]),
-        "decode_ctx1000": verdict("decode_ctx1000", ratios["decode_ctx1000"]),
-        "prefill_100": verdict("prefill_100", ratios["prefill_100"]),
-        "prefill_500": verdict("prefill_500", ratios["prefill_500"]),
-        "cold_start": verdict("cold_start", zc),
-        "attn_scaling": verdict("attn_scaling", ratios["decode_ctx50_over_ctx1000_zerolayer"]),
-    }
-
-    cold_breakdowns = {who: [e[who].get("breakdown") for e in raw
-                             if e["metric"] == "cold_start" and not e["warmup"] and who in e]
-                       for who in sides}
-    result = {
-        "schema": "zerolayer-bench-runtime/2",
-        "date": started.isoformat(timespec="seconds"),
-        "command": command,
-        "quick": args.quick,
-        "runs": runs,
-        "warmup_reps": warmup_reps,
-        "decode_steps": steps,
-        "threads": THREADS,
-        "n_ctx": N_CTX,
-        "model": {"path": model_path, "bytes": os.path.getsize(model_path),
-                  "sha256": file_sha256(model_path)},
-        "prompt_lengths": {k: len(v) for k, v in prompts.items()} | {"batch8_each": 50},
-        "cold_prompt": COLD_PROMPT,
-        "sides": sides,
-        "llama_cpp_baseline": "per metric, the best of the llama.cpp configurations in `sides`",
-        "machine": machine_info() | {"uptime_before": uptime0, "loadavg_before": loadavg0,
-                                     "loadavg_after": loadavg1},
-        "noise": {"max_foreign_share": args.max_foreign, "retries": args.retries,
-                  "excluded_samples": excluded, "metrics_short_of_runs": short,
-                  "note": "foreign_share = CPU time of other processes + steal during a sample, "
-                          "as a share of all CPUs"},
-        "versions": {"python": platform.python_version(), "numpy": np.__version__,
-                     "zerolayer": zl_version, **numba_info,
-                     "llama_cpp": ll_info,
-                     "git_head_at_start": git_head, "git_dirty_gpu_at_start": git_dirty_gpu,
-                     "gpu_source_hash_start": src_hash0, "gpu_source_hash_end": src_hash1},
-        "zerolayer_jit_first_steps_s": jit_s,
-        "zerolayer_load_s": zl.load_s,
-        "stats": stats,
-        "best_llama_cpp": best_ll,
-        "ratios": ratios,
-        "targets": targets,
-        "greedy_agreement_prefix": summary(greedy_agree),
-        "cold_start_breakdown": cold_breakdowns,
-        "samples": raw,
-    }
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=1))
-
-    print(render_llama_cpp_python(result))
-    print(f"\nJSON: {out_path}")
-    return 0
-
-
-def render_llama_cpp_python(r: dict) -> str:
-    st, ra, tg, best = r["stats"], r["ratios"], r["targets"], r["best_llama_cpp"]
-    ll_sides = [s for s in r["sides"] if s != "zerolayer"]
-
-    def cell(key, who, fmt="{:.1f}"):
-        s = st.get(key, {}).get(who)
-        if not s:
-            return "–"
-        return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}–{fmt.format(s['max'])})"
-
-    def rt(x, fmt="{:.2f}×"):
-        return "–" if x is None else fmt.format(x)
-
-    def mark(key):
-        t = tg[key]
-        return "–" if t["met"] is None else ("met" if t["met"] else "**missed**")
-
-    def fa(side):
-        return side.rsplit("_", 1)[-1]
-
-    rows = [  # key, label, target text, format
-        ("decode_ctx50", "decode tok/s, batch 1, ctx 50", "≥ 1.25×", "{:.1f}"),
-        ("decode_ctx1000", "decode tok/s, batch 1, ctx 1000", "≥ 1.25×", "{:.1f}"),
-        ("prefill_100", "prefill tok/s, 100 tokens", "≥ 1.25×", "{:.1f}"),
-        ("prefill_500", "prefill tok/s, 500 tokens", "≥ 1.25×", "{:.1f}"),
-    ]
-    ll_head = " | ".join(f"llama.cpp fa={fa(s)}" for s in ll_sides)
-    m = r["machine"]
-    lines = [
-        f"zerolayer vs llama-cpp-python "
-        f"{next(iter(r['versions']['llama_cpp'].values()))['llama_cpp_python']}, "
-        f"{r['threads']} threads each, {r['model']['path'].rsplit('/', 1)[-1]}",
-        f"{r['date']} · {m['cpu_model']} ({m['cpus']} CPUs, {m['hypervisor'] or 'bare metal'}) · "
-        f"load avg before {m['loadavg_before'][0]:.2f}, after {m['loadavg_after'][0]:.2f} · "
-        f"medians of {r['runs']} runs (min–max) · {r['decode_steps']} decode steps per run",
-        f"command: `{r['command']}`",
-        "",
-        f"| metric | zerolayer | {ll_head} | ratio to best llama.cpp | target | |",
-        "|---|---|" + "---|" * len(ll_sides) + "---|---|---|",
-    ]
-    for key, label, target, fmt in rows:
-        b = best.get(key, {}).get("side")
-        lls = " | ".join(cell(key, s, fmt) + (" ←" if s == b and len(ll_sides) > 1 else "")
-                         for s in ll_sides)
-        lines.append(f"| {label} | {cell(key, 'zerolayer', fmt)} | {lls} | {rt(ra[key])} | "
-                     f"{target} | {mark(key)} |")
-    dash = " | ".join("–" for _ in ll_sides)
-    lines.append(f"| aggregate decode tok/s, batch 8, ctx 50 | {cell('batch8', 'zerolayer')} | {dash} | "
-                 f"{rt(ra['batch8_vs_own_batch1'])} our batch 1 | retired | |")
-    lls = " | ".join(cell("cold_start", s, "{:.2f}") for s in ll_sides)
-    lines.append(f"| cold start to first token, s (warm caches) | "
-                 f"{cell('cold_start', 'zerolayer', '{:.2f}')} | {lls} | "
-                 f"{rt(ra['cold_start_llama_over_zerolayer'])} (llama.cpp s / ours) | ≤ 1.5 s | "
-                 f"{mark('cold_start')} |")
-    lls = " | ".join(rt(ra.get(f"decode_ctx50_over_ctx1000_{s}")) for s in ll_sides)
-    lines.append(f"| decode slowdown, ctx 50 → 1000 | {rt(ra['decode_ctx50_over_ctx1000_zerolayer'])}"
-                 f" | {lls} | | ≤ 1.5× | {mark('attn_scaling')} |")
-    lines.append("")
-    if len(ll_sides) > 1:
-        lines.append("← = llama.cpp's best configuration for that row, the one the ratio uses.")
-    met = [t["label"] for t in tg.values() if t["met"]]
-    missed = [f"{t['label']}: {t['value']:.2f} (target {t['op']} {t['target']})"
-              for t in tg.values() if t["met"] is False]
-    lines.append(f"Targets met ({len(met)}/{len(tg)}): " + ("; ".join(met) or "none"))
-    lines.append(f"Targets missed ({len(missed)}/{len(tg)}): " + ("; ".join(missed) or "none"))
-    n = r["noise"]
-    lines.append(f"Noise: {n['excluded_samples']} sample(s) excluded and replaced (other processes took "
-                 f"> {n['max_foreign_share']:.0%} of the machine even after {n['retries']} reruns)"
-                 + (f"; SHORT of {r['runs']} samples: {n['metrics_short_of_runs']}"
-                    if n["metrics_short_of_runs"] else "") + ".")
-    if r.get("quick"):
-        lines.append("QUICK RUN: smoke test only, not for publishing.")
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------- main
 
 
@@ -1393,23 +889,17 @@ def _main_kernels(args, command: str) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reference", choices=("llama-bench", "llama-cpp-python"), default="llama-bench",
-                    help="the llama.cpp side: native llama-bench (default), or the earlier "
-                    "llama-cpp-python workers under .venv-bench")
     ap.add_argument("--runs", type=int, default=None,
-                    help="llama-bench: interleaved rounds (default 5; --quick: 2); "
-                    "llama-cpp-python: measured repetitions per metric (default 7; --quick: 2)")
+                    help="interleaved rounds (default 5; --quick: 2)")
     ap.add_argument("--reps", type=int, default=None,
-                    help="llama-bench: samples per round on each side, llama-bench -r "
-                    "(default 3; --quick: 1)")
+                    help="samples per round on each side, llama-bench -r (default 3; --quick: 1)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: fewer rounds / runs (not for publishing)")
     ap.add_argument("--out", default=None, help="JSON results path "
                     "(default bench/results/runtime-<timestamp>.json)")
     ap.add_argument("--model", default=None, help="GGUF path (default: the bundled SmolLM2-135M Q4_1)")
     ap.add_argument("--steps", type=int, default=None,
-                    help="decode steps per sample, llama-bench -n (default 32); llama-cpp-python: "
-                    "default 32, --quick 8")
+                    help="decode steps per sample, llama-bench -n (default 32)")
     ap.add_argument("--llama-bench", default=str(LLAMA_BENCH),
                     help="llama-bench binary (default .bench-llamacpp/bin/llama-bench, from "
                     "bench/setup_llamacpp.sh)")
@@ -1420,11 +910,7 @@ def main() -> int:
                     help="llama-bench --repack modes to measure, best per row (default 0,1; "
                          "ignored by builds without --repack)")
     ap.add_argument("--no-cold-start", action="store_true",
-                    help="llama-bench: skip our cold-start measurement")
-    ap.add_argument("--llama-flash-attn", default="auto,off",
-                    help="llama-cpp-python: flash-attention modes to run, comma-separated, each in "
-                    "its own worker; each metric's baseline is the best of them (default auto,off: "
-                    "llama.cpp's own default and llama-cpp-python's)")
+                    help="skip our cold-start measurement")
     ap.add_argument("--max-foreign", type=float, default=0.05,
                     help="max share of the machine other processes may take during a sample "
                     "before it is rerun (default 0.05 = 10%% of one of 2 cores)")
@@ -1435,25 +921,20 @@ def main() -> int:
     ap.add_argument("--kernels", action="store_true",
                     help="per-kernel µs: float vs int8 matmul kernels (no llama-bench)")
     args = ap.parse_args()
+    command = command_line()
     if args.kernels:
-        command = " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
         with bench_lock(command):
             return _main_kernels(args, command)
     if args.max_wait is None:
         args.max_wait = 10.0 if args.quick else 120.0
-    command = " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
     started = _dt.datetime.now().astimezone()
     out_path = Path(args.out) if args.out else RESULTS / f"runtime-{started:%Y%m%d-%H%M%S}.json"
-    if args.reference == "llama-bench" and not os.access(args.llama_bench, os.X_OK):
+    if not os.access(args.llama_bench, os.X_OK):
         log(f"missing {args.llama_bench}: build it with bench/setup_llamacpp.sh "
             "(see bench/README.md)")
         return 2
-    if args.reference == "llama-cpp-python" and not BENCH_PY.exists():
-        log(f"missing {BENCH_PY}: llama-cpp-python's venv (see bench/README.md)")
-        return 2
-    run = _main_llama_bench if args.reference == "llama-bench" else _main_llama_cpp_python
     with bench_lock(command) as args.lock_wait_s:  # the whole run: loads and JIT compiles too
-        return run(args, command, started, out_path)
+        return _main_llama_bench(args, command, started, out_path)
 
 
 if __name__ == "__main__":

@@ -21,83 +21,27 @@ bench/results/ (gitignored) with every sample, and a markdown table on stdout.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
-import os
-import platform
-import re
-import secrets
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from zerolayer.client import ChatMessage, Client
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
-LOCK_PATH = "/tmp/zl-bench.lock"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import (  # noqa: E402
+    LOCK_PATH,
+    RESULTS,
+    ZeroLayerDaemon,
+    bench_lock,
+    log,
+    machine_info,
+    pct,
+)
+
 QUESTION = "What is the capital of France?"
-KEY_ID = 1
-
-
-def log(msg: str) -> None:
-    print(f"[bench_shm] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Daemon:
-    """A zerolayerd subprocess with UDP and shm on; ready when it logs its ready line."""
-
-    def __init__(self, tmp: Path, secret: bytes, extra: list[str]):
-        keys = tmp / "keys"
-        keys.write_text(f"{KEY_ID} {secret.hex()}\n")
-        os.chmod(keys, 0o600)
-        self.shm_path = str(tmp / "shm.sock")
-        self.port = free_port(socket.SOCK_DGRAM)
-        self.cmd = [sys.executable, "-m", "zerolayer.daemon.server",
-                    "--security-keys-file", str(keys), "--network-port", str(self.port),
-                    "--metrics-port", str(free_port(socket.SOCK_STREAM)),
-                    "--shm-socket", self.shm_path, "--shm-mode", "0600", *extra]
-        self.proc = subprocess.Popen(self.cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     text=True)
-        self.log: list[str] = []
-        ready = threading.Event()
-
-        def read() -> None:
-            assert self.proc.stderr is not None
-            for line in self.proc.stderr:
-                self.log.append(line)
-                if re.search(r"ready on ", line):
-                    ready.set()
-        threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(600):
-            self.stop()
-            raise SystemExit("zerolayerd did not become ready:\n" + "".join(self.log[-30:]))
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
-
-
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def ping_us(c: Client) -> float:
@@ -129,23 +73,25 @@ def main() -> int:
                     help="extra zerolayerd flag (repeatable), e.g. --daemon-arg=--cpu-io-cpu=2")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    lock = open(LOCK_PATH, "w")
-    log(f"waiting for {LOCK_PATH}")
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    secret = secrets.token_bytes(32)
+    with bench_lock(" ".join(sys.argv)) as lock_wait:
+        return measure(a, lock_wait)
+
+
+def measure(a, lock_wait: float) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="zl-bench-shm-"))
-    d = Daemon(tmp, secret, [arg for x in a.daemon_arg for arg in x.split("=", 1)])
+    shm_path = str(tmp / "shm.sock")
+    d = ZeroLayerDaemon(sys.executable, None, None, None, tmp, tmp / "zerolayerd.log",
+                        extra=["--shm-socket", shm_path, "--shm-mode", "0600",
+                               *(arg for x in a.daemon_arg for arg in x.split("=", 1))])
     r: dict = {"bench": "shm", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                "command": sys.argv, "args": vars(a), "server": d.cmd,
-               "machine": {"cpu": platform.processor() or platform.machine(),
-                           "cpus": os.cpu_count(), "kernel": platform.release()}}
+               "lock": {"path": LOCK_PATH, "waited_s": round(lock_wait, 1)},
+               "machine": machine_info()}
     try:
-        clients = {"udp": Client(("127.0.0.1", d.port), KEY_ID, secret, timeout=60),
-                   "shm": Client(f"shm://{d.shm_path}", KEY_ID, secret, timeout=60)}
+        d.wait_ready(600)
+        clients = {"udp": d.client(), "shm": d.client(addr=f"shm://{shm_path}")}
         if a.busy_poll_us:
-            busy = Client(f"shm://{d.shm_path}?busy_poll_us={a.busy_poll_us}", KEY_ID, secret,
-                          timeout=60)
-            clients["shm_busy"] = busy
+            clients["shm_busy"] = d.client(addr=f"shm://{shm_path}?busy_poll_us={a.busy_poll_us}")
         names = list(clients)
         log(f"warming: {a.warm_pings} pings each, 2 questions each")
         for _ in range(a.warm_pings):
@@ -171,9 +117,8 @@ def main() -> int:
     finally:
         rc = d.stop()
         r["server_rc"] = rc
-        r["server_log_tail"] = "".join(d.log[-20:])
-        lock.close()
-    r["ping_us"] = {n: {"p50": pct(v, 0.5), "p99": pct(v, 0.99), "samples": v}
+        r["server_log_tail"] = "".join(d.log_path.read_text().splitlines(True)[-20:])
+    r["ping_us"] = {n: {"p50": pct(v, 50), "p99": pct(v, 99), "samples": v}
                     for n, v in pings.items()}
     r["ttft_ms"] = {n: {"median": statistics.median(v), "samples": v} for n, v in ttfts.items()}
     RESULTS.mkdir(parents=True, exist_ok=True)

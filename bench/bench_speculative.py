@@ -41,8 +41,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from _harness import bench_lock, log, machine_info  # noqa: E402
 from accuracy_metrics import read_text  # noqa: E402
-from bench_runtime import bench_lock, log, machine_info  # noqa: E402
 
 TEXT = HERE / "accuracy" / "alice_ch1.txt"
 LOOKUP = ROOT / ".bench-llamacpp" / "bin" / "llama-lookup"

@@ -23,7 +23,7 @@ own, as a share of all CPUs), and a pair (free and masked, back to back) in whic
 saw more than --max-foreign of the machine taken is left out; rounds go on until --rounds
 clean pairs per batch size or 4 x --rounds rounds. The table gives medians over the clean
 runs, the ratio of those medians and the median of the per-pair ratios. Only one benchmark
-at a time: /tmp/zl-bench.lock, flock + lockf (bench_runtime.bench_lock). Results: JSON
+at a time: /tmp/zl-bench.lock, flock + lockf (_harness.bench_lock). Results: JSON
 (default bench/results/structured-<ts>.json) and a markdown table on stdout.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from bench_runtime import bench_lock  # noqa: E402
+from _harness import bench_lock  # noqa: E402
 
 from zerolayer.daemon.engine import Engine  # noqa: E402
 from zerolayer.daemon.request import DoneEvent, Request  # noqa: E402

@@ -73,19 +73,9 @@ PIN = ["--cpu-cpus", str(SERVER_CPU), "--model-threads", "1"]
 
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
-from _serving_clients import terminate  # noqa: E402
-from bench_dataplane import take_lock  # noqa: E402  (the benches' shared flock)
+from _harness import ZeroLayerDaemon, log, pct, take_lock, terminate  # noqa: E402
 
 from netns import in_netns  # noqa: E402  (the testbed helpers the tests use too)
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -96,36 +86,25 @@ def proc_cpu_s(pid: int) -> float:
 
 # ---------------------------------------------------------------------------- servers
 
-class Daemon:
+class Daemon(ZeroLayerDaemon):
+    """zerolayerd in namespace `ns` on the fixed PORT of every address, ready when it returns."""
+
     def __init__(self, ns: str, tmp: Path, ingress: str, busy: bool, extra: list[str] = (),
                  taskset: str | None = None):
-        self.key_id, self.secret = 1, secrets.token_bytes(32)
-        keys = tmp / f"keys-{uuid.uuid4().hex[:6]}"
-        keys.write_text(f"{self.key_id} {self.secret.hex()}\n")
-        os.chmod(keys, 0o600)
-        self.log_path = tmp / f"zerolayerd-{ingress}-{uuid.uuid4().hex[:6]}.log"
-        cmd = [str(PY), "-m", "zerolayer.daemon.server", "--security-keys-file", str(keys),
-               "--network-host", "0.0.0.0", "--network-port", str(PORT),
-               "--metrics-port", str(METRICS_PORT), "--network-ingress", ingress,
-               "--network-interface", SRV_IF, "--network-busy-poll", str(busy).lower(), *extra]
-        if taskset:
-            cmd = ["taskset", "-c", taskset, *cmd]
         self.ns = ns
-        self.cmd = ["ip", "netns", "exec", ns, *cmd]
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL,
-                                     stderr=open(self.log_path, "w"))
-        end = time.monotonic() + 300
-        while "ready on" not in self.log_path.read_text():
-            if self.proc.poll() is not None or time.monotonic() > end:
-                raise RuntimeError(f"zerolayerd failed:\n{self.log_path.read_text()}")
-            time.sleep(0.05)
+        super().__init__(str(PY), None, None, None, tmp,
+                         tmp / f"zerolayerd-{ingress}-{uuid.uuid4().hex[:6]}.log",
+                         ["--network-host", "0.0.0.0", "--network-ingress", ingress,
+                          "--network-interface", SRV_IF, "--network-busy-poll", str(busy).lower(),
+                          *extra],
+                         prefix=["ip", "netns", "exec", ns, *(["taskset", "-c", taskset] if taskset
+                                                              else [])],
+                         port=PORT, metrics_port=METRICS_PORT)
+        self.wait_ready(300)
 
     def metrics(self) -> str:
         return in_netns(self.ns, lambda: urllib.request.urlopen(
             f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode())
-
-    def stop(self) -> None:
-        terminate(self.proc)
 
 
 def xdp_counts(text: str) -> dict[str, float]:
@@ -430,7 +409,7 @@ def main() -> int:
                     finally:
                         stop_proc(p)
         for s in sides if a.only in (None, "ping") else ():
-            res["ping_us"][s] = {"p50": pct(samples[s], 0.5), "p99": pct(samples[s], 0.99),
+            res["ping_us"][s] = {"p50": pct(samples[s], 50), "p99": pct(samples[s], 99),
                                  "n": len(samples[s])}
         # --- 2. TTFT ----------------------------------------------------------------------
         tt: dict[str, list[float]] = {"xdp": [], "udp": []}
@@ -443,7 +422,7 @@ def main() -> int:
             finally:
                 d.stop()
         for s, v in tt.items() if a.only in (None, "ttft") else ():
-            res["ttft_ms"][s] = {"p50": statistics.median(v), "p99": pct(v, 0.99), "n": len(v)}
+            res["ttft_ms"][s] = {"p50": statistics.median(v), "p99": pct(v, 99), "n": len(v)}
         # --- 3. flood ---------------------------------------------------------------------
         for side in ("xdp", "udp") if a.only in (None, "flood") else ():
             log(f"flood: {side}")

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import platform
 import signal
@@ -52,9 +51,12 @@ from pathlib import Path
 import numpy as np
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+import gpu_warm  # noqa: E402
+from _harness import ZeroLayerDaemon  # noqa: E402
+from gpu_warm import TINY, rand_weight  # noqa: E402
+
 SMOL = dict(n_layer=30, d=576, ff=1536, n_head=9, n_kv=3, hd=64, vocab=49152, ctx=2048)
-# (n_ff a multiple of 64: the fused step kernel runs under the simulator too, as on a GPU)
-TINY = dict(n_layer=2, d=64, ff=128, n_head=4, n_kv=2, hd=16, vocab=200, ctx=256)
 FORWARD_TOL = 1e-3   # max |gpu - ref| / max |ref| per step, float32 kernels vs float64
 # cuBLAS prefill vs the token tiles: float16 weights and activations (11-bit significands)
 # through 30 layers against float32 kernels; max |a - b| / max |b| over the logits
@@ -181,21 +183,6 @@ def stats(xs: list[float]) -> dict:
     return {"median": float(np.median(xs)), "p90": float(np.percentile(xs, 90)), "n": len(xs)}
 
 
-def rand_weight(rng, fmt: int, L: int, rows: int, cols: int):
-    """A random quant.Weight in the kernels' layout, scaled so x @ W.T keeps unit variance."""
-    from zerolayer.gpu import quant
-    G, nb = -(-rows // quant.LANES), cols // quant.QK
-    if fmt == quant.FMT_F32:
-        w = (rng.standard_normal((L, rows, cols)) / math.sqrt(cols)).astype(np.float32)
-        return quant.Weight(fmt, np.zeros((L, 0, 0, 0, 0), np.uint8), np.zeros((L, 0, 0, 0), np.float32),
-                            np.zeros((L, 0, 0, 0), np.float32), w)
-    inner, half, std = (16, 7.5, 4.6) if fmt == quant.FMT_Q4 else (32, 127.5, 74.0)
-    qs = rng.integers(0, 256, (L, G, nb, inner, quant.LANES), dtype=np.uint8)
-    d = (rng.uniform(0.5, 1.5, (L, G, nb, quant.LANES)) / (std * math.sqrt(cols))).astype(np.float32)
-    m = (-half * d).astype(np.float32)
-    return quant.Weight(fmt, qs, d, m, np.zeros((L, 0, 0), np.float32))
-
-
 def synthetic_model(c: dict, seed: int = 0):
     """ModelConfig + ModelWeights in SmolLM2's formats (Q4_1 layers, tied Q8_0 embedding)."""
     from zerolayer.gpu import quant
@@ -264,7 +251,6 @@ def start_compile_pool(sim: bool, workers: int | None):
     process turns its own kernels' cache on before its first launch. Under the simulator
     there is nothing to build for CUDA: the pool builds the CPU twins and, as PTX, the
     check's own kernels, which exercises the same machinery."""
-    import gpu_warm
     if sim:
         only = ["bench.gate", "bench.empty", *gpu_warm.CPU_TWIN_JOBS]
         return gpu_warm.Pool.start(workers or 2, "ptx", only)
@@ -273,7 +259,6 @@ def start_compile_pool(sim: bool, workers: int | None):
 
 
 def wait_compile_pool(pool, timeout_s: float) -> dict:
-    import gpu_warm
     rep = pool.wait(timeout_s)
     rep["main_kernels_cached"] = gpu_warm.enable_caching()
     print(f"  {rep['workers']} workers, {rep['done']}/{rep['jobs']} jobs in {rep['wall_s']:.1f} s "
@@ -324,7 +309,6 @@ class Gate:
         self.why = "simulator: no device timing" if sim else ""
         if sim:
             return
-        import gpu_warm
         from numba import cuda
         self.kernel = next(k for name, k, _ in gpu_warm.bench_kernels() if name == "bench.gate")
         self.flag = cuda.device_array(1, np.int32)
@@ -667,7 +651,6 @@ def op_timings(model, c: dict, p: dict, sim: bool) -> dict:
     """Per op at batch-1 decode shapes: device time per call (back-to-back behind the gate)
     and wall time per call from Python (launch included); an empty kernel's launch cost;
     kernel nodes per decode step."""
-    import gpu_warm
     from numba import cuda
 
     from zerolayer.gpu import quant
@@ -1219,58 +1202,28 @@ def daemon_ttft(c: dict, sim: bool, bound_s: float, prepared: dict | None = None
     The daemon loads its kernels from the cache the compile workers filled (gpu_warm.py
     --daemon). It fails fast: the section ends as soon as the daemon exits, or after bound_s
     without "ready", with the daemon's log tail."""
-    import secrets
-    import subprocess
-    import threading
-
-    from zerolayer.client import Client
     prepared = prepared or ttft_model(c)
     tmp, model = Path(prepared["dir"]), Path(prepared["model"])
-    secret = secrets.token_bytes(32)
-    keys = tmp / "keys"
-    keys.write_text(f"1 {secret.hex()}\n")
-    keys.chmod(0o600)
-    env = dict(os.environ, ZEROLAYER_CACHE_DIR=str(tmp / "cache"), PYTHONUNBUFFERED="1")
-    env["ZEROLAYER_GPU_BACKEND"] = "sim" if sim else env.get("ZEROLAYER_GPU_BACKEND", "auto")
+    env = dict(ZEROLAYER_CACHE_DIR=str(tmp / "cache"), PYTHONUNBUFFERED="1")
+    env["ZEROLAYER_GPU_BACKEND"] = "sim" if sim else os.environ.get("ZEROLAYER_GPU_BACKEND", "auto")
     # NUMBA_CACHE_DIR stays this process's (set by zerolayer.gpu): the compiled kernels
-    proc = subprocess.Popen([sys.executable, str(BENCH / "gpu_warm.py"), "--daemon", "--model-path",
-                             str(model), "--security-keys-file", str(keys), "--network-port", "0",
-                             "--metrics-port", "0", "--model-max-seq-len", "256",
-                             "--engine-kv-blocks", "16", "--cache-lease-s", "120"],
-                            env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read():
-        for line in proc.stderr:
-            lines.append(line)
-            if "ready on" in line:
-                ready.set()
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    d = ZeroLayerDaemon(sys.executable, str(model), None, 256, tmp, tmp / "zerolayerd.log",
+                        ["--engine-kv-blocks", "16", "--cache-lease-s", "120"], env=env,
+                        metrics_port=0, entry=[str(BENCH / "gpu_warm.py"), "--daemon"])
 
     def tail() -> str:
-        return "".join(lines[-25:])
+        return "".join(d.log_path.read_text().splitlines(True)[-25:])
     try:
-        t0 = time.monotonic()
-        while not ready.wait(0.1):
-            if proc.poll() is not None:
-                reader.join(2)
-                raise RuntimeError(f"zerolayerd exited with status {proc.returncode} before it was "
-                                   f"ready ({time.monotonic() - t0:.1f} s):\n{tail()}")
-            if time.monotonic() - t0 > bound_s:
-                raise RuntimeError(f"zerolayerd not ready after {bound_s:.0f} s:\n{tail()}")
-        start_s = time.monotonic() - t0
-        port = int(next(ln for ln in lines if "ready on" in ln).split("ready on ")[1]
-                   .split(",")[0].rsplit(":", 1)[1])
+        d.wait_ready(bound_s)
+        start_s = d.ready_s
         # (the simulator takes seconds a step, more on a busy machine)
-        cl = Client(("127.0.0.1", port), 1, secret, timeout=600.0 if sim else min(30.0, bound_s))
+        cl = d.client(timeout=600.0 if sim else min(30.0, bound_s))
         rng = np.random.default_rng(7)
         n, plen = (1, 4) if sim else (30, 32)  # the simulator runs a 32-token prefill in ~90 s
         ttft, server = [], []
         for i in range(n + 1):
-            if proc.poll() is not None:
-                raise RuntimeError(f"zerolayerd exited with status {proc.returncode}:\n{tail()}")
+            if d.proc.poll() is not None:
+                raise RuntimeError(f"zerolayerd exited with status {d.proc.returncode}:\n{tail()}")
             ids = rng.integers(3, c["vocab"], plen).tolist()
             t = time.perf_counter()
             with cl.stream(token_ids=ids, max_tokens=2) as s:
@@ -1282,7 +1235,8 @@ def daemon_ttft(c: dict, sim: bool, bound_s: float, prepared: dict | None = None
                 ttft.append(first * 1e3)
                 tm = s.result.timings
                 server.append((tm.ingress_us, tm.queue_us, tm.prefill_us))
-        backend = next((ln.strip() for ln in lines if "loaded" in ln), "?")
+        backend = next((ln.strip() for ln in d.log_path.read_text().splitlines() if "loaded" in ln),
+                       "?")
         out = {"requests": len(ttft), "prompt_tokens": plen, "ttft_ms_p50": float(np.median(ttft)),
                "ttft_ms_p90": float(np.percentile(ttft, 90)), "daemon_start_s": round(start_s, 2),
                "server_us_median": dict(zip(("ingress", "queue", "prefill"),
@@ -1293,13 +1247,7 @@ def daemon_ttft(c: dict, sim: bool, bound_s: float, prepared: dict | None = None
               flush=True)
         return out
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        d.stop(10)
 
 
 # ------------------------------------------------------------------------------ report
@@ -1565,7 +1513,6 @@ def main(argv=None) -> int:
     run.section("env", env_info, a.sim)
     pool = run.section("compile_start", start_compile_pool, a.sim, a.workers)
     if not a.sim:  # this process's kernels load what the workers build
-        import gpu_warm
         gpu_warm.enable_caching()
     model = run.section("build", build_model, c, p)
     if model:
@@ -1618,7 +1565,6 @@ def main(argv=None) -> int:
     if run.clock:
         run.results["compile_s_main"] = round(run.clock.total, 2)
     try:
-        import gpu_warm
         run.results["main_cache"] = gpu_warm.cache_counts()
         run.results["cache_errors"] = gpu_warm.CACHE_ERRORS[:10]
     except Exception:

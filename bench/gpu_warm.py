@@ -37,6 +37,9 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 CPU_TWIN_JOBS = ("cpu:matmul", "cpu:attention", "cpu:elementwise")
 CC = (9, 0)  # PTX mode: the H100/H200 target, as tests/test_cuda_ptx.py
+# The check's small shapes (gpu_bench.py --sim, and the CPU twins compiled here); n_ff a
+# multiple of 64: the fused step kernel runs under the simulator too, as on a GPU
+TINY = dict(n_layer=2, d=64, ff=128, n_head=4, n_kv=2, hd=16, vocab=200, ctx=256)
 
 
 # ------------------------------------------------------------------ kernels and caching
@@ -153,6 +156,25 @@ def jobs(only: list[str] | None = None) -> list[str]:
 
 # ------------------------------------------------------------------ worker side
 
+def rand_weight(rng, fmt: int, L: int, rows: int, cols: int):
+    """A random quant.Weight in the kernels' layout, scaled so x @ W.T keeps unit variance."""
+    import math
+
+    import numpy as np
+
+    from zerolayer.gpu import quant
+    G, nb = -(-rows // quant.LANES), cols // quant.QK
+    if fmt == quant.FMT_F32:
+        w = (rng.standard_normal((L, rows, cols)) / math.sqrt(cols)).astype(np.float32)
+        return quant.Weight(fmt, np.zeros((L, 0, 0, 0, 0), np.uint8), np.zeros((L, 0, 0, 0), np.float32),
+                            np.zeros((L, 0, 0, 0), np.float32), w)
+    inner, half, std = (16, 7.5, 4.6) if fmt == quant.FMT_Q4 else (32, 127.5, 74.0)
+    qs = rng.integers(0, 256, (L, G, nb, inner, quant.LANES), dtype=np.uint8)
+    d = (rng.uniform(0.5, 1.5, (L, G, nb, quant.LANES)) / (std * math.sqrt(cols))).astype(np.float32)
+    m = (-half * d).astype(np.float32)
+    return quant.Weight(fmt, qs, d, m, np.zeros((L, 0, 0), np.float32))
+
+
 def _cpu_twins(group: str) -> None:
     """Compile (and cache) the CPU twins that gpu_bench's kernel checks call, with the same
     argument types, by calling them once on tiny arrays."""
@@ -167,8 +189,6 @@ def _cpu_twins(group: str) -> None:
     from zerolayer.gpu.ops.rmsnorm import rmsnorm
     from zerolayer.gpu.ops.rope import rope, rope_tables
     from zerolayer.gpu.ops.swiglu import swiglu
-    sys.path.insert(0, str(BENCH))
-    from gpu_bench import TINY, rand_weight
     rng = np.random.default_rng(0)
     c = TINY
     f32 = np.float32

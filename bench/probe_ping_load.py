@@ -36,17 +36,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _serving_clients import ZeroLayerDaemon  # noqa: E402
+from _harness import ZeroLayerDaemon, default_model, pct  # noqa: E402
 
 TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess", "coffee"]
-
-
-def pct(values: list[float], q: float) -> float:
-    v = sorted(values)
-    k = (len(v) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
 # ------------------------------------------------------------------ child: the load
@@ -236,9 +228,7 @@ def main() -> int:
     a = ap.parse_args()
     variants = [(v.split("=", 1)[0], shlex.split(v.split("=", 1)[1] if "=" in v else ""))
                 for v in a.variant]
-    model = a.model or subprocess.run(
-        [sys.executable, "-c", "from zerolayer.gpu.gguf_loader import default_model_path as p; "
-         "print(p())"], capture_output=True, text=True, check=True).stdout.strip()
+    model = a.model or default_model()
     rows = []
     with tempfile.TemporaryDirectory(prefix="zl-probe-ping-") as tmp:
         for rnd in range(a.rounds):

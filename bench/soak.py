@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import fcntl
 import json
 import os
 import platform
@@ -59,12 +58,17 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import (  # noqa: E402
+    REPO,
+    RESULTS,
+    ZeroLayerDaemon,
+    default_model,
+    log,
+    machine_info,
+    take_lock,
+)
 from _overload import OpenLoop, measure_capacity  # noqa: E402
-from _serving_clients import ZeroLayerDaemon, log  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
-LOCK_PATH = "/tmp/zl-bench.lock"
 CALIBRATION_CLIENTS = 16  # the daemon's default max_running: every batch slot busy
 TOPICS = ["the sea", "a lighthouse", "bread", "a violin", "the moon", "a fox", "rain", "glass"]
 
@@ -276,12 +280,8 @@ def main() -> int:
     out = Path(a.out) if a.out else RESULTS / f"soak-{stamp}.json"
     git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                          capture_output=True, text=True).stdout.strip()  # the code that runs
-    lock = open(LOCK_PATH, "w")
-    log(f"waiting for {LOCK_PATH}")
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    model = a.model or subprocess.check_output(
-        [sys.executable, "-c", "from zerolayer.gpu.gguf_loader import default_model_path as p;"
-         "print(p())"], text=True).strip()
+    lock, _ = take_lock(float("inf"), " ".join(sys.argv))  # held until this process exits
+    model = a.model or default_model()
     tmp = Path(tempfile.mkdtemp(prefix="zl-soak-"))
     d = ZeroLayerDaemon(sys.executable, model, 2, 2048, tmp, tmp / "zerolayerd.log",
                         extra=["--security-max-skew-s", "30", "--cache-ttl-s", "60"])
@@ -331,8 +331,7 @@ def main() -> int:
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
-                    "python": platform.python_version()},
+        "machine": {**machine_info(), "python": platform.python_version()},
         "git": git,
         "args": vars(a), "rss_before_load": rss0, "daemon_exit": code, "load": counts,
         "datagrams_received": last.get("zerolayer_ingress_datagrams_total"),

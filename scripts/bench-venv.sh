@@ -3,9 +3,8 @@
 # dependencies never change what zerolayer runs on. Idempotent: each part is installed once.
 #
 #   bash scripts/bench-venv.sh http       # uvicorn + FastAPI: bench_xdp.py's HTTP /health peer
-#   bash scripts/bench-venv.sh llamacpp   # llama-cpp-python (+ its server): bench_runtime.py
-#                                         # --reference llama-cpp-python, bench_serving.py,
-#                                         # scripts/make_golden.py (compiles llama.cpp: minutes)
+#   bash scripts/bench-venv.sh llamacpp   # llama-cpp-python: scripts/make_golden.py
+#                                         # (compiles llama.cpp: minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv-bench

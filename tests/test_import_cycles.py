@@ -134,6 +134,27 @@ def test_nothing_in_gpu_or_bpf_imports_the_daemon() -> None:
                     assert not (node.level >= 2 and node.module.startswith("daemon")), f
 
 
+def test_the_benchmarks_have_no_import_cycle() -> None:
+    """bench/ is flat scripts that import each other by bare name (the harness, a sibling's
+    helpers); lazy imports count here too."""
+    files = {f.stem: f for f in (ROOT / "bench").glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, f in files.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                mods = [node.module]
+            else:
+                continue
+            deps |= {m.split(".")[0] for m in mods} & set(files) - {name}
+        graph[name] = deps
+    assert graph["_harness"] == set()                 # the harness imports no benchmark
+    assert "gpu_bench" not in graph["gpu_warm"]       # the compile workers sit below the check
+    assert cycles(graph) == []
+
+
 def test_the_checker_sees_a_cycle_through_a_lazy_import(tmp_path: Path) -> None:
     (tmp_path / "__init__.py").write_text("")
     (tmp_path / "a.py").write_text("from .b import f\n")

@@ -43,7 +43,7 @@ from .tool_output import ToolDeltas, read
 from .tools import ToolSpec, with_tools
 
 MAX_TOKENS_LIMIT = 0xFFFFFFFF
-# llama.cpp server extensions some clients send (bench/_serving_clients.py does)
+# llama.cpp server extensions some clients send (bench/_harness.py does)
 NEUTRAL = {"min_p": (0, 0.0)}
 
 

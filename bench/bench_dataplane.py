@@ -128,22 +128,21 @@ def scrape(port: int) -> dict[str, float]:
 
 
 class SendCounter:
-    """Counts every datagram the SDK sends (wraps zerolayer.client._send)."""
+    """Counts every datagram the SDK sends over UDP in this process: wraps the UDP channel's
+    send (client/udp_transport.py), the one every Client(address) opens per call."""
 
     def __init__(self):
-        import zerolayer.client as cm
+        from zerolayer.client import udp_transport
         self.n = 0
         self._lock = threading.Lock()
-        orig = getattr(cm, "_send", None)
-        self.ok = orig is not None
-        if self.ok:
-            def counted(sock, dg, _orig=orig):
-                with self._lock:
-                    self.n += 1
-                return _orig(sock, dg)
-            cm._send = counted
+        orig = udp_transport.UdpChannel.send
+        self.ok = True
 
-
+        def counted(ch, dg, _orig=orig):
+            with self._lock:
+                self.n += 1
+            return _orig(ch, dg)
+        udp_transport.UdpChannel.send = counted  # type: ignore[method-assign]
 
 
 # ================================================================ the two sides

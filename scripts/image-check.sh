@@ -22,6 +22,7 @@
 # committed, for a tree that others are editing), ZEROLAYER_IMAGE_CA_BUNDLE (pip's CA bundle for the build, default $PIP_CERT),
 # ZEROLAYER_IMAGE_TAG (default localhost/zerolayerd:check),
 # ZEROLAYER_IMAGE_EXTRAS (the build's EXTRAS, default ""), ZEROLAYER_IMAGE_XDP (default 1),
+# ZEROLAYER_IMAGE_BUILD_ONLY=1 (steps 1-2 only: build or reuse the image, print its tag and size),
 # ZEROLAYER_DEBIAN_MIRROR, ZEROLAYER_DEBIAN_SECURITY_MIRROR, ZEROLAYER_PY (a host Python with pip,
 # default .venv/bin/python, else python3).
 #
@@ -72,7 +73,9 @@ esac
 
 # ---- tools -------------------------------------------------------------------------------
 need=()
-for t in podman buildah mmdebstrap runc; do command -v "$t" >/dev/null || need+=("$t"); done
+# catatonit: the pause process of the infra containers `podman kube play` makes
+# (tests/test_k8s_play.py); without it kube play fails building its local pause image
+for t in podman buildah mmdebstrap runc catatonit; do command -v "$t" >/dev/null || need+=("$t"); done
 if ((${#need[@]})); then
   log "installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -128,6 +131,12 @@ T_BUILD=$(($(now) - T))
 SIZE=$("${PODMAN[@]}" image inspect --format '{{.Size}}' "$TAG")
 SIZE_MB=$((SIZE / 1000000))
 log "image $TAG: $SIZE_MB MB ($SIZE bytes)"
+if [ "${ZEROLAYER_IMAGE_BUILD_ONLY:-0}" = 1 ]; then
+  # tests/test_k8s_play.py: the image for `podman kube play`, from the same build and caches
+  log "ok: build only: rootfs ${T_ROOTFS}s, build ${T_BUILD}s"
+  echo "image $TAG size ${SIZE_MB} MB"
+  exit 0
+fi
 
 # ---- 3. what is (not) in the image ---------------------------------------------------------
 "${PODMAN[@]}" run --rm -i "${ULIMITS[@]}" --network none --entrypoint /opt/zerolayer/.venv/bin/python \

@@ -118,6 +118,7 @@ class Engine:
         self.forward_passes_tokens = 0  # tokens run through the model, for tests and metrics
         self.drafted_tokens = 0         # speculative decoding: tokens guessed, and kept
         self.accepted_tokens = 0
+        self.draft_failures = 0         # draft-model passes that raised (those steps: no drafts)
 
     # ---- called by the engine thread -----------------------------------------------------
     @property
@@ -329,6 +330,7 @@ class Engine:
         try:
             drafts = drafter.propose(jobs)
         except Exception:  # noqa: BLE001 - a draft is optional: this step decodes plainly
+            self.draft_failures += 1
             for r in owners:  # (and their draft sequences start over next time)
                 self._drop_draft_seq(r)
             return

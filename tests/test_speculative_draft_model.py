@@ -210,3 +210,20 @@ def test_check_lists_a_draft_with_another_vocabulary(tmp_path, other_vocab):
                     "--engine-draft-model", other_vocab)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "FAIL model: engine.draft_model" in r.stdout and "problem(s)" in r.stdout
+
+
+class FailingDraft(DraftModel):
+    """A draft model whose passes fail (a fault injected into the real one)."""
+
+    def propose(self, jobs):
+        super().propose(jobs[:1])  # some draft sequences advanced before the failure
+        raise RuntimeError("draft pass failed")
+
+
+def test_a_failing_draft_model_costs_only_its_drafts(generator, drafter):
+    ids = chat_ids(generator, CHATS[3])
+    plain, _ = serve(generator, [(0, ids, SamplingParams(max_tokens=16))], None, False)
+    bad = FailingDraft(drafter.model)
+    got, eng = serve(generator, [(0, ids, SamplingParams(max_tokens=16))], bad)
+    assert got.tokens == plain.tokens and not got.errors
+    assert eng.draft_failures > 0 and eng.drafted_tokens == 0

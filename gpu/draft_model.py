@@ -51,14 +51,17 @@ def vocab_digest(meta: dict | None, n_vocab: int) -> str:
     return h.hexdigest()
 
 
-def check_vocab(target: Model, draft: Model) -> None:
-    """Raises VocabMismatchError unless both models have the same token count and the same
-    token strings (the embedding/LM-head size too: a GGUF may pad it)."""
-    tm, dm = getattr(target, "tokenizer_meta", None), getattr(draft, "tokenizer_meta", None)
+def check_vocab(target: object, draft: object) -> None:
+    """Raises VocabMismatchError unless both models (LlamaModels: their tokenizer metadata
+    and config) have the same token count and the same token strings, and the same
+    embedding/LM-head size (a GGUF may pad it)."""
+    tm: dict = getattr(target, "tokenizer_meta", None) or {"tokens": []}
+    dm: dict | None = getattr(draft, "tokenizer_meta", None)
     if dm is None:
         raise VocabMismatchError("the draft model's GGUF has no tokenizer to compare")
-    tn, dn = len(tm["tokens"]) if tm else 0, len(dm["tokens"])
-    tv, dv = getattr(target.cfg, "vocab", 0), getattr(draft.cfg, "vocab", 0)
+    tn, dn = len(tm["tokens"]), len(dm["tokens"])
+    tv: int = getattr(getattr(target, "cfg", None), "vocab", 0)
+    dv: int = getattr(getattr(draft, "cfg", None), "vocab", 0)
     if (tn, tv) != (dn, dv):
         raise VocabMismatchError(f"the draft model has {dn} tokens (embedding rows {dv}), "
                                  f"the target {tn} ({tv})")

@@ -3,6 +3,11 @@ same engine without them, and against llama.cpp's own lookup decoding, on the sa
 
     .venv/bin/python bench/bench_speculative.py                 # 3 rounds, 128 tokens a task
     .venv/bin/python bench/bench_speculative.py --rounds 1 --tokens 64 --no-llamacpp
+    .venv/bin/python bench/bench_speculative.py --draft-model DRAFT.gguf --tasks extract,free
+
+--draft-model adds a third side, drafts from a draft model ([engine] draft_model,
+gpu/draft_model.py) instead of lookup, its output checked against plain greedy the same way;
+every side reports decode tokens per step ((completion tokens - 1) / decode steps).
 
 Tasks: grounded ones built from the shipped public-domain text (bench/accuracy/alice_ch1.txt),
 where an answer copies its context (extract a passage, repeat a list with an edit, answer
@@ -67,7 +72,7 @@ def tasks() -> dict[str, str]:
     }
 
 
-def run_ours(gen, ids, n_tokens: int, speculative: bool) -> dict:
+def run_ours(gen, ids, n_tokens: int, speculative: bool, drafter=None) -> dict:
     from zerolayer.daemon.engine import Engine
     from zerolayer.daemon.request import DoneEvent, Request, TextEvent
     from zerolayer.protocol.sampling_params import SamplingParams
@@ -82,7 +87,7 @@ def run_ours(gen, ids, n_tokens: int, speculative: bool) -> dict:
             done.update(n=ev.usage.completion_tokens, drafted=ev.drafted, accepted=ev.accepted)
 
     eng = Engine(gen.model, gen.tokenizer, emit=emit, max_running=1, step_tokens=512,
-                 speculative=speculative)
+                 speculative=speculative, drafter=drafter)
     r = Request.for_ids(0, ids, SamplingParams(max_tokens=n_tokens))
     eng.submit(r)
     first = None
@@ -94,7 +99,9 @@ def run_ours(gen, ids, n_tokens: int, speculative: bool) -> dict:
     eng.prefix.clear()  # every run prefills from cold: the two sides see the same work
     n = len(r.tokens)
     assert first is not None
+    decode_steps = eng.steps - -(-len(ids) // 512)  # (the prompt's chunks: step_tokens 512)
     return {"tokens": list(r.tokens), "n": n, "steps": eng.steps,
+            "tokens_per_step": (n - 1) / decode_steps if decode_steps > 0 else None,
             "decode_tps": (n - 1) / (last - first) if n > 1 and last > first else None,
             "drafted": done.get("drafted", 0), "accepted": done.get("accepted", 0)}
 
@@ -127,6 +134,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", help="GGUF (default: the bundled model)")
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--draft-model", help="GGUF with the model's vocabulary: a third side")
+    ap.add_argument("--tasks", help="comma-separated words; run the tasks whose name has one")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
 
@@ -135,6 +144,12 @@ def main(argv=None) -> int:
     from zerolayer.gpu.ops import cpu_features
     model = a.model or default_model_path()
     gen = Generator.load(model, threads=a.threads, max_seq_len=2048)
+    drafter = None
+    if a.draft_model:
+        from zerolayer.gpu.draft_model import DraftModel
+        drafter = DraftModel.load(a.draft_model, gen.model, max_sequences=1)
+    sides = (("plain", False, None), ("spec", True, None)) + (
+        (("draft", True, drafter),) if drafter is not None else ())
     peer = not a.no_llamacpp and LOOKUP.exists()
     if not a.no_llamacpp and not peer:
         log(f"{LOOKUP} not built (bench/setup_llamacpp.sh): no peer column")
@@ -143,25 +158,33 @@ def main(argv=None) -> int:
     results: dict[str, dict] = {}
     with bench_lock(command):
         for name, msg in tasks().items():
+            if a.tasks and not any(w in name for w in a.tasks.split(",")):
+                continue
             chat = [{"role": "user", "content": msg}]
             ids = np.array(gen.tokenizer.encode_chat(chat), np.int32)
-            run_ours(gen, ids, 8, True)  # compiled and warm before the first timed round
-            row: dict = {"prompt_tokens": len(ids), "plain": [], "spec": [], "lookup": []}
+            for _, spec, d in sides:  # compiled and warm before the first timed round
+                run_ours(gen, ids, 8, spec, d)
+            row: dict = {"prompt_tokens": len(ids), "plain": [], "spec": [], "draft": [],
+                         "lookup": []}
             for rnd in range(a.rounds):
-                order = (False, True) if rnd % 2 == 0 else (True, False)
-                got = {s: run_ours(gen, ids, a.tokens, s) for s in order}
-                if got[True]["tokens"] != got[False]["tokens"]:
-                    raise SystemExit(f"{name}: speculative output differs from plain greedy")
-                row["plain"].append(got[False])
-                row["spec"].append(got[True])
+                order = sides if rnd % 2 == 0 else sides[::-1]
+                got = {k: run_ours(gen, ids, a.tokens, spec, d) for k, spec, d in order}
+                for k in got:
+                    if got[k]["tokens"] != got["plain"]["tokens"]:
+                        raise SystemExit(f"{name}: {k} output differs from plain greedy")
+                    row[k].append(got[k])
+                got[False], got[True] = got["plain"], got["spec"]
                 if peer:
                     row["lookup"].append(run_lookup(model, gen.tokenizer.render_chat(chat),
                                                     a.tokens, a.threads))
                 log(f"{name} round {rnd}: plain {got[False]['decode_tps']:.1f} tok/s, "
                     f"speculative {got[True]['decode_tps']:.1f} "
                     f"({got[True]['accepted']}/{got[True]['drafted']} kept)"
-                    + (f", llama-lookup {row['lookup'][-1].get('decode_tps') or 0:.1f}" if peer else ""))
-            for s in ("plain", "spec"):
+                    + (f", llama-lookup {row['lookup'][-1].get('decode_tps') or 0:.1f}" if peer else "")
+                    + (f", draft model {got['draft']['decode_tps']:.1f} "
+                       f"({got['draft']['accepted']}/{got['draft']['drafted']} kept)"
+                       if "draft" in got else ""))
+            for s in ("plain", "spec", "draft"):
                 for x in row[s]:
                     x.pop("tokens")
             results[name] = row
@@ -178,9 +201,23 @@ def main(argv=None) -> int:
         lines.append(f"| {name} | {row['prompt_tokens']} | {p:.1f} | {s:.1f} | {s / p:.2f}x | "
                      f"{kept} / {drafted} | {'-' if lk is None else f'{lk:.1f}'} | "
                      f"{'-' if lk is None else f'{s / lk:.2f}x'} |")
+    if drafter is not None:
+        lines += ["", "| task | tokens/step plain / lookup / draft model | tok/s plain / lookup / "
+                  "draft model | draft model kept / drafted |", "|---" * 4 + "|"]
+        for name, row in results.items():
+            tps = [med([x["tokens_per_step"] for x in row[k]]) for k in ("plain", "spec", "draft")]
+            dec = [med([x["decode_tps"] for x in row[k]]) for k in ("plain", "spec", "draft")]
+            lines.append(f"| {name} | {' / '.join(f'{x:.2f}' for x in tps)} | "
+                         f"{' / '.join(f'{x:.1f}' for x in dec)} | "
+                         f"{sum(x['accepted'] for x in row['draft'])} / "
+                         f"{sum(x['drafted'] for x in row['draft'])} |")
+        doc_draft = a.draft_model
+    else:
+        doc_draft = None
     print("\n".join(lines))
     doc = {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "command": command,
            "machine": machine_info(), "kernels": cpu_features.describe(), "model": model,
+           "draft_model": doc_draft,
            "tokens": a.tokens, "rounds": a.rounds, "tasks": results,
            "git": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                                  capture_output=True, text=True).stdout.strip()}

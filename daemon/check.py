@@ -9,7 +9,8 @@ In order, going on after a failure so that one run lists every problem:
      checked may be running); with [[engines]], each engine's CPUs are the daemon's to use;
   3. the keys file: its mode, owner and lines (auth.KeyStore, as the daemon loads it);
   4. the model and its tokenizer: loaded, a chat prompt tokenized, one forward pass (the
-     warm-up's dummy prefill and decode step);
+     warm-up's dummy prefill and decode step); [engine] draft_model loaded, its vocabulary
+     compared with the model's, one draft pass;
   5. with [network] ingress = "xdp" or "auto": the XDP program compiled and loaded through
      the kernel's verifier in a helper process, never attached.
 Prints one line per check and exits 0, or 2 with every problem listed (the exit code the
@@ -81,8 +82,13 @@ def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
         fault_hooks.after_warmup()
         ids = gen.tokenizer.encode_chat([{"role": "user", "content": "Hello"}])
         m = gen.model.cfg
+        draft = ""
+        if c.engine.draft_model and c.engine.speculative:  # ConfigError: listed as such
+            from .startup import load_drafter
+            load_drafter(c.engine.draft_model, gen.model, 1, True, lambda *a: None)
+            draft = f"; draft model {c.engine.draft_model}: same vocabulary, forward pass ok"
         return (f"{m.n_layer} layers, vocab {m.vocab}, context {gen.model.max_seq_len}; "
-                f"chat template ok ({len(ids)} tokens); forward pass ok")
+                f"chat template ok ({len(ids)} tokens); forward pass ok{draft}")
 
     def check_xdp() -> str:
         from zerolayer.bpf.compile_helper import compile_isolated

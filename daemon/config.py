@@ -57,6 +57,7 @@ class EngineSection:
     queue_depth: int = 64          # admissions handed to the engine thread, not yet taken; beyond: OVERLOADED
     overlap: bool = True           # GPU: stage step N+1 while step N runs (no effect on the CPU)
     speculative: bool = True       # CPU: decode with drafts guessed from each request's own text (n-gram lookup), checked by the model in one pass: the same answers, faster where the answer copies its context; requests may opt out (NO_SPECULATION)
+    draft_model: str = ""          # with speculative: a smaller GGUF with the model's own vocabulary (refused at start otherwise) whose greedy continuation is the draft, instead of n-gram lookup; "" = n-gram lookup
     route_slack: int = 4           # several engines: a request goes to the engine that served its prefix unless that one has more than this many requests above the least loaded
 
 

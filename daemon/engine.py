@@ -50,6 +50,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -70,6 +71,9 @@ from zerolayer.protocol.wire import FinishReason, Timings, Usage
 
 from .request import CancelReason, DoneEvent, EngineEvent, FailedEvent, Request, TextEvent
 
+if TYPE_CHECKING:
+    from zerolayer.gpu.draft_model import DraftModel, DraftSeq
+
 Emit = Callable[[EngineEvent], None]
 
 
@@ -87,7 +91,8 @@ class Batch:
 class Engine:
     def __init__(self, model: Model, tokenizer: Tokenizer, *, emit: Emit, max_running: int = 16,
                  max_waiting: int = 256, step_tokens: int = 256, prefix_entries: int = 4,
-                 overlap: bool | None = None, speculative: bool = True):
+                 overlap: bool | None = None, speculative: bool = True,
+                 drafter: DraftModel | None = None):
         self.model = model
         self.tok = tokenizer
         self.emit = emit
@@ -99,6 +104,10 @@ class Engine:
         # that overlaps steps decodes plainly
         self.speculative = (speculative and not self.overlap
                             and getattr(model, "verifies_drafts", False))
+        # a draft model, when one is named, guesses for every drafting request; without one
+        # the guesses are lookups in the request's own text (_draft_with_model says why not
+        # both)
+        self.drafter = drafter if self.speculative else None
         self.prefix = PrefixCache(model.arena, max_entries=prefix_entries)
         vocab: int = model.cfg.vocab  # type: ignore[attr-defined]  # (Model.cfg: object)
         self.grammars = Grammars(tokenizer, vocab)  # grammars compiled on first use
@@ -109,6 +118,7 @@ class Engine:
         self.forward_passes_tokens = 0  # tokens run through the model, for tests and metrics
         self.drafted_tokens = 0         # speculative decoding: tokens guessed, and kept
         self.accepted_tokens = 0
+        self.draft_failures = 0         # draft-model passes that raised (those steps: no drafts)
 
     # ---- called by the engine thread -----------------------------------------------------
     @property
@@ -164,6 +174,8 @@ class Engine:
         inputs: list[StepInput] = []
         owners: list[Request] = []
         budget = self.step_tokens
+        if self.drafter is not None:
+            self._draft_with_model(budget)
         for r in self.running:  # decodes first: they are what users are waiting on
             if r.prefilled == len(r.prompt_ids):
                 if r.pending_row >= 0:  # its last token is still on the device (overlap)
@@ -171,7 +183,10 @@ class Engine:
                         continue  # its penalties, its mask, depend on that token: a step later
                     inputs.append(StepInput(r.seq, np.zeros(1, np.int32), from_prev=r.pending_row))
                 else:
-                    r.draft = self._draft(r, budget)
+                    if self.drafter is None:
+                        r.draft = self._draft(r, budget)
+                    elif r.draft is None:
+                        r.draft = np.zeros(0, np.int32)
                     toks = np.concatenate(([r.tokens[-1]], r.draft)).astype(np.int32)
                     inputs.append(StepInput(r.seq, toks, every_logit=len(toks) > 1))
                 owners.append(r)
@@ -262,19 +277,71 @@ class Engine:
             row += 1
 
     # ---- speculative decoding (gpu/drafting.py) --------------------------------------------
-    def _draft(self, r: Request, budget: int) -> npt.NDArray[np.int32]:
-        """The tokens to check after r's last one this step: a guess from its own text,
-        short enough that every position it writes lies inside r's KV reservation (prompt +
-        max_tokens: at most max_tokens - len(tokens) - 1 guesses) and the step's budget."""
-        none = np.zeros(0, np.int32)
+    def _draft_len(self, r: Request, budget: int) -> int:
+        """How many tokens r may guess this step: what its DraftLength wants, short enough
+        that every position it writes lies inside r's KV reservation (prompt + max_tokens:
+        at most max_tokens - len(tokens) - 1 guesses) and the step's budget."""
         if r.spec is None:
-            return none
-        k = min(r.spec.want(), r.params.max_tokens - len(r.tokens) - 1, budget - 1)
-        if k <= 0:
-            return none
+            return 0
+        return min(r.spec.want(), r.params.max_tokens - len(r.tokens) - 1, budget - 1)
+
+    @staticmethod
+    def _text(r: Request) -> npt.NDArray[np.int32]:
         prompt = r.prompt_ids
         assert prompt is not None
-        return lookup(np.concatenate((prompt, np.asarray(r.tokens, np.int32))), k)
+        return np.concatenate((prompt, np.asarray(r.tokens, np.int32))).astype(np.int32)
+
+    def _draft(self, r: Request, budget: int) -> npt.NDArray[np.int32]:
+        """The tokens to check after r's last one this step: a guess from its own text."""
+        k = self._draft_len(r, budget)
+        if k <= 0:
+            return np.zeros(0, np.int32)
+        return lookup(self._text(r), k)
+
+    def _draft_with_model(self, budget: int) -> None:
+        """Set r.draft for every decoding request: the draft model's guesses, made for all
+        of them in one batch of draft passes (gpu/draft_model.py).
+
+        The model alone, not n-gram lookup first: the draft model continues the text as the
+        target would, copying included (a same-family model copies where the target copies),
+        so lookup adds little where a draft model exists, and the two guessers' acceptance
+        rates differ so much that one DraftLength cannot track both: after a lookup's
+        rejected guess on free text it would pause the model's drafts too. Each k is bounded
+        as if every earlier request's draft were full, so the step's budget holds."""
+        drafter = self.drafter
+        assert drafter is not None
+        owners: list[Request] = []
+        jobs: list[tuple[DraftSeq, npt.NDArray[np.int32], int]] = []
+        for r in self.running:
+            prompt = r.prompt_ids
+            assert prompt is not None
+            if r.prefilled != len(prompt) or r.pending_row >= 0:
+                continue
+            k = self._draft_len(r, budget)
+            budget -= 1 + max(k, 0)
+            r.draft = None
+            if k > 0:
+                if r.draft_seq is None:
+                    r.draft_seq = drafter.new_state()
+                owners.append(r)
+                jobs.append((r.draft_seq, self._text(r), k))
+        if not jobs:
+            return
+        try:
+            drafts = drafter.propose(jobs)
+        except Exception:  # noqa: BLE001 - a draft is optional: this step decodes plainly
+            self.draft_failures += 1
+            for r in owners:  # (and their draft sequences start over next time)
+                self._drop_draft_seq(r)
+            return
+        for r, d in zip(owners, drafts):
+            r.draft = d
+
+    @staticmethod
+    def _drop_draft_seq(r: Request) -> None:
+        if r.draft_seq is not None:
+            r.draft_seq.release()
+            r.draft_seq = None
 
     def _verified(self, r: Request, draft: npt.NDArray[np.int32],
                   tokens: npt.NDArray[np.int32], row: int, now: float) -> int:
@@ -376,6 +443,7 @@ class Engine:
 
     def _release(self, r: Request, keep_prefix: bool) -> None:
         r.done = True
+        self._drop_draft_seq(r)
         if r.seq is not None:
             if keep_prefix:  # its KV may serve the next prompt that starts the same way
                 # (the positions written: the prompt as far as prefilled, then the tokens fed
@@ -416,6 +484,7 @@ class Engine:
         if r.done:
             return
         r.done = True
+        self._drop_draft_seq(r)
         if r.seq is not None:
             r.seq.release()
             r.seq = None

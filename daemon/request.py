@@ -28,6 +28,7 @@ from zerolayer.protocol.sampling_params import SamplingParams
 from zerolayer.protocol.wire import FinishReason, InvokeBody, ResponseSigner, Timings, Usage
 
 if TYPE_CHECKING:
+    from zerolayer.gpu.draft_model import DraftSeq
     from zerolayer.gpu.drafting import DraftLength
     from zerolayer.gpu.grammar import Matcher
     from zerolayer.gpu.kv_cache import Sequence
@@ -86,6 +87,7 @@ class Request:
     matcher: Matcher | None = None        # its constraint's state (structured output)
     spec: DraftLength | None = None       # speculative decoding's draft length (None: plain)
     draft: npt.NDArray[np.int32] | None = None  # the tokens guessed in the step in flight
+    draft_seq: DraftSeq | None = None     # its sequence in the draft model's KV (if one)
     t_admit: float = 0.0
     t_first: float = 0.0
     t_last: float = 0.0

@@ -25,6 +25,9 @@ from .metrics import Metrics
 from .sd_notify import Notifier
 
 if TYPE_CHECKING:
+    from zerolayer.gpu.draft_model import DraftModel
+    from zerolayer.gpu.model_api import Model
+
     from .auth import KeyStore
     from .carriers import ShmCarrier
     from .in_flight import InFlight
@@ -105,6 +108,24 @@ def engine_cpus(slot: EngineSlot, default: set[int] | None) -> set[int] | None:
     return config_mod.parse_cpus(slot.spec.cpus) if slot.spec.cpus else None
 
 
+def load_drafter(path: str, target: Model, max_running: int, warmup: bool,
+                 log: Log) -> DraftModel:
+    """[engine] draft_model, loaded on the engine thread beside the target (its kernels
+    are that thread's too). A file that cannot be loaded, or whose vocabulary is not the
+    target's, is a configuration error naming the setting: the daemon does not start."""
+    from zerolayer.gpu.draft_model import DraftModel, VocabMismatchError
+    from zerolayer.gpu.errors import ModelFormatError
+    t0 = time.monotonic()
+    try:
+        d = DraftModel.load(path, target, max_sequences=max_running, warmup=warmup)
+    except (VocabMismatchError, ModelFormatError, OSError) as err:
+        raise config_mod.ConfigError([f"engine.draft_model ({path}): {err}"]) from None
+    c = d.model.cfg
+    log(f"draft model {c.name} ({c.n_layer} layers, d={c.d_model}, same vocabulary) "
+        f"loaded in {time.monotonic() - t0:.2f} s: speculative drafts come from it")
+    return d
+
+
 def start_engine(cfg: DaemonConfig, slot: EngineSlot, first: EngineSlot, multi: bool,
                  cpus: set[int] | None, metrics: Metrics, sd: Notifier, log: Log) -> None:
     """Start an engine thread; it loads the model and warms it up itself (see
@@ -139,10 +160,19 @@ def start_engine(cfg: DaemonConfig, slot: EngineSlot, first: EngineSlot, multi: 
         fault_hooks.after_warmup(slot.index)
         fault_hooks.wrap_model(gen.model)
         slot.model, slot.threads = gen.model, numba.get_num_threads()
-        return Engine(gen.model, gen.tokenizer, emit=lambda ev: None,
-                      max_running=e.max_running, max_waiting=e.max_waiting,
-                      step_tokens=e.step_tokens, overlap=e.overlap,
-                      speculative=e.speculative)
+        eng = Engine(gen.model, gen.tokenizer, emit=lambda ev: None,
+                     max_running=e.max_running, max_waiting=e.max_waiting,
+                     step_tokens=e.step_tokens, overlap=e.overlap,
+                     speculative=e.speculative)
+        if e.draft_model:
+            if eng.speculative:
+                eng.drafter = load_drafter(e.draft_model, gen.model, e.max_running,
+                                           cfg.lifecycle.warmup, log)
+            else:
+                log("engine.draft_model ignored: this engine decodes without drafts "
+                    "(engine.speculative off, or a backend that overlaps steps)",
+                    logging.WARNING)
+        return eng
 
     slot.cpus = cpus
     t = slot.thread = EngineThread(

@@ -100,6 +100,9 @@ class Streams:
         self.done(r, FinishReason.CANCELLED, usage, Timings(tokenize_us=r.tokenize_us))
 
     def done(self, r: Request, fr: FinishReason, usage: Usage, t: Timings) -> None:
+        """The request's last frame, a DONE. The engine's timings are its stages; total_us
+        (first datagram received -> this DONE sent) and ingress_us are set here, the one side
+        that sees both ends of the request."""
         now = time.monotonic()
         t = dataclasses.replace(t, total_us=int((now - r.received_at) * 1e6),
                                 ingress_us=r.ingress_us)

@@ -467,11 +467,11 @@ class Engine:
         n = len(r.tokens)
         us = lambda s: max(0, int(s * 1e6))  # noqa: E731
         decode = (r.t_last or first) - first
+        # total_us and ingress_us are the I/O side's: it alone sees receive to DONE sent
         t = Timings(
             queue_us=us((r.t_admit or end) - r.received_at),
             prefill_us=us(first - (r.t_admit or end)),
             decode_per_token_us=us(decode / (n - 1)) if n > 1 else 0,
-            total_us=us(end - r.received_at),
             tokenize_us=r.tokenize_us,
             decode_us=us(decode),
             decode_step_max_us=us(r.step_max),

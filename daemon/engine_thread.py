@@ -143,7 +143,7 @@ class EngineThread(threading.Thread):
             if ex.code is ErrorCode.OVERLOADED:
                 self.waiting_full += 1
             self._refuse(req, ex.code or ErrorCode.INTERNAL, str(ex))
-        except RuntimeModelError as ex:  # ContextOverflowError, KVCacheFullError
+        except RuntimeModelError as ex:  # KVCacheFullError (ContextOverflowError is a ZerolayerError)
             self._refuse(req, ErrorCode[ex.code], str(ex))
         except ValueError as ex:  # the tokenizer refuses a message, an id outside the
             # vocabulary; a response_format schema (SchemaError) that cannot be used

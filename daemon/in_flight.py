@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .request import CacheKey, Request
-from .result_cache import ResultCache
+from .request import Request
+from .result_cache import CacheKey, ResultCache
 
 
 class InFlight:

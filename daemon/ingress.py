@@ -31,9 +31,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from zerolayer.gpu.context_rule import check_context
-from zerolayer.gpu.errors import RuntimeModelError
 from zerolayer.protocol.errors import (
-    ContextOverflowError,
     DrainingError,
     ErrorCode,
     ExpiredNonceError,
@@ -238,7 +236,8 @@ class Ingress:
         self.replay.remember(req.nonce, req.timestamp_us, wall, req.key_id)
         ib = decode_invoke_body(body)
         if self.max_seq_len:
-            _check_context(ib, self.max_seq_len)
+            n, exact = prompt_floor(ib)   # the runtime's error is the wire's CONTEXT_OVERFLOW
+            check_context(n, ib.params.max_tokens, self.max_seq_len, at_least=not exact)
         self.stats["invokes"] += 1
         return InvokeRequest(req.key_id, req.request_id, req.timestamp_us, req.nonce,
                              req.body_sha256, ib, started, req.frag_count, signer)
@@ -273,14 +272,6 @@ def prompt_floor(body: InvokeBody) -> tuple[int, bool]:
     if body.token_ids is not None:
         return len(body.token_ids), True
     return (1 if body.payload else 0), False
-
-
-def _check_context(body: InvokeBody, max_seq_len: int) -> None:
-    n, exact = prompt_floor(body)
-    try:
-        check_context(n, body.params.max_tokens, max_seq_len, at_least=not exact)
-    except RuntimeModelError as e:  # the runtime's type: the wire's is what ingress refuses
-        raise ContextOverflowError(str(e)) from None
 
 
 # Control messages about a request already admitted: verified with the key it was admitted

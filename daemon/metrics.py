@@ -44,7 +44,7 @@ class Metrics:
                                     "Requests refused or failed, by error code", ["code"],
                                     registry=r)
         self.ttft = Histogram("zerolayer_time_to_first_token_seconds",
-                              "First datagram received to first token sampled",
+                              "First datagram received to first token's frame sent",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("zerolayer_inter_token_latency_seconds",
                              "Mean time between tokens, per request", buckets=LATENCY_BUCKETS, registry=r)

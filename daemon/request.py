@@ -27,6 +27,8 @@ from zerolayer.protocol.errors import ErrorCode
 from zerolayer.protocol.sampling_params import SamplingParams
 from zerolayer.protocol.wire import FinishReason, InvokeBody, ResponseSigner, Timings, Usage
 
+from .result_cache import CacheKey
+
 if TYPE_CHECKING:
     from zerolayer.gpu.draft_model import DraftSeq
     from zerolayer.gpu.drafting import DraftLength
@@ -37,8 +39,6 @@ if TYPE_CHECKING:
     from zerolayer.gpu.tokenizer import IncrementalDetokenizer
 
     from .carriers import Address
-
-CacheKey = tuple[int, bytes]  # (key id, request id)
 
 
 class CancelReason(Enum):

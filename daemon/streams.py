@@ -61,9 +61,13 @@ class Streams:
 
     def _text(self, r: Request, ev: TextEvent) -> None:
         now = time.monotonic()
-        if self.publisher is not None and r.sent_tokens == 0 and ev.n_tokens:
-            self.publisher.publish("first_token", **ids(r),
-                                   ttft_s=round(now - r.received_at, 6))
+        if r.sent_tokens == 0 and ev.n_tokens:
+            # TTFT, the one definition: first datagram received -> first token's frame sent
+            # (the metric and the lifecycle event alike), on the clock of the side that sends
+            ttft = now - r.received_at
+            self.metrics.ttft.observe(ttft)
+            if self.publisher is not None:
+                self.publisher.publish("first_token", **ids(r), ttft_s=round(ttft, 6))
         if r.t_text and ev.n_tokens:
             gap = (now - r.t_text) / ev.n_tokens
             for _ in range(ev.n_tokens):
@@ -100,6 +104,9 @@ class Streams:
         self.done(r, FinishReason.CANCELLED, usage, Timings(tokenize_us=r.tokenize_us))
 
     def done(self, r: Request, fr: FinishReason, usage: Usage, t: Timings) -> None:
+        """The request's last frame, a DONE. The engine's timings are its stages; total_us
+        (first datagram received -> this DONE sent) and ingress_us are set here, the one side
+        that sees both ends of the request."""
         now = time.monotonic()
         t = dataclasses.replace(t, total_us=int((now - r.received_at) * 1e6),
                                 ingress_us=r.ingress_us)
@@ -115,8 +122,6 @@ class Streams:
         m.generated_tokens.inc(usage.completion_tokens)
         self.tokens_out += usage.completion_tokens
         m.e2e.observe(now - r.received_at)
-        if r.t_first:
-            m.ttft.observe(r.t_first - r.received_at)
         if usage.completion_tokens > 1 and fr is not FinishReason.CANCELLED:
             m.itl.observe(t.decode_per_token_us / 1e6)
             m.step_max.observe(t.decode_step_max_us / 1e6)

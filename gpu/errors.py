@@ -1,4 +1,7 @@
 """Typed errors of the model runtime. The daemon maps each to a wire error code."""
+from __future__ import annotations
+
+from zerolayer.protocol import errors as wire
 
 
 class RuntimeModelError(Exception):
@@ -13,13 +16,12 @@ class UnsupportedModelError(ModelFormatError):
     """The GGUF is well-formed but uses an architecture or tensor type we don't implement."""
 
 
-class ContextOverflowError(RuntimeModelError):
+class ContextOverflowError(RuntimeModelError, wire.ContextOverflowError):
     """A sequence would grow past the model's (or the configured) context limit.
 
-    Maps to the wire error CONTEXT_OVERFLOW.
+    It is the wire's CONTEXT_OVERFLOW (code, message) with the numbers that decided it, so
+    whoever refuses a request with it (ingress, the engine thread) sends it as it is.
     """
-
-    code = "CONTEXT_OVERFLOW"
 
     def __init__(self, needed: int, limit: int, at_least: bool = False):
         super().__init__(f"context overflow: {'at least ' if at_least else ''}{needed} tokens "

@@ -7,6 +7,7 @@ from answers import FRANCE_ANSWER, FRANCE_ENDS_TURN, FRANCE_QUESTION
 from zerolayer.gpu.errors import ContextOverflowError
 from zerolayer.gpu.generate import SamplingParams
 from zerolayer.gpu.stopping import StopChecker
+from zerolayer.protocol.errors import ErrorCode
 
 FRANCE = [{"role": "user", "content": FRANCE_QUESTION}]
 
@@ -42,7 +43,7 @@ def test_max_tokens_and_stop_strings(generator):
 def test_over_long_prompt_is_context_overflow(generator):
     with pytest.raises(ContextOverflowError) as e:
         list(generator.generate("word " * 3000, params=SamplingParams(max_tokens=8)))
-    assert e.value.limit == 2048 and e.value.code == "CONTEXT_OVERFLOW"
+    assert e.value.limit == 2048 and e.value.code is ErrorCode.CONTEXT_OVERFLOW
     # the runtime is still healthy afterwards
     assert FRANCE_ANSWER in generator.complete(messages=FRANCE, params=SamplingParams(max_tokens=16)).text
 

@@ -314,6 +314,23 @@ def test_draining_refuses_new_invokes_but_serves_controls(clocks: tuple[Clock, C
     assert isinstance(ing.feed(_control(MsgType.RESEND, 0)), ControlRequest)
 
 
+def test_prompt_over_the_context_is_context_overflow_answered_signed(
+        clocks: tuple[Clock, Clock]) -> None:
+    """The runtime's context rule decides, and its error is the wire's CONTEXT_OVERFLOW as it
+    is: the message says how many tokens were needed, and that a text's count is a floor."""
+    ing = _ingress(clocks)
+    ing.max_seq_len = 16
+    ids = wire.encode_invoke_body(SamplingParams(max_tokens=8), PayloadKind.TOKEN_IDS,
+                                  wire.encode_token_ids(list(range(10))))
+    r = _rejected(ing.feed(_invoke(ids)[0]), ErrorCode.CONTEXT_OVERFLOW)
+    _signed_reply(r, ErrorCode.CONTEXT_OVERFLOW)
+    assert r.message == "context overflow: 18 tokens needed, limit is 16"
+    r = _rejected(ing.feed(_invoke(_body(max_tokens=16))[0]), ErrorCode.CONTEXT_OVERFLOW)
+    assert r.message == "context overflow: at least 17 tokens needed, limit is 16"
+    assert ing.errors[ErrorCode.CONTEXT_OVERFLOW] == 2
+    assert isinstance(ing.feed(_invoke(_body(max_tokens=15))[0]), InvokeRequest)
+
+
 def test_signed_but_bad_body_is_malformed_and_answered_signed(
         clocks: tuple[Clock, Clock]) -> None:
     ing = _ingress(clocks)

@@ -1,0 +1,89 @@
+"""Streams on a fake clock: the I/O side alone defines a request's TTFT and its DONE's total_us
+(first datagram received -> first token's frame / DONE sent), whatever the engine's timings
+say. No socket, no model: a real result cache, in-flight record, metrics and signer."""
+from __future__ import annotations
+
+import pytest
+
+from zerolayer.daemon import streams as streams_mod
+from zerolayer.daemon.in_flight import InFlight
+from zerolayer.daemon.metrics import Metrics
+from zerolayer.daemon.request import DoneEvent, Request, TextEvent
+from zerolayer.daemon.result_cache import ResultCache
+from zerolayer.daemon.streams import Streams
+from zerolayer.protocol.sampling_params import SamplingParams
+from zerolayer.protocol.wire import (
+    DoneFrame,
+    FinishReason,
+    ResponseSigner,
+    Timings,
+    TokenFrame,
+    Usage,
+    decode_response,
+)
+
+SECRET = bytes(range(32))
+RID = bytes(16)
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def setup(monkeypatch):
+    clock = Clock(100.0)
+    monkeypatch.setattr(streams_mod, "time", clock)
+    cache = ResultCache(clock=clock.monotonic)
+    in_flight = InFlight(cache, 1)
+    sent: list[bytes] = []
+    metrics = Metrics()
+    s = Streams(in_flight, metrics, lambda frame, addr: sent.append(frame))
+    r = Request((7, RID), SamplingParams(), signer=ResponseSigner(7, SECRET, RID),
+                received_at=100.0)
+    cache.start(r.key)
+    in_flight.admit(r)
+    return clock, s, r, metrics, sent
+
+
+def ttft_count_and_sum(metrics: Metrics) -> tuple[float, float]:
+    samples = {s.name: s.value for fam in metrics.ttft.collect() for s in fam.samples}
+    return (samples["zerolayer_time_to_first_token_seconds_count"],
+            samples["zerolayer_time_to_first_token_seconds_sum"])
+
+
+def test_ttft_is_first_datagram_to_first_token_frame_once(setup):
+    clock, s, r, metrics, sent = setup
+    clock.t = 100.125
+    s.on_event(TextEvent(r, "", 0))          # text held back, no token yet: not the first
+    assert ttft_count_and_sum(metrics) == (0, 0)
+    clock.t = 100.25
+    s.on_event(TextEvent(r, "Par", 1))
+    clock.t = 100.5
+    s.on_event(TextEvent(r, "is", 1))
+    assert ttft_count_and_sum(metrics) == (1, 0.25)
+    # the engine's own first-token time is its business: the metric does not read it
+    r.t_first = 100.0625
+    clock.t = 100.75
+    s.on_event(DoneEvent(r, FinishReason.STOP, Usage(3, 0, 2), Timings(prefill_us=5)))
+    assert ttft_count_and_sum(metrics) == (1, 0.25)
+    assert sum(isinstance(decode_response(f, SECRET), TokenFrame) for f in sent) == 3
+
+
+def test_total_us_is_first_datagram_to_done_sent(setup):
+    clock, s, r, metrics, sent = setup
+    r.ingress_us = 40
+    clock.t = 100.75
+    # whatever total the event carries, the DONE says what the I/O side saw
+    s.on_event(DoneEvent(r, FinishReason.LENGTH, Usage(3, 0, 1),
+                         Timings(queue_us=10, prefill_us=20, total_us=1)))
+    done = decode_response(sent[-1], SECRET)
+    assert isinstance(done, DoneFrame)
+    assert done.timings.total_us == 750_000
+    assert done.timings.ingress_us == 40
+    assert (done.timings.queue_us, done.timings.prefill_us) == (10, 20)
+    assert r.closed

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -33,7 +33,7 @@ GENERATIONS = 3
 class CollectorPauses:
     """Every collection's wall time, by generation, as cumulative histogram buckets."""
 
-    def __init__(self, clock=time.perf_counter) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
         self._start = 0.0
         # [generation][bucket]: observations <= BUCKETS[bucket]; the last slot is +Inf

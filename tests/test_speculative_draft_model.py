@@ -1,25 +1,24 @@
 """Speculative decoding with a draft model ([engine] draft_model, gpu/draft_model.py).
 
-Target: the bundled SmolLM2-135M (Q4_1). Draft: the same model re-quantized by llama.cpp to
-Q4_K_M (scripts/make_quants.sh, kept outside the repository): the same vocabulary, other
-weights, so its guesses are mostly but not always the target's. Greedy output is token for
-token the plain decoder's, in fewer steps; sampled output keeps its distribution; a draft
-sequence rolled back after a rejection guesses exactly what a fresh one would; a draft file
-with another vocabulary is refused at start, naming the setting.
+Target: the bundled SmolLM2-135M (Q4_1). Draft: the same model re-quantized to Q4_0
+(tests/draft_gguf.py writes it): the same vocabulary, other weights, so its guesses are often
+but not always the target's. Greedy output is token for token the plain decoder's, in fewer
+steps; sampled output keeps its distribution; a draft sequence rolled back after a rejection
+guesses exactly what a fresh one would; a draft file with another vocabulary is refused at
+start, naming the setting.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 from collections import Counter
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as QT
 
 from daemon_proc import DaemonProc
+from draft_gguf import gguf_layers, write_draft
 from test_engine import Recorder, run
 from test_speculative import CHATS, Tally, _chi2_p, chat_ids
 from tiny_gguf import write_tiny_llama
@@ -29,24 +28,12 @@ from zerolayer.daemon.request import Request
 from zerolayer.gpu.draft_model import DraftModel, VocabMismatchError, check_vocab
 from zerolayer.protocol.sampling_params import SamplingParams
 
-REPO = Path(__file__).resolve().parent.parent
-QUANT_DIR = Path(os.environ.get("ZEROLAYER_QUANT_DIR",
-                                Path.home() / ".cache" / "zerolayer" / "quants"))
-QUANTIZE = Path(os.environ.get("ZEROLAYER_LLAMACPP_DIR", REPO / ".bench-llamacpp")) / "bin" / \
-    "llama-quantize"
-DRAFT_FILE = QUANT_DIR / "SmolLM2-135M-Instruct.Q4_K_M.gguf"
-
 
 @pytest.fixture(scope="module")
-def draft_path() -> str:
-    """The Q4_K_M file, made (seconds) where llama.cpp's quantizer is built."""
-    if not DRAFT_FILE.exists():
-        if not os.access(QUANTIZE, os.X_OK):
-            pytest.skip(f"{DRAFT_FILE} missing and no llama-quantize to make it "
-                        "(bash bench/setup_llamacpp.sh, then scripts/make_quants.sh Q4_K_M)")
-        subprocess.run(["bash", str(REPO / "scripts" / "make_quants.sh"), "Q4_K_M"], check=True,
-                       env={**os.environ, "ZEROLAYER_QUANT_DIR": str(QUANT_DIR)})
-    return str(DRAFT_FILE)
+def draft_path(model_path, tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("draft") / "SmolLM2-135M-Instruct.Q4_0.gguf"
+    write_draft(model_path, str(path), range(gguf_layers(model_path)), requantize=QT.Q4_0)
+    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -196,6 +196,34 @@ else:
         return _libdevice.float_as_int(x)
 
 
+
+if SIM:
+    @device
+    def thread_index():
+        """cuda.threadIdx.x (the simulator runs Python; nothing is hoisted there)."""
+        return cuda.threadIdx.x
+else:
+    from llvmlite import ir as _ir
+    from numba.core import types as _types
+    from numba.cuda.extending import intrinsic as _intrinsic
+
+    @_intrinsic
+    def _tid_x(typingctx):
+        def codegen(context, builder, sig, args):
+            asm = _ir.InlineAsm(_ir.FunctionType(_ir.IntType(32), []), "mov.u32 $0, %tid.x;",
+                                "=r", side_effect=True)
+            return builder.call(asm, [])
+        return _types.int32(), codegen
+
+    @device
+    def thread_index():
+        """cuda.threadIdx.x, read afresh: LLVM treats the special register as a constant and
+        hoists what a persistent kernel derives from it out of its stage loop, where the
+        derived indices of every stage stay live in registers through every other stage.
+        Read here at the top of a stage, they are derived again and live for that stage."""
+        return _tid_x()  # type: ignore[call-arg]  # the compiler passes typingctx
+
+
 @device
 def warp_sum(v):
     """Sum over the 32 lanes of a warp, returned to every lane (butterfly)."""

@@ -63,11 +63,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import float32, int32, int64, uint32
+from numba import float32, int32, int64, uint32, uint64
 
 from ..ops.attention import BLOCK_TOKENS
 from ..quant import FMT_F32, FMT_Q4, LANES
-from ._cuda_shim import cuda, device, float_bits, kernel, shfl_xor, warp_max, warp_sum
+from ._cuda_shim import cuda, device, float_bits, kernel, shfl_xor, thread_index, warp_max, warp_sum
 from .grid_sync import count_ready, grid_sync, wait_at_least
 from .step_geometry import KERNEL, k_splits_for
 
@@ -95,6 +95,10 @@ BT = BLOCK_TOKENS     # 64 positions per KV block: one score per thread quarter
 NEG = np.float32(-1e30)
 NO_KEY = np.int64(-(2 ** 63))  # below every argmax key
 TOKEN_TILES = (1, 4)
+# The matmul loops' indices, never negative, are cast to this before indexing: Numba wraps
+# a negative signed index as Python does, which keeps every indexed array's shape in
+# registers through the loop and adds a compare and select to each load's address.
+U = uint64
 
 
 def stage_count(n_layer: int) -> int:
@@ -118,10 +122,11 @@ def _make(TT):
 
     @device
     def dot_item(fmt, qs, d, m, w, dims, layer, g, kb0, kb1, src, rows, use_rows, t0, T, norms,
-                 nrow, use_norm, tid, red, red8, res, ssr):
+                 nrow, use_norm, red, red8, res, ssr):
         """res[r, tt] = sum_k W[g*ROWS + r, k] * xw[t0 + tt, k] over the K blocks [kb0, kb1)
         (32 elements a block), xw = src * norms[nrow] if use_norm; ssr[tt] = sum_k src[t0 + tt, k]^2
         over the same k. Every thread of the block calls it."""
+        tid = thread_index()  # what it derives from tid lives for this call only
         kp = tid >> 2         # K position of the thread (KPOS of them)
         quad = tid & 3        # row quad of the item: rows 4*quad .. 4*quad + 3
         g64 = g // SUBS       # the quant row group holding the item's rows
@@ -144,13 +149,13 @@ def _make(TT):
             K = dims[4]
             wrow = layer * R
             for k in range(kb0 * 32 + kp, min(kb1 * 32, K), KPOS):
-                sc = norms[nrow, k] if use_norm else float32(1.0)
+                sc = norms[U(nrow), U(k)] if use_norm else float32(1.0)
                 for tt in range(TT):
-                    v = src[trow[tt], k]
+                    v = src[U(trow[tt]), U(k)]
                     ss[tt] += v * v
                     xa[tt] = v * sc
                 for q in range(4):
-                    wv = w[(wrow + min(g * ROWS + 4 * quad + q, R - 1)) * K + k]
+                    wv = w[U((wrow + min(g * ROWS + 4 * quad + q, R - 1)) * K + k)]
                     for tt in range(TT):
                         acc[q * TT + tt] += wv * xa[tt]
         else:
@@ -162,21 +167,21 @@ def _make(TT):
             step = KPOS // BS           # and it takes every step-th block of the slice
             gb = (layer * dims[0] + g64) * nb  # the group's first block
             for b0 in range(kb0 + kp // BS, kb1, 4 * step):
-                w0 = qs[((gb + b0) * BS + j) * QW + lq]
-                w1 = qs[((gb + min(b0 + step, kb1 - 1)) * BS + j) * QW + lq]
-                w2 = qs[((gb + min(b0 + 2 * step, kb1 - 1)) * BS + j) * QW + lq]
-                w3 = qs[((gb + min(b0 + 3 * step, kb1 - 1)) * BS + j) * QW + lq]
+                w0 = qs[U(((gb + b0) * BS + j) * QW + lq)]
+                w1 = qs[U(((gb + min(b0 + step, kb1 - 1)) * BS + j) * QW + lq)]
+                w2 = qs[U(((gb + min(b0 + 2 * step, kb1 - 1)) * BS + j) * QW + lq)]
+                w3 = qs[U(((gb + min(b0 + 3 * step, kb1 - 1)) * BS + j) * QW + lq)]
                 for u in range(4):
                     b = b0 + u * step
                     if b < kb1:
                         word = w0 if u == 0 else (w1 if u == 1 else (w2 if u == 2 else w3))
                         if fmt == FMT_Q4:
                             e = b * 32 + j
-                            sa = norms[nrow, e] if use_norm else float32(1.0)
-                            sb = norms[nrow, e + 16] if use_norm else float32(1.0)
+                            sa = norms[U(nrow), U(e)] if use_norm else float32(1.0)
+                            sb = norms[U(nrow), U(e + 16)] if use_norm else float32(1.0)
                             for tt in range(TT):
-                                va = src[trow[tt], e]
-                                vb = src[trow[tt], e + 16]
+                                va = src[U(trow[tt]), U(e)]
+                                vb = src[U(trow[tt]), U(e + 16)]
                                 ss[tt] += va * va + vb * vb
                                 xa[tt] = va * sa
                                 xb[tt] = vb * sb
@@ -184,22 +189,22 @@ def _make(TT):
                                 byte = (word >> uint32(8 * q)) & uint32(255)
                                 lo = float32(byte & uint32(15))
                                 hi = float32(byte >> uint32(4))
-                                dq = d[(gb + b) * LANES + 4 * lq + q]
-                                mq = m[(gb + b) * LANES + 4 * lq + q]
+                                dq = d[U((gb + b) * LANES + 4 * lq + q)]
+                                mq = m[U((gb + b) * LANES + 4 * lq + q)]
                                 for tt in range(TT):
                                     acc[q * TT + tt] += (dq * (lo * xa[tt] + hi * xb[tt])
                                                          + mq * (xa[tt] + xb[tt]))
                         else:
                             e = b * BS + j
-                            sa = norms[nrow, e] if use_norm else float32(1.0)
+                            sa = norms[U(nrow), U(e)] if use_norm else float32(1.0)
                             for tt in range(TT):
-                                va = src[trow[tt], e]
+                                va = src[U(trow[tt]), U(e)]
                                 ss[tt] += va * va
                                 xa[tt] = va * sa
                             for q in range(4):
                                 qv = float32((word >> uint32(8 * q)) & uint32(255))
-                                dq = d[(gb + b) * LANES + 4 * lq + q]
-                                mq = m[(gb + b) * LANES + 4 * lq + q]
+                                dq = d[U((gb + b) * LANES + 4 * lq + q)]
+                                mq = m[U((gb + b) * LANES + 4 * lq + q)]
                                 for tt in range(TT):
                                     acc[q * TT + tt] += (dq * qv + mq) * xa[tt]
         # the KPOS positions' partial sums meet in shared memory in a fixed order (the result
@@ -251,21 +256,24 @@ def _make(TT):
              tok, tok_seq, tok_pos, logit_rows, tables,
              x, qbuf, att, h, logits, part_o, part_m, part_l, cnt, best, pmm, mcnt, rdy, bar,
              n_head, n_kv, hd, n_ff, eps, scale, splits, split_target, stage_lo, stage_hi):
-        tid = cuda.threadIdx.x
+        tid = thread_index()
         bid = cuda.blockIdx.x
         nblocks = cuda.gridDim.x
         T = tok.shape[0]
         D = x.shape[1]
         n_out = logit_rows.shape[0]
-        L = (norms.shape[0] - 1) // 2  # rows: every layer's attention norm, FFN norm, output
-        G = n_head // n_kv
-        # ready counters of a (layer, token tile): stage A's row groups done per KV head,
-        # stage D's per gate group, and D's in all (see the stage loop)
-        n_tiles = (T + TT - 1) // TT
-        ngd = n_ff // ROWS
-        rdy_per = n_kv + ngd + 1
-        q_w = n_head * hd
-        kv_w = n_kv * hd
+        # Values derived from the arguments are kept in shared memory and read again at the
+        # top of every stage: derived once and held in registers, every stage's would stay
+        # live through every other stage (a load after a barrier cannot be hoisted).
+        # (cst[5:8]: the matmul item a block is on, its layer and rows, see there)
+        cst = cuda.shared.array(8, int64)
+        if tid == 0:
+            cst[0] = (norms.shape[0] - 1) // 2  # L: every layer's attention norm, FFN norm, output
+            cst[1] = n_head // n_kv  # G
+            cst[2] = (T + TT - 1) // TT  # token tiles
+            cst[3] = n_ff // ROWS  # gate groups
+            cst[4] = n_kv + n_ff // ROWS + 1  # ready counters of a (layer, token tile)
+        cuda.syncthreads()
         red = cuda.shared.array((KPOS, REDC), float32)
         red8 = cuda.shared.array((RED8, REDC), float32)
         res = cuda.shared.array((ROWS, TT), float32)
@@ -280,8 +288,18 @@ def _make(TT):
         c_s = cuda.shared.array(MAX_G, float32)
         flag = cuda.shared.array(1, int32)
         sc = cuda.local.array(MAX_G, float32)
-        last = stage_count_dev(L)
         for st in range(stage_lo, stage_hi):
+            tid = thread_index()
+            L = cst[0]
+            G = cst[1]
+            # ready counters of a (layer, token tile): stage A's row groups done per KV head,
+            # stage D's per gate group, and D's in all (see the stage loop)
+            n_tiles = cst[2]
+            ngd = cst[3]
+            rdy_per = cst[4]
+            q_w = n_head * hd
+            kv_w = n_kv * hd
+            last = stage_count_dev(L)
             if st == 0:  # ---------------------------------------------------- embedding
                 for e in range(bid * THREADS + tid, T * D, nblocks * THREADS):
                     t = e // D
@@ -449,6 +467,10 @@ def _make(TT):
                     # counters are apart, by the stage kind's parity
                     par = (kind & 1) * (mcnt.shape[0] // 2)
                     for it in range(bid, ng * tiles * S, nblocks):
+                        if tid == 0:
+                            cst[5] = it
+                            cst[6] = layer
+                            cst[7] = R
                         g = it % ng
                         sk = (it // ng) % S
                         tile = (it // ng) // S
@@ -462,8 +484,23 @@ def _make(TT):
                                           1, bar, tid)
                         for ps in range(passes):  # SwiGLU: the gate group, then the up group
                             dot_item(fmt, wq, wd, wm, ww, dims, layer, g + ps * ng, kb0, kb1, src,
-                                     logit_rows, use_rows, t0, Tn, norms, nrow, use_norm, tid, red, red8,
+                                     logit_rows, use_rows, t0, Tn, norms, nrow, use_norm, red, red8,
                                      res2 if ps + 1 < passes else res, ssr)
+                        # the item's indices again, from the copy in shared memory (written
+                        # before dot_item's barriers): not held in registers through its loop
+                        it = cst[5]
+                        g = it % ng
+                        sk = (it // ng) % S
+                        tile = (it // ng) // S
+                        tg = par + tile * ng + g
+                        t0 = tile * TT
+                        n_tiles = cst[2]
+                        ngd = cst[3]
+                        rdy_per = cst[4]
+                        G = cst[1]
+                        layer = cst[6]
+                        R = cst[7]
+                        tid = thread_index()
                         if S > 1:
                             # split K: this slice's sums into scratch; the item of the row
                             # group that arrives last adds every slice's, in slice order, so
@@ -476,7 +513,7 @@ def _make(TT):
                             if tid < TT:
                                 pmm[slot, 2 * ROWS, tid] = ssr[tid]
                             cuda.threadfence()
-                            cuda.syncthreads()  # type: ignore[call-arg]  # numba stubs: an intrinsic
+                            cuda.syncthreads()
                             if tid == 0:
                                 done = cuda.atomic.add(mcnt, tg, 1)
                                 flag[0] = 1 if done == S - 1 else 0

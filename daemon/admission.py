@@ -5,7 +5,7 @@ engine (or refused before it starts), a duplicate attached or replayed, a contro
 Admission order, each step before the next can cost anything: the result cache first (a
 duplicate never runs the model twice), then an entry and its run id, then an engine with
 room. Room is two bounds. An engine holds at most max_running + max_waiting requests
-(Engine.capacity), and the in-flight record counts, per engine, every request handed to it
+(engine_capacity.py), and the in-flight record counts, per engine, every request handed to it
 that this thread has not closed: each one the engine holds and has not seen cancelled. So
 refusing here when that count reaches the capacity means the engine itself never refuses
 for room after the ACK (engine.py, `submit`). Then its hand-off must take it. A request
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from zerolayer.protocol.errors import ErrorCode, OverloadedError
 from zerolayer.protocol.wire import NO_SEQ, InvokeBody, MsgType, RunState, ServerState
 
-from . import memory_bounds
+from . import engine_capacity, memory_bounds
 from .carriers import Address
-from .config import DaemonConfig, EngineSection
+from .config import DaemonConfig
 from .engines import EngineSlot
 from .in_flight import InFlight
 from .ingress import ControlRequest, Ingress, InvokeRequest, Rejected
@@ -107,12 +107,12 @@ class Admission:
         next least loaded with room; when every live one is full, why (the OVERLOADED
         message)."""
         e = self.cfg.engine
-        cap = e.max_running + e.max_waiting
+        cap = engine_capacity.capacity(e.max_running, e.max_waiting)
         if self.router is None:
             slot = self.engines[0]
             if self.in_flight.on_engine(0) >= cap:
                 slot.refused_full += 1
-                return _wait_queue_full(cap, e)
+                return engine_capacity.full_text(cap, e.max_running, e.max_waiting)
             if not slot.admissions.put(req):
                 return self._handoff_full()
             self.metrics.engine_routed.labels("0", "load").inc()
@@ -127,7 +127,7 @@ class Admission:
         roomy = [j for j in order if load[j] < cap]
         if order and not roomy:
             self.engines[order[0]].refused_full += 1
-            return _wait_queue_full(cap, e) + " per engine"
+            return engine_capacity.full_text(cap, e.max_running, e.max_waiting) + " per engine"
         for j in roomy:
             slot = self.engines[j]
             req.engine = j
@@ -163,8 +163,3 @@ class Admission:
         if not frames:
             state = RunState.RUNNING if e.status is EntryStatus.RUNNING else RunState.FINISHED
             self.send(c.signer.ack(e.next_seq, e.run_id, state, self.lease_ms), addr)
-
-
-def _wait_queue_full(cap: int, e: EngineSection) -> str:
-    return (f"wait queue full: {cap} requests held (max_running {e.max_running} + "
-            f"max_waiting {e.max_waiting})")

@@ -69,6 +69,7 @@ from zerolayer.protocol.errors import ErrorCode, OverloadedError
 from zerolayer.protocol.logprobs import encode_position
 from zerolayer.protocol.wire import FinishReason, Timings, Usage
 
+from . import engine_capacity
 from .request import CancelReason, DoneEvent, EngineEvent, FailedEvent, Request, TextEvent
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ class Engine:
     @property
     def capacity(self) -> int:
         """Requests this engine holds at most, running and waiting together."""
-        return self.max_running + self.max_waiting
+        return engine_capacity.capacity(self.max_running, self.max_waiting)
 
     def submit(self, req: Request) -> None:
         """Queue a request whose prompt_ids are set. Raises ContextOverflowError or
@@ -142,9 +143,8 @@ class Engine:
             self._reap_cancelled()  # what the next step would free anyway
         held = len(self.waiting) + len(self.running)
         if held >= self.capacity:
-            raise OverloadedError(f"{held} requests already held "
-                                  f"(max_running {self.max_running} + max_waiting "
-                                  f"{self.max_waiting})")
+            raise OverloadedError(engine_capacity.full_text(held, self.max_running,
+                                                            self.max_waiting))
         req.detok = self.tok.detokenizer()
         req.stops = StopChecker(req.params.stop)
         req.rng = np.random.default_rng(req.params.seed)

@@ -18,7 +18,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from daemon_proc import DaemonProc
-from draft_gguf import gguf_layers, write_draft
+from draft_gguf import write_requantized
 from test_engine import Recorder, run
 from test_speculative import CHATS, Tally, _chi2_p, chat_ids
 from tiny_gguf import write_tiny_llama
@@ -32,7 +32,7 @@ from zerolayer.protocol.sampling_params import SamplingParams
 @pytest.fixture(scope="module")
 def draft_path(model_path, tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("draft") / "SmolLM2-135M-Instruct.Q4_0.gguf"
-    write_draft(model_path, str(path), range(gguf_layers(model_path)), requantize=QT.Q4_0)
+    write_requantized(model_path, str(path), QT.Q4_0)
     return str(path)
 
 

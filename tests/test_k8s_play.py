@@ -45,6 +45,9 @@ The manifests are not changed; `for_podman()` rewrites the rendered objects, one
 - the JIT cache: each pod's cache emptyDir starts as a copy of a warm cache (the named volume
   4.3 would make is created first): three cold kernel builds at once took over ten minutes
   on two loaded cores. The pods still load the model and warm up behind a 503 /readyz.
+- the warming phase: a warm start can pass from 503 to 200 between two polls, so the daemon
+  gets ZEROLAYER_TEST_HOOKS (daemon/test_hooks.py) in its cache volume, with `hold-load`
+  there at start: the test sees the 503 while the load is held, then lets it go.
 - names: ConfigMap, Secret, network and every volume get a per-run suffix (podman's volumes
   and secrets are host-wide), and teardown removes all of them.
 """
@@ -86,6 +89,8 @@ PODMAN = ["podman", "--runtime", "runc"]     # as scripts/image-check.sh: crun r
 INVOKE_PORT, METRICS_PORT = 7433, 9433
 REPLICAS = 3
 IMAGE_CHECK_CACHE = "zerolayer-image-check-cache"     # scripts/image-check.sh's JIT cache volume
+CACHE_MOUNT = "/var/cache/zerolayer"                   # the Deployment's cache emptyDir
+HOOKS = "test-hooks"                                   # ZEROLAYER_TEST_HOOKS, inside it
 PROMPT = "The capital of France is"
 COUNT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"     # a long answer: streams that outlast the drain
 
@@ -111,7 +116,8 @@ def rendered() -> list[dict]:
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
-def for_podman(docs: list[dict], *, run: str, pod: str, image: str) -> list[dict]:
+def for_podman(docs: list[dict], *, run: str, pod: str, image: str,
+               hooks: str | None = None) -> list[dict]:
     """The rendered objects as podman 4.3's kube play needs them to do what Kubernetes does
     (the module docstring gives the reason for each change), for one pod named `pod`."""
     out = copy.deepcopy(docs)
@@ -143,6 +149,8 @@ def for_podman(docs: list[dict], *, run: str, pod: str, image: str) -> list[dict
                     assert m["mountPath"].endswith("/" + m["subPath"])
                     m["mountPath"] = m["mountPath"].removesuffix("/" + m.pop("subPath"))
         c = spec["containers"][0]
+        if hooks is not None:
+            c["env"].append({"name": "ZEROLAYER_TEST_HOOKS", "value": hooks})
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         # 4.3 publishes each containerPort on the host's same port when hostPort is unset
         # (Kubernetes only names them): three pods would collide on the host's 9433
@@ -173,6 +181,7 @@ class Pod:
         self.name = name                         # the pod: <deployment>-pod-0
         self.ctr = f"{name}-zerolayerd"
         self.ip = ""
+        self.hooks: Path | None = None           # on the host: the pod's test-hooks directory
         self.saw_warming = False
 
     @property
@@ -235,23 +244,31 @@ class Fleet:
         r = sh(*PODMAN, "volume", "inspect", name, "--format", "{{.Mountpoint}}", check=False)
         return Path(r.stdout.strip()) if r.returncode == 0 else None
 
-    def seed_cache(self, index: int, src: Path) -> None:
+    def make_cache(self, index: int, src: Path | None) -> Path:
         """The pod's cache emptyDir (podman 4.3: the named volume cache-<pod>, which kube
-        play reuses) made before the play, holding a copy of a warm JIT cache."""
+        play reuses) made before the play, holding a copy of a warm JIT cache (where there
+        is one) and the test-hooks directory with `hold-load` in it; that directory."""
         vol = f"cache-{self.run}-{index}"
         sh(*PODMAN, "volume", "create", vol)
         dst = self.volume_path(vol)
         assert dst is not None
-        # cp -a: owners and modes as the daemon (uid 10001) wrote them
-        sh("cp", "-a", f"{src}/.", f"{dst}/")
-        os.chown(dst, 10001, 10001)
+        if src is not None:
+            # cp -a: owners and modes as the daemon (uid 10001) wrote them
+            sh("cp", "-a", f"{src}/.", f"{dst}/")
+        hooks = dst / HOOKS
+        shutil.rmtree(hooks, ignore_errors=True)     # a copied pod's, with its marks
+        hooks.mkdir()
+        (hooks / "hold-load").touch()
+        for d in (dst, hooks):
+            os.chown(d, 10001, 10001)
+        return hooks
 
     def play(self, index: int, seed: Path | None = None) -> Pod:
         pod = Pod(f"{self.run}-{index}-pod-0")
         self.pods.append(pod)
-        if seed is not None:
-            self.seed_cache(index, seed)
-        docs = for_podman(self.docs, run=self.run, pod=f"{self.run}-{index}", image=self.image)
+        pod.hooks = self.make_cache(index, seed)
+        docs = for_podman(self.docs, run=self.run, pod=f"{self.run}-{index}", image=self.image,
+                          hooks=f"{CACHE_MOUNT}/{HOOKS}")
         text = yaml.safe_dump_all(docs, sort_keys=False)
         r = sh(*PODMAN, "kube", "play", "--network", self.net, "-", input=text, timeout=600)
         assert pod.name in r.stdout or "Pod:" in r.stdout, r.stdout
@@ -264,18 +281,25 @@ class Fleet:
 
     def wait_ready(self, pods: list[Pod], timeout: float = 900) -> None:
         """Readiness as the kubelet sees it (/readyz on the pod IP), checked against the
-        daemon's own word: /readyz is 200 only once the log says "ready on", i.e. warm."""
+        daemon's own word: /readyz is 200 only once the log says "ready on", i.e. warm.
+        Each pod's load is held (`hold-load`) until its /readyz has answered 503 warming."""
         end = time.monotonic() + timeout
         waiting = list(pods)
         while waiting and time.monotonic() < end:
             for p in list(waiting):
                 status, body = _get(f"http://{p.ip}:{METRICS_PORT}/readyz", timeout=2)
+                assert p.hooks is not None
+                held = (p.hooks / "load-held").exists()
                 if status == 200:
+                    assert p.saw_warming, f"{p.name}: ready before its held load was let go"
                     assert "zerolayerd: ready on" in p.logs(), (p.name, body)
                     waiting.remove(p)
                 elif status == 503:
-                    p.saw_warming = True
                     assert "warming" in body or "starting" in body, body
+                    if held:     # the daemon is up and holds its load: warming, for certain
+                        assert "warming" in body, body
+                        p.saw_warming = True
+                        (p.hooks / "hold-load").unlink(missing_ok=True)
                 state = sh(*PODMAN, "inspect", p.ctr, "--format", "{{.State.Status}}").stdout
                 assert state.strip() == "running", (p.name, state, p.logs()[-3000:])
             time.sleep(0.2)

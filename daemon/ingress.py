@@ -117,32 +117,47 @@ IngressResult = InvokeRequest | ControlRequest | Pending | Rejected
 
 
 class Ingress:
+    """The datagram-to-request parser. What it needs from the rest of the daemon is given at
+    construction, as answers it asks for when a datagram needs them (each defaults to the
+    answer of a daemon with nothing running):
+
+    - require_xdp_tag: network.xdp_require_tag: a request without the XDP tag is refused here
+      as the XDP program refuses it in the kernel (docs/PROTOCOL.md §6.6), on every carrier.
+    - xdp_tag_valid(xdp key, datagram): the reference by default; the daemon gives the
+      compiled one (daemon/xdp_tag_check.py), the same function at a fraction of the cost.
+    - refuses_new(): whether the lifecycle's phase refuses new work (draining, stopping):
+      asked of the lifecycle itself, so no copy of the phase can fall out of step with it.
+    - context_len(): the model's context once it is loaded (0: not checked here). A request
+      that cannot fit is refused before admission, so it never starts (PROTOCOL §4.2).
+    - is_known((key id, request id)): is it in the result cache? A retry of a request
+      already running or finished is not new work, so draining lets it through to attach
+      or replay instead of failing a request that is being served.
+    - admitted_mac((key id, request id)): the key a request still running was admitted
+      under: a rotation that removes the key must not cut that request's RESEND,
+      keepalives and CANCEL (PROTOCOL §6.1). New INVOKEs under a removed key are refused.
+    """
+
     def __init__(self, keys: KeyStore, replay: ReplayGuard, reassembler: Reassembler, *,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
                  wall_clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 require_xdp_tag: bool = False,
+                 xdp_tag_valid: Callable[[bytes, bytes], bool] = xdp_tag_valid,
+                 refuses_new: Callable[[], bool] = lambda: False,
+                 context_len: Callable[[], int] = lambda: 0,
+                 is_known: Callable[[tuple[int, bytes]], bool] = lambda key: False,
+                 admitted_mac: Callable[[tuple[int, bytes]], Mac | None] = lambda key: None,
+                 ) -> None:
         self.keys = keys
         self.replay = replay
         self.reassembler = reassembler
         self.max_message_bytes = max_message_bytes
-        self.draining = False       # set on SIGTERM: new INVOKEs get DRAINING
-        # network.xdp_require_tag: a request without the XDP tag is refused here as the XDP
-        # program refuses it in the kernel (docs/PROTOCOL.md §6.6), on every carrier alike.
-        self.require_xdp_tag = False
-        # valid(xdp key, datagram): the reference by default; the daemon sets the compiled
-        # one (daemon/xdp_tag_check.py), the same function at a fraction of the cost.
-        self.xdp_tag_valid: Callable[[bytes, bytes], bool] = xdp_tag_valid
-        # The model's context, once it is loaded (0: not checked here). A request that cannot
-        # fit is refused before admission, so it never starts (docs/PROTOCOL.md §4.2).
-        self.max_seq_len = 0
-        # The daemon's answer to "is this (key id, request id) in the result cache?": a retry
-        # of a request already running or finished is not new work, so draining lets it
-        # through to attach or replay instead of failing a request that is being served.
-        self.is_known: Callable[[tuple[int, bytes]], bool] = lambda key: False
-        # The key a request still running was admitted under, by (key id, request id): a
-        # rotation that removes the key must not cut that request's RESEND, keepalives and
-        # CANCEL (docs/PROTOCOL.md §6.1). New INVOKEs under a removed key are refused.
-        self.admitted_mac: Callable[[tuple[int, bytes]], Mac | None] = lambda key: None
+        self._require_xdp_tag = require_xdp_tag
+        self._xdp_tag_valid = xdp_tag_valid
+        self._refuses_new = refuses_new
+        self._context_len = context_len
+        self._is_known = is_known
+        self._admitted_mac = admitted_mac
         self._wall = wall_clock
         self._mono = monotonic
         # One counter per error code (every refusal is counted by its code), plus the outcomes.
@@ -178,17 +193,17 @@ class Ingress:
             secret = self.keys.mac(req.key_id)
             if (secret is None and isinstance(req, ControlMessage)
                     and req.msg_type in _ABOUT_A_REQUEST):
-                secret = self.admitted_mac((req.key_id, req.request_id))
+                secret = self._admitted_mac((req.key_id, req.request_id))
             if secret is None:
                 raise UnknownKeyError(f"unknown key id {req.key_id}",
                                       request_id=req.request_id, key_id=req.key_id)
             # The XDP tag before the HMAC, in the kernel's order: a datagram the program
             # drops for its tag is refused here for the same reason.
             if req.flags & XDP_TAG:
-                if not self.xdp_tag_valid(secret.xdp_key, dg):
+                if not self._xdp_tag_valid(secret.xdp_key, dg):
                     raise InvalidSignatureError("XDP tag mismatch", request_id=req.request_id,
                                                 key_id=req.key_id)
-            elif self.require_xdp_tag:
+            elif self._require_xdp_tag:
                 raise InvalidSignatureError("this daemon requires the XDP tag (flag XDP_TAG)",
                                             request_id=req.request_id, key_id=req.key_id)
             if not secret.verify(dg):
@@ -211,7 +226,7 @@ class Ingress:
             return ControlRequest(req.msg_type, req.key_id, req.request_id, req.timestamp_us,
                                   req.arg, signer)
         self.replay.check_timestamp(req.timestamp_us, wall)
-        if self.draining and not self.is_known((req.key_id, req.request_id)):
+        if self._refuses_new() and not self._is_known((req.key_id, req.request_id)):
             raise DrainingError("server is draining; no new requests")
         if req.total_len > self.max_message_bytes:
             raise PayloadTooLargeError(
@@ -235,9 +250,9 @@ class Ingress:
             raise MalformedError("body does not match its SHA-256 in the header")
         self.replay.remember(req.nonce, req.timestamp_us, wall, req.key_id)
         ib = decode_invoke_body(body)
-        if self.max_seq_len:
+        if (limit := self._context_len()):
             n, exact = prompt_floor(ib)   # the runtime's error is the wire's CONTEXT_OVERFLOW
-            check_context(n, ib.params.max_tokens, self.max_seq_len, at_least=not exact)
+            check_context(n, ib.params.max_tokens, limit, at_least=not exact)
         self.stats["invokes"] += 1
         return InvokeRequest(req.key_id, req.request_id, req.timestamp_us, req.nonce,
                              req.body_sha256, ib, started, req.frag_count, signer)

@@ -1,31 +1,28 @@
-"""What each lifecycle move means outside the machine (lifecycle.py): ingress refusing new
-work, the state metric, systemd's notifications, the log. The machine's table decides a
-move; this only reports it, so no other object keeps a copy of the phase to fall out of
-step with it.
+"""What each lifecycle move means outside the machine (lifecycle.py): the state metric,
+systemd's notifications, the log. The machine's table decides a move; this only reports it.
+Ingress asks the machine itself whether new work is refused, so no object keeps a copy of
+the phase to fall out of step with it.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from .in_flight import InFlight
-from .ingress import Ingress
 from .lifecycle import Event, Lifecycle, Phase
 from .metrics import Metrics
 from .sd_notify import Notifier
 
 
 class PhaseReport:
-    def __init__(self, lifecycle: Lifecycle, ingress: Ingress, in_flight: InFlight,
+    def __init__(self, lifecycle: Lifecycle, in_flight: InFlight,
                  metrics: Metrics, sd: Notifier, log: Callable[..., None]) -> None:
         self.lifecycle = lifecycle
-        self.ingress = ingress
         self.in_flight = in_flight
         self.metrics = metrics
         self.sd = sd
         self.log = log
 
     def __call__(self, old: Phase, new: Phase, event: Event) -> None:
-        self.ingress.draining = new.refuses_new
         self.metrics.set_state(new.wire.name.lower())
         n = len(self.in_flight)
         if new is Phase.READY and old is Phase.WARMING:

@@ -107,10 +107,6 @@ class Daemon:
         self.replay = ReplayGuard(ReplayConfig(skew_s=c.security.max_skew_s,
                                                capacity=c.security.nonce_capacity,
                                                per_key=c.security.nonce_per_key))
-        self.ingress = Ingress(self.keys, self.replay, Reassembler())
-        self.metrics.pull_ingress(self.ingress)
-        self.ingress.require_xdp_tag = c.network.xdp_require_tag
-        self.ingress.xdp_tag_valid = XdpTagCheck()   # compiled (numba's cache after the first)
         self.cache = ResultCache(ttl_s=c.cache.ttl_s, max_entries=c.cache.max_entries,
                                  max_bytes=c.cache.max_bytes)
         # one engine ([cpu]/[engine]), or one per [[engines]] table, each with its hand-offs
@@ -123,9 +119,18 @@ class Daemon:
                                sizer=event_bytes))
             for i, spec in enumerate(specs)]
         self.in_flight = InFlight(self.cache, len(self.engines))
-        self.ingress.is_known = lambda key: self.cache.get(key) is not None
-        self.ingress.admitted_mac = lambda key: (r.signer.mac if (r := self.in_flight.get(key))
-                                                 is not None else None)
+        first = self.engines[0]
+        self.ingress = Ingress(
+            self.keys, self.replay, Reassembler(),
+            require_xdp_tag=c.network.xdp_require_tag,
+            xdp_tag_valid=XdpTagCheck(),   # compiled (numba's cache after the first)
+            refuses_new=lambda: self.lifecycle.phase.refuses_new,
+            # every engine has engine 0's context; before it loads, nothing is admitted
+            context_len=lambda: first.model.max_seq_len if first.model is not None else 0,
+            is_known=lambda key: self.cache.get(key) is not None,
+            admitted_mac=lambda key: (r.signer.mac if (r := self.in_flight.get(key))
+                                      is not None else None))
+        self.metrics.pull_ingress(self.ingress)
         # The UDP socket and the shm path fail a bad start now, not after the model loads;
         # datagrams that arrive meanwhile wait in the socket buffer.
         self.sock = startup.open_socket(c)
@@ -136,15 +141,13 @@ class Daemon:
             log(f"shared-memory carrier on {shm.path} (mode {c.shm.mode})")
         # /healthz and /readyz answer from here on, through the cold start's kernel builds
         self.metrics.serve(c.metrics.host, c.metrics.port, ready=self._readiness)
-        self.lifecycle.subscribe(PhaseReport(self.lifecycle, self.ingress, self.in_flight,
+        self.lifecycle.subscribe(PhaseReport(self.lifecycle, self.in_flight,
                                              self.metrics, self.sd, log))
         self.lifecycle.handle(Event.LOAD, time.monotonic())
         for slot in self.engines:  # loads the model: a bad one fails the start here
             startup.start_engine(c, slot, self.engines[0], multi,
                                  startup.engine_cpus(slot, engine_cpus), self.metrics,
                                  self.sd, log)
-        # every engine has engine 0's context: from here on ingress refuses what cannot fit
-        self.ingress.max_seq_len = self.engines[0].model.max_seq_len
         xdp = self.open_xdp()
         if xdp is not None:
             self.carriers.attach_xdp(xdp)

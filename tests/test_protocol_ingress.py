@@ -307,8 +307,7 @@ def test_nonce_cache_full_is_overloaded(clocks: tuple[Clock, Clock]) -> None:
 
 
 def test_draining_refuses_new_invokes_but_serves_controls(clocks: tuple[Clock, Clock]) -> None:
-    ing = _ingress(clocks)
-    ing.draining = True
+    ing = _ingress(clocks, refuses_new=lambda: True)
     r = _rejected(ing.feed(_invoke()[0]), ErrorCode.DRAINING)
     _signed_reply(r, ErrorCode.DRAINING)
     assert isinstance(ing.feed(_control(MsgType.RESEND, 0)), ControlRequest)
@@ -318,8 +317,7 @@ def test_prompt_over_the_context_is_context_overflow_answered_signed(
         clocks: tuple[Clock, Clock]) -> None:
     """The runtime's context rule decides, and its error is the wire's CONTEXT_OVERFLOW as it
     is: the message says how many tokens were needed, and that a text's count is a floor."""
-    ing = _ingress(clocks)
-    ing.max_seq_len = 16
+    ing = _ingress(clocks, context_len=lambda: 16)
     ids = wire.encode_invoke_body(SamplingParams(max_tokens=8), PayloadKind.TOKEN_IDS,
                                   wire.encode_token_ids(list(range(10))))
     r = _rejected(ing.feed(_invoke(ids)[0]), ErrorCode.CONTEXT_OVERFLOW)

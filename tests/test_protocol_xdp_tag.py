@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import secrets
 import struct
+from typing import Any
 
 import pytest
 
@@ -26,12 +27,9 @@ NOW = 1_700_000_000.0
 BODY = wire.encode_invoke_body(SamplingParams(), PayloadKind.PROMPT, b"x" * 3000)
 
 
-def _ingress(**kw: object) -> Ingress:
-    ing = Ingress(KeyStore(keys={KEY_ID: SECRET}), ReplayGuard(ReplayConfig(), clock=lambda: NOW),
-                  Reassembler(), wall_clock=lambda: NOW, monotonic=lambda: 1.0)
-    for k, v in kw.items():
-        setattr(ing, k, v)
-    return ing
+def _ingress(**kw: Any) -> Ingress:
+    return Ingress(KeyStore(keys={KEY_ID: SECRET}), ReplayGuard(ReplayConfig(), clock=lambda: NOW),
+                   Reassembler(), wall_clock=lambda: NOW, monotonic=lambda: 1.0, **kw)
 
 
 def _frags(tagged: bool = True, secret: bytes = SECRET) -> list[bytes]:
@@ -130,10 +128,9 @@ def test_required_tag() -> None:
 def test_ping_under_a_removed_key_is_unknown_key_even_if_a_request_was_admitted() -> None:
     """§6.1: CANCEL and RESEND of an admitted request keep its key after a rotation; a PING
     does not (it is about no request), so the kernel may drop it as UNKNOWN_KEY."""
-    ing = _ingress()
     rid = secrets.token_bytes(16)
     old = wire.Mac(secrets.token_bytes(32))
-    ing.admitted_mac = lambda key: old if key == (9, rid) else None
+    ing = _ingress(admitted_mac=lambda key: old if key == (9, rid) else None)
     for mt, ok in ((MsgType.PING, False), (MsgType.CANCEL, True), (MsgType.RESEND, True)):
         d = wire.encode_control(mt, 9, old, rid, int(NOW * 1e6), secrets.token_bytes(32),
                                 xdp_tag=True)

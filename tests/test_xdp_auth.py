@@ -80,9 +80,8 @@ def daemon(keys: KeyStore, dg: bytes, *, require_tag: bool = False,
            admitted: Mapping[tuple[int, bytes], wire.Mac] | None = None) -> ErrorCode | None:
     """The daemon's verdict: None = accepted (a request, or a fragment buffered).
     `admitted`: the requests running, (key id, request id) -> the key they came under."""
-    ing = Ingress(keys, ReplayGuard(ReplayConfig(skew_s=SKEW_S)), Reassembler())
-    ing.require_xdp_tag = require_tag
-    ing.admitted_mac = (admitted or {}).get
+    ing = Ingress(keys, ReplayGuard(ReplayConfig(skew_s=SKEW_S)), Reassembler(),
+                  require_xdp_tag=require_tag, admitted_mac=(admitted or {}).get)
     r = ing.feed(dg)
     assert not (isinstance(r, Rejected) and r.code is ErrorCode.INTERNAL), r
     return r.code if isinstance(r, Rejected) else None

@@ -37,9 +37,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from zerolayer.gpu.errors import RuntimeModelError
+from zerolayer.gpu.errors import KVCacheFullError
 from zerolayer.gpu.generate import encode_prompt
-from zerolayer.protocol.errors import ErrorCode, ZerolayerError
+from zerolayer.protocol.errors import ErrorCode, OverloadedError, ZerolayerError
 
 from . import test_hooks
 from .engine import Engine
@@ -139,12 +139,10 @@ class EngineThread(threading.Thread):
             req.tokenize_us = int((time.monotonic() - t0) * 1e6)
             req.body = None  # the ids are all the engine needs: don't hold up to 3 MiB per request
             self.engine.submit(req)
-        except ZerolayerError as ex:
-            if ex.code is ErrorCode.OVERLOADED:
-                self.waiting_full += 1
+        except ZerolayerError as ex:  # the runtime's refusals are the wire's errors
+            if isinstance(ex, OverloadedError) and not isinstance(ex, KVCacheFullError):
+                self.waiting_full += 1    # the wait queue was full, not the KV arena
             self._refuse(req, ex.code or ErrorCode.INTERNAL, str(ex))
-        except RuntimeModelError as ex:  # KVCacheFullError (ContextOverflowError is a ZerolayerError)
-            self._refuse(req, ErrorCode[ex.code], str(ex))
         except ValueError as ex:  # the tokenizer refuses a message, an id outside the
             # vocabulary; a response_format schema (SchemaError) that cannot be used
             self._refuse(req, ErrorCode.MALFORMED, str(ex), getattr(ex, "detail", ""))

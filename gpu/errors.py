@@ -30,7 +30,7 @@ class ContextOverflowError(RuntimeModelError, wire.ContextOverflowError):
         self.limit = limit
 
 
-class KVCacheFullError(RuntimeModelError):
-    """The KV arena has no free blocks left (maps to OVERLOADED, not to a crash)."""
-
-    code = "OVERLOADED"
+class KVCacheFullError(RuntimeModelError, wire.OverloadedError):
+    """The KV arena has no free blocks left: the wire's OVERLOADED, not a crash. The engine
+    keeps such a request waiting until blocks free up; where one escapes, it is sent as it is.
+    """

@@ -422,7 +422,7 @@ class Engine:
             r.lp_held.append(self._position(tok, lp))
         text = r.stops.push(r.detok.push(tok))
         if text:
-            self.emit(TextEvent(r, text, 1, self._take_held(r)))
+            self.emit(TextEvent(r, text, 1, self._take_held(r), r.cached))
         if r.stops.stopped or (r.matcher is not None and r.matcher.stopped):
             return self._finish(r, FinishReason.STOP)
         if len(r.tokens) >= p.max_tokens:
@@ -458,7 +458,7 @@ class Engine:
         if reason is not FinishReason.CANCELLED:
             tail = r.stops.push(r.detok.flush()) + r.stops.flush()
             if tail or r.lp_held:
-                self.emit(TextEvent(r, tail, 0, self._take_held(r)))
+                self.emit(TextEvent(r, tail, 0, self._take_held(r), r.cached))
         # A cancelled or closed-early stream keeps its prompt's KV too: the same prompt
         # again (a client retrying, or coming back) skips its prefill.
         self._release(r, keep_prefix=True)

@@ -149,7 +149,7 @@ class EngineThread(threading.Thread):
         except Exception as ex:  # noqa: BLE001 - one request's bug fails that request
             self._refuse(req, ErrorCode.INTERNAL, f"{type(ex).__name__}: {ex}")
         else:
-            self._out.append(AcceptedEvent(req))
+            self._out.append(AcceptedEvent(req, len(req.prompt_ids), req.tokenize_us))
 
     def _refuse(self, req: Request, code: ErrorCode, message: str, detail: str = "") -> None:
         """Refused before the engine accepted it: no step ever saw it, so it never

@@ -64,6 +64,11 @@ class Request:
     next_seq: int = 0
     closed: bool = False                  # its last frame (DONE/ERROR) was emitted
     sent_tokens: int = 0                  # tokens whose text was framed (usage on CANCEL)
+    # what the engine's events reported (a CANCEL's usage and timings): the prompt's size,
+    # its positions reused from the prefix cache, its tokenizing time
+    reported_prompt: int = 0
+    reported_cached: int = 0
+    reported_tokenize_us: int = 0
     t_text: float = 0.0                   # when its last text was framed (token gaps)
     engine: int = 0                       # the engine it was handed to ([[engines]])
     # -- both: written once by the I/O thread, read by the engine
@@ -108,16 +113,20 @@ class AcceptedEvent:
     it): from here on it is a model run, whatever becomes of it. Before this, the engine
     may still refuse it as a request that never started (FailedEvent, started=False)."""
     req: Request
+    prompt_tokens: int
+    tokenize_us: int
 
 
 @dataclass(slots=True)
 class TextEvent:
     """Text to send; with logprobs asked, the encoded entries of the tokens it completes
-    (protocol/logprobs.py), which travel in the same frames as that text."""
+    (protocol/logprobs.py), which travel in the same frames as that text. `cached`: the
+    prompt positions the engine reused from its prefix cache, for the I/O side's usage."""
     req: Request
     text: str
     n_tokens: int
     logprobs: tuple[tuple[bytes, ...], ...] = ()
+    cached: int = 0
 
 
 @dataclass(slots=True)

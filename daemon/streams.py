@@ -46,6 +46,7 @@ class Streams:
         """An engine's event about one request (EngineDied is the daemon's, not a stream's)."""
         if isinstance(ev, AcceptedEvent):  # the engine took it: a model run, even if it was
             self.metrics.model_runs.inc()  # cancelled meanwhile (its DONE is in its stream)
+            ev.req.reported_prompt, ev.req.reported_tokenize_us = ev.prompt_tokens, ev.tokenize_us
             return
         r = ev.req  # type: ignore[union-attr]
         if r.closed:
@@ -61,6 +62,7 @@ class Streams:
 
     def _text(self, r: Request, ev: TextEvent) -> None:
         now = time.monotonic()
+        r.reported_cached = ev.cached
         if r.sent_tokens == 0 and ev.n_tokens:
             # TTFT, the one definition: first datagram received -> first token's frame sent
             # (the metric and the lifecycle event alike), on the clock of the side that sends
@@ -99,9 +101,9 @@ class Streams:
         r.cancel = why
         if why is not CancelReason.CLIENT:
             return self.fail(r, ErrorCode.CANCELLED, why.value)
-        prompt = r.prompt_ids
-        usage = Usage(0 if prompt is None else len(prompt), r.cached, len(r.tokens))
-        self.done(r, FinishReason.CANCELLED, usage, Timings(tokenize_us=r.tokenize_us))
+        # what the engine's events said so far: the I/O side never reads the engine's fields
+        usage = Usage(r.reported_prompt, r.reported_cached, r.sent_tokens)
+        self.done(r, FinishReason.CANCELLED, usage, Timings(tokenize_us=r.reported_tokenize_us))
 
     def done(self, r: Request, fr: FinishReason, usage: Usage, t: Timings) -> None:
         """The request's last frame, a DONE. The engine's timings are its stages; total_us

@@ -8,7 +8,7 @@ import pytest
 from zerolayer.daemon import streams as streams_mod
 from zerolayer.daemon.in_flight import InFlight
 from zerolayer.daemon.metrics import Metrics
-from zerolayer.daemon.request import DoneEvent, Request, TextEvent
+from zerolayer.daemon.request import AcceptedEvent, CancelReason, DoneEvent, Request, TextEvent
 from zerolayer.daemon.result_cache import ResultCache
 from zerolayer.daemon.streams import Streams
 from zerolayer.protocol.sampling_params import SamplingParams
@@ -87,3 +87,22 @@ def test_total_us_is_first_datagram_to_done_sent(setup):
     assert done.timings.ingress_us == 40
     assert (done.timings.queue_us, done.timings.prefill_us) == (10, 20)
     assert r.closed
+
+
+def test_a_cancels_usage_is_what_the_engines_events_reported(setup):
+    """The client's CANCEL is answered on the I/O thread at once: its DONE's usage and
+    tokenizing time come from the events the engine sent, never from the engine's own fields
+    (which the engine thread may be writing meanwhile)."""
+    clock, s, r, metrics, sent = setup
+    s.on_event(AcceptedEvent(r, 37, 512))
+    s.on_event(TextEvent(r, "Par", 1, cached=36))
+    s.on_event(TextEvent(r, "", 0, cached=36))     # held text: no token framed
+    # the engine's side has moved on; the I/O side does not look at it
+    r.prompt_ids, r.cached, r.tokens, r.tokenize_us = None, 0, [1, 2, 3, 4], 9
+    clock.t = 100.5
+    s.cancel(r, CancelReason.CLIENT)
+    done = decode_response(sent[-1], SECRET)
+    assert isinstance(done, DoneFrame) and done.finish_reason is FinishReason.CANCELLED
+    assert (done.usage.prompt_tokens, done.usage.cached_prompt_tokens,
+            done.usage.completion_tokens) == (37, 36, 1)
+    assert done.timings.tokenize_us == 512 and done.timings.total_us == 500_000

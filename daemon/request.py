@@ -61,7 +61,6 @@ class Request:
     body_bytes: int = 0                   # the body's footprint while queued (memory_bounds.py)
     # -- the I/O thread's
     addr: Address | None = None           # where frames go, its carrier's (the client may move)
-    next_seq: int = 0
     closed: bool = False                  # its last frame (DONE/ERROR) was emitted
     sent_tokens: int = 0                  # tokens whose text was framed (usage on CANCEL)
     # what the engine's events reported (a CANCEL's usage and timings): the prompt's size,

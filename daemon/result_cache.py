@@ -122,6 +122,11 @@ class ResultCache:
         self.stats["started"] += 1
         return e
 
+    def next_seq(self, key: CacheKey) -> int:
+        """The sequence number the next frame of a running request gets: its frames are
+        numbered by their place here, so this is the one count of them."""
+        return self._entries[key].next_seq
+
     def append(self, key: CacheKey, frame: bytes) -> int:
         """Store the next frame of a running request; returns its sequence number (the
         frame must already carry it: frames are stored in the order they are made)."""

@@ -83,13 +83,15 @@ class Streams:
                   [(p, b"", ev.n_tokens if i == len(pieces) - 1 else 0)
                    for i, p in enumerate(pieces)])
         for piece, entries, n in frames:
-            self.emit(r, r.signer.token(r.next_seq, r.run_id, piece, n, entries))
+            self.emit(r, r.signer.token(self._seq(r), r.run_id, piece, n, entries))
         r.sent_tokens += ev.n_tokens
 
     def emit(self, r: Request, frame: bytes) -> None:
-        r.next_seq += 1
         self.in_flight.cache.append(r.key, frame)
         self.send(frame, r.addr)
+
+    def _seq(self, r: Request) -> int:
+        return self.in_flight.cache.next_seq(r.key)
 
     def cancel(self, r: Request, why: CancelReason) -> None:
         """Stop a request now, on the I/O thread: its last frame goes out at once (DONE
@@ -112,7 +114,7 @@ class Streams:
         now = time.monotonic()
         t = dataclasses.replace(t, total_us=int((now - r.received_at) * 1e6),
                                 ingress_us=r.ingress_us)
-        self.emit(r, r.signer.done(r.next_seq, r.run_id, fr, usage, t, stop_index(r, fr)))
+        self.emit(r, r.signer.done(self._seq(r), r.run_id, fr, usage, t, stop_index(r, fr)))
         self.in_flight.close(r, cacheable=True)
         if self.publisher is not None:
             self.publisher.publish("finished", **ids(r), finish_reason=fr.label,
@@ -140,7 +142,7 @@ class Streams:
         duplicate or a RESEND gets the same answer."""
         self.metrics.errors.labels(code.name).inc()
         self.metrics.requests.labels("error").inc()
-        self.emit(r, r.signer.error(code, msg, r.next_seq, r.run_id) if started
+        self.emit(r, r.signer.error(code, msg, self._seq(r), r.run_id) if started
                   else r.signer.error(code, msg))
         self.in_flight.close(r, cacheable=ERROR_INFO[code].cacheable)
         if self.publisher is not None:

@@ -69,13 +69,10 @@ class Admission:
         if e is not None:  # a duplicate: never run the model twice
             self.cache.touch(key)
             running = self.in_flight.get(key) if e.status is EntryStatus.RUNNING else None
-            if running is not None:
-                self.metrics.idempotent.labels("attached").inc()
+            if running is not None:   # (the cache counted the hit: Metrics.pull_cache)
                 running.addr = addr  # the client may have moved (new socket on retry)
                 self.send(inv.signer.ack(e.next_seq, e.run_id, RunState.RUNNING,
                                          self.lease_ms), addr)
-            else:
-                self.metrics.idempotent.labels("replayed").inc()
             for f in e.frames:
                 self.send(f, addr)
             return

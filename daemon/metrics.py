@@ -23,6 +23,7 @@ from zerolayer.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
     from .ingress import Ingress
+    from .result_cache import ResultCache
     from .udp_io import BatchedUDP
 
 # What OVERLOADED can come from (docs/OPERATIONS.md "Error codes"): the nonce cache, one
@@ -62,7 +63,7 @@ class Metrics:
                              ["backend", "device"], registry=r)
         self.datagrams = PulledCounter("zerolayer_ingress_datagrams", "Datagrams received",
                                        registry=r)
-        self.idempotent = Counter("zerolayer_idempotent_hits",
+        self.idempotent = PulledCounter("zerolayer_idempotent_hits",
                                   "Duplicate request ids served without running the model",
                                   ["kind"], registry=r)
         self.model_runs = Counter("zerolayer_model_runs",
@@ -223,6 +224,11 @@ class Metrics:
         self.datagrams.pull_from(lambda: {(): ingress.stats["datagrams"]})
         self.errors.pull_from(lambda: {(code.name,): n
                                        for code, n in list(ingress.errors.items()) if n})
+
+    def pull_cache(self, cache: ResultCache) -> None:
+        """Duplicate request ids answered from the result cache, as the cache counts them
+        (ResultCache.lookup: attached to a running request, or replayed), at each scrape."""
+        self.idempotent.pull_from(lambda: {(k,): cache.stats[k] for k in ("attached", "replayed")})
 
     def update_ingress(self, ingress) -> None:
         """Copy ingress's and reassembly's own counts (plain ints on the hot path) into

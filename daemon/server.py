@@ -109,6 +109,7 @@ class Daemon:
                                                per_key=c.security.nonce_per_key))
         self.cache = ResultCache(ttl_s=c.cache.ttl_s, max_entries=c.cache.max_entries,
                                  max_bytes=c.cache.max_bytes)
+        self.metrics.pull_cache(self.cache)
         # one engine ([cpu]/[engine]), or one per [[engines]] table, each with its hand-offs
         specs = c.engines or [None]
         multi = len(specs) > 1

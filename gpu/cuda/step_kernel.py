@@ -265,8 +265,8 @@ def _make(TT):
         # Values derived from the arguments are kept in shared memory and read again at the
         # top of every stage: derived once and held in registers, every stage's would stay
         # live through every other stage (a load after a barrier cannot be hoisted).
-        # (cst[5:8]: the matmul item a block is on, its layer and rows, see there)
-        cst = cuda.shared.array(8, int64)
+        # (cst[5:13]: the matmul item a block is on, its layer, rows and split, see there)
+        cst = cuda.shared.array(13, int64)
         if tid == 0:
             cst[0] = (norms.shape[0] - 1) // 2  # L: every layer's attention norm, FFN norm, output
             cst[1] = n_head // n_kv  # G
@@ -471,6 +471,11 @@ def _make(TT):
                             cst[5] = it
                             cst[6] = layer
                             cst[7] = R
+                            cst[8] = ng
+                            cst[9] = S
+                            cst[10] = par
+                            cst[11] = Tn
+                            cst[12] = passes
                         g = it % ng
                         sk = (it // ng) % S
                         tile = (it // ng) // S
@@ -489,6 +494,13 @@ def _make(TT):
                         # the item's indices again, from the copy in shared memory (written
                         # before dot_item's barriers): not held in registers through its loop
                         it = cst[5]
+                        ng = cst[8]
+                        S = cst[9]
+                        par = cst[10]
+                        Tn = cst[11]
+                        passes = cst[12]
+                        q_w = n_head * hd
+                        kv_w = n_kv * hd
                         g = it % ng
                         sk = (it // ng) % S
                         tile = (it // ng) // S

@@ -2,7 +2,7 @@
 
     a fleet (a list, or "fleet://name:port")  -> FleetConnector: a node per request (fleet.py)
     "shm:///path.sock"                         -> ShmConnector: same-host rings (shm_transport.py)
-    anything else UDP                          -> UdpConnector: a socket per call
+    anything else UDP                          -> UdpConnector: a socket per call, reused
 
 The clients call only these two functions, so a new carrier is one more branch here and
 one more module beside the others, none of which imports this one.

@@ -6,7 +6,7 @@ belongs to one Client and opens a channel per call. The carriers that implement 
 
 - UDP (udp_transport.py): each channel is its own connected UDP socket, so concurrent calls
   never see each other's datagrams and the kernel drops datagrams from anyone but the
-  daemon's address.
+  daemon's address; a finished channel's socket serves a later call.
 - Same-host shared memory (shm_transport.py): one ring pair per Client, shared by its
   channels and demultiplexed by request id.
 - A fleet (fleet.py): a channel per request, sent to one node of the request's own order.

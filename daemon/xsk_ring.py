@@ -43,6 +43,7 @@ import socket
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -77,6 +78,7 @@ MSG_DONTWAIT = 0x40
 TX_BUDGET_PER_CALL = 32
 
 DESC = np.dtype([("addr", "<u8"), ("len", "<u4"), ("options", "<u4")])  # struct xdp_desc
+ADDR = np.dtype(np.uint64)  # fill/completion ring entries (little-endian: x86-64 only)
 _DESC_S = struct.Struct("<QI4x")    # the same, for per-packet access
 _ADDR_S = struct.Struct("<Q")       # fill/completion ring entries
 # Up to this many descriptors, struct on the mmap (~0.2 us each) beats numpy's fixed cost
@@ -149,16 +151,20 @@ class Umem:
 
     def close(self) -> None:
         self.view.release()
-        self.array = None
+        del self.array      # numpy's export of the mmap, or mm.close() raises BufferError
         del self._anchor
         self.mm.close()
 
 
-class _Ring:
-    """One mmap'ed ring: a u32 producer, a u32 consumer, a u32 flags word, 2^n descriptors."""
+_Entry = TypeVar("_Entry", np.void, np.uint64)
+
+
+class _Ring(Generic[_Entry]):
+    """One mmap'ed ring: a u32 producer, a u32 consumer, a u32 flags word, 2^n descriptors
+    (struct xdp_desc for RX/TX, u64 addresses for fill/completion)."""
 
     def __init__(self, fd: int, pgoff: int, offsets: tuple[int, int, int, int], size: int,
-                 dtype: np.dtype):
+                 dtype: np.dtype[_Entry]):
         prod, cons, desc, flags = offsets
         length = desc + size * dtype.itemsize
         self.mm = mmap.mmap(fd, length, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
@@ -170,7 +176,7 @@ class _Ring:
         self._mv = memoryview(self.mm)
         self._words = [self._mv[o:o + 4].cast("I") for o in (prod, cons, flags)]
         self._producer, self._consumer, self._flags = self._words
-        self.desc = np.frombuffer(self.mm, dtype, size, desc)
+        self.desc: npt.NDArray[_Entry] = np.frombuffer(self.mm, dtype, size, desc)
         self.size = size
         self.mask = size - 1
 
@@ -196,14 +202,14 @@ class _Ring:
     def occupancy(self) -> int:
         return (self.producer - self.consumer) & _U32
 
-    def slots(self, start: int, n: int) -> np.ndarray:
+    def slots(self, start: int, n: int) -> npt.NDArray[np.int64]:
         return (start + np.arange(n, dtype=np.int64)) & self.mask
 
     def close(self) -> None:
         for w in self._words:
             w.release()
         self._mv.release()   # the words are unusable from here (ValueError), not stale
-        self.desc = None
+        del self.desc        # numpy's export of the mmap, or mm.close() raises BufferError
         self.mm.close()
 
 
@@ -235,9 +241,11 @@ class XskSocket:
         except OSError as e:
             raise XskUnavailable(f"cannot open an AF_XDP socket: {e}") from e
         self.fd = self.sock.fileno()
-        self.rx_ring = self.tx_ring = self.fill = self.comp = None
+        self._rings: tuple[_Ring[np.void] | _Ring[np.uint64], ...] = ()   # what close() closes
         try:
-            self._setup(length, ring_size)
+            self.rx_ring, self.tx_ring, self.fill, self.comp = rings = self._setup(length,
+                                                                                   ring_size)
+            self._rings = rings
             self.zerocopy = self._bind(mode)
         except BaseException:
             self.close()
@@ -253,13 +261,16 @@ class XskSocket:
         self._tx_ctr = 0        # TX ring producer
         self.rx_frames = half
         self.tx_frames = n_frames - half
-        self._pending_fill: list[np.ndarray] = []
+        self._pending_fill: list[npt.NDArray[np.uint64]] = []
         self.recycle(addrs[:half])
         self.kicks = 0          # sendto() calls made to start transmission
         self.tx_eagain = 0
 
     # ---- set-up ------------------------------------------------------------------------------
-    def _setup(self, length: int, ring_size: int) -> None:
+    def _setup(self, length: int, ring_size: int) -> tuple[_Ring[np.void], _Ring[np.void],
+                                                           _Ring[np.uint64], _Ring[np.uint64]]:
+        """Register the UMEM part and map the four rings: (RX, TX, fill, completion). On a
+        failure the rings mapped so far are closed again."""
         s = self.sock
         s.setsockopt(SOL_XDP, XDP_UMEM_REG, struct.pack(
             "<QQIII4x", self.umem.address + self.base, length, self.umem.frame_size, 0, 0))
@@ -267,11 +278,20 @@ class XskSocket:
             s.setsockopt(SOL_XDP, opt, struct.pack("<I", ring_size))
         off = struct.unpack("<16Q", s.getsockopt(SOL_XDP, XDP_MMAP_OFFSETS, 128))
         rx, tx, fr, cr = off[0:4], off[4:8], off[8:12], off[12:16]
-        addr_t = np.dtype("<u8")
-        self.rx_ring = _Ring(self.fd, XDP_PGOFF_RX_RING, rx, ring_size, DESC)
-        self.tx_ring = _Ring(self.fd, XDP_PGOFF_TX_RING, tx, ring_size, DESC)
-        self.fill = _Ring(self.fd, XDP_UMEM_PGOFF_FILL_RING, fr, ring_size, addr_t)
-        self.comp = _Ring(self.fd, XDP_UMEM_PGOFF_COMPLETION_RING, cr, ring_size, addr_t)
+        mapped: list[_Ring[np.void] | _Ring[np.uint64]] = []
+        try:
+            rx_ring = _Ring(self.fd, XDP_PGOFF_RX_RING, rx, ring_size, DESC)
+            mapped.append(rx_ring)
+            tx_ring = _Ring(self.fd, XDP_PGOFF_TX_RING, tx, ring_size, DESC)
+            mapped.append(tx_ring)
+            fill = _Ring(self.fd, XDP_UMEM_PGOFF_FILL_RING, fr, ring_size, ADDR)
+            mapped.append(fill)
+            comp = _Ring(self.fd, XDP_UMEM_PGOFF_COMPLETION_RING, cr, ring_size, ADDR)
+        except BaseException:
+            for r in mapped:
+                r.close()
+            raise
+        return rx_ring, tx_ring, fill, comp
 
     def _bind(self, mode: str) -> bool:
         tries = {"auto": (XDP_ZEROCOPY, XDP_COPY), "zerocopy": (XDP_ZEROCOPY,),
@@ -428,11 +448,10 @@ class XskSocket:
                 "fill": self.fill.occupancy(), "completion": self.comp.occupancy()}
 
     def close(self) -> None:
-        for name in ("rx_ring", "tx_ring", "fill", "comp"):
-            r = getattr(self, name, None)
-            if r is not None:
-                r.close()
-                setattr(self, name, None)
+        # The rings stay attributes: once closed, any use raises (released memoryviews).
+        for r in self._rings:
+            r.close()
+        self._rings = ()
         self.sock.close()
 
 

@@ -110,8 +110,8 @@ class Engine:
         # both)
         self.drafter = drafter if self.speculative else None
         self.prefix = PrefixCache(model.arena, max_entries=prefix_entries)
-        vocab: int = model.cfg.vocab  # type: ignore[attr-defined]  # (Model.cfg: object)
-        self.grammars = Grammars(tokenizer, vocab)  # grammars compiled on first use
+        self.vocab: int = model.cfg.vocab  # type: ignore[attr-defined]  # (Model.cfg: object)
+        self.grammars = Grammars(tokenizer, self.vocab)  # grammars compiled on first use
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._inflight: Batch | None = None
@@ -137,7 +137,8 @@ class Engine:
         before the I/O thread hears of it; one the I/O thread ended early was cancelled
         first), so once the cancelled ones are reaped the OverloadedError below cannot
         happen under the daemon. It stays for the engine's other callers."""
-        assert req.prompt_ids is not None
+        if len(req.prompt_ids) == 0:
+            raise ValueError("empty prompt (a request is submitted tokenized)")
         check_context(len(req.prompt_ids), req.params.max_tokens, self.model.max_seq_len)
         if len(self.waiting) + len(self.running) >= self.capacity:
             self._reap_cancelled()  # what the next step would free anyway

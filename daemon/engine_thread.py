@@ -56,7 +56,8 @@ class EngineThread(threading.Thread):
     the exception and the thread ends."""
 
     def __init__(self, load: Callable[[], Engine], admissions: Handoff[Request],
-                 events: Handoff[EngineEvent], *, cpus: set[int] | None = None, log=print,
+                 events: Handoff[EngineEvent], *, cpus: set[int] | None = None,
+                 log: Callable[[str], None] = print,
                  index: int = 0, name: str = "zerolayer-engine"):
         super().__init__(name=name, daemon=True)
         self.index = index
@@ -88,15 +89,16 @@ class EngineThread(threading.Thread):
             if self.cpus:
                 os.sched_setaffinity(0, self.cpus)  # this thread only (and the kernel
                 # threads it starts, which inherit it)
-            self.engine = self.load()
-            self.engine.emit = self._out.append
+            engine = self.load()
+            engine.emit = self._out.append
+            self.engine = engine
         except BaseException as e:  # noqa: BLE001 - the daemon reports it and does not start
             self.start_error = e
             self.ready.set()
             return
         self.ready.set()
         try:
-            self._loop()
+            self._loop(engine)
         except BaseException as e:  # noqa: BLE001 - report, never die silently
             msg = f"{type(e).__name__}: {e}"
             self.log(f"engine thread died: {msg}" if self.name == "zerolayer-engine"
@@ -104,41 +106,41 @@ class EngineThread(threading.Thread):
             self._out.clear()
             self._push(EngineDied(msg))
 
-    def _loop(self) -> None:
-        eng = self.engine
+    def _loop(self, eng: Engine) -> None:
         while not self._stopping:
             self.beat = time.monotonic()
             taken = self.admissions.drain()
             for req in taken:
-                self._admit(req)
+                self._admit(eng, req)
             self._flush()
             if taken:  # the gauges show what was just accepted, before a step (or a hold)
-                self._publish()
+                self._publish(eng)
             if eng.has_work:
                 test_hooks.before_step(self.index)
                 eng.step()
                 self._flush()
-                self._publish()
+                self._publish(eng)
             else:
-                self._publish()
+                self._publish(eng)
                 self.admissions.wait(IDLE_WAIT_S)
 
-    def _admit(self, req: Request) -> None:
+    def _admit(self, eng: Engine, req: Request) -> None:
         self.taken_bytes += req.body_bytes  # written by this thread only (memory_bounds.py)
         if req.cancel is not None:
             return  # cancelled (and answered) before it got here
         t0 = time.monotonic()
         try:
             b = req.body
+            if b is None:  # the daemon's requests carry their body until they get here
+                raise ValueError("a request with no body (prompt, messages or token ids)")
             messages = None if b.messages is None else [{"role": m.role, "content": m.content}
                                                         for m in b.messages]
-            req.prompt_ids = encode_prompt(self.engine.tok, self.engine.model.cfg.vocab,
-                                           b.prompt, messages, b.token_ids,
+            req.prompt_ids = encode_prompt(eng.tok, eng.vocab, b.prompt, messages, b.token_ids,
                                            max_tokens=req.params.max_tokens,
-                                           max_seq_len=self.engine.model.max_seq_len)
+                                           max_seq_len=eng.model.max_seq_len)
             req.tokenize_us = int((time.monotonic() - t0) * 1e6)
             req.body = None  # the ids are all the engine needs: don't hold up to 3 MiB per request
-            self.engine.submit(req)
+            eng.submit(req)
         except ZerolayerError as ex:  # the runtime's refusals are the wire's errors
             if isinstance(ex, OverloadedError) and not isinstance(ex, KVCacheFullError):
                 self.waiting_full += 1    # the wait queue was full, not the KV arena
@@ -172,8 +174,7 @@ class EngineThread(threading.Thread):
             self.events.wake()
             time.sleep(FULL_WAIT_S)
 
-    def _publish(self) -> None:
-        e = self.engine
+    def _publish(self, e: Engine) -> None:
         a = e.model.arena
         self.stats = (len(e.running), len(e.waiting), a.n_blocks - a.free_blocks - e.prefix.blocks)
         # what the requests in the engine hold (memory_bounds.py): O(requests), ~20 µs at

@@ -41,6 +41,11 @@ if TYPE_CHECKING:
     from .carriers import Address
 
 
+# A request's prompt_ids before it is tokenized (a tokenized prompt is never empty).
+_NOT_TOKENIZED: npt.NDArray[np.int32] = np.zeros(0, np.int32)
+_NOT_TOKENIZED.flags.writeable = False
+
+
 class CancelReason(Enum):
     CLIENT = "client"      # CANCEL: the stream ends with DONE(cancelled)
     LEASE = "lease expired: no keepalive from the client"   # ERROR(CANCELLED)
@@ -73,7 +78,7 @@ class Request:
     # -- both: written once by the I/O thread, read by the engine
     cancel: CancelReason | None = None
     # -- the engine thread's
-    prompt_ids: np.ndarray | None = None
+    prompt_ids: npt.NDArray[np.int32] = field(default_factory=lambda: _NOT_TOKENIZED)
     tokenize_us: int = 0
     seq: Sequence | None = None
     prefilled: int = 0
@@ -99,7 +104,7 @@ class Request:
     done: bool = False
 
     @classmethod
-    def for_ids(cls, key, ids, params: SamplingParams) -> Request:
+    def for_ids(cls, key: CacheKey, ids: npt.ArrayLike, params: SamplingParams) -> Request:
         """A request whose prompt is already token ids (the engine's own tests and tools)."""
         r = cls(key, params)
         r.prompt_ids = np.asarray(ids, np.int32)

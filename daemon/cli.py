@@ -557,7 +557,9 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         print(f"zerolayer: TIMEOUT: {e}", file=sys.stderr)
         return EXIT_NO_ANSWER
     if not reply.get("ok"):
-        err = reply.get("error", {})
+        err = reply.get("error")
+        if not isinstance(err, Mapping):
+            err = {}
         print(f"zerolayer: {err.get('code', 'ERROR')}: {err.get('message', '')}", file=sys.stderr)
         return EXIT_PROTOCOL
     print(json.dumps(reply["result"], indent=2, sort_keys=True))

@@ -24,12 +24,26 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import zmq
 
 from .handoff import Handoff
+
+if TYPE_CHECKING:
+    from zmq.auth.thread import ThreadAuthenticator
+
+    from .xdp_io import XdpIO
+
+# What a control message's JSON holds: json.loads gives these, json.dumps takes them.
+JSONValue: TypeAlias = ("None | bool | int | float | str | Sequence[JSONValue] "
+                        "| Mapping[str, JSONValue]")
+JSONObject: TypeAlias = Mapping[str, JSONValue]
+# The slow part of a command, run on the control thread before the hand-off: (cmd, args) ->
+# what the I/O thread adopts (xdp-attach: the XDP program and sockets it opened), or None.
+Prepare: TypeAlias = Callable[[str, JSONObject], "XdpIO | None"]
 
 VERSION = 1
 CALL_TIMEOUT_S = 5.0
@@ -52,11 +66,12 @@ class ControlError(Exception):
 @dataclass
 class ControlCall:
     cmd: str
-    args: dict[str, Any]
+    args: JSONObject
+    prepared: XdpIO | None = None       # what Prepare opened for it, if anything
     done: threading.Event = field(default_factory=threading.Event)
-    reply: dict[str, Any] | None = None
+    reply: JSONObject | None = None
 
-    def answer(self, result: dict[str, Any]) -> None:
+    def answer(self, result: JSONObject) -> None:
         self.reply = {"v": VERSION, "ok": True, "result": result}
         self.done.set()
 
@@ -65,11 +80,11 @@ class ControlCall:
         self.done.set()
 
 
-def _error(code: str, message: str) -> dict[str, Any]:
+def _error(code: str, message: str) -> JSONObject:
     return {"v": VERSION, "ok": False, "error": {"code": code, "message": message}}
 
 
-def resolve_path(setting: str, environ: dict[str, str] | None = None) -> str:
+def resolve_path(setting: str, environ: Mapping[str, str] | None = None) -> str:
     """[control] socket: "" = off; "auto" = $RUNTIME_DIRECTORY/control.sock under systemd
     (RuntimeDirectory=), else off; anything else is the path."""
     environ = os.environ if environ is None else environ
@@ -80,18 +95,19 @@ def resolve_path(setting: str, environ: dict[str, str] | None = None) -> str:
 
 
 class ControlServer(threading.Thread):
-    def __init__(self, path: str, calls: Handoff[ControlCall], log=print, prepare=None,
+    def __init__(self, path: str, calls: Handoff[ControlCall],
+                 log: Callable[[str], None] = print, prepare: Prepare | None = None,
                  tcp: str = "", curve_dir: str = ""):
         super().__init__(name="zerolayer-control", daemon=True)
         self.path = path
         self.calls = calls
-        # (cmd, args) -> args: the slow part of a command (compiling and attaching XDP),
-        # done here on the control thread so that the I/O thread only adopts the result
+        # the slow part of a command (compiling and attaching XDP), done here on the control
+        # thread so that the I/O thread only adopts the result
         self.prepare = prepare
         self.log = log
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.socks: list[zmq.Socket] = []
-        self.auth = None
+        self.auth: ThreadAuthenticator | None = None
         if path:
             s = self._router()
             if os.path.exists(path):      # a stale socket of an earlier run
@@ -159,7 +175,7 @@ class ControlServer(threading.Thread):
                 except OSError:
                     pass
 
-    def _serve(self, payload: bytes) -> dict[str, Any]:
+    def _serve(self, payload: bytes) -> JSONObject:
         try:
             req = json.loads(payload)
         except (ValueError, UnicodeDecodeError):
@@ -171,14 +187,15 @@ class ControlServer(threading.Thread):
             return _error("BAD_REQUEST", "\"cmd\" must be a string and \"args\" an object")
         if cmd not in COMMANDS:
             return _error("UNKNOWN_COMMAND", f"{cmd!r}; commands: {', '.join(COMMANDS)}")
+        prepared = None
         if self.prepare is not None:
             try:
-                args = self.prepare(cmd, args)
+                prepared = self.prepare(cmd, args)
             except ControlError as e:
                 return _error(e.code, e.message)
             except Exception as e:  # noqa: BLE001 - an operator's command must not end us
                 return _error("INTERNAL", f"{type(e).__name__}: {e}")
-        call = ControlCall(cmd, args)
+        call = ControlCall(cmd, args, prepared)
         if not self.calls.put(call):
             return _error("BUSY", "the daemon has control calls queued; retry")
         if not call.done.wait(CALL_TIMEOUT_S):
@@ -187,8 +204,8 @@ class ControlServer(threading.Thread):
         return call.reply
 
 
-def request(path: str, cmd: str, args: dict[str, Any] | None = None,
-            timeout_s: float = 10.0, curve: tuple[str, str] | None = None) -> dict[str, Any]:
+def request(path: str, cmd: str, args: JSONObject | None = None,
+            timeout_s: float = 10.0, curve: tuple[str, str] | None = None) -> JSONObject:
     """One call (the client side, for `zerolayer ctl`). `path` is the ipc socket's path, or
     a tcp:// endpoint with `curve` = (the client's key_secret file, the server's public key
     file). Returns the reply object; raises TimeoutError when nothing answers (a client
@@ -197,7 +214,7 @@ def request(path: str, cmd: str, args: dict[str, Any] | None = None,
     tcp = path.startswith("tcp://")
     if not tcp and not os.path.exists(path):
         raise FileNotFoundError(path)
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     try:

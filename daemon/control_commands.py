@@ -13,7 +13,8 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from zerolayer.gpu import __version__
 
@@ -22,7 +23,7 @@ from . import logs, startup
 from .auth import KeyStore
 from .carriers import Carriers
 from .config import DaemonConfig
-from .control import ControlCall, ControlError
+from .control import ControlCall, ControlError, JSONObject, JSONValue
 from .engines import EngineSlot
 from .in_flight import InFlight
 from .lifecycle import Event, Lifecycle, LifecycleError
@@ -55,36 +56,52 @@ class Operated(Protocol):
 
 def run(d: Operated, call: ControlCall) -> None:
     try:
-        call.answer(COMMANDS[call.cmd](d, call.args))
+        call.answer(COMMANDS[call.cmd](d, call))
     except ControlError as e:
         call.fail(e.code, e.message)
     except Exception as e:  # noqa: BLE001 - an operator's command must not end the daemon
         call.fail("INTERNAL", f"{type(e).__name__}: {e}")
 
 
-def _engines(d: Operated) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class _EngineState:
+    """One engine's line of `status`."""
+    slot: EngineSlot
+    running: int
+    waiting: int
+    kv_usage: float
+    in_flight: int
+
+    def as_json(self) -> JSONObject:
+        s = self.slot
+        return {"engine": s.index, "state": "dead" if s.dead else "serving",
+                "cpus": sorted(s.cpus) if s.cpus else None, "threads": s.threads,
+                "device": None if s.spec is None or s.spec.device < 0 else s.spec.device,
+                "running": self.running, "waiting": self.waiting,
+                "in_flight": self.in_flight, "kv_usage": self.kv_usage,
+                **({"error": s.dead} if s.dead else {})}
+
+
+def _engines(d: Operated) -> list[_EngineState]:
     """Each engine's state, in the configuration's order ([[engines]]; one engine: one)."""
     out = []
     for s in d.engines:
-        running, waiting, kv_held = (0, 0, 0) if s.dead else s.thread.stats
+        # an engine thread publishes (0, 0, 0) until it runs; a dead one holds nothing
+        running, waiting, kv_held = (0, 0, 0) if s.dead or s.thread is None else s.thread.stats
         _, blocks = s.held_blocks()
-        out.append({"engine": s.index, "state": "dead" if s.dead else "serving",
-                    "cpus": sorted(s.cpus) if s.cpus else None, "threads": s.threads,
-                    "device": None if s.spec is None or s.spec.device < 0 else s.spec.device,
-                    "running": running, "waiting": waiting + len(s.admissions),
-                    "in_flight": d.in_flight.on_engine(s.index),
-                    "kv_usage": round(kv_held / blocks, 4) if blocks and not s.dead else 0.0,
-                    **({"error": s.dead} if s.dead else {})})
+        out.append(_EngineState(s, running, waiting + len(s.admissions),
+                                round(kv_held / blocks, 4) if blocks and not s.dead else 0.0,
+                                d.in_flight.on_engine(s.index)))
     return out
 
 
-def status(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+def status(d: Operated, call: ControlCall) -> JSONObject:
     engines = _engines(d)
-    running = sum(e["running"] for e in engines)
-    waiting = sum(e["waiting"] for e in engines)
-    dead = [e["engine"] for e in engines if e["state"] == "dead"]
+    running = sum(e.running for e in engines)
+    waiting = sum(e.waiting for e in engines)
+    dead = [e.slot.index for e in engines if e.slot.dead]
     return {
-        "engines": engines,
+        "engines": [e.as_json() for e in engines],
         "degraded": bool(dead),
         "state": _state(d), "version": __version__, "pid": os.getpid(),
         "uptime_s": round(time.monotonic() - d.started, 3),
@@ -95,14 +112,14 @@ def status(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def drain(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+def drain(d: Operated, call: ControlCall) -> JSONObject:
     """Refuse new work with DRAINING; keep serving what is in flight and every control
     message; stay up. `undrain` ends it."""
     _move(d, Event.DRAIN)
     return {"state": _state(d), "in_flight": len(d.in_flight)}
 
 
-def undrain(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+def undrain(d: Operated, call: ControlCall) -> JSONObject:
     _move(d, Event.UNDRAIN)
     return {"state": _state(d)}
 
@@ -121,7 +138,7 @@ def _state(d: Operated) -> str:
     return d.lifecycle.phase.wire.name.lower()
 
 
-def reload_keys(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+def reload_keys(d: Operated, call: ControlCall) -> JSONObject:
     ok = d.reload_keys()
     if not ok:
         raise ControlError("BAD_ARGUMENT", f"keys file refused, old keys kept: "
@@ -129,34 +146,40 @@ def reload_keys(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     return {"keys": len(d.keys)}
 
 
-def config(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+def config(d: Operated, call: ControlCall) -> JSONObject:
     """The effective configuration (defaults < file < environment < flags). Nothing in it is
     secret: the keys file is a path, its contents are never read out."""
     return config_mod.as_dict(d.cfg)
 
 
-def cache_stats(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+def cache_stats(d: Operated, call: ControlCall) -> JSONObject:
     c = d.cache
     return {"entries": len(c), "running": c.running, "bytes": c.nbytes,
             "max_entries": c.max_entries, "max_bytes": c.max_bytes, "ttl_s": c.ttl_s,
             **c.stats}
 
 
-def cache_flush(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+def cache_flush(d: Operated, call: ControlCall) -> JSONObject:
     """Forget every finished result (a duplicate of one then runs the model again); running
     requests keep their entries, or they could not be resumed or cancelled."""
     return {"flushed": d.cache.flush_finished(), "entries": len(d.cache)}
 
 
-def kv_stats(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+def kv_stats(d: Operated, call: ControlCall) -> JSONObject:
     """Summed over the engines; each engine's own under "engines" (its own arena and
     prefix cache)."""
-    per = []
+    per: list[dict[str, int]] = []
+    arenas = []
     for s in d.engines:
+        if s.model is None or s.thread is None or s.thread.engine is None:
+            continue  # not loaded: no arena, no prefix cache (the daemon answers once all are)
         a = s.model.arena
+        arenas.append(a)
         per.append({"engine": s.index, "blocks": a.n_blocks, "free_blocks": a.free_blocks,
                     "prefix_cache_blocks": s.thread.engine.prefix.blocks})
-    a = d.engines[0].model.arena
+    if not arenas:
+        raise ControlError("UNAVAILABLE", "no engine has loaded its model yet")
+    a = arenas[0]
     return {"blocks": sum(e["blocks"] for e in per),
             "free_blocks": sum(e["free_blocks"] for e in per),
             "prefix_cache_blocks": sum(e["prefix_cache_blocks"] for e in per),
@@ -164,7 +187,7 @@ def kv_stats(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
             "engines": per}
 
 
-def xdp_status(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+def xdp_status(d: Operated, call: ControlCall) -> JSONObject:
     if d.carriers.xdp is None:
         return {"attached": False, "ingress": d.cfg.network.ingress}
     io = d.carriers.xdp.io
@@ -174,13 +197,13 @@ def xdp_status(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
             "packets": io.packet_counts(), "pins": io.pins}
 
 
-def prepare(d: Operated, cmd: str, args: dict[str, Any]) -> dict[str, Any]:
+def prepare(d: Operated, cmd: str, args: JSONObject) -> XdpIO | None:
     """Run on the control thread before a command is handed to the I/O thread: the part
     that takes long. xdp-attach compiles, loads and attaches the XDP program and opens the
     AF_XDP sockets here (a second or so: BCC runs in a helper process), so the data plane
     never waits for it; the I/O thread then only adopts them."""
     if cmd != "xdp-attach":
-        return args
+        return None
     if d.carriers.xdp is not None:
         raise ControlError("UNAVAILABLE",
                            f"already attached to {d.carriers.xdp.io.settings.ifname}")
@@ -188,13 +211,13 @@ def prepare(d: Operated, cmd: str, args: dict[str, Any]) -> dict[str, Any]:
         io = d.open_xdp("xdp")
     except (OSError, ValueError) as e:
         raise ControlError("UNAVAILABLE", str(e)) from None
-    return {**args, "_io": io}
+    return io
 
 
-def xdp_attach(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+def xdp_attach(d: Operated, call: ControlCall) -> JSONObject:
     """Adopt the XDP program and AF_XDP sockets that prepare() opened, as at start with
     ingress = "xdp". The UDP socket kept serving meanwhile."""
-    io = args.get("_io")
+    io = call.prepared
     if io is None:
         raise ControlError("BAD_REQUEST", "xdp-attach was not prepared")
     if d.carriers.xdp is not None:  # attached meanwhile by another call: keep that one
@@ -204,10 +227,10 @@ def xdp_attach(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     d.carriers.attach_xdp(io)
     startup.publish_xdp_keys(io, d.keys, d.cfg, d.in_flight)   # a reload may have come since
     d.metrics.new_xdp_program()
-    return xdp_status(d, {})
+    return xdp_status(d, call)
 
 
-def xdp_detach(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+def xdp_detach(d: Operated, call: ControlCall) -> JSONObject:
     """Detach the program and close the AF_XDP sockets: invoke traffic goes to the kernel's
     UDP path, which the daemon serves too; replies to clients that came over XDP go back
     through the UDP socket."""
@@ -221,17 +244,18 @@ def xdp_detach(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     return {"attached": False}
 
 
-def rate_limit(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+def rate_limit(d: Operated, call: ControlCall) -> JSONObject:
     """The XDP program's per-source token bucket, in the kernel: with args rate_pps (0 =
     off) and optionally burst, set it first (at once, no restart; sources keep their
     state). UNAVAILABLE without the XDP fast path."""
     if d.carriers.xdp is None:
         raise ControlError("UNAVAILABLE", "the XDP fast path is not attached (ingress udp)")
     prog = d.carriers.xdp.io.prog
+    args = call.args
     if "rate_pps" in args or "burst" in args:
         try:
-            rate = int(args.get("rate_pps", prog.rate()[0]))
-            burst = int(args.get("burst", 0))
+            rate = _int_arg(args.get("rate_pps", prog.rate()[0]))
+            burst = _int_arg(args.get("burst", 0))
             prog.set_rate(rate, burst)
         except ValueError as e:
             raise ControlError("BAD_ARGUMENT", f"rate_pps and burst: integers >= 0 ({e})") \
@@ -242,8 +266,16 @@ def rate_limit(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     return {"rate_pps": rate, "burst": burst}
 
 
-def log_level(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
+def _int_arg(v: JSONValue) -> int:
+    """int() of a JSON argument; TypeError for an array, object or null (as int() says)."""
+    if isinstance(v, (str, int, float)):
+        return int(v)
+    raise TypeError(f"int() argument must be a string or a number, not '{type(v).__name__}'")
+
+
+def log_level(d: Operated, call: ControlCall) -> JSONObject:
     """The log level now; with args {"level": "debug|info|warning|error"} set it first."""
+    args = call.args
     if "level" in args:
         try:
             logs.set_level(str(args["level"]))
@@ -253,7 +285,7 @@ def log_level(d: Operated, args: dict[str, Any]) -> dict[str, Any]:
     return {"level": logs.level()}
 
 
-COMMANDS: dict[str, Callable[[Operated, dict[str, Any]], dict[str, Any]]] = {
+COMMANDS: dict[str, Callable[[Operated, ControlCall], JSONObject]] = {
     "status": status, "drain": drain, "undrain": undrain, "reload-keys": reload_keys,
     "config": config, "cache-stats": cache_stats, "cache-flush": cache_flush,
     "kv-stats": kv_stats, "xdp-status": xdp_status, "xdp-attach": xdp_attach,

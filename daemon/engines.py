@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .config import DaemonConfig, EngineSpec, parse_cpus
 from .engine_thread import EngineThread
 from .handoff import Handoff
 from .request import EngineEvent, Request
+
+if TYPE_CHECKING:
+    from zerolayer.gpu.generate import Generator
+    from zerolayer.gpu.model import LlamaModel
+    from zerolayer.gpu.model_api import Model
 
 
 @dataclass(eq=False)
@@ -31,14 +38,14 @@ class EngineSlot:
     events: Handoff[EngineEvent]
     cpus: set[int] | None = None
     thread: EngineThread | None = None
-    model: object = None
+    model: Model | None = None              # None until its thread has loaded it
     threads: int = 0                        # kernel threads of its thread
     dead: str = ""                          # why it died; "" while it serves
     refused_full: int = 0                   # OVERLOADED: it held its capacity (admission.py)
 
     def held_blocks(self) -> tuple[int, int]:
         """(KV blocks held by requests, blocks in the arena); (0, 0) before it loaded."""
-        if self.model is None:
+        if self.model is None or self.thread is None:
             return 0, 0
         return self.thread.stats[2], self.model.arena.n_blocks
 
@@ -67,7 +74,7 @@ def cpu_problems(cfg: DaemonConfig) -> list[str]:
     return out
 
 
-def sibling_model(base, kv_blocks: int | None):
+def sibling_model(base: Model, kv_blocks: int | None) -> LlamaModel:
     """A host (CPU) LlamaModel sharing `base`'s read-only arrays, with its own KV arena.
 
     What a LlamaModel holds per instance (gpu/model.py): `arena`, the only state a step
@@ -77,7 +84,14 @@ def sibling_model(base, kv_blocks: int | None):
     from zerolayer.gpu.kv_cache import KVArena
     from zerolayer.gpu.model import LlamaModel
     from zerolayer.gpu.ops.attention import BLOCK_TOKENS
-    host = base if isinstance(base, LlamaModel) else base.model  # a CudaModel wraps one
+    if isinstance(base, LlamaModel):
+        host = base
+    else:  # a CudaModel wraps one
+        from zerolayer.gpu.cuda.forward import CudaModel
+        if not isinstance(base, CudaModel):
+            raise TypeError(f"engine 0's model is a {type(base).__name__}, not a LlamaModel "
+                            f"or a CudaModel over one")
+        host = base.model
     m = copy.copy(host)
     cfg = m.cfg
     if kv_blocks is None:  # as LlamaModel: room for 16 full-length sequences
@@ -87,7 +101,8 @@ def sibling_model(base, kv_blocks: int | None):
     return m
 
 
-def load_sibling(base, *, threads: int | None, kv_blocks: int | None, warmup: bool, log):
+def load_sibling(base: Model, *, threads: int | None, kv_blocks: int | None, warmup: bool,
+                 log: Callable[[str], None]) -> Generator:
     """Engine i > 0: set this thread's kernel threads, make its model over engine 0's
     weights (on the chosen backend), warm it up on this thread. Returns a Generator."""
     import time

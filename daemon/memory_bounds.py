@@ -53,8 +53,9 @@ def buffers(c: DaemonConfig, replay: ReplayGuard, r: Reassembler, cache: ResultC
     """buffer name → (bytes held now, bound in bytes); a function of what it is given alone.
     `slots`: one per engine ([[engines]]), summed; `admitted_bytes`: body bytes ever handed
     to the engines (InFlight); `umem_bytes`: the AF_XDP UMEM, 0 without it."""
-    arenas = [s.model.arena for s in slots]
-    threads = [s.thread for s in slots]
+    # an engine not loaded yet holds no arena, and one not started has taken nothing
+    arenas = [s.model.arena for s in slots if s.model is not None]
+    threads = [s.thread for s in slots if s.thread is not None]
     n = len(slots)
     per_request = TOKEN_BYTES * c.model.max_seq_len + REQUEST_BYTES
     out = {

@@ -154,6 +154,8 @@ def start_engine(cfg: DaemonConfig, slot: EngineSlot, first: EngineSlot, multi: 
             metrics.backend.labels(backend.NAME, getattr(gen.model, "device", "cpu")).set(1)
             prune_model_cache(m.path, m.cache_max_bytes, log)
         else:
+            if first.model is None:  # started after engine 0 has loaded, or not at all
+                raise RuntimeError("engine 0 has no model to share")
             gen = load_sibling(first.model, threads=threads, kv_blocks=kv_blocks,
                                warmup=cfg.lifecycle.warmup,
                                log=lambda msg: log(f"engine {slot.index}: {msg}"))

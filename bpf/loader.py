@@ -39,11 +39,15 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zerolayer.protocol import wire_consts
 from zerolayer.protocol.errors import ErrorCode
 
 from .bpf_maps import RawMap, bpf
+
+if TYPE_CHECKING:
+    import bcc
 
 BPF_DIR = Path(__file__).resolve().parent
 SOURCE = BPF_DIR / "invoke_steer.c"
@@ -231,7 +235,8 @@ class InvokeSteer:
     then only holds file descriptors)."""
 
     def __init__(self, prog_fd: int, maps: Mapping[str, RawMap], stats: CompileStats,
-                 defines: Mapping[str, int], *, bcc_object=None, owned_fds: Iterable[int] = ()):
+                 defines: Mapping[str, int], *, bcc_object: bcc.BPF | None = None,
+                 owned_fds: Iterable[int] = ()):
         self._fd = prog_fd
         self._maps = dict(maps)
         self._bpf = bcc_object          # BCC mode: it owns the fds
@@ -239,6 +244,9 @@ class InvokeSteer:
         self.compile_stats = stats
         self.defines = dict(defines)
         self._links: list[XdpLink] = []
+        # peak memory of the BCC helper process that compiled it (compile_isolated); 0 when
+        # compiled in this process
+        self.helper_rss_bytes = 0
 
     @classmethod
     def from_fds(cls, prog_fd: int, map_fds: Mapping[str, int], stats: CompileStats,

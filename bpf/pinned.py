@@ -45,12 +45,13 @@ def main(argv: list[str] | None = None) -> int:
         key_ids = sorted(prog.tag_keys())
         auth = {"key_ids": key_ids, "check_keys": bool(flags & AUTH_KEYS),
                 "require_tag": bool(flags & AUTH_REQUIRE_TAG), "skew_us": skew_us}
-        state = {"ports": sorted(prog.ports()), "rate_pps": pps, "burst": burst,
+        ports = sorted(prog.ports())
+        state = {"ports": ports, "rate_pps": pps, "burst": burst,
                  "packets": stats, "auth": auth}
         if a.cmd == "show" and a.json:
             print(json.dumps(state))
         else:
-            print(f"ports {' '.join(map(str, state['ports'])) or '-'}; rate limit "
+            print(f"ports {' '.join(map(str, ports)) or '-'}; rate limit "
                   f"{'off' if pps == 0 else f'{pps}/s per source, burst {burst}'}")
             print(f"auth: {len(key_ids)} key id(s), unknown keys "
                   f"{'dropped' if auth['check_keys'] else 'passed'}, untagged "

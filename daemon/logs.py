@@ -10,13 +10,20 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import TextIO
+from typing import Protocol, TextIO
 
 LOGGER = logging.getLogger("zerolayerd")
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
           "error": logging.ERROR}
 _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
              logging.CRITICAL: 2}
+
+
+class Log(Protocol):
+    """A log function: the daemon's (server.log: a message and its logging level), or
+    print in tests and tools."""
+
+    def __call__(self, msg: str, level: int = ..., /) -> None: ...
 
 
 class _Format(logging.Formatter):

@@ -5,17 +5,16 @@ the phase to fall out of step with it.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from .in_flight import InFlight
 from .lifecycle import Event, Lifecycle, Phase
+from .logs import Log
 from .metrics import Metrics
 from .sd_notify import Notifier
 
 
 class PhaseReport:
     def __init__(self, lifecycle: Lifecycle, in_flight: InFlight,
-                 metrics: Metrics, sd: Notifier, log: Callable[..., None]) -> None:
+                 metrics: Metrics, sd: Notifier, log: Log) -> None:
         self.lifecycle = lifecycle
         self.in_flight = in_flight
         self.metrics = metrics

@@ -33,7 +33,7 @@ import socket
 import stat
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from zerolayer.protocol.shm_ring import (
@@ -48,6 +48,7 @@ from zerolayer.protocol.shm_ring import (
 
 if TYPE_CHECKING:
     from .config import ShmSection
+    from .logs import Log
 
 CONNECT_RESULTS = ("accepted", "refused_peer", "refused_full", "failed")
 RING_ERRORS = ("bad_index", "bad_length", "protocol")
@@ -55,7 +56,7 @@ LISTEN_BACKLOG = 64
 _PEERCRED = struct.Struct("3i")   # struct ucred: pid, uid, gid
 
 
-def resolve_path(setting: str, environ: dict[str, str] | None = None) -> str:
+def resolve_path(setting: str, environ: Mapping[str, str] | None = None) -> str:
     """[shm] socket: "" = off; "auto" = $RUNTIME_DIRECTORY/shm.sock under systemd, else off;
     anything else is the path (the same rule as the control socket's)."""
     environ = os.environ if environ is None else environ
@@ -96,7 +97,7 @@ class ShmIngress:
     def __init__(self, listener: socket.socket, path: str, *, ring_bytes: int,
                  max_clients: int, allowed_uids: frozenset[int] = frozenset(),
                  allowed_gids: frozenset[int] = frozenset(), batch: int = 64,
-                 log: Callable[..., None] = print) -> None:
+                 log: Log = print) -> None:
         self.listener = listener
         self.path = path
         self.ring_bytes = ring_bytes
@@ -119,7 +120,7 @@ class ShmIngress:
     def open(cls, path: str, *, mode: int = 0o660, group: str = "", ring_bytes: int,
              max_clients: int, allowed_uids: frozenset[int] = frozenset(),
              allowed_gids: frozenset[int] = frozenset(), batch: int = 64,
-             log: Callable[..., None] = print) -> ShmIngress:
+             log: Log = print) -> ShmIngress:
         """Bind and listen on `path` (a stale socket file of an earlier run is replaced)."""
         check_platform()
         if os.path.lexists(path):
@@ -360,7 +361,7 @@ class ShmIngress:
 
 
 def open_from_config(cfg: ShmSection, batch: int,
-                     log: Callable[..., None]) -> ShmIngress | None:
+                     log: Log) -> ShmIngress | None:
     """The ingress for the [shm] section, or None when it is off."""
     path = resolve_path(cfg.socket)
     if not path:

@@ -12,7 +12,6 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
 
 from . import config as config_mod
@@ -21,6 +20,7 @@ from .config import DaemonConfig
 from .engine import Engine
 from .engine_thread import EngineThread
 from .engines import EngineSlot, load_sibling
+from .logs import Log
 from .metrics import Metrics
 from .sd_notify import Notifier
 
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from .in_flight import InFlight
     from .xdp_io import XdpIO
 
-Log = Callable[..., None]
 
 
 class LoadTimeoutError(TimeoutError):

@@ -24,23 +24,20 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 import zmq
 
 from .handoff import Handoff
+from .json_value import JSONObject
 
 if TYPE_CHECKING:
     from zmq.auth.thread import ThreadAuthenticator
 
     from .xdp_io import XdpIO
 
-# What a control message's JSON holds: json.loads gives these, json.dumps takes them.
-JSONValue: TypeAlias = ("None | bool | int | float | str | Sequence[JSONValue] "
-                        "| Mapping[str, JSONValue]")
-JSONObject: TypeAlias = Mapping[str, JSONValue]
 # The slow part of a command, run on the control thread before the hand-off: (cmd, args) ->
 # what the I/O thread adopts (xdp-attach: the XDP program and sockets it opened), or None.
 Prepare: TypeAlias = Callable[[str, JSONObject], "XdpIO | None"]

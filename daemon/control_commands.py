@@ -23,9 +23,10 @@ from . import logs, startup
 from .auth import KeyStore
 from .carriers import Carriers
 from .config import DaemonConfig
-from .control import ControlCall, ControlError, JSONObject, JSONValue
+from .control import ControlCall, ControlError
 from .engines import EngineSlot
 from .in_flight import InFlight
+from .json_value import JSONObject, JSONValue
 from .lifecycle import Event, Lifecycle, LifecycleError
 from .metrics import Metrics
 from .result_cache import ResultCache

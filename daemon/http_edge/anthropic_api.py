@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from zerolayer.client import ChatMessage, InvokeResult, TokenLogprob
+from zerolayer.daemon.json_value import JSONObject, JSONValue
 from zerolayer.protocol.sampling_params import MAX_STOP
 
 from .anthropic_tools import content, parse_tools, turn, use_id
@@ -47,21 +47,22 @@ class MessagesRequest:
     tools: ToolSpec | None = None     # with tools whose answer is constrained (not `none`)
 
 
-def _text(content: Any, where: str) -> str:
+def _text(content: JSONValue, where: str) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
+        parts: list[str] = []
         for i, block in enumerate(content):
+            text = block.get("text") if isinstance(block, dict) else None
             if (not isinstance(block, dict) or block.get("type") != "text"
-                    or not isinstance(block.get("text"), str)):
+                    or not isinstance(text, str)):
                 raise bad_request(f"{where}.{i}: only text content blocks are supported")
-            parts.append(block["text"])
+            parts.append(text)
         return "".join(parts)
     raise bad_request(f"{where}: content must be a string or a list of text blocks")
 
 
-def parse_messages(body: dict[str, Any], st: EdgeState) -> MessagesRequest:
+def parse_messages(body: JSONObject, st: EdgeState) -> MessagesRequest:
     f = Fields(body)
     model = f.string("model", required=True)
     if model != st.cfg.model_name:
@@ -114,7 +115,7 @@ def stop_sequence(r: InvokeResult | None) -> str | None:
     return r.stop_sequence if r is not None else None
 
 
-def _usage(r: InvokeResult) -> dict[str, Any]:
+def _usage(r: InvokeResult) -> JSONObject:
     u = r.usage
     # Anthropic counts cache reads apart from input_tokens: input = the uncached part.
     return {"input_tokens": u.prompt_tokens - u.cached_prompt_tokens,
@@ -147,7 +148,7 @@ class AnthropicChunks:
                                                                       "text": ""})]),
             named_event("ping", {"type": "ping"})]
 
-    def _start_block(self, block: dict[str, object]) -> bytes:
+    def _start_block(self, block: dict[str, JSONValue]) -> bytes:
         out = self._stop_block()
         self._open, self._blocks = self._blocks, self._blocks + 1
         return out + named_event("content_block_start", {
@@ -159,7 +160,7 @@ class AnthropicChunks:
         i, self._open = self._open, None
         return named_event("content_block_stop", {"type": "content_block_stop", "index": i})
 
-    def _delta(self, delta: dict[str, object]) -> bytes:
+    def _delta(self, delta: dict[str, JSONValue]) -> bytes:
         return named_event("content_block_delta", {"type": "content_block_delta",
                                                    "index": self._open, "delta": delta})
 
@@ -204,14 +205,14 @@ class AnthropicDialect:
     api: str = API
     x_api_key: bool = True
 
-    def parse(self, body: dict[str, Any], st: EdgeState) -> MessagesRequest:
+    def parse(self, body: JSONObject, st: EdgeState) -> MessagesRequest:
         return parse_messages(body, st)
 
-    def error_body(self, e: ApiError) -> dict[str, Any]:
+    def error_body(self, e: ApiError) -> JSONObject:
         return e.anthropic_body()
 
     def body(self, req: MessagesRequest, r: InvokeResult, text: str, model: str,
-             created: int) -> dict[str, Any]:
+             created: int) -> JSONObject:
         answer = read(text) if req.tools is not None else None
         blocks = ([{"type": "text", "text": text}] if answer is None
                   else content(answer, r.request_id))

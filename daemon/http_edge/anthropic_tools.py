@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from zerolayer.client import ChatMessage
+from zerolayer.daemon.json_value import JSONValue
 
 from .errors import bad_request
 from .tool_output import Reading
@@ -112,7 +113,7 @@ def use_id(request_id: bytes, index: int) -> str:
     return f"toolu_{request_id.hex()[:24]}{index:02d}"
 
 
-def tool_input(arguments: str) -> dict[str, object]:
+def tool_input(arguments: str) -> dict[str, JSONValue]:
     """A call's input object. An answer cut by max_tokens can leave its arguments
     unfinished; the block then carries what parses, an empty input."""
     try:
@@ -122,7 +123,7 @@ def tool_input(arguments: str) -> dict[str, object]:
     return v if isinstance(v, dict) else {}
 
 
-def content(r: Reading, request_id: bytes) -> list[dict[str, object]]:
+def content(r: Reading, request_id: bytes) -> list[dict[str, JSONValue]]:
     """The answer's content blocks: the reply's text, or one tool_use block per call."""
     calls = r.named_calls
     if not calls:

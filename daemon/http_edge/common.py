@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 from starlette.requests import Request
+
+from zerolayer.daemon.json_value import JSONObject, JSONValue
 
 from .errors import ApiError, bad_request, unauthorized
 from .tokens import TokenTable
@@ -18,7 +19,7 @@ from .tokens import TokenTable
 MAX_BODY_BYTES = 2 << 20   # the daemon takes 1 MiB of request body; JSON adds quoting
 
 
-async def read_json(request: Request) -> dict[str, Any]:
+async def read_json(request: Request) -> JSONObject:
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
         raise ApiError(413, f"request body larger than {MAX_BODY_BYTES} bytes",
@@ -61,11 +62,11 @@ class Fields:
     """Typed access to a request body; remembers which keys were looked at, so that
     `refuse_unknown` can reject every key the edge does not understand."""
 
-    def __init__(self, body: dict[str, Any]) -> None:
+    def __init__(self, body: JSONObject) -> None:
         self.body = body
         self.seen: set[str] = set()
 
-    def raw(self, name: str) -> Any:
+    def raw(self, name: str) -> JSONValue:
         self.seen.add(name)
         return self.body.get(name)
 
@@ -116,7 +117,7 @@ class Fields:
             raise bad_request(f"'{name}' must be in {interval}, got {v}", name)
         return float(v)
 
-    def neutral(self, name: str, *neutral_values: Any) -> None:
+    def neutral(self, name: str, *neutral_values: JSONValue) -> None:
         """Accept a parameter only at a value that changes nothing (e.g. n=1,
         presence_penalty=0): clients that always send it still work."""
         v = self.raw(name)

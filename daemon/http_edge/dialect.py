@@ -20,9 +20,10 @@ connection, so each is checked by feeding it values.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from zerolayer.client import InvokeResult, TokenLogprob
+from zerolayer.daemon.json_value import JSONObject
 
 from .errors import ApiError
 from .generation import GenParams
@@ -55,8 +56,8 @@ class Dialect(Protocol[Req]):
     @property
     def x_api_key(self) -> bool: ...    # `x-api-key` taken as well as `Authorization: Bearer`
 
-    def parse(self, body: dict[str, Any], st: EdgeState) -> Req: ...
-    def error_body(self, e: ApiError) -> dict[str, Any]: ...
+    def parse(self, body: JSONObject, st: EdgeState) -> Req: ...
+    def error_body(self, e: ApiError) -> JSONObject: ...
     def body(self, req: Req, r: InvokeResult, text: str, model: str,
-             created: int) -> dict[str, Any]: ...
+             created: int) -> JSONObject: ...
     def chunks(self, req: Req, request_id: bytes, model: str, created: int) -> ChunkShape: ...

@@ -14,8 +14,8 @@ is missing. How a row was chosen:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from zerolayer.daemon.json_value import JSONObject
 from zerolayer.protocol.errors import ErrorCode, StreamRestartedError, ZerolayerError, ZerolayerTimeoutError
 
 
@@ -117,11 +117,11 @@ class ApiError(Exception):
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s else {}
 
-    def openai_body(self) -> dict[str, Any]:
+    def openai_body(self) -> JSONObject:
         return {"error": {"message": self.message, "type": self.openai_type,
                           "param": self.param, "code": self.openai_code}}
 
-    def anthropic_body(self) -> dict[str, Any]:
+    def anthropic_body(self) -> JSONObject:
         return {"type": "error", "error": {"type": self.anthropic_type, "message": self.message}}
 
 

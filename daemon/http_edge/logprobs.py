@@ -21,6 +21,7 @@ import codecs
 from collections.abc import Sequence
 
 from zerolayer.client import TokenLogprob
+from zerolayer.daemon.json_value import JSONValue
 
 FLOOR = -9999.0
 
@@ -29,7 +30,7 @@ def _lp(v: float) -> float:
     return v if v > FLOOR else FLOOR
 
 
-def chat_logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, object]:
+def chat_logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, JSONValue]:
     return {"content": [{"token": t.token, "logprob": _lp(t.logprob),
                          "bytes": list(t.token_bytes),
                          "top_logprobs": [{"token": a.token, "logprob": _lp(a.logprob),
@@ -44,7 +45,7 @@ class CompletionLogprobs:
         self._chars = 0
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
-    def next(self, tokens: Sequence[TokenLogprob]) -> dict[str, object]:
+    def next(self, tokens: Sequence[TokenLogprob]) -> dict[str, JSONValue]:
         """The logprobs object of the next tokens of the answer."""
         offsets = []
         for t in tokens:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from zerolayer.client import InvokeResult, TokenLogprob
+from zerolayer.daemon.json_value import JSONObject, JSONValue
 from zerolayer.protocol.constraint import ResponseFormat, from_response_format
 from zerolayer.protocol.errors import MalformedError
 from zerolayer.protocol.sampling_params import (
@@ -62,7 +63,20 @@ def _model(f: Fields, cfg_model: str) -> None:
                         f"'{cfg_model}')", "model", "model_not_found")
 
 
-def _common(f: Fields, st: EdgeState, max_tokens_names: tuple[str, ...]) -> dict[str, Any]:
+class _Sampling(TypedDict):
+    """The GenParams fields chat and completions share."""
+    max_tokens: int
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: tuple[str, ...]
+
+
+def _common(f: Fields, st: EdgeState, max_tokens_names: tuple[str, ...]) -> _Sampling:
     """The sampling fields chat and completions share."""
     _model(f, st.cfg.model_name)
     max_tokens = None
@@ -108,7 +122,7 @@ def _stream_flags(f: Fields) -> tuple[bool, bool]:
     return stream, include_usage
 
 
-def parse_chat(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
+def parse_chat(body: JSONObject, st: EdgeState) -> OpenAIRequest:
     f = Fields(body)
     common = _common(f, st, ("max_tokens", "max_completion_tokens"))
     logprobs = f.boolean("logprobs")
@@ -158,7 +172,7 @@ def _response_format(fmt: object) -> ResponseFormat | None:
     return dict(fmt)
 
 
-def parse_completion(body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
+def parse_completion(body: JSONObject, st: EdgeState) -> OpenAIRequest:
     f = Fields(body)
     common = _common(f, st, ("max_tokens",))
     f.neutral("echo", False)
@@ -184,7 +198,7 @@ def finish_reason(r: InvokeResult | None, called: bool = False) -> str:
     return "tool_calls" if called else "stop"
 
 
-def usage(r: InvokeResult) -> dict[str, Any]:
+def usage(r: InvokeResult) -> JSONObject:
     u = r.usage
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
@@ -204,7 +218,7 @@ class OpenAIChunks:
         self._tools = ToolDeltas() if req.tools is not None else None
         self._logprobs = req.params.logprobs
         self._offsets = CompletionLogprobs()
-        self._base: dict[str, Any] = {
+        self._base: dict[str, JSONValue] = {
             "id": ("chatcmpl-" if chat else "cmpl-") + request_id.hex(),
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": created, "model": model, "system_fingerprint": None}
@@ -213,14 +227,14 @@ class OpenAIChunks:
 
     def _chunk(self, text: str | None, finish: str | None = None,
                role: bool = False, logprobs: Sequence[TokenLogprob] | None = None,
-               tool_delta: dict[str, Any] | None = None) -> bytes:
+               tool_delta: JSONObject | None = None) -> bytes:
         if self._chat:
-            d: dict[str, Any] = {}
+            d: dict[str, JSONValue] = {}
             if role:
                 d["role"] = "assistant"
             if text is not None:
                 d["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": tool_delta or d}
+            choice: dict[str, JSONValue] = {"index": 0, "delta": tool_delta or d}
         else:
             choice = {"index": 0, "text": text or ""}
         choice["logprobs"] = (None if logprobs is None else chat_logprobs(logprobs) if self._chat
@@ -256,14 +270,14 @@ class OpenAIDialect:
     chat: bool
     x_api_key: bool = False
 
-    def parse(self, body: dict[str, Any], st: EdgeState) -> OpenAIRequest:
+    def parse(self, body: JSONObject, st: EdgeState) -> OpenAIRequest:
         return (parse_chat if self.chat else parse_completion)(body, st)
 
-    def error_body(self, e: ApiError) -> dict[str, Any]:
+    def error_body(self, e: ApiError) -> JSONObject:
         return e.openai_body()
 
     def body(self, req: OpenAIRequest, r: InvokeResult, text: str, model: str,
-             created: int) -> dict[str, Any]:
+             created: int) -> JSONObject:
         lps = r.logprobs if req.params.logprobs else None
         if self.chat:
             answer = read(text) if req.tools is not None else None

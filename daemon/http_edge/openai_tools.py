@@ -6,6 +6,7 @@ writes is tools.py's; what its answer holds, tool_output.py's.
 from __future__ import annotations
 
 from zerolayer.client import ChatMessage
+from zerolayer.daemon.json_value import JSONValue
 
 from .common import Fields
 from .errors import bad_request
@@ -144,7 +145,7 @@ def call_id(request_id: bytes, index: int) -> str:
     return f"call_{request_id.hex()[:24]}{index:02d}"
 
 
-def message(r: Reading, request_id: bytes) -> dict[str, object]:
+def message(r: Reading, request_id: bytes) -> dict[str, JSONValue]:
     """The answer's `message`: text as content, or the calls (then content is null)."""
     calls = r.named_calls
     if not calls:
@@ -155,7 +156,7 @@ def message(r: Reading, request_id: bytes) -> dict[str, object]:
         for i, c in enumerate(calls)]}
 
 
-def delta(d: Delta, request_id: bytes) -> dict[str, object]:
+def delta(d: Delta, request_id: bytes) -> dict[str, JSONValue]:
     """One stream delta: text as content, a call's start with its id and name, then its
     arguments in pieces (OpenAI's tool_calls deltas, by index)."""
     if isinstance(d, TextDelta):

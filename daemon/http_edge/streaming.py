@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.types import Receive, Scope, Send
+
+from zerolayer.daemon.json_value import JSONValue
 
 from .generation import Generation
 from .metrics import EdgeMetrics
@@ -26,16 +27,16 @@ KEEPALIVE_S = 15
 DRAIN_S = 25
 
 
-def dumps(obj: Any) -> str:
+def dumps(obj: JSONValue) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-def data_event(obj: Any) -> bytes:
+def data_event(obj: JSONValue) -> bytes:
     """`data: <json>` + blank line: OpenAI's framing."""
     return b"data: " + dumps(obj).encode() + b"\n\n"
 
 
-def named_event(name: str, obj: Any) -> bytes:
+def named_event(name: str, obj: JSONValue) -> bytes:
     """`event: <name>` + `data: <json>`: Anthropic's framing."""
     return b"event: " + name.encode() + b"\ndata: " + dumps(obj).encode() + b"\n\n"
 

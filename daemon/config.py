@@ -16,9 +16,12 @@ import io
 import os
 import tokenize
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 @dataclass
@@ -195,11 +198,11 @@ def _convert(value: Any, typ: type) -> Any:
     return value
 
 
-def _one_of(*choices: str):
+def _one_of(*choices: str) -> tuple[Callable[[str], bool], str]:
     return (lambda v: v in choices), f"one of {', '.join(map(repr, choices))}"
 
 
-def _between(lo: float, hi: float | None = None):
+def _between(lo: float, hi: float | None = None) -> tuple[Callable[[float], bool], str]:
     if hi is None:
         return (lambda v: v >= lo), f">= {_num(lo)}"
     return (lambda v: lo <= v <= hi), f"in {_num(lo)}..{_num(hi)}"
@@ -288,9 +291,10 @@ ENGINE_RULES.update({
 })
 
 
-def _types(section_cls) -> dict[str, type]:
+def _types(section_cls: type[DataclassInstance]) -> dict[str, type]:
     hints = {"int": int, "float": float, "str": str, "bool": bool}
-    return {f.name: hints[f.type] for f in fields(section_cls)}
+    # the annotations are strings (from __future__ import annotations)
+    return {f.name: hints[str(f.type)] for f in fields(section_cls)}
 
 
 def add_flags(ap: argparse.ArgumentParser, comments: dict[str, str] | None = None) -> None:

@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
 
 import zmq
+
+from .json_value import JSONValue
 
 
 class Publisher:
@@ -42,7 +43,7 @@ class Publisher:
         self.published = 0
         self.dropped = 0
 
-    def publish(self, event: str, **fields: Any) -> None:
+    def publish(self, event: str, **fields: JSONValue) -> None:
         body = {"v": 1, "event": event, "t": round(time.time(), 6), **fields}
         try:
             self.sock.send_multipart([event.encode(), json.dumps(body).encode()], zmq.NOBLOCK)

@@ -24,7 +24,9 @@ from zerolayer.protocol.errors import ErrorCode
 if TYPE_CHECKING:
     from .ingress import Ingress
     from .result_cache import ResultCache
+    from .shm_ingress import ShmIngress
     from .udp_io import BatchedUDP
+    from .xdp_io import XdpIO
 
 # What OVERLOADED can come from (docs/OPERATIONS.md "Error codes"): the nonce cache, one
 # key's share of it, reassembly memory or slots, one key's share of those, the result
@@ -230,7 +232,7 @@ class Metrics:
         (ResultCache.lookup: attached to a running request, or replayed), at each scrape."""
         self.idempotent.pull_from(lambda: {(k,): cache.stats[k] for k in ("attached", "replayed")})
 
-    def update_ingress(self, ingress) -> None:
+    def update_ingress(self, ingress: Ingress) -> None:
         """Copy ingress's and reassembly's own counts (plain ints on the hot path) into
         Prometheus, from the loop's housekeeping."""
         last, st = self._ingress_last, ingress.stats
@@ -240,7 +242,7 @@ class Metrics:
         for event, n in ingress.reassembler.stats.items():
             _advance(self.reassembly.labels(event), last, ("reassembly", event), n)
 
-    def update_shm(self, shm) -> None:
+    def update_shm(self, shm: ShmIngress) -> None:
         """Copy the shm ingress's own counts (plain ints on the I/O thread) into Prometheus."""
         from .shm_ingress import CONNECT_RESULTS, RING_ERRORS
         last, st = self._ingress_last, shm.stats
@@ -277,7 +279,7 @@ class Metrics:
         or its first packets would be taken for the old program's and never counted."""
         self._xdp_last.clear()
 
-    def update_xdp(self, io) -> None:
+    def update_xdp(self, io: XdpIO) -> None:
         """Copy the kernel's counters (the program's per-CPU array, XDP_STATISTICS) into
         Prometheus as increments. Called from the daemon's loop, so scrapes never touch the
         rings or the maps."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
 
 from zerolayer.protocol.errors import ERROR_INFO, ErrorCode
 from zerolayer.protocol.logprobs import pack_frames
@@ -28,7 +27,7 @@ from .request import AcceptedEvent, CancelReason, DoneEvent, EngineEvent, Failed
 Send = Callable[[bytes, Address], None]
 
 
-def ids(r: Request) -> dict[str, Any]:
+def ids(r: Request) -> dict[str, int | str]:
     """A request's identity in a lifecycle event."""
     return {"key_id": r.key[0], "request_id": r.key[1].hex(), "run_id": r.run_id}
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from zerolayer.bpf.compile_helper import compile_isolated
 from zerolayer.bpf.kernel_keys import KernelKeys
-from zerolayer.bpf.loader import REASONS, InvokeSteer
+from zerolayer.bpf.loader import REASONS, InvokeSteer, XdpLink
 
 from .xdp_frames import Peer, parse_frame, write_reply
 from .xsk_ring import Umem, XskSocket, XskStats, rx_queue_count
@@ -49,7 +49,7 @@ class XdpIO:
         self.prog = prog
         self.umem = umem
         self.socks = socks
-        self.link = None
+        self.link: XdpLink | None = None   # attached by open(); None once closed
         self._peers: dict = {}
         self.batch = 256              # frames per socket per recv_batch call
         self.rx_unparsed = 0          # frames the program redirected that didn't parse here

@@ -34,6 +34,7 @@ import select
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from zerolayer.protocol.errors import ErrorCode
 from zerolayer.protocol.wire import ServerState
@@ -62,6 +63,10 @@ from .sd_notify import Notifier, Watchdog
 from .streams import Streams
 from .version import package_version
 from .xdp_tag_check import XdpTagCheck
+
+if TYPE_CHECKING:
+    from .config import EngineSpec
+    from .xdp_io import XdpIO
 
 HOUSEKEEPING_S = 0.25
 # Receive batches drained before the engine's events are turned into frames: enough that a
@@ -111,7 +116,7 @@ class Daemon:
                                  max_bytes=c.cache.max_bytes)
         self.metrics.pull_cache(self.cache)
         # one engine ([cpu]/[engine]), or one per [[engines]] table, each with its hand-offs
-        specs = c.engines or [None]
+        specs: list[EngineSpec | None] = [*c.engines] or [None]
         multi = len(specs) > 1
         self.engines: list[EngineSlot] = [
             EngineSlot(i, spec, Handoff(c.engine.queue_depth,
@@ -129,8 +134,8 @@ class Daemon:
             # every engine has engine 0's context; before it loads, nothing is admitted
             context_len=lambda: first.model.max_seq_len if first.model is not None else 0,
             is_known=lambda key: self.cache.get(key) is not None,
-            admitted_mac=lambda key: (r.signer.mac if (r := self.in_flight.get(key))
-                                      is not None else None))
+            admitted_mac=lambda key: (r.signer.mac if (r := self.in_flight.get(key)) is not None
+                                      and r.signer is not None else None))
         self.metrics.pull_ingress(self.ingress)
         # The UDP socket and the shm path fail a bad start now, not after the model loads;
         # datagrams that arrive meanwhile wait in the socket buffer.
@@ -196,7 +201,7 @@ class Daemon:
             self.events_pub = Publisher(f"ipc://{c.events}", hwm=c.events_hwm)
             log(f"lifecycle events on ipc://{c.events} (mode 0600)")
 
-    def open_xdp(self, ingress: str | None = None):
+    def open_xdp(self, ingress: str | None = None) -> XdpIO | None:
         return startup.open_xdp(self.cfg, self.sock.getsockname()[1], self.metrics, log,
                                 ingress, self.keys, self.in_flight)
 

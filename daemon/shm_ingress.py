@@ -33,8 +33,8 @@ import socket
 import stat
 import struct
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from zerolayer.protocol.shm_ring import (
     STATUS_FULL,
@@ -91,6 +91,10 @@ class ShmConn:
 
     def __repr__(self) -> str:
         return f"shm[{self.slot}] pid {self.pid} uid {self.uid}"
+
+
+# A frame's destination: a ShmConn, or another carrier's address (passed through).
+_Dest = TypeVar("_Dest")
 
 
 class ShmIngress:
@@ -319,14 +323,15 @@ class ShmIngress:
         self.more = more
         return out
 
-    def send_batch(self, items: list[tuple[bytes, object]]) -> list[tuple[bytes, object]]:
+    def send_batch(self, items: Sequence[tuple[bytes, _Dest]]) -> list[tuple[bytes, _Dest]]:
         """Write the frames addressed to shm clients into their response rings and ring the
-        doorbells of those that sleep; return the other frames (for UDP / AF_XDP)."""
-        rest: list[tuple[bytes, object]] = []
+        doorbells of those that sleep; return the other frames (for UDP / AF_XDP), addressed
+        as they came."""
+        rest: list[tuple[bytes, _Dest]] = []
         touched: dict[ShmConn, None] = {}   # in order, once each
         for item in items:
             c = item[1]
-            if type(c) is not ShmConn:
+            if not isinstance(c, ShmConn):
                 rest.append(item)
                 continue
             if c.closed:
@@ -339,10 +344,10 @@ class ShmIngress:
                 self._drop(c, e.reason)
                 continue
             touched[c] = None
-        for c in touched:
-            if not c.closed and c.region.responses.wants_doorbell():
+        for conn in touched:
+            if not conn.closed and conn.region.responses.wants_doorbell():
                 try:
-                    os.eventfd_write(c.resp_efd, 1)
+                    os.eventfd_write(conn.resp_efd, 1)
                 except OSError:
                     pass
         return rest

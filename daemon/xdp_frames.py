@@ -22,6 +22,7 @@ import struct
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 ETH_P_IP, ETH_P_IPV6, ETH_P_8021Q, ETH_P_8021AD = 0x0800, 0x86DD, 0x8100, 0x88A8
 IPPROTO_UDP = 17
@@ -54,7 +55,7 @@ def _fold(s: int) -> int:
     return s
 
 
-def _sum16(b: bytes | np.ndarray) -> int:
+def _sum16(b: bytes | npt.NDArray[np.uint8]) -> int:
     """One's-complement sum of big-endian 16-bit words (odd length padded with a zero)."""
     a = np.frombuffer(b, np.uint8) if isinstance(b, (bytes, bytearray, memoryview)) else b
     if len(a) & 1:

@@ -166,7 +166,8 @@ def _make(TT):
             j = kp % BS                 # BS (16 or 32) divides KPOS: the thread's byte is fixed
             step = KPOS // BS           # and it takes every step-th block of the slice
             gb = (layer * dims[0] + g64) * nb  # the group's first block
-            for b0 in range(kb0 + kp // BS, kb1, 4 * step):
+            b0 = kb0 + kp // BS
+            while b0 < kb1:     # not range(): its trip count is a 64-bit division
                 w0 = qs[U(((gb + b0) * BS + j) * QW + lq)]
                 w1 = qs[U(((gb + min(b0 + step, kb1 - 1)) * BS + j) * QW + lq)]
                 w2 = qs[U(((gb + min(b0 + 2 * step, kb1 - 1)) * BS + j) * QW + lq)]
@@ -187,8 +188,8 @@ def _make(TT):
                                 xb[tt] = vb * sb
                             for q in range(4):
                                 byte = (word >> uint32(8 * q)) & uint32(255)
-                                lo = float32(byte & uint32(15))
-                                hi = float32(byte >> uint32(4))
+                                lo = float32(int32(byte & uint32(15)))
+                                hi = float32(int32(byte >> uint32(4)))
                                 dq = d[U((gb + b) * LANES + 4 * lq + q)]
                                 mq = m[U((gb + b) * LANES + 4 * lq + q)]
                                 for tt in range(TT):
@@ -202,11 +203,12 @@ def _make(TT):
                                 ss[tt] += va * va
                                 xa[tt] = va * sa
                             for q in range(4):
-                                qv = float32((word >> uint32(8 * q)) & uint32(255))
+                                qv = float32(int32((word >> uint32(8 * q)) & uint32(255)))
                                 dq = d[U((gb + b) * LANES + 4 * lq + q)]
                                 mq = m[U((gb + b) * LANES + 4 * lq + q)]
                                 for tt in range(TT):
                                     acc[q * TT + tt] += (dq * qv + mq) * xa[tt]
+                b0 += 4 * step
         # the KPOS positions' partial sums meet in shared memory in a fixed order (the result
         # is the same whichever block runs the item), in two rounds of RED8 terms: column
         # r * TT + tt for row r, ROWS * TT + tt for the sum of squares (each element passed
@@ -316,9 +318,9 @@ def _make(TT):
                         word = eq[((gb + b) * bs + jb % bs) * QW + l // 4]
                         byte = (word >> uint32(8 * (l % 4))) & uint32(255)
                         if fe == FMT_Q4:
-                            qv = float32(byte >> uint32(4)) if jb >= 16 else float32(byte & uint32(15))
+                            qv = float32(int32(byte >> uint32(4))) if jb >= 16 else float32(int32(byte & uint32(15)))
                         else:
-                            qv = float32(byte)
+                            qv = float32(int32(byte))
                         x[t, k] = qv * ed[(gb + b) * LANES + l] + em[(gb + b) * LANES + l]
                 n_rdy = L * n_tiles * rdy_per
                 for i in range(bid * THREADS + tid, max(n_out, n_rdy), nblocks * THREADS):

@@ -49,8 +49,8 @@ def test_concurrent_channels_have_their_own_sockets(server: socket.socket) -> No
         ch.send(b"x%d" % i)
         sources.append(_source_of(server, b"x%d" % i))
     assert len(set(sources)) == len(chans)
-    for i, ch in enumerate(chans):      # each gets only what was sent to it
-        server.sendto(b"to%d" % i, sources[i])
+    for i, src in enumerate(sources):   # each gets only what was sent to it
+        server.sendto(b"to%d" % i, src)
     assert [ch.recv(5.0) for ch in chans] == [b"to%d" % i for i in range(len(chans))]
     for ch in chans:
         ch.close()

@@ -318,7 +318,8 @@ def _make(TT):
                         word = eq[((gb + b) * bs + jb % bs) * QW + l // 4]
                         byte = (word >> uint32(8 * (l % 4))) & uint32(255)
                         if fe == FMT_Q4:
-                            qv = float32(int32(byte >> uint32(4))) if jb >= 16 else float32(int32(byte & uint32(15)))
+                            nib = byte >> uint32(4) if jb >= 16 else byte & uint32(15)
+                            qv = float32(int32(nib))
                         else:
                             qv = float32(int32(byte))
                         x[t, k] = qv * ed[(gb + b) * LANES + l] + em[(gb + b) * LANES + l]

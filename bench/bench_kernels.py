@@ -13,10 +13,11 @@ machine's measured read bandwidth; and llama.cpp's decode on the same files.
    and, for a model that sits in the L3, over 128 MiB; median of --bw-runs passes, after one
    untimed pass (the array is written first, so no page is the shared zero page).
 2. Per kernel: one decode token (batch 1) at each of --depths, run through
-   _timed_forward.timed_forward, which is gpu/model.forward with a time-stamp counter read
-   between its kernels, on the loaded model's own arrays (the int8 kernels' layout where the
-   CPU has them). Each class is summed over the layers of a token; the table gives the median
-   over --runs x --tokens tokens, each token at the same position (its KV slot is rewritten).
+   gpu/model.forward_timed, the forward with a time-stamp counter read between its kernels
+   (an untimed forward passes it no tick array), on the loaded model's own arrays (the int8
+   kernels' layout where the CPU has them). Each class is summed over the layers of a token;
+   the table gives the median over --runs x --tokens tokens, each token at the same position
+   (its KV slot is rewritten).
    Interleaved with it, the plain compiled forward (same arrays) and model.step (the Python
    side included) are timed, so the classes' sum can be checked against the real thing.
    Bytes: each matmul's weight arrays as the kernels read them (their nbytes: packed values,
@@ -203,7 +204,7 @@ def formats_read(w) -> str:
 
 def tick_seconds() -> float:
     """Seconds per time-stamp-counter tick, against perf_counter over 0.3 s."""
-    from _timed_forward import tsc_now
+    from zerolayer.gpu.ops.cycle_counter import tsc_now
     tsc_now()
     c0, t0 = tsc_now(), time.perf_counter()
     time.sleep(0.3)
@@ -232,9 +233,10 @@ class Noise:
 def kernel_times(model, path: str, depths: list[int], runs: int, tokens: int, spt: float,
                  noise: Noise, streamer: Streamer) -> dict:
     import numba
-    from _timed_forward import CLASSES, timed_forward
 
+    from zerolayer.gpu.model import KERNEL_CLASSES as CLASSES
     from zerolayer.gpu.model import StepInput, forward
+    from zerolayer.gpu.model import forward_timed as timed_forward
     from zerolayer.gpu.model_api import step_arrays
     from zerolayer.gpu.ops.attention import BLOCK_TOKENS
     from zerolayer.gpu.ops.int8_matmul import read_nbytes
@@ -331,9 +333,10 @@ def activation_ab(model, runs: int, tokens: int, spt: float, noise: Noise,
     (gpu/ops/int8_matmul.py); int8 does half the multiply-adds a byte, so a faster int8 run
     means the matmuls do not only wait on memory."""
     import numba
-    from _timed_forward import CLASSES, timed_forward
 
+    from zerolayer.gpu.model import KERNEL_CLASSES as CLASSES
     from zerolayer.gpu.model import StepInput
+    from zerolayer.gpu.model import forward_timed as timed_forward
     from zerolayer.gpu.model_api import step_arrays
     from zerolayer.gpu.ops import cpu_features, int8_matmul
     if not cpu_features.ISA:

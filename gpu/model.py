@@ -30,6 +30,7 @@ from .ops import cpu_features, int8_matmul  # the int8 CPU kernels
 from .ops import penalties as _penalties
 from .ops import token_mask as _token_mask
 from .ops.attention import BLOCK_TOKENS, attention, kv_write
+from .ops.cycle_counter import clock_start, lap
 from .ops.embedding import embed
 from .ops.logprobs import row_logprobs
 from .ops.matmul import layer_matmul
@@ -55,10 +56,21 @@ def _add_row(x, b):
             x[t, i] += b[i]
 
 
+# The kernel classes of a forward, in the order of forward_timed's tick counts.
+KERNEL_CLASSES = ("embed", "rmsnorm", "qkv matmul", "rope", "kv_write", "attention", "o matmul",
+                  "residual adds", "gate|up matmul", "swiglu", "down matmul", "LM head")
+(EMBED, NORM, QKV, ROPE, KVW, ATTN, WO, ADD, GU, SWIGLU, DOWN, HEAD) = range(len(KERNEL_CLASSES))
+_NO_TICKS = np.zeros(0, np.int64)  # an untimed step: no counter is read
+
+
 @njit(fastmath=True, cache=True, nogil=True)
-def forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_pool,
-            emb, wqkv, wo, wgu, wdown, attn_norm, ffn_norm, out_norm, outw, qkv_bias, cos, sin,
-            n_head, n_kv, hd, n_ff, eps, splits, logits):
+def forward_timed(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_pool,
+                  emb, wqkv, wo, wgu, wdown, attn_norm, ffn_norm, out_norm, outw, qkv_bias,
+                  cos, sin, n_head, n_kv, hd, n_ff, eps, splits, logits, ticks):
+    """forward, and ticks[c] += the time-stamp-counter ticks spent in kernel class c
+    (KERNEL_CLASSES), read between the kernels, so every weight comes from DRAM or cache
+    exactly as in an untimed step. Returns the ticks of the whole call. An empty ticks reads
+    no counter (forward)."""
     T = tokens.shape[0]
     D = attn_norm.shape[1]
     L = attn_norm.shape[0]
@@ -69,30 +81,56 @@ def forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_pool,
     gu = np.empty((T, 2 * n_ff), np.float32)
     h = np.empty((T, n_ff), np.float32)
     tmp = np.empty((T, D), np.float32)
+    t = t0 = clock_start(ticks)
     embed(emb[0], emb[1][0], emb[2][0], emb[3][0], emb[4][0], tokens, x)
+    t = lap(ticks, EMBED, t)
     for layer in range(L):
         rmsnorm(x, attn_norm[layer], eps, xn)
+        t = lap(ticks, NORM, t)
         layer_matmul(wqkv, layer, xn, qkv)
         if qkv_bias.shape[1] != 0:  # [L, 0]: no biases (llama)
             _add_row(qkv, qkv_bias[layer])
+        t = lap(ticks, QKV, t)
         rope(qkv, 0, tok_pos, cos, sin, n_head + n_kv, hd)  # Q and K heads are adjacent
+        t = lap(ticks, ROPE, t)
         kv_write(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head, n_kv, hd)
+        t = lap(ticks, KVW, t)
         attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head, n_kv, hd,
                   splits, att)
+        t = lap(ticks, ATTN, t)
         layer_matmul(wo, layer, att, tmp)
+        t = lap(ticks, WO, t)
         _add(x, tmp)
+        t = lap(ticks, ADD, t)
         rmsnorm(x, ffn_norm[layer], eps, xn)
+        t = lap(ticks, NORM, t)
         layer_matmul(wgu, layer, xn, gu)
+        t = lap(ticks, GU, t)
         swiglu(gu, h)
+        t = lap(ticks, SWIGLU, t)
         layer_matmul(wdown, layer, h, tmp)
+        t = lap(ticks, DOWN, t)
         _add(x, tmp)
+        t = lap(ticks, ADD, t)
     n_out = logit_rows.shape[0]
     xl = np.empty((n_out, D), np.float32)
     for i in range(n_out):
         xl[i] = x[logit_rows[i]]
     xln = np.empty((n_out, D), np.float32)
+    t = lap(ticks, ADD, t)
     rmsnorm(xl, out_norm, eps, xln)
+    t = lap(ticks, NORM, t)
     layer_matmul(outw, 0, xln, logits)
+    return lap(ticks, HEAD, t) - t0
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_pool,
+            emb, wqkv, wo, wgu, wdown, attn_norm, ffn_norm, out_norm, outw, qkv_bias, cos, sin,
+            n_head, n_kv, hd, n_ff, eps, splits, logits):
+    forward_timed(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_pool,
+                  emb, wqkv, wo, wgu, wdown, attn_norm, ffn_norm, out_norm, outw, qkv_bias,
+                  cos, sin, n_head, n_kv, hd, n_ff, eps, splits, logits, np.empty(0, np.int64))
 
 
 class LlamaModel:
@@ -174,12 +212,14 @@ class LlamaModel:
     def new_sequence(self) -> Sequence:
         return self.arena.new_sequence()
 
-    def step(self, inputs: list[StepInput], every_position: bool = False) -> np.ndarray:
+    def step(self, inputs: list[StepInput], every_position: bool = False,
+             ticks: np.ndarray | None = None) -> np.ndarray:
         """Append each input's tokens to its sequence; return logits [N, vocab] (float32)
         of the last new token of each sequence that asked for them (in input order), or with
         every_position, of every new token (the accuracy harness scores them all). Raises
         ContextOverflowError/KVCacheFullError before touching any state if a sequence can't
-        grow."""
+        grow. ticks (int64 [len(KERNEL_CLASSES)]): the forward's time per kernel class is
+        added to it (forward_timed)."""
         arr = step_arrays(inputs, self.cfg.vocab)
         rows = np.arange(len(arr.tokens), dtype=np.int32) if every_position else arr.logit_rows
         if arr.uses_prev:
@@ -193,10 +233,10 @@ class LlamaModel:
         splits = max(1, min((4 * numba.get_num_threads()) // (T * cfg.n_kv), blocks))
         logits = np.empty((len(rows), cfg.vocab), np.float32)
         a = self.arena
-        forward(arr.tokens, arr.tok_seq, arr.tok_pos, rows, arr.tables, a.k_pool, a.v_pool,
-                *self._wargs,
-                self.cos, self.sin, cfg.n_head, cfg.n_kv, cfg.head_dim, cfg.n_ff, np.float32(cfg.eps),
-                splits, logits)
+        forward_timed(arr.tokens, arr.tok_seq, arr.tok_pos, rows, arr.tables, a.k_pool,
+                      a.v_pool, *self._wargs, self.cos, self.sin, cfg.n_head, cfg.n_kv,
+                      cfg.head_dim, cfg.n_ff, np.float32(cfg.eps), splits, logits,
+                      _NO_TICKS if ticks is None else ticks)
         for i in inputs:
             i.seq.length += len(i.tokens)
         return logits

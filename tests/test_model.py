@@ -6,7 +6,7 @@ import pytest
 
 from zerolayer.gpu import gguf_loader
 from zerolayer.gpu.errors import ContextOverflowError
-from zerolayer.gpu.model import LlamaModel, StepInput
+from zerolayer.gpu.model import KERNEL_CLASSES, LlamaModel, StepInput
 from zerolayer.gpu.ops import cpu_features, int8_matmul
 from zerolayer.gpu.ops.int8_matmul import kernel_set
 from zerolayer.gpu.reference import ReferenceLlama
@@ -75,6 +75,22 @@ def test_batched_decode_equals_separate_sequences(tiny_path):
         out = model.step([StepInput(s, n[i:i + 1]) for s, n in zip(seqs, nxt)])
         for j in range(len(prompts)):
             np.testing.assert_allclose(out[j], alone[j][i], rtol=0, atol=1e-4 * np.abs(alone[j][i]).max())
+
+
+def test_a_timed_step_is_the_same_step_with_each_kernel_class_timed(tiny_path):
+    """The forward's timing hook (benchmarks' per-kernel table) changes no result, and every
+    kernel class of the step is counted."""
+    model = LlamaModel.load(tiny_path)
+    prompt = np.arange(1, 40, dtype=np.int32)
+    plain, timed = model.new_sequence(), model.new_sequence()
+    want = model.step([StepInput(plain, prompt)])
+    ticks = np.zeros(len(KERNEL_CLASSES), np.int64)
+    got = model.step([StepInput(timed, prompt)], ticks=ticks)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())
+    assert (ticks > 0).all(), dict(zip(KERNEL_CLASSES, ticks.tolist()))
+    again = ticks.copy()
+    model.step([StepInput(timed, prompt[:1])], ticks=ticks)       # it accumulates
+    assert (ticks > again).all()
 
 
 def test_context_overflow_is_a_typed_error(tiny_path):

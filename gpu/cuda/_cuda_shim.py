@@ -260,6 +260,26 @@ def block_sum(v, buf, tid, nthreads):
     return v
 
 
+@device
+def block_best(best, arg, vals, ids, tid, nthreads):
+    """The (value, id) pair that comes first in (value descending, id ascending) order over
+    the block's threads, returned to every thread. vals, ids: shared float32/int32
+    [>= nthreads]; nthreads a power of two; every thread of the block must call it."""
+    vals[tid], ids[tid] = best, arg
+    cuda.syncthreads()
+    s = nthreads // 2
+    while s > 0:
+        if tid < s:
+            ob, oa = vals[tid + s], ids[tid + s]
+            if ob > vals[tid] or (ob == vals[tid] and oa < ids[tid]):
+                vals[tid], ids[tid] = ob, oa
+        cuda.syncthreads()
+        s //= 2
+    best, arg = vals[0], ids[0]
+    cuda.syncthreads()  # vals and ids may be reused right after
+    return best, arg
+
+
 @kernel(["void(float32[::1], float32[::1], float32[::1], float32[::1])"], name="_cuda_shim.selftest")
 def selftest(x, wsum, wmax, bsum):
     """The shim's reductions on one block (tests: simulator, PTX, device): per thread, the

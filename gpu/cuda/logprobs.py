@@ -32,7 +32,7 @@ import numpy.typing as npt
 from numba import float32, int32
 
 from ..ops.logprobs import RowLogprobs
-from ._cuda_shim import SIM, cuda, device, kernel
+from ._cuda_shim import SIM, block_best, block_sum, cuda, device, kernel
 
 THREADS = 32 if SIM else 256   # a power of two (the tree reductions)
 MAX_THREADS = 1024
@@ -50,34 +50,7 @@ def _best_after(x, V, pv, pi, fbuf, ibuf, tid, nt):
         if v < pv or (v == pv and i > pi):
             if v > best or (v == best and i < arg):
                 best, arg = v, int32(i)
-    fbuf[tid], ibuf[tid] = best, arg
-    cuda.syncthreads()
-    s = nt // 2
-    while s > 0:
-        if tid < s:
-            ob, oa = fbuf[tid + s], ibuf[tid + s]
-            if ob > fbuf[tid] or (ob == fbuf[tid] and oa < ibuf[tid]):
-                fbuf[tid], ibuf[tid] = ob, oa
-        cuda.syncthreads()
-        s //= 2
-    best, arg = fbuf[0], ibuf[0]
-    cuda.syncthreads()
-    return best, arg
-
-
-@device
-def _block_sum(v, fbuf, tid, nt):
-    fbuf[tid] = v
-    cuda.syncthreads()
-    s = nt // 2
-    while s > 0:
-        if tid < s:
-            fbuf[tid] += fbuf[tid + s]
-        cuda.syncthreads()
-        s //= 2
-    total = fbuf[0]
-    cuda.syncthreads()
-    return total
+    return block_best(best, arg, fbuf, ibuf, tid, nt)
 
 
 @kernel(["void(float32[:, ::1], int32[::1], int32[::1], int32[::1], int32[:, ::1], "
@@ -98,7 +71,7 @@ def _logprob_rows(logits, rows, tops, sampled, out_ids, out_lps):
     s = float32(0.0)
     for i in range(tid, V, nt):
         s += math.exp(x[i] - xmax)
-    lse = xmax + math.log(_block_sum(s, fbuf, tid, nt))
+    lse = xmax + math.log(block_sum(s, fbuf, tid, nt))
     if tid == 0:
         tok = sampled[row]
         out_ids[b, 0] = tok

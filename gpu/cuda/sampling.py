@@ -30,7 +30,7 @@ import numpy as np
 from numba import float32, int32, int64
 
 from . import token_mask as _tm
-from ._cuda_shim import SIM, cuda, device, float_bits, kernel
+from ._cuda_shim import SIM, block_best, cuda, device, float_bits, kernel
 
 # A power of two (tree reductions). One block per row, so at batch 1 the block's threads are
 # all the parallelism a 49,152-wide row gets: 1024 (the most a block has; 48 registers a
@@ -59,19 +59,7 @@ def _argmax(x, V, fbuf, ibuf, tid, nt):
     for i in range(tid, V, nt):
         if x[i] > best:
             best, arg = x[i], int32(i)
-    fbuf[tid], ibuf[tid] = best, arg
-    cuda.syncthreads()
-    s = nt // 2
-    while s > 0:
-        if tid < s:
-            ob, oa = fbuf[tid + s], ibuf[tid + s]
-            if ob > fbuf[tid] or (ob == fbuf[tid] and oa < ibuf[tid]):
-                fbuf[tid], ibuf[tid] = ob, oa
-        cuda.syncthreads()
-        s //= 2
-    best, arg = fbuf[0], ibuf[0]
-    cuda.syncthreads()
-    return best, arg
+    return block_best(best, arg, fbuf, ibuf, tid, nt)
 
 
 @device

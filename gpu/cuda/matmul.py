@@ -34,9 +34,15 @@ _QSIG = ("void(uint8[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
 _FSIG = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
 
 
-def _make_q4(TT):
-    @kernel([_QSIG], name=f"matmul._q4_tt{TT}")
-    def q4(qs, d, m, x, y):
+def _make_quant(TT, BS):
+    """The kernel for TT-token tiles of a quant format: BS 0 for Q4's nibbles (16 bytes a
+    32-element block, element j beside j + 16), else a byte a value in BS-byte blocks."""
+    NJ = 16 if BS == 0 else BS   # bytes a row has in one block: qs.shape[2]
+    name = f"matmul._q4_tt{TT}" if BS == 0 else (
+        f"matmul._q8_tt{TT}" if BS == QK else f"matmul._q8b{BS}_tt{TT}")
+
+    @kernel([_QSIG], name=name)
+    def quant(qs, d, m, x, y):
         g = cuda.blockIdx.x
         t0 = cuda.blockIdx.y * TT
         l = cuda.threadIdx.x
@@ -53,16 +59,24 @@ def _make_q4(TT):
             for tt in range(TT):
                 qa[tt] = float32(0.0)
                 xsum[tt] = float32(0.0)
-            for j in range(16):
-                q = qs[g, b, j, l]
-                lo = float32(q & 15)
-                hi = float32(q >> 4)
-                for tt in range(TT):
-                    t = min(t0 + tt, T - 1)  # past the end: recompute the last token, not stored
-                    xl = x[t, b * QK + j]
-                    xh = x[t, b * QK + 16 + j]
-                    qa[tt] += lo * xl + hi * xh
-                    xsum[tt] += xl + xh
+            for j in range(NJ):
+                if BS == 0:
+                    q = qs[g, b, j, l]
+                    lo = float32(q & 15)
+                    hi = float32(q >> 4)
+                    for tt in range(TT):
+                        t = min(t0 + tt, T - 1)  # past the end: the last token, not stored
+                        xl = x[t, b * QK + j]
+                        xh = x[t, b * QK + 16 + j]
+                        qa[tt] += lo * xl + hi * xh
+                        xsum[tt] += xl + xh
+                else:
+                    qv = float32(qs[g, b, j, l])
+                    for tt in range(TT):
+                        t = min(t0 + tt, T - 1)
+                        xv = x[t, b * BS + j]
+                        qa[tt] += qv * xv
+                        xsum[tt] += xv
             db = d[g, b, l]
             mb = m[g, b, l]
             for tt in range(TT):
@@ -70,43 +84,7 @@ def _make_q4(TT):
         red = cuda.shared.array((KSPLIT, TT, LANES), float32)
         _reduce_store(red, acc, g, t0, l, s, T, R, y)
 
-    return q4
-
-
-def _make_q8(TT, BS):
-    @kernel([_QSIG], name=f"matmul._q8_tt{TT}" if BS == QK else f"matmul._q8b{BS}_tt{TT}")
-    def q8(qs, d, m, x, y):
-        g = cuda.blockIdx.x
-        t0 = cuda.blockIdx.y * TT
-        l = cuda.threadIdx.x
-        s = cuda.threadIdx.y
-        T = x.shape[0]
-        R = y.shape[1]
-        nb = d.shape[1]
-        acc = cuda.local.array(TT, float32)
-        qa = cuda.local.array(TT, float32)
-        xsum = cuda.local.array(TT, float32)
-        for tt in range(TT):
-            acc[tt] = float32(0.0)
-        for b in range(s, nb, KSPLIT):
-            for tt in range(TT):
-                qa[tt] = float32(0.0)
-                xsum[tt] = float32(0.0)
-            for j in range(BS):  # BS == qs.shape[2]
-                q = float32(qs[g, b, j, l])
-                for tt in range(TT):
-                    t = min(t0 + tt, T - 1)
-                    xv = x[t, b * BS + j]
-                    qa[tt] += q * xv
-                    xsum[tt] += xv
-            db = d[g, b, l]
-            mb = m[g, b, l]
-            for tt in range(TT):
-                acc[tt] += db * qa[tt] + mb * xsum[tt]
-        red = cuda.shared.array((KSPLIT, TT, LANES), float32)
-        _reduce_store(red, acc, g, t0, l, s, T, R, y)
-
-    return q8
+    return quant
 
 
 @device
@@ -159,8 +137,8 @@ def _make_f32(TT):
     return f32
 
 
-_Q4 = {TT: _make_q4(TT) for TT in TOKEN_TILES}
-_Q8 = {(TT, BS): _make_q8(TT, BS) for TT in TOKEN_TILES for BS in (QK, QK_16)}
+_Q4 = {TT: _make_quant(TT, 0) for TT in TOKEN_TILES}
+_Q8 = {(TT, BS): _make_quant(TT, BS) for TT in TOKEN_TILES for BS in (QK, QK_16)}
 _F32 = {TT: _make_f32(TT) for TT in TOKEN_TILES}
 
 

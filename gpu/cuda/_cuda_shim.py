@@ -266,7 +266,7 @@ def block_best(best, arg, vals, ids, tid, nthreads):
     the block's threads, returned to every thread. vals, ids: shared float32/int32
     [>= nthreads]; nthreads a power of two; every thread of the block must call it."""
     vals[tid], ids[tid] = best, arg
-    cuda.syncthreads()
+    cuda.syncthreads()  # type: ignore[call-arg]  # the compiler passes typingctx
     s = nthreads // 2
     while s > 0:
         if tid < s:

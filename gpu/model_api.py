@@ -26,11 +26,19 @@ mask is applied to the logits after the penalties, before the sampler, as vLLM d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 
 from .kv_cache import KVArena, Sequence
+
+if TYPE_CHECKING:
+    from .ops.logprobs import RowLogprobs
+    from .ops.penalties import Penalty
+    from .tokenizer import Tokenizer
+
+I32 = npt.NDArray[np.int32]
 
 
 class Draw(NamedTuple):
@@ -57,7 +65,7 @@ class StepInput:
     `verifies_drafts` is True).
     """
     seq: Sequence
-    tokens: np.ndarray
+    tokens: I32
     logits: bool = True
     from_prev: int = -1
     every_logit: bool = False
@@ -68,12 +76,12 @@ class StepArrays:
     """A step flattened for the kernels: per token its id, sequence (index into `tables`),
     position, and previous-step row (-1: the id is in `tokens`); the rows whose logits are
     wanted; one block-table row per input."""
-    tokens: np.ndarray
-    tok_seq: np.ndarray
-    tok_pos: np.ndarray
-    logit_rows: np.ndarray
-    tables: np.ndarray
-    prev_rows: np.ndarray
+    tokens: I32
+    tok_seq: I32
+    tok_pos: I32
+    logit_rows: I32
+    tables: I32
+    prev_rows: I32
 
     @property
     def is_decode(self) -> bool:
@@ -87,11 +95,11 @@ class StepArrays:
 
 
 class PendingTokens(Protocol):
-    def wait(self) -> np.ndarray:
+    def wait(self) -> I32:
         """The sampled ids, int32 [rows with logits], once the step is done."""
         ...
 
-    def logprobs(self) -> list:
+    def logprobs(self) -> list[RowLogprobs | None]:
         """After wait(): per row a gpu/ops/logprobs.RowLogprobs, or None where the row did
         not ask (every row, when the step was launched without `logprobs`)."""
         ...
@@ -100,14 +108,14 @@ class PendingTokens(Protocol):
 class ReadyTokens:
     """A step that already ran (the CPU model): wait() returns at once."""
 
-    def __init__(self, ids: np.ndarray, lps: list | None = None):
+    def __init__(self, ids: I32, lps: list[RowLogprobs | None] | None = None):
         self.ids = ids
         self.lps = lps
 
-    def wait(self) -> np.ndarray:
+    def wait(self) -> I32:
         return self.ids
 
-    def logprobs(self) -> list:
+    def logprobs(self) -> list[RowLogprobs | None]:
         return self.lps if self.lps is not None else [None] * len(self.ids)
 
 
@@ -119,19 +127,19 @@ class Model(Protocol):
     overlaps: bool              # launch_tokens returns before the step is done
     verifies_drafts: bool       # takes StepInput.every_logit (speculative decoding)
 
-    def tokenizer(self): ...
+    def tokenizer(self) -> Tokenizer: ...
 
     def new_sequence(self) -> Sequence: ...
 
-    def step(self, inputs: list[StepInput]) -> np.ndarray: ...
+    def step(self, inputs: list[StepInput]) -> npt.NDArray[np.float32]: ...
 
     # penalties: per logit row a gpu/ops/penalties.Penalty or None, applied before the draw
     def step_tokens(self, inputs: list[StepInput], draws: list[Draw],
-                    penalties: list | None = None) -> np.ndarray: ...
+                    penalties: list[Penalty | None] | None = None) -> I32: ...
 
     # logprobs: per logit row the alternatives wanted (0..20) or -1; None: no row asks
     def launch_tokens(self, inputs: list[StepInput], draws: list[Draw],
-                      penalties: list | None = None,
+                      penalties: list[Penalty | None] | None = None,
                       logprobs: list[int] | None = None,
                       masks: list | None = None) -> PendingTokens: ...
 

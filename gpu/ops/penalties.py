@@ -14,9 +14,14 @@ float32, tested against this).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, NamedTuple, SupportsInt
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from zerolayer.protocol.sampling_params import SamplingParams
 
 
 class Penalty(NamedTuple):
@@ -24,12 +29,12 @@ class Penalty(NamedTuple):
     repetition: float
     presence: float
     frequency: float
-    seen: np.ndarray        # int32: the distinct ids in the prompt and the output (repetition)
-    out_ids: np.ndarray     # int32: the distinct ids in the output
-    out_counts: np.ndarray  # float32: how often each of out_ids occurred
+    seen: npt.NDArray[np.int32]          # the distinct ids in the prompt and the output (repetition)
+    out_ids: npt.NDArray[np.int32]       # the distinct ids in the output
+    out_counts: npt.NDArray[np.float32]  # how often each of out_ids occurred
 
 
-def apply(row: np.ndarray, p: Penalty) -> None:
+def apply(row: npt.NDArray[np.float32], p: Penalty) -> None:
     """Penalise one float32 logit row in place."""
     if p.repetition != 1.0 and p.seen.size:
         z = row[p.seen]
@@ -38,8 +43,9 @@ def apply(row: np.ndarray, p: Penalty) -> None:
         row[p.out_ids] -= np.float32(p.presence) + np.float32(p.frequency) * p.out_counts
 
 
-def apply_ref(row: np.ndarray, prompt_ids, output_ids, repetition: float, presence: float,
-              frequency: float) -> np.ndarray:
+def apply_ref(row: npt.ArrayLike, prompt_ids: Iterable[SupportsInt],
+              output_ids: Iterable[SupportsInt], repetition: float, presence: float,
+              frequency: float) -> npt.NDArray[np.float64]:
     """float64 reference from the definitions (tests): a penalised copy of row."""
     z = np.asarray(row, np.float64).copy()
     for t in set(int(i) for i in prompt_ids) | set(int(i) for i in output_ids):
@@ -54,7 +60,8 @@ class PenaltyState:
     """The penalties of one request as its output grows. inactive (spec() is None) when the
     request asks for none."""
 
-    def __init__(self, repetition: float, presence: float, frequency: float, prompt_ids):
+    def __init__(self, repetition: float, presence: float, frequency: float,
+                 prompt_ids: npt.ArrayLike):
         self.factors = (float(repetition), float(presence), float(frequency))
         self.active = self.factors != (1.0, 0.0, 0.0)
         self.counts: dict[int, int] = {}
@@ -64,7 +71,7 @@ class PenaltyState:
             self._new: list[int] = []  # output ids not in the prompt, in order of first use
 
     @classmethod
-    def of(cls, params, prompt_ids) -> PenaltyState:
+    def of(cls, params: SamplingParams, prompt_ids: npt.ArrayLike) -> PenaltyState:
         """From a SamplingParams."""
         return cls(params.repetition_penalty, params.presence_penalty, params.frequency_penalty,
                    prompt_ids)

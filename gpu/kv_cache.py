@@ -12,6 +12,7 @@ gpu/ops/cpu_features.py).
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from .errors import ContextOverflowError, KVCacheFullError
 from .ops import cpu_features
@@ -20,7 +21,7 @@ from .ops.attention import BLOCK_TOKENS
 
 class KVArena:
     def __init__(self, n_layer: int, n_kv: int, head_dim: int, n_blocks: int, max_seq_len: int,
-                 dtype=None):
+                 dtype: npt.DTypeLike | None = None):
         self.n_blocks = n_blocks
         self.max_seq_len = max_seq_len
         self.max_blocks_per_seq = -(-max_seq_len // BLOCK_TOKENS)

@@ -20,6 +20,7 @@ import os
 
 import numba
 import numpy as np
+import numpy.typing as npt
 from numba import njit
 
 from . import gguf_loader, model_cache
@@ -34,11 +35,12 @@ from .ops.cycle_counter import clock_start, lap
 from .ops.embedding import embed
 from .ops.logprobs import row_logprobs
 from .ops.matmul import layer_matmul
+from .ops.penalties import Penalty
 from .ops.rmsnorm import rmsnorm
 from .ops.rope import rope, rope_tables
 from .ops.sampling import sample
 from .ops.swiglu import swiglu
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, TokenizerMeta
 
 
 @njit(fastmath=True, cache=True, nogil=True)
@@ -139,11 +141,13 @@ class LlamaModel:
     the daemon's I/O thread keeps answering while a step computes."""
 
     overlaps = False  # launch_tokens runs the step before it returns
+    tokenizer_meta: TokenizerMeta | None  # set by load(); None: the GGUF has no tokenizer
     verifies_drafts = True  # StepInput.every_logit: the forward takes any logit rows
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, *, max_seq_len: int | None = None,
-                 kv_blocks: int | None = None, path: str = "", prepared: dict | None = None,
-                 kv_dtype=None):
+                 kv_blocks: int | None = None, path: str = "",
+                 prepared: dict | None = None,
+                 kv_dtype: cpu_features.KVType | None = None):
         self.cfg = cfg
         self.w = weights
         self.path = path
@@ -175,7 +179,9 @@ class LlamaModel:
         # --- end int8
 
     @classmethod
-    def load(cls, path: str | None = None, *, use_cache: bool = True, **kw) -> LlamaModel:
+    def load(cls, path: str | None = None, *, use_cache: bool = True,
+             max_seq_len: int | None = None, kv_blocks: int | None = None,
+             kv_dtype: cpu_features.KVType | None = None) -> LlamaModel:
         """Load a GGUF (default: the bundled model), through the repacked-model cache."""
         path = path or gguf_loader.default_model_path()
         if not os.path.exists(path):
@@ -193,7 +199,8 @@ class LlamaModel:
             cached = (cfg, weights, tok_meta)
         key = cpu_features.layout_key()  # None: the float kernels, nothing to prepare
         prepared = model_cache.load_prepared(path, key) if use_cache and key else None
-        model = cls(cached[0], cached[1], path=path, prepared=prepared, **kw)
+        model = cls(cached[0], cached[1], path=path, prepared=prepared, max_seq_len=max_seq_len,
+                    kv_blocks=kv_blocks, kv_dtype=kv_dtype)
         model.tokenizer_meta = cached[2]
         if use_cache and key and prepared is None:
             model_cache.save_prepared(path, key, model.prepared)
@@ -213,7 +220,7 @@ class LlamaModel:
         return self.arena.new_sequence()
 
     def step(self, inputs: list[StepInput], every_position: bool = False,
-             ticks: np.ndarray | None = None) -> np.ndarray:
+             ticks: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.float32]:
         """Append each input's tokens to its sequence; return logits [N, vocab] (float32)
         of the last new token of each sequence that asked for them (in input order), or with
         every_position, of every new token (the accuracy harness scores them all). Raises
@@ -242,16 +249,16 @@ class LlamaModel:
         return logits
 
     def step_tokens(self, inputs: list[StepInput], draws: list[Draw],
-                    penalties: list | None = None) -> np.ndarray:
+                    penalties: list[Penalty | None] | None = None) -> npt.NDArray[np.int32]:
         """step(), then one token id drawn from each logit row with draws[r]
         (gpu/ops/sampling.sample), after penalties[r] (gpu/ops/penalties.py; None: none).
         int32 [N]."""
         return self.launch_tokens(inputs, draws, penalties).wait()
 
     def launch_tokens(self, inputs: list[StepInput], draws: list[Draw],
-                      penalties: list | None = None,
+                      penalties: list[Penalty | None] | None = None,
                       logprobs: list[int] | None = None,
-                      masks: list | None = None) -> ReadyTokens:
+                      masks: list[npt.NDArray[np.uint32] | None] | None = None) -> ReadyTokens:
         """step_tokens, already done: the CPU kernels are the CPU's whole work. Logprobs
         (model_api) are computed from the same penalised rows the sampler read, only for
         the rows that ask. A row with a token mask (model_api) has it applied after its

@@ -22,6 +22,7 @@ import numpy as np
 from . import _source_hash, model_cache_prune
 from .gguf_loader import ModelConfig, ModelWeights
 from .quant import Array, Weight
+from .tokenizer import TokenizerMeta
 
 _WEIGHTS = ("emb", "wqkv", "wo", "wgu", "wdown", "output")
 _ARRAYS = ("attn_norm", "ffn_norm", "out_norm")
@@ -43,7 +44,7 @@ def cache_dir(path: str) -> str:
     return os.path.join(os.path.dirname(base), "models", key.hexdigest()[:24])
 
 
-def load(path: str):
+def load(path: str) -> tuple[ModelConfig, ModelWeights, TokenizerMeta | None] | None:
     """(config, weights, tokenizer metadata) from the cache, or None."""
     d = cache_dir(path)
     if not os.path.exists(os.path.join(d, "done")):
@@ -55,7 +56,7 @@ def load(path: str):
     except OSError:
         pass  # a read-only cache is still read
 
-    def arr(name: str) -> np.ndarray:
+    def arr(name: str) -> Array:
         return np.load(os.path.join(d, name + ".npy"), mmap_mode="c")
 
     weights = _load_weights(d, {n: meta["fmt"][n] for n in _WEIGHTS})
@@ -64,7 +65,7 @@ def load(path: str):
     return ModelConfig(**meta["config"]), ModelWeights(**weights), meta["tokenizer"]
 
 
-def _save_weights(tmp: str, weights: dict) -> None:
+def _save_weights(tmp: str, weights: dict[str, Weight]) -> None:
     for n, wt in weights.items():
         for k in ("qs", "d", "m", "w"):
             np.save(os.path.join(tmp, f"{n}.{k}.npy"), getattr(wt, k))
@@ -72,7 +73,7 @@ def _save_weights(tmp: str, weights: dict) -> None:
             np.save(os.path.join(tmp, f"{n}.lf.npy"), wt.lf)
 
 
-def _load_weights(d: str, fmts: dict) -> dict:
+def _load_weights(d: str, fmts: dict[str, int]) -> dict:
     def lf(n: str) -> Array | None:
         p = os.path.join(d, f"{n}.lf.npy")
         return np.load(p) if os.path.exists(p) else None
@@ -136,7 +137,7 @@ def load_prepared(path: str, key: str) -> dict | None:
         return _load_weights(d, json.load(f)["fmt"])
 
 
-def save_prepared(path: str, key: str, weights: dict) -> None:
+def save_prepared(path: str, key: str, weights: dict[str, Weight]) -> None:
     d = prepared_dir(path, key)
     os.makedirs(os.path.dirname(d), exist_ok=True)
     tmp = tempfile.mkdtemp(dir=os.path.dirname(d), prefix=".tmp-")
@@ -149,7 +150,8 @@ def save_prepared(path: str, key: str, weights: dict) -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # a read-only cache dir only costs speed
 
 
-def save(path: str, cfg: ModelConfig, w: ModelWeights, tokenizer_meta: dict) -> None:
+def save(path: str, cfg: ModelConfig, w: ModelWeights,
+         tokenizer_meta: TokenizerMeta | None) -> None:
     d = cache_dir(path)
     os.makedirs(os.path.dirname(d), exist_ok=True)
     tmp = tempfile.mkdtemp(dir=os.path.dirname(d), prefix=".tmp-")

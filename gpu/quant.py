@@ -42,7 +42,7 @@ row-major in ``w``.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
@@ -74,7 +74,9 @@ def block_bytes(fmt: int) -> int:
     return {FMT_Q4: QK // 2, FMT_Q8: QK, FMT_Q8_16: QK_16}[fmt]
 
 
-Array = np.ndarray[tuple[int, ...], np.dtype[np.generic]]  # any shape and dtype, no Any
+# any shape and dtype (np.generic's item type given, so no Any; a string: np.generic cannot
+# be subscripted at run time)
+Array: TypeAlias = "np.ndarray[tuple[int, ...], np.dtype[np.generic[object]]]"
 
 
 # Columns of a weight's layer table lf [L, S, LF_COLS]: per layer, its segments (row groups

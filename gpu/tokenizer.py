@@ -16,18 +16,36 @@ import codecs
 import math
 import re
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import TypeAlias, TypedDict
 
 import gguf
 import numpy as np
+import numpy.typing as npt
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
 from .errors import ModelFormatError, UnsupportedModelError
+
+# A chat message as the GGUF template reads it: JSON (role, content, and whatever else the
+# template looks at, such as tool calls).
+JSONValue: TypeAlias = "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
+Message: TypeAlias = Mapping[str, JSONValue]
+
+
+class TokenizerMeta(TypedDict):
+    """Tokenizer's constructor arguments, as plain JSON-able data (cached beside the weights)."""
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+    bos_id: int
+    eos_id: int
+    chat_template: str | None
+    pre: str
+    add_bos: bool | None
 
 # llama.cpp (llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_SMOLLM) splits in two passes: every numeric
 # code point on its own, then the classic GPT-2 pattern. Pieces that no pattern matches are kept
@@ -160,7 +178,7 @@ class Tokenizer:
         self._chat_template = chat_template
 
         vocab = {t: i for i, t in enumerate(self._tokens)}
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        pairs = [(a, b) for a, b in (m.split(" ", 1) for m in merges)]
         hf = _HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False,
                                      ignore_merges=pre in _IGNORE_MERGES))
         hf.pre_tokenizer = pre_tokenizers.Sequence(
@@ -244,7 +262,7 @@ class Tokenizer:
         return cls(**cls.metadata_from_gguf(reader))
 
     @staticmethod
-    def metadata_from_gguf(reader: gguf.GGUFReader) -> dict[str, Any]:
+    def metadata_from_gguf(reader: gguf.GGUFReader) -> TokenizerMeta:
         """The constructor's arguments, as plain JSON-able data (cached beside the weights)."""
         model = _field_str(reader, "tokenizer.ggml.model")
         if model != "gpt2":
@@ -260,7 +278,7 @@ class Tokenizer:
         template = _field_str(reader, "tokenizer.chat_template")
         if template is None and _field_str(reader, "general.architecture") == "qwen2":
             template = CHATML_TEMPLATE
-        return dict(
+        return TokenizerMeta(
             tokens=tokens,
             token_types=types,
             merges=merges,
@@ -336,7 +354,7 @@ class Tokenizer:
         return list(ids)
 
     def min_tokens(self, prompt: str | None = None,
-                   messages: Sequence[dict[str, Any]] | None = None) -> int:
+                   messages: Sequence[Message] | None = None) -> int:
         """A lower bound on len(encode(prompt)) or len(encode_chat(messages)), in one pass
         over the text's bytes (~2 ms per MiB): the per-byte bound above, over the prompt or
         the messages' contents (the template's glue only adds tokens), plus each message's
@@ -364,7 +382,7 @@ class Tokenizer:
     def _bytes_bound(self, text: str) -> int:
         return _bound(_byte_counts(text), self._byte_share)
 
-    def control_tokens(self, messages: Sequence[dict[str, Any]]) -> int:
+    def control_tokens(self, messages: Sequence[Message]) -> int:
         """The control tokens the template adds for these messages, at least."""
         per = self._specials_per_message
         return sum(per.get(r, 0) for m in messages if isinstance(r := m.get("role", ""), str))
@@ -427,7 +445,7 @@ class Tokenizer:
 
     # ---- chat ---------------------------------------------------------------------------
 
-    def _render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> str:
+    def _render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
         if self._template is None:
             raise ValueError("GGUF has no tokenizer.chat_template")
         return self._template.render(
@@ -438,13 +456,13 @@ class Tokenizer:
         )
 
     def render_chat(
-        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
     ) -> str:
         """The chat as text, exactly as the GGUF template renders it."""
         return self._render(list(messages), add_generation_prompt)
 
     def encode_chat(
-        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
     ) -> list[int]:
         """Ids of the rendered chat: template markup -> control tokens, content -> plain text.
 
@@ -493,7 +511,8 @@ class Tokenizer:
 
 # Where the GPT-2 pre-tokenizer pattern (` ?\p{L}+`) must start a new piece: a space after a
 # non-space, before a letter.
-def _byte_share(sets: np.ndarray, lens: np.ndarray, columns, digit_share: float) -> np.ndarray:
+def _byte_share(sets: npt.NDArray[np.bool_], lens: npt.NDArray[np.integer],
+                columns: Iterable[int], digit_share: float) -> npt.NDArray[np.float64]:
     """Per byte value, 1 / the longest of these tokens holding it (1 where none does), and
     digit_share for ASCII digits (the pre-tokenizer's own bound: 1 where it isolates each
     digit, 1/3 where numbers are pieces of up to three digits)."""
@@ -505,19 +524,19 @@ def _byte_share(sets: np.ndarray, lens: np.ndarray, columns, digit_share: float)
     return _share(longest, digit_share)
 
 
-def _share(longest: np.ndarray, digit_share: float) -> np.ndarray:
+def _share(longest: npt.NDArray[np.float64], digit_share: float) -> npt.NDArray[np.float64]:
     """1 / the longest token holding each byte value, digits capped by the pre-tokenizer."""
     share = 1.0 / longest
     share[ord("0"):ord("9") + 1] = digit_share
     return share
 
 
-def _byte_counts(text: str) -> np.ndarray:
+def _byte_counts(text: str) -> npt.NDArray[np.intp]:
     return np.bincount(np.frombuffer(text.encode("utf-8", "surrogatepass"), np.uint8),
                        minlength=256)
 
 
-def _bound(counts: np.ndarray, share: np.ndarray) -> int:
+def _bound(counts: npt.NDArray[np.intp], share: npt.NDArray[np.float64]) -> int:
     """ceil(sum(count x share)), rounded down by a hair against float error."""
     return max(0, math.ceil(float(counts @ share) - 1e-6))
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import TypeAlias
 
 import numpy as np
 
@@ -164,10 +165,12 @@ def use_activations(mode: str) -> None:
 # keys and values exact (the float64-reference tests use it).
 KV_ENV = "ZEROLAYER_CPU_KV"
 KV_DEFAULT = "f16"
-_KV_TYPES = {"f16": np.uint16, "f32": np.float32}  # float16 lives as its bits (gpu/ops/half.py)
+KVType: TypeAlias = type[np.uint16] | type[np.float32]
+# float16 lives as its bits (gpu/ops/half.py)
+_KV_TYPES: dict[str, KVType] = {"f16": np.uint16, "f32": np.float32}
 
 
-def select_kv(env: str | None = None):
+def select_kv(env: str | None = None) -> KVType:
     want = (env if env is not None else os.environ.get(KV_ENV, "")).strip().lower() or KV_DEFAULT
     if want not in _KV_TYPES:
         warnings.warn(f"{KV_ENV}={want!r} is not f16 or f32; using {KV_DEFAULT}", stacklevel=2)

@@ -42,9 +42,11 @@ row-major in ``w``.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, TypeAlias
+from collections.abc import Iterable
+from typing import NamedTuple, TypeAlias, TypeVar, overload
 
 import numpy as np
+import numpy.typing as npt
 from gguf import GGMLQuantizationType as QT
 
 from .errors import UnsupportedModelError
@@ -77,6 +79,10 @@ def block_bytes(fmt: int) -> int:
 # any shape and dtype (np.generic's item type given, so no Any; a string: np.generic cannot
 # be subscripted at run time)
 Array: TypeAlias = "np.ndarray[tuple[int, ...], np.dtype[np.generic[object]]]"
+Arrays: TypeAlias = "dict[str, Array]"  # a tensor's internal arrays by name (qs, d, m or w)
+U8: TypeAlias = npt.NDArray[np.uint8]
+F32: TypeAlias = npt.NDArray[np.float32]
+FloatT = TypeVar("FloatT", np.float32, np.float64)  # dequantize's result type
 
 
 # Columns of a weight's layer table lf [L, S, LF_COLS]: per layer, its segments (row groups
@@ -131,7 +137,7 @@ def check_type(name: str, ttype: int) -> QT:
     return qt
 
 
-def _blocks(raw: np.ndarray, rows: int, cols: int, qt: QT) -> np.ndarray:
+def _blocks(raw: Array, rows: int, cols: int, qt: QT) -> U8:
     n, size = _BLOCK[qt]
     if cols % n:
         raise UnsupportedModelError(f"{qt.name} row length {cols} is not a multiple of {n}")
@@ -143,22 +149,22 @@ def _blocks(raw: np.ndarray, rows: int, cols: int, qt: QT) -> np.ndarray:
     return flat.reshape(rows, nb, size)
 
 
-def _f16(b: np.ndarray) -> np.ndarray:
+def _f16(b: U8) -> F32:
     """Two bytes (last axis) -> their little-endian f16 value as float32."""
     return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
 
 
-def _bits(b: np.ndarray, n: int) -> np.ndarray:
+def _bits(b: U8, n: int) -> U8:
     """Bytes [..., k] -> their bits, least significant first: uint8 [..., 8 k][:n]."""
     return np.unpackbits(b, axis=-1, bitorder="little")[..., :n]
 
 
-def _nibbles_q4(q: np.ndarray) -> np.ndarray:
+def _nibbles_q4(q: U8) -> U8:
     """Values 0..15 [..., 32] -> our Q4 block bytes [..., 16]: byte j = q[j] | q[16 + j] << 4."""
     return (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)
 
 
-def _k_scales(sc12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _k_scales(sc12: U8) -> tuple[U8, U8]:
     """The 12 bytes of packed 6-bit (scale, min) pairs of a Q4_K/Q5_K super-block -> two
     uint8 [..., 8]. Sub-blocks 0-3 take the low 6 bits of bytes 0-3 (scales) and 4-7 (mins);
     sub-blocks 4-7 take a nibble of bytes 8-11 (low: scale, high: min) for their low 4 bits
@@ -169,14 +175,14 @@ def _k_scales(sc12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def _k_low_nibbles(qs: np.ndarray) -> np.ndarray:
+def _k_low_nibbles(qs: U8) -> U8:
     """Q4_K/Q5_K's 128 nibble bytes [..., 128] -> values [..., 8, 32]: each run of 32 bytes
     holds two sub-blocks, the first in the low nibbles, the second in the high ones."""
     p = qs.reshape(qs.shape[:-1] + (4, 32))
     return np.stack([p & 15, p >> 4], axis=-2).reshape(qs.shape[:-1] + (8, 32))
 
 
-def repack(raw: np.ndarray, rows: int, cols: int, qt: QT) -> tuple[int, dict[str, np.ndarray]]:
+def repack(raw: Array, rows: int, cols: int, qt: QT) -> tuple[int, Arrays]:
     """Turn one GGUF tensor (``rows`` x ``cols``, row-major) into internal arrays (no layer axis)."""
     if qt == QT.F32:
         return FMT_F32, {"w": np.ascontiguousarray(raw, dtype=np.float32).reshape(rows, cols)}
@@ -192,8 +198,8 @@ def repack(raw: np.ndarray, rows: int, cols: int, qt: QT) -> tuple[int, dict[str
     if qt == QT.Q8_0:
         # int8 -> uint8 (q + 128): numba converts uint8 to float in vector registers, while
         # int8 arithmetic is widened to int64 first, which AVX2 can't convert
-        u = (np.ascontiguousarray(blk[:, :, 2:34]).reshape(rows, cols) ^ np.uint8(0x80))
-        return FMT_Q8, {"qs": u, "d": d, "m": (-128.0 * d).astype(np.float32)}
+        u8 = (np.ascontiguousarray(blk[:, :, 2:34]).reshape(rows, cols) ^ np.uint8(0x80))
+        return FMT_Q8, {"qs": u8, "d": d, "m": (-128.0 * d).astype(np.float32)}
     if qt in (QT.Q5_0, QT.Q5_1):
         # [d, (m,) qh: 32 high bits (bit j: weight j), qs: byte j = weight j | weight 16+j << 4]
         o = 2 if qt == QT.Q5_0 else 4
@@ -211,7 +217,7 @@ def repack(raw: np.ndarray, rows: int, cols: int, qt: QT) -> tuple[int, dict[str
     return FMT_Q4, {"qs": np.ascontiguousarray(qs).reshape(rows, cols // 2), "d": d, "m": m}
 
 
-def _repack_k(blk: np.ndarray, rows: int, cols: int, qt: QT) -> tuple[int, dict[str, np.ndarray]]:
+def _repack_k(blk: U8, rows: int, cols: int, qt: QT) -> tuple[int, Arrays]:
     """K-quant super-blocks -> per-sub-block float32 (d, m), exact (see the module docstring).
 
     Q4_K: [d f16, dmin f16, 12 bytes of 6-bit (scale, min) x 8, 128 bytes of nibbles];
@@ -228,11 +234,11 @@ def _repack_k(blk: np.ndarray, rows: int, cols: int, qt: QT) -> tuple[int, dict[
         ql = blk[:, :, 0:128].reshape(rows, nsb, 2, 2, 32)     # [h, s % 2, j]
         qh = blk[:, :, 128:192].reshape(rows, nsb, 2, 1, 32)   # [h, -, j]
         lo = np.concatenate([ql & 15, ql >> 4], axis=3)        # [h, s, j]
-        hi = (qh >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 1, 4, 1)) & 3
-        q = (lo | (hi << 4)).reshape(rows, cols)               # 0..63: the weight is q - 32
-        sc = blk[:, :, 192:208].view(np.int8).astype(np.float32)
-        d = (_f16(blk[:, :, 208:210])[..., None] * sc).reshape(rows, cols // QK_16)
-        return FMT_Q8_16, {"qs": q, "d": d, "m": (-32.0 * d).astype(np.float32)}
+        hi6 = (qh >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 1, 4, 1)) & 3
+        q6 = (lo | (hi6 << 4)).reshape(rows, cols)              # 0..63: the weight is q6 - 32
+        sc6 = blk[:, :, 192:208].view(np.int8).astype(np.float32)
+        d = (_f16(blk[:, :, 208:210])[..., None] * sc6).reshape(rows, cols // QK_16)
+        return FMT_Q8_16, {"qs": q6, "d": d, "m": (-32.0 * d).astype(np.float32)}
     dsb = _f16(blk[:, :, 0:2])[..., None]
     dmin = _f16(blk[:, :, 2:4])[..., None]
     sc, mn = _k_scales(blk[:, :, 4:16])
@@ -246,7 +252,7 @@ def _repack_k(blk: np.ndarray, rows: int, cols: int, qt: QT) -> tuple[int, dict[
     return FMT_Q8, {"qs": (q | (hi << 4)).reshape(rows, cols), "d": d, "m": m}
 
 
-def interleave(fmt: int, a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def interleave(fmt: int, a: Arrays) -> Arrays:
     """Natural row-major arrays -> the kernels' row-interleaved layout (rows zero-padded)."""
     if fmt == FMT_F32:
         return a
@@ -254,7 +260,7 @@ def interleave(fmt: int, a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     pad = -rows % LANES
     G = (rows + pad) // LANES
 
-    def grouped(arr: np.ndarray, inner: int) -> np.ndarray:
+    def grouped(arr: Array, inner: int) -> Array:
         arr = arr.reshape(rows, nb, inner) if inner else arr
         if pad:
             arr = np.concatenate([arr, np.zeros((pad,) + arr.shape[1:], arr.dtype)])
@@ -271,7 +277,7 @@ def interleave(fmt: int, a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 _WIDTH = {FMT_Q4: 0, FMT_Q8: 1, FMT_Q8_16: 2, FMT_F32: 3}
 
 
-def widen(fmt: int, a: dict[str, np.ndarray], to: int) -> dict[str, np.ndarray]:
+def widen(fmt: int, a: Arrays, to: int) -> Arrays:
     """Natural arrays of ``fmt`` -> the same weights, exactly, in the wider format ``to``."""
     if fmt == to:
         return a
@@ -279,7 +285,7 @@ def widen(fmt: int, a: dict[str, np.ndarray], to: int) -> dict[str, np.ndarray]:
         return {"w": dequantize(fmt, a)}
     assert _WIDTH[to] > _WIDTH[fmt], (fmt, to)
     rows, nb = a["d"].shape
-    qs, d, m = a["qs"], a["d"], a["m"]
+    qs, d, m = a["qs"].view(np.uint8), a["d"], a["m"]
     if fmt == FMT_Q4:
         b = qs.reshape(rows, nb, QK // 2)
         qs = np.concatenate([b & 15, b >> 4], axis=2).reshape(rows, nb * QK)
@@ -288,12 +294,12 @@ def widen(fmt: int, a: dict[str, np.ndarray], to: int) -> dict[str, np.ndarray]:
     return {"qs": qs, "d": d, "m": m}
 
 
-def common_format(fmts) -> int:
+def common_format(fmts: Iterable[int]) -> int:
     """The narrowest format that holds every one of ``fmts`` exactly."""
     return max(fmts, key=_WIDTH.__getitem__)
 
 
-def stack(parts: list[tuple[int, dict[str, np.ndarray]]]) -> Weight:
+def stack(parts: list[tuple[int, Arrays]]) -> Weight:
     """Stack per-layer repacked tensors (already concatenated by rows) into one Weight.
 
     Layers share one compiled kernel, so they share one format: a stack of mixed formats
@@ -303,7 +309,7 @@ def stack(parts: list[tuple[int, dict[str, np.ndarray]]]) -> Weight:
     prepare), so decode there streams the file's bytes.
     """
     fmt = common_format({f for f, _ in parts})
-    arrays: dict[str, list[np.ndarray]] = {"qs": [], "d": [], "m": [], "w": []}
+    arrays: dict[str, list[Array]] = {"qs": [], "d": [], "m": [], "w": []}
     for pfmt, a in parts:
         a = interleave(fmt, widen(pfmt, a, fmt))
         for k in arrays:
@@ -313,7 +319,7 @@ def stack(parts: list[tuple[int, dict[str, np.ndarray]]]) -> Weight:
     # numba compiles per array rank, so unused arrays keep the rank of their format
     ndim = {"qs": 4, "d": 3, "m": 3, "w": 2}
 
-    def cat(k: str, dtype) -> np.ndarray:
+    def cat(k: str, dtype: type[np.uint8] | type[np.float32]) -> Array:
         if arrays[k]:
             return np.ascontiguousarray(np.stack(arrays[k]).astype(dtype, copy=False))
         return np.zeros((L,) + (0,) * ndim[k], dtype=dtype)
@@ -321,15 +327,19 @@ def stack(parts: list[tuple[int, dict[str, np.ndarray]]]) -> Weight:
     return Weight(fmt, cat("qs", np.uint8), cat("d", np.float32), cat("m", np.float32), cat("w", np.float32))
 
 
-def concat_rows(parts: list[tuple[int, dict[str, np.ndarray]]]) -> tuple[int, dict[str, np.ndarray]]:
+def concat_rows(parts: list[tuple[int, Arrays]]) -> tuple[int, Arrays]:
     """Concatenate tensors of one layer by rows (fused Q|K|V or gate|up). Mixed formats widen
     to the narrowest common one."""
     fmt = common_format({f for f, _ in parts})
-    parts = [widen(f, a, fmt) for f, a in parts]
-    return fmt, {k: np.concatenate([a[k] for a in parts]) for k in parts[0]}
+    widened = [widen(f, a, fmt) for f, a in parts]
+    return fmt, {k: np.concatenate([a[k] for a in widened]) for k in widened[0]}
 
 
-def dequantize(fmt: int, a: dict[str, np.ndarray], dtype=np.float32) -> np.ndarray:
+@overload
+def dequantize(fmt: int, a: Arrays) -> F32: ...
+@overload
+def dequantize(fmt: int, a: Arrays, dtype: type[FloatT]) -> npt.NDArray[FloatT]: ...
+def dequantize(fmt, a, dtype=np.float32):  # (the overloads above type it)
     """Internal arrays -> dense weights: d * q + m (used to widen mixed stacks, and by tests).
 
     In float32 this rounds exactly as ggml does (d * q is exact; one rounding for + m), so it
@@ -340,7 +350,7 @@ def dequantize(fmt: int, a: dict[str, np.ndarray], dtype=np.float32) -> np.ndarr
     rows, nb = d.shape
     bw = block_weights(fmt)
     if fmt == FMT_Q4:
-        qs = a["qs"].reshape(rows, nb, QK // 2)
+        qs = a["qs"].view(np.uint8).reshape(rows, nb, QK // 2)
         q = np.concatenate([qs & 15, qs >> 4], axis=2).astype(dtype)
     else:
         q = a["qs"].reshape(rows, nb, bw).astype(dtype)

@@ -12,21 +12,30 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NoReturn, overload
 
 import numpy as np
+import numpy.typing as npt
 
 from zerolayer.protocol.sampling_params import SamplingParams  # noqa: F401 (API)
 
 from . import backend
 from .context_rule import check_context
+from .kv_cache import Sequence as KVSequence
 from .model import LlamaModel, set_threads
 from .model_api import GREEDY, Draw, Model, StepInput
 from .ops import cpu_features
-from .ops.penalties import PenaltyState
+from .ops.penalties import Penalty, PenaltyState
 from .stopping import StopChecker
-from .tokenizer import Tokenizer
+from .tokenizer import Message, Tokenizer
+
+if TYPE_CHECKING:
+    from .cuda.forward import CudaModel
+
+# prompt ids as a caller gives them
+TokenIds = Sequence[int] | npt.NDArray[np.int32] | npt.NDArray[np.int64]
 
 PREFILL_CHUNK = 512  # prompt tokens per forward call: bounds the activations' memory
 
@@ -44,8 +53,9 @@ class GenerationResult:
 
 
 def encode_prompt(tokenizer: Tokenizer, vocab: int, prompt: str | None = None,
-                  messages: list[dict] | None = None, token_ids=None,
-                  max_tokens: int | None = None, max_seq_len: int | None = None) -> np.ndarray:
+                  messages: Sequence[Message] | None = None, token_ids: TokenIds | None = None,
+                  max_tokens: int | None = None,
+                  max_seq_len: int | None = None) -> npt.NDArray[np.int32]:
     """Prompt ids from exactly one of: raw text, chat messages (the GGUF's template), or ids.
     Raises ValueError for an empty prompt or an id outside the vocabulary.
 
@@ -56,10 +66,10 @@ def encode_prompt(tokenizer: Tokenizer, vocab: int, prompt: str | None = None,
     if sum(x is not None for x in (prompt, messages, token_ids)) != 1:
         raise ValueError("give exactly one of prompt, messages, token_ids")
     if max_seq_len is not None and token_ids is None:
-        ids = _refuse_what_cannot_fit(tokenizer, prompt, messages,
-                                      max_seq_len - (max_tokens or 0), max_seq_len)
-        if ids is not None:  # a long prompt, already tokenized while it was bounded
-            return np.asarray(tokenizer.with_bos(ids), np.int32)
+        fitted = _refuse_what_cannot_fit(tokenizer, prompt, messages,
+                                         max_seq_len - (max_tokens or 0), max_seq_len)
+        if fitted is not None:  # a long prompt, already tokenized while it was bounded
+            return np.asarray(tokenizer.with_bos(fitted), np.int32)
     if messages is not None:
         ids = np.asarray(tokenizer.with_bos(tokenizer.encode_chat(messages)), np.int64)
     elif prompt is not None:
@@ -75,7 +85,7 @@ def encode_prompt(tokenizer: Tokenizer, vocab: int, prompt: str | None = None,
 
 
 def _refuse_what_cannot_fit(tokenizer: Tokenizer, prompt: str | None,
-                            messages: list[dict] | None, room: int,
+                            messages: Sequence[Message] | None, room: int,
                             max_seq_len: int) -> list[int] | None:
     """ContextOverflowError when the prompt is sure to need more than `room` tokens, decided
     at a cost bounded by the room, not by the request's size: first a bound from the length
@@ -84,7 +94,7 @@ def _refuse_what_cannot_fit(tokenizer: Tokenizer, prompt: str | None,
     ids of a long plain prompt that fits (tokenized on the way), else None."""
     from .errors import ContextOverflowError
 
-    def refuse(n: int):
+    def refuse(n: int) -> NoReturn:
         raise ContextOverflowError(n + max_seq_len - room, max_seq_len, at_least=True)
 
     if prompt is not None:
@@ -126,7 +136,14 @@ def on_backend(model: LlamaModel) -> Model:
     return CudaModel(model)
 
 
-def prefill(model: Model, seq, ids: np.ndarray, draw: Draw | None = None, penalty=None):
+@overload
+def prefill(model: Model, seq: KVSequence, ids: npt.NDArray[np.int32], draw: None = None,
+            penalty: Penalty | None = None) -> npt.NDArray[np.float32]: ...
+@overload
+def prefill(model: Model, seq: KVSequence, ids: npt.NDArray[np.int32], draw: Draw,
+            penalty: Penalty | None = None) -> int: ...
+def prefill(model: Model, seq: KVSequence, ids: npt.NDArray[np.int32], draw: Draw | None = None,
+            penalty: Penalty | None = None) -> int | npt.NDArray[np.float32]:
     """Run a prompt through the model in chunks: the logits of its last token, or, given a
     draw, the token id drawn from them (``step_tokens``, after ``penalty``, a
     gpu/ops/penalties.Penalty, if given)."""
@@ -147,18 +164,25 @@ class Generator:
 
     @classmethod
     def load(cls, path: str | None = None, *, threads: int | None = None, max_seq_len: int | None = None,
-             kv_blocks: int | None = None, warmup: bool = True, log=None) -> Generator:
+             kv_blocks: int | None = None, warmup: bool = True,
+             log: Callable[[str], None] | None = None) -> Generator:
         """kv_blocks: the KV arena's size in blocks of 64 positions (None: 16 full contexts).
         The arena is made here, once, by the model that owns it (on a GPU its pools are
         device memory), never replaced afterwards."""
         log = log or (lambda msg: None)
         t0 = time.perf_counter()
         n = set_threads(threads)
-        model = on_backend(LlamaModel.load(path, max_seq_len=max_seq_len, kv_blocks=kv_blocks or None))
+        llama = LlamaModel.load(path, max_seq_len=max_seq_len, kv_blocks=kv_blocks or None)
+        model = on_backend(llama)
         tok = model.tokenizer()
-        c = model.cfg
-        where = (f"{n} CPU threads ({cpu_features.describe()})" if not backend.ON_DEVICE
-                 else f"{backend.NAME} ({model.device})")
+        c = llama.cfg  # the device model runs the same config
+        where = f"{n} CPU threads ({cpu_features.describe()})"
+        cuda: CudaModel | None = None
+        if backend.ON_DEVICE:
+            from .cuda.forward import CudaModel
+            assert isinstance(model, CudaModel)  # on_backend's model on a device
+            cuda = model
+            where = f"{backend.NAME} ({model.device})"
         log(f"loaded {c.name} ({c.n_layer} layers, d={c.d_model}, vocab {c.vocab}, "
             f"context {model.max_seq_len}) in {time.perf_counter() - t0:.2f} s, on {where}")
         gen = cls(model, tok)
@@ -169,10 +193,10 @@ class Generator:
                 gen.warmup()
             log(f"kernels warm in {time.perf_counter() - t1:.2f} s"
                 + (f" ({built.slow} compiled, the rest from the JIT cache)" if built.slow else ""))
-        if backend.ON_DEVICE:
+        if cuda is not None:
             from .cuda._cuda_shim import MEMORY
             fwd = getattr(model, "fwd", None)
-            log(f"CUDA graphs {model.graphs}; device memory: {MEMORY}; steps: "
+            log(f"CUDA graphs {cuda.graphs}; device memory: {MEMORY}; steps: "
                 f"{getattr(fwd, 'kernel_path', '?')}; prefill GEMMs: "
                 f"{getattr(fwd, 'prefill_path', '?')}")
         return gen
@@ -189,12 +213,12 @@ class Generator:
         finally:
             seq.release()
 
-    def prompt_ids(self, prompt: str | None = None, messages: list[dict] | None = None,
-                   token_ids: list[int] | None = None) -> np.ndarray:
+    def prompt_ids(self, prompt: str | None = None, messages: Sequence[Message] | None = None,
+                   token_ids: TokenIds | None = None) -> npt.NDArray[np.int32]:
         return encode_prompt(self.tokenizer, self.model.cfg.vocab, prompt, messages, token_ids)
 
-    def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,
-                 token_ids: list[int] | None = None, params: SamplingParams = SamplingParams(),
+    def generate(self, prompt: str | None = None, *, messages: Sequence[Message] | None = None,
+                 token_ids: TokenIds | None = None, params: SamplingParams = SamplingParams(),
                  ) -> Iterator[str]:
         """Yield text chunks as they complete (never a partial UTF-8 character)."""
         params.validate()
@@ -241,8 +265,10 @@ class Generator:
         finally:
             seq.release()
 
-    def complete(self, *args, **kw) -> GenerationResult:
-        for _ in self.generate(*args, **kw):
+    def complete(self, prompt: str | None = None, *, messages: Sequence[Message] | None = None,
+                 token_ids: TokenIds | None = None, params: SamplingParams = SamplingParams(),
+                 ) -> GenerationResult:
+        for _ in self.generate(prompt, messages=messages, token_ids=token_ids, params=params):
             pass
         return self.last
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 from gguf import GGUFReader
 
 from . import quant
@@ -77,12 +79,12 @@ class ModelWeights:
     wo: quant.Weight
     wgu: quant.Weight      # [gate | up] rows, per layer
     wdown: quant.Weight
-    attn_norm: np.ndarray  # [L, D]
-    ffn_norm: np.ndarray   # [L, D]
-    out_norm: np.ndarray   # [D]
+    attn_norm: quant.F32   # [L, D]
+    ffn_norm: quant.F32    # [L, D]
+    out_norm: quant.F32    # [D]
     output: quant.Weight   # the LM head (the embedding itself when tied), L = 1
-    qkv_bias: np.ndarray | None = None    # [L, dq + 2 dkv] float32, or [L, 0]: no biases
-    rope_freqs: np.ndarray | None = None  # [head_dim/2] divisors of the frequencies, or [0]
+    qkv_bias: quant.F32 | None = None    # [L, dq + 2 dkv], or [L, 0]: no biases
+    rope_freqs: quant.F32 | None = None  # [head_dim/2] divisors of the frequencies, or [0]
 
 
 def open_gguf(path: str) -> GGUFReader:
@@ -94,7 +96,11 @@ def open_gguf(path: str) -> GGUFReader:
         raise ModelFormatError(f"{path}: not a readable GGUF file (truncated or corrupt?): {e}") from e
 
 
-def _field(reader: GGUFReader, key: str, default=None):
+# a scalar metadata value, as gguf's ReaderField.contents() gives it
+Scalar: TypeAlias = str | int | float | bool
+
+
+def _field(reader: GGUFReader, key: str, default: Scalar | None = None) -> Scalar:
     f = reader.fields.get(key)
     if f is None:
         if default is not None:
@@ -103,7 +109,7 @@ def _field(reader: GGUFReader, key: str, default=None):
     return f.contents()
 
 
-def neox_pair_order(n_heads: int, head_dim: int) -> np.ndarray:
+def neox_pair_order(n_heads: int, head_dim: int) -> npt.NDArray[np.int64]:
     """Row order that turns a neox-rotated projection into an adjacent-pairs one (see
     gpu/ops/rope.py): new row h*hd + 2i is old row h*hd + i, new row h*hd + 2i + 1 is old
     row h*hd + i + hd/2."""
@@ -112,7 +118,7 @@ def neox_pair_order(n_heads: int, head_dim: int) -> np.ndarray:
     return (np.arange(n_heads)[:, None] * head_dim + one[None, :]).reshape(-1)
 
 
-def _opt(reader: GGUFReader, key: str):
+def _opt(reader: GGUFReader, key: str) -> Scalar | None:
     f = reader.fields.get(key)
     return None if f is None else f.contents()
 
@@ -192,7 +198,8 @@ class _Tensors:
         self.by_name = {t.name: t for t in reader.tensors}
         self.used: set[str] = set()
 
-    def raw(self, name: str, rows: int, cols: int, order: np.ndarray | None = None):
+    def raw(self, name: str, rows: int, cols: int,
+            order: npt.NDArray[np.int64] | None = None) -> tuple[int, quant.Arrays]:
         """The tensor repacked for the kernels; `order`: its rows reordered first (exact for
         every format: each row is its own blocks)."""
         t = self.by_name.get(name)
@@ -211,7 +218,7 @@ class _Tensors:
         except ValueError as e:  # short read of a truncated file
             raise ModelFormatError(f"tensor {name!r}: {e}") from e
 
-    def vector(self, name: str, n: int, order: np.ndarray | None = None) -> np.ndarray:
+    def vector(self, name: str, n: int, order: npt.NDArray[np.int64] | None = None) -> quant.F32:
         fmt, a = self.raw(name, 1, n)
         v = quant.dequantize(fmt, a)[0].astype(np.float32)
         return v if order is None else v[order]

@@ -121,7 +121,9 @@ class ReadyTokens:
 
 @runtime_checkable
 class Model(Protocol):
-    cfg: object                 # gguf_loader.ModelConfig
+    @property
+    def cfg(self) -> object: ...  # gguf_loader.ModelConfig (read, never replaced)
+
     max_seq_len: int
     arena: KVArena
     overlaps: bool              # launch_tokens returns before the step is done

@@ -11,11 +11,17 @@ pos * freq_scale * base^(-2i/hd) / rope_freqs[i] and cos, sin x attn_factor.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeAlias
+
 import numpy as np
+import numpy.typing as npt
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from .gguf_loader import ModelConfig
+
+F64: TypeAlias = npt.NDArray[np.float64]
 
 
 class ReferenceLlama:
@@ -23,12 +29,12 @@ class ReferenceLlama:
         self.cfg = cfg
         t = {x.name: x for x in reader.tensors}
 
-        def dense(name: str) -> np.ndarray:
+        def dense(name: str) -> F64:
             x = t[name]
             return dequantize(x.data, x.tensor_type).astype(np.float64).reshape(
                 [int(s) for s in reversed(x.shape)])
 
-        self.bias = {}  # (layer, "attn_q") -> bias vector, where the file has one
+        self.bias: dict[tuple[int, str], F64] = {}  # (layer, "attn_q") -> bias vector, where the file has one
         for i in range(cfg.n_layer):
             for k in ("attn_q", "attn_k", "attn_v"):
                 if f"blk.{i}.{k}.bias" in t:
@@ -44,14 +50,14 @@ class ReferenceLlama:
             self.layers.append({k: dense(p + k + ".weight") for k in (
                 "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")})
-        self.k: list[list[np.ndarray]] = [[] for _ in range(cfg.n_layer)]
-        self.v: list[list[np.ndarray]] = [[] for _ in range(cfg.n_layer)]
+        self.k: list[list[F64]] = [[] for _ in range(cfg.n_layer)]
+        self.v: list[list[F64]] = [[] for _ in range(cfg.n_layer)]
         self.pos = 0
 
-    def _norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    def _norm(self, x: F64, w: F64) -> F64:
         return x / np.sqrt((x * x).mean() + self.cfg.eps) * w
 
-    def _rope(self, x: np.ndarray, n_heads: int, pos: int) -> np.ndarray:
+    def _rope(self, x: F64, n_heads: int, pos: int) -> F64:
         c = self.cfg
         hd = c.head_dim
         inv = c.rope_base ** (-np.arange(0, hd, 2) / hd)
@@ -66,12 +72,12 @@ class ReferenceLlama:
         x = x.reshape(n_heads, hd // 2, 2)
         return np.stack([x[..., 0] * co - x[..., 1] * si, x[..., 0] * si + x[..., 1] * co], -1).reshape(-1)
 
-    def _proj(self, i: int, L: dict, k: str, h: np.ndarray) -> np.ndarray:
+    def _proj(self, i: int, L: dict[str, F64], k: str, h: F64) -> F64:
         y = L[k] @ h
         b = self.bias.get((i, k))
         return y if b is None else y + b
 
-    def step(self, token: int) -> np.ndarray:
+    def step(self, token: int) -> F64:
         """Feed one token at the next position; return its logits (float64)."""
         c = self.cfg
         hd, rep = c.head_dim, c.n_head // c.n_kv
@@ -94,7 +100,8 @@ class ReferenceLlama:
         self.pos += 1
         return self.out @ self._norm(x, self.out_norm)
 
-    def logits_all(self, tokens, rows=slice(None)) -> np.ndarray:
+    def logits_all(self, tokens: Sequence[int] | npt.NDArray[np.int32],
+                   rows: slice[int | None, int | None, int | None] = slice(None)) -> F64:
         """Every position's logits [T, vocab] (float64), or those of `rows`, for `tokens`
         from position 0 of a fresh sequence: the same arithmetic as `step`, but each layer
         as one matrix product over all positions and causal attention over the whole block,
@@ -121,15 +128,15 @@ class ReferenceLlama:
             x = x + (g / (1 + np.exp(-g)) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
         return self._norm_rows(x[rows], self.out_norm) @ self.out.T
 
-    def _norm_rows(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    def _norm_rows(self, x: F64, w: F64) -> F64:
         return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + self.cfg.eps) * w
 
-    def _proj_rows(self, i: int, L: dict, k: str, h: np.ndarray) -> np.ndarray:
+    def _proj_rows(self, i: int, L: dict[str, F64], k: str, h: F64) -> F64:
         y = h @ L[k].T
         b = self.bias.get((i, k))
         return y if b is None else y + b
 
-    def _rope_rows(self, x: np.ndarray, n_heads: int) -> np.ndarray:
+    def _rope_rows(self, x: F64, n_heads: int) -> F64:
         """[T, n_heads * hd] -> [T, n_heads, hd], each row rotated at its own position."""
         return np.stack([self._rope(r, n_heads, p) for p, r in enumerate(x)]).reshape(
             len(x), n_heads, self.cfg.head_dim)

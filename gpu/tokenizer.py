@@ -511,7 +511,7 @@ class Tokenizer:
 
 # Where the GPT-2 pre-tokenizer pattern (` ?\p{L}+`) must start a new piece: a space after a
 # non-space, before a letter.
-def _byte_share(sets: npt.NDArray[np.bool_], lens: npt.NDArray[np.integer],
+def _byte_share(sets: npt.NDArray[np.bool_], lens: npt.NDArray[np.int64],
                 columns: Iterable[int], digit_share: float) -> npt.NDArray[np.float64]:
     """Per byte value, 1 / the longest of these tokens holding it (1 where none does), and
     digit_share for ASCII digits (the pre-tokenizer's own bound: 1 where it isolates each

@@ -16,6 +16,7 @@ it wrote with it (``drop_written_since``), so a later prompt never copies its ga
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from .kv_cache import KVArena, Sequence
 from .ops.attention import BLOCK_TOKENS
@@ -26,7 +27,7 @@ class PrefixCache:
         self.arena = arena
         self.max_entries = max_entries
         self.min_tokens = min_tokens
-        self._entries: list[tuple[np.ndarray, Sequence]] = []  # oldest first
+        self._entries: list[tuple[npt.NDArray[np.int32], Sequence]] = []  # oldest first
         self._written_by: dict[int, int] = {}  # id(seq) -> the last step that wrote it
         self.hits = 0
         self.reused_tokens = 0
@@ -35,7 +36,7 @@ class PrefixCache:
     def blocks(self) -> int:
         return sum(len(s.blocks) for _, s in self._entries)
 
-    def store(self, seq: Sequence, tokens: np.ndarray, written_by: int = 0) -> None:
+    def store(self, seq: Sequence, tokens: npt.NDArray[np.int32], written_by: int = 0) -> None:
         """Take ownership of a finished sequence whose first seq.length positions hold the
         KV of `tokens[:seq.length]`, the last of them written by step `written_by`."""
         n = min(seq.length, len(tokens))
@@ -70,7 +71,7 @@ class PrefixCache:
         while self.evict_one():
             pass
 
-    def reuse(self, prompt: np.ndarray, seq: Sequence) -> int:
+    def reuse(self, prompt: npt.NDArray[np.int32], seq: Sequence) -> int:
         """Copy the longest cached prefix of `prompt` into the empty `seq` (its blocks already
         reserved); returns how many positions it now holds (0: nothing worth reusing)."""
         best, src = 0, None

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import numpy.typing as npt
 from numba import njit, prange
 
 from .attention_block import DIMS, GMAX, block_pv, block_scores
@@ -190,7 +191,11 @@ def attention(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head
             out[t, h * hd + i] *= inv
 
 
-def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head: int, n_kv: int) -> np.ndarray:
+_RefArray = npt.NDArray[np.float32] | npt.NDArray[np.float64]  # attention_ref takes either
+
+
+def attention_ref(q: _RefArray, k: _RefArray, v: _RefArray, n_head: int,
+                  n_kv: int) -> npt.NDArray[np.float64]:
     """float64 causal attention for one sequence whose T queries are its last T positions.
 
     q [T, n_head*hd], k and v [S, n_kv*hd] for all S positions (S >= T).

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 from numba import njit
 
 from ..quant import FMT_F32, LANES
@@ -19,5 +20,5 @@ def embed(fmt, qs, d, m, w, tokens, x):
             dequant_lane(fmt, qs, d, m, r // LANES, r % LANES, x[t])
 
 
-def embed_ref(dense: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+def embed_ref(dense: npt.ArrayLike, tokens: npt.ArrayLike) -> npt.NDArray[np.float64]:
     return np.asarray(dense, np.float64)[np.asarray(tokens)]

@@ -13,6 +13,7 @@ CUDA kernels' twin tests) and on float16 ones (the CPU model's KV cache) alike.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic
@@ -51,11 +52,11 @@ def to_storage(typingctx, x, like):
     return types.uint16(x, like), codegen
 
 
-def half_bits(a: np.ndarray) -> np.ndarray:
+def half_bits(a: npt.ArrayLike) -> npt.NDArray[np.uint16]:
     """float array -> float16 bits (uint16), as the kernels store them."""
     return np.asarray(a, np.float32).astype(np.float16).view(np.uint16)
 
 
-def from_half_bits(a: np.ndarray) -> np.ndarray:
+def from_half_bits(a: npt.NDArray[np.uint16]) -> npt.NDArray[np.float32]:
     """float16 bits (uint16) -> float32."""
     return np.asarray(a).view(np.float16).astype(np.float32)

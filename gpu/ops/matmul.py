@@ -27,6 +27,7 @@ activations are quantized to 8 bits per block and multiplied with integer dot pr
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 from numba import njit, prange
 from numba.extending import overload
 
@@ -300,7 +301,7 @@ def matmul(fmt, qs, d, m, w, x, y):
                 y[t, r0 + l] = out[t, l]
 
 
-def matmul_ref(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+def matmul_ref(w: npt.ArrayLike, x: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """float64 reference over dense weights."""
     return np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 from numba import njit
 
 
@@ -17,6 +18,6 @@ def rmsnorm(x, w, eps, y):
             y[t, i] = x[t, i] * inv * w[i]
 
 
-def rmsnorm_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+def rmsnorm_ref(x: npt.ArrayLike, w: npt.ArrayLike, eps: float) -> npt.NDArray[np.float64]:
     x = np.asarray(x, np.float64)
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * np.asarray(w, np.float64)

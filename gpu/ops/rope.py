@@ -21,11 +21,12 @@ attn_factor `rope.scaling.attn_factor`; all 1 by default. They only change the t
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 from numba import njit
 
 
 def rope_angles(max_pos: int, head_dim: int, base: float, freq_scale: float = 1.0,
-                freq_factors: np.ndarray | None = None) -> np.ndarray:
+                freq_factors: npt.NDArray[np.float32] | None = None) -> npt.NDArray[np.float64]:
     """theta [max_pos, head_dim/2] in float64."""
     inv = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     if freq_factors is not None and len(freq_factors):
@@ -37,8 +38,8 @@ def rope_angles(max_pos: int, head_dim: int, base: float, freq_scale: float = 1.
 
 
 def rope_tables(max_pos: int, head_dim: int, base: float, freq_scale: float = 1.0,
-                freq_factors: np.ndarray | None = None,
-                attn_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+                freq_factors: npt.NDArray[np.float32] | None = None,
+                attn_factor: float = 1.0) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """cos/sin [max_pos, head_dim/2], computed in float64 and stored as float32."""
     ang = rope_angles(max_pos, head_dim, base, freq_scale, freq_factors)
     c, s = np.cos(ang), np.sin(ang)
@@ -64,9 +65,10 @@ def rope(x, col0, pos, cos, sin, n_heads, head_dim):
                 x[t, o + 2 * i + 1] = a * s + b * c
 
 
-def rope_ref(x: np.ndarray, pos: np.ndarray, n_heads: int, head_dim: int, base: float, *,
-             neox: bool = False, freq_scale: float = 1.0, freq_factors: np.ndarray | None = None,
-             attn_factor: float = 1.0) -> np.ndarray:
+def rope_ref(x: npt.ArrayLike, pos: npt.NDArray[np.int32], n_heads: int,
+             head_dim: int, base: float, *, neox: bool = False, freq_scale: float = 1.0,
+             freq_factors: npt.NDArray[np.float32] | None = None,
+             attn_factor: float = 1.0) -> npt.NDArray[np.float64]:
     """float64 rotation of x [T, n_heads*head_dim]: adjacent pairs, or halves with neox."""
     T = len(pos)
     inv = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)

@@ -9,11 +9,13 @@ case.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 _FIRST_CANDIDATES = 256
 
 
-def filtered_distribution(logits: np.ndarray, temperature: float, top_k: int, top_p: float):
+def filtered_distribution(logits: npt.ArrayLike, temperature: float, top_k: int, top_p: float,
+                          ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
     """Candidate ids and their renormalised probabilities after temperature, top-k, top-p.
 
     With top_p < 1 the ids come in descending probability (the nucleus is a prefix);
@@ -39,7 +41,8 @@ def filtered_distribution(logits: np.ndarray, temperature: float, top_k: int, to
         n = len(pool)  # the first candidates don't reach top_p: look at all of them
 
 
-def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, u: float) -> int:
+def sample(logits: npt.NDArray[np.float32], temperature: float, top_k: int, top_p: float,
+           u: float) -> int:
     """One token id. temperature <= 0 is greedy (u unused); u is uniform in [0, 1).
 
     The draw is the inverse CDF over the kept candidates in ascending token id, the order the
@@ -55,7 +58,8 @@ def sample(logits: np.ndarray, temperature: float, top_k: int, top_p: float, u: 
     return int(ids[min(i, len(ids) - 1)])
 
 
-def sample_probs_ref(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+def sample_probs_ref(logits: npt.ArrayLike, temperature: float, top_k: int,
+                     top_p: float) -> npt.NDArray[np.float64]:
     """float64 reference: the full distribution the sampler draws from (zeros where filtered)."""
     z = np.asarray(logits, np.float64) / temperature
     order = np.argsort(-z, kind="stable")

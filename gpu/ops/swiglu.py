@@ -3,6 +3,7 @@ the loop vectorises; libm's expf would be one call per element)."""
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 from numba import njit
 
 from .exp_f32 import exp_f32
@@ -19,6 +20,6 @@ def swiglu(gu, h):
             h[t, i] = g / (np.float32(1.0) + exp_f32(-g)) * gu[t, F + i]
 
 
-def swiglu_ref(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+def swiglu_ref(gate: npt.ArrayLike, up: npt.ArrayLike) -> npt.NDArray[np.float64]:
     g = np.asarray(gate, np.float64)
     return g / (1.0 + np.exp(-g)) * np.asarray(up, np.float64)

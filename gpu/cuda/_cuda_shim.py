@@ -36,6 +36,7 @@ import os
 import sys
 import threading
 from collections import Counter
+from typing import Protocol, TypeAlias
 
 import numpy as np  # noqa: E402
 
@@ -64,6 +65,40 @@ else:  # before any CUDA context exists: device memory from CuPy's pool (cupy_me
 FULL_MASK = 0xFFFFFFFF
 WARP = 32
 
+
+class DeviceArray(Protocol):
+    """What host code reads of an array it hands to a kernel: numba's DeviceNDArray, the
+    simulator's FakeCUDAArray, or a host array (numpy's) the simulator is given."""
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def size(self) -> int: ...
+
+
+class Stream(Protocol):
+    """A CUDA stream (numba's, or the simulator's)."""
+    def synchronize(self) -> None: ...
+
+
+StreamArg: TypeAlias = "Stream | int"  # 0: the default stream
+# a launch's [blocks, threads, stream(, shared bytes)]; blocks and threads ints or tuples
+LaunchConfig: TypeAlias = "tuple[int | tuple[int, ...] | Stream, ...]"
+
+
+# what a kernel is called with: device arrays and scalars
+KernelArg: TypeAlias = "DeviceArray | int | float | np.float32 | np.int32 | np.int64 | np.uint32"
+
+
+class Launch(Protocol):
+    """A kernel configured for a launch: called with its arguments, it launches."""
+    def __call__(self, *args: KernelArg) -> None: ...
+
+
+class Dispatcher(Protocol):
+    """A ``cuda.jit`` kernel: indexed by its launch configuration, it launches."""
+    def __getitem__(self, config: LaunchConfig) -> Launch: ...
+
 # (name, kernel, [signature, ...]) of every kernel; see kernel()
 KERNELS: list[tuple[str, object, list[str]]] = []
 # kernel name -> launches since the counter was last cleared: what a step costs in kernel
@@ -75,7 +110,7 @@ class CountedKernel:
     """A compiled kernel whose launches are counted in LAUNCHES; anything else is the
     dispatcher's own (the PTX test reads ``py_func`` and ``targetoptions`` through it)."""
 
-    def __init__(self, name: str, dispatcher):
+    def __init__(self, name: str, dispatcher: Dispatcher):
         self.name, self.raw = name, dispatcher
 
     def __getitem__(self, config):

@@ -19,7 +19,7 @@ import numpy as np
 from numba import float32
 
 from ..ops.attention import BLOCK_TOKENS
-from ._cuda_shim import cuda, grid_1d, kernel
+from ._cuda_shim import DeviceArray, StreamArg, cuda, grid_1d, kernel
 
 MAX_G = 8        # query heads per KV head (GQA group) a thread block holds
 MAX_HD = 256     # head_dim
@@ -153,8 +153,9 @@ def _attn_merge(part_o, part_m, part_l, out):
         out[t, h * hd + i] = acc * inv
 
 
-def kv_write(qkv, k_pool, v_pool, layer, tok_seq, tok_pos, block_tables, n_head, n_kv, hd,
-             threads: int = 256, stream=0):
+def kv_write(qkv: DeviceArray, k_pool: DeviceArray, v_pool: DeviceArray, layer: int,
+             tok_seq: DeviceArray, tok_pos: DeviceArray, block_tables: DeviceArray, n_head: int,
+             n_kv: int, hd: int, threads: int = 256, stream: StreamArg = 0) -> None:
     n = qkv.shape[0] * n_kv * hd
     if n:
         blocks, threads = grid_1d(n, threads)

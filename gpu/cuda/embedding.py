@@ -9,7 +9,7 @@ from __future__ import annotations
 from numba import float32
 
 from ..quant import FMT_F32, FMT_Q4, LANES, QK
-from ._cuda_shim import cuda, grid_1d, kernel
+from ._cuda_shim import DeviceArray, StreamArg, cuda, grid_1d, kernel
 
 THREADS = 256
 
@@ -56,7 +56,8 @@ def _embed_f32(w, tokens, x):
         x[e // K, e % K] = w[tokens[e // K], e % K]
 
 
-def embed(fmt, qs, d, m, w, tokens, x, threads: int = THREADS, stream=0):
+def embed(fmt: int, qs: DeviceArray, d: DeviceArray, m: DeviceArray, w: DeviceArray,
+          tokens: DeviceArray, x: DeviceArray, threads: int = THREADS, stream: StreamArg = 0) -> None:
     """x[T, K] = rows tokens[t] of one weight (its layer-0 arrays, as in the CPU twin)."""
     n = x.shape[0] * x.shape[1]
     if not n:

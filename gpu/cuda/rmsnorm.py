@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import float32
 
-from ._cuda_shim import SIM, block_sum, cuda, kernel
+from ._cuda_shim import SIM, DeviceArray, StreamArg, block_sum, cuda, kernel
 
 # per block: a 576-wide row is 4.5 elements per thread; one warp in the simulator, where
 # each thread costs (its tests run 2 warps, for the cross-warp step of block_sum)
@@ -29,7 +30,8 @@ def _rmsnorm(x, w, eps, y):
         y[t, i] = x[t, i] * inv * w[i]
 
 
-def rmsnorm(x, w, eps, y, threads: int = THREADS, stream=0):
+def rmsnorm(x: DeviceArray, w: DeviceArray, eps: float | np.float32, y: DeviceArray, threads: int = THREADS,
+            stream: StreamArg = 0) -> None:
     """y[T, D] = rmsnorm(x[T, D]) * w (device arrays; eps a float32)."""
     T = x.shape[0]
     if T:

@@ -2,7 +2,7 @@
 gpu/ops/rope.py. One thread per (token, head, pair), in place."""
 from __future__ import annotations
 
-from ._cuda_shim import cuda, grid_1d, kernel
+from ._cuda_shim import DeviceArray, StreamArg, cuda, grid_1d, kernel
 
 THREADS = 256
 
@@ -27,7 +27,8 @@ def _rope(x, col0, pos, cos, sin, n_heads, head_dim):
         x[t, o + 1] = a * s + b * c
 
 
-def rope(x, col0, pos, cos, sin, n_heads, head_dim, threads: int = THREADS, stream=0):
+def rope(x: DeviceArray, col0: int, pos: DeviceArray, cos: DeviceArray, sin: DeviceArray,
+         n_heads: int, head_dim: int, threads: int = THREADS, stream: StreamArg = 0) -> None:
     """In place on heads [col0, col0 + n_heads*head_dim) of x[T, :]; token t at pos[t]."""
     n = x.shape[0] * n_heads * (head_dim // 2)
     if n:

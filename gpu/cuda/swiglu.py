@@ -6,7 +6,7 @@ import math
 
 from numba import float32
 
-from ._cuda_shim import cuda, grid_1d, kernel
+from ._cuda_shim import DeviceArray, StreamArg, cuda, grid_1d, kernel
 
 THREADS = 256
 
@@ -31,14 +31,14 @@ def _add(x, y):
         x[k // D, k % D] += y[k // D, k % D]
 
 
-def swiglu(gu, h, threads: int = THREADS, stream=0):
+def swiglu(gu: DeviceArray, h: DeviceArray, threads: int = THREADS, stream: StreamArg = 0) -> None:
     n = h.shape[0] * h.shape[1]
     if n:
         blocks, threads = grid_1d(n, threads)
         _swiglu[blocks, threads, stream](gu, h)
 
 
-def add(x, y, threads: int = THREADS, stream=0):
+def add(x: DeviceArray, y: DeviceArray, threads: int = THREADS, stream: StreamArg = 0) -> None:
     n = x.shape[0] * x.shape[1]
     if n:
         blocks, threads = grid_1d(n, threads)

@@ -75,6 +75,8 @@ class DeviceArray(Protocol):
     @property
     def size(self) -> int: ...
 
+    def __len__(self) -> int: ...
+
 
 class Stream(Protocol):
     """A CUDA stream (numba's, or the simulator's)."""

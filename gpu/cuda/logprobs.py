@@ -32,7 +32,7 @@ import numpy.typing as npt
 from numba import float32, int32
 
 from ..ops.logprobs import RowLogprobs
-from ._cuda_shim import SIM, block_best, block_sum, cuda, device, kernel
+from ._cuda_shim import SIM, DeviceArray, StreamArg, block_best, block_sum, cuda, device, kernel
 
 THREADS = 32 if SIM else 256   # a power of two (the tree reductions)
 MAX_THREADS = 1024
@@ -85,10 +85,8 @@ def _logprob_rows(logits, rows, tops, sampled, out_ids, out_lps):
             out_lps[b, 1 + k] = pv - lse
 
 
-def logprob_rows(logits: npt.NDArray[np.float32], rows: npt.NDArray[np.int32],
-                 tops: npt.NDArray[np.int32], sampled: npt.NDArray[np.int32],
-                 out_ids: npt.NDArray[np.int32], out_lps: npt.NDArray[np.float32],
-                 stream: object = 0) -> None:
+def logprob_rows(logits: DeviceArray, rows: DeviceArray, tops: DeviceArray, sampled: DeviceArray,
+                 out_ids: DeviceArray, out_lps: DeviceArray, stream: StreamArg = 0) -> None:
     """For each asking row b (device int32 arrays rows, tops of the same length), fill
     out_ids[b], out_lps[b] (device [>= len(rows), WIDTH]); sampled: the step's drawn ids."""
     if rows.shape[0] == 0:  # a launch of 0 blocks is an error

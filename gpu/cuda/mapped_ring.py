@@ -18,14 +18,15 @@ headers leave (42 bytes for IPv4), so a u32 load would be misaligned.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
-from ._cuda_shim import SIM, cuda, grid_1d, kernel
+from ._cuda_shim import SIM, DeviceArray, StreamArg, cuda, grid_1d, kernel
 
 
 class MappedHostBuffer:
     """A host uint8 buffer and its device view. Keep this object alive while kernels use it."""
 
-    def __init__(self, host: np.ndarray):
+    def __init__(self, host: npt.NDArray[np.uint8]):
         if host.dtype != np.uint8 or host.ndim != 1:
             raise ValueError("a 1-D uint8 view of the buffer is expected")
         self.host = host
@@ -59,7 +60,8 @@ def _scatter_u32(ids, buf, offsets):
         buf[o + 3] = np.uint8((v >> 24) & 0xFF)
 
 
-def gather_token_ids(buf, offsets, out, stream=0) -> None:
+def gather_token_ids(buf: DeviceArray, offsets: DeviceArray, out: DeviceArray,
+                     stream: StreamArg = 0) -> None:
     """out[i] = the little-endian u32 at byte offsets[i] of buf (a mapped UMEM view)."""
     if len(out) == 0:  # a launch of 0 blocks is an error
         return
@@ -67,7 +69,8 @@ def gather_token_ids(buf, offsets, out, stream=0) -> None:
     _gather_u32[blocks, threads, stream](buf, offsets, out)
 
 
-def write_token_ids(ids, buf, offsets, stream=0) -> None:
+def write_token_ids(ids: DeviceArray, buf: DeviceArray, offsets: DeviceArray,
+                    stream: StreamArg = 0) -> None:
     """The reverse: ids[i] as a little-endian u32 at byte offsets[i] of buf."""
     if len(ids) == 0:
         return

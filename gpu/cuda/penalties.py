@@ -10,10 +10,14 @@ barrier) before the additive one, the CPU twin's order.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+import numpy.typing as npt
 from numba import float32
 
-from ._cuda_shim import SIM, cuda, kernel
+from ..ops.penalties import Penalty
+from ._cuda_shim import SIM, DeviceArray, StreamArg, cuda, kernel
 
 THREADS = 32 if SIM else 128
 
@@ -36,13 +40,15 @@ def _penalize(logits, rows, factors, seen_ptr, seen, out_ptr, out_ids, out_cnt):
         logits[r, t] = logits[r, t] - (pres + freq * out_cnt[i])
 
 
-def pack(penalties) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]] | None:
+def pack(penalties: Sequence[Penalty | None] | None,
+         ) -> tuple[tuple[npt.NDArray[np.int32], ...], tuple[npt.NDArray[np.float32], ...]] | None:
     """Per logit row a Penalty or None -> (int32 arrays: rows, seen_ptr, seen, out_ptr,
     out_ids; float32 arrays: factors [n, 3], out_counts), or None when no row has any."""
-    rows = [r for r, p in enumerate(penalties or ()) if p is not None]
+    given = list(penalties or ())
+    rows = [r for r, p in enumerate(given) if p is not None]
     if not rows:
         return None
-    ps = [penalties[r] for r in rows]
+    ps = [p for p in given if p is not None]
     seen_ptr = np.concatenate([[0], np.cumsum([p.seen.size for p in ps])]).astype(np.int32)
     out_ptr = np.concatenate([[0], np.cumsum([p.out_ids.size for p in ps])]).astype(np.int32)
     # (a zero-length list still gets one padding element: device views are never empty)
@@ -54,7 +60,8 @@ def pack(penalties) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]] | N
     return ints, (factors, out_cnt.astype(np.float32))
 
 
-def apply_rows(logits, ints, floats, stream=0) -> None:
+def apply_rows(logits: DeviceArray, ints: Sequence[DeviceArray], floats: Sequence[DeviceArray],
+               stream: StreamArg = 0) -> None:
     """Penalise the rows of device logits [rows, vocab] given pack()'s arrays, already on the
     device (ints: rows, seen_ptr, seen, out_ptr, out_ids; floats: factors, out_counts)."""
     rows, seen_ptr, seen, out_ptr, out_ids = ints

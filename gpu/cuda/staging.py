@@ -8,8 +8,9 @@ always start at the same device addresses.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
-from ._cuda_shim import cuda, grid_1d, kernel
+from ._cuda_shim import DeviceArray, StreamArg, cuda, grid_1d, kernel
 
 
 @kernel(["void(int32[::1], int32[::1], int32[::1])"])
@@ -22,7 +23,8 @@ def _take_prev(tokens, prev_rows, prev_ids):
             tokens[i] = prev_ids[r]
 
 
-def take_prev(d_tok, d_prev_rows, prev_ids, stream) -> None:
+def take_prev(d_tok: DeviceArray, d_prev_rows: DeviceArray, prev_ids: DeviceArray,
+              stream: StreamArg) -> None:
     blocks, threads = grid_1d(d_tok.shape[0])
     _take_prev[blocks, threads, stream](d_tok, d_prev_rows, prev_ids)
 
@@ -36,7 +38,8 @@ class Staging:
     queued. The device buffer needs no pair: the stream orders each copy after the kernels
     that read the previous contents."""
 
-    def __init__(self, stream, dtype, capacity: int = 0):
+    def __init__(self, stream: StreamArg, dtype: type[np.int32] | type[np.uint32] | type[np.float32],
+                 capacity: int = 0):
         self.stream, self.dtype = stream, np.dtype(dtype)
         self.capacity = 0
         self._turn = 0
@@ -52,9 +55,9 @@ class Staging:
         self.dev = cuda.device_array(cap, self.dtype, stream=self.stream)
         self.capacity = cap
 
-    def put(self, *arrays):
+    def put(self, *given: npt.ArrayLike) -> list[DeviceArray]:
         """Copy the arrays to the device; returns their device views, same shapes."""
-        arrays = [np.asarray(a, self.dtype) for a in arrays]
+        arrays = [np.asarray(a, self.dtype) for a in given]
         ends = np.cumsum([a.size for a in arrays])
         self._grow(int(ends[-1]))
         views, start = [], 0

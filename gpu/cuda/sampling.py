@@ -25,12 +25,15 @@ or a draw falls within float32 rounding of a boundary.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 from numba import float32, int32, int64
 
+from ..model_api import Draw
 from . import token_mask as _tm
-from ._cuda_shim import SIM, block_best, cuda, device, float_bits, kernel
+from ._cuda_shim import SIM, DeviceArray, StreamArg, block_best, cuda, device, float_bits, kernel
 
 # A power of two (tree reductions). One block per row, so at batch 1 the block's threads are
 # all the parallelism a 49,152-wide row gets: 1024 (the most a block has; 48 registers a
@@ -253,7 +256,10 @@ def _sample_rows(logits, params, out, probs, pre):
                 rank += 1
 
 
-def sample_rows(logits, params, out, probs=None, pre=None, stream=0, mask=None) -> None:
+def sample_rows(logits: DeviceArray, params: DeviceArray, out: DeviceArray,
+                probs: DeviceArray | None = None, pre: DeviceArray | None = None,
+                stream: StreamArg = 0,
+                mask: tuple[DeviceArray, DeviceArray] | None = None) -> None:
     """out[r] = a token id drawn from logits[r] (device arrays) under params[r] =
     (temperature, top_k, top_p, u). probs: optional [rows, vocab] output of the kept
     distribution (tests and checks; the product passes none). pre: optional argmax keys
@@ -274,27 +280,28 @@ def sample_rows(logits, params, out, probs=None, pre=None, stream=0, mask=None) 
 
 # Constant device arrays, made once and kept: a temporary freed while its kernel still runs
 # could be handed out again at once by CuPy's pool (cupy_memory.py).
-_constants: dict = {}
+_constants: dict[str | tuple[str, int], DeviceArray] = {}
 
 
-def _kept(key, host: np.ndarray):
+def _kept(key: str | tuple[str, int],
+          host: npt.NDArray[np.int64] | npt.NDArray[np.float32]) -> DeviceArray:
     a = _constants.get(key)
     if a is None:
         a = _constants[key] = host if SIM else cuda.to_device(host)
     return a
 
 
-def _no_probs(V: int):
+def _no_probs(V: int) -> DeviceArray:
     return _kept(("no probs", V), np.zeros((0, V), np.float32))
 
 
-def argmax_rows(logits, out, stream=0) -> None:
+def argmax_rows(logits: DeviceArray, out: DeviceArray, stream: StreamArg = 0) -> None:
     """Greedy on every row: out[r] = argmax(logits[r]) (first index on ties, like numpy)."""
     rows = logits.shape[0]
     sample_rows(logits, _kept(("greedy", rows), np.zeros((rows, 4), np.float32)), out, stream=stream)
 
 
-def pack_params(draws) -> np.ndarray:
+def pack_params(draws: Sequence[Draw]) -> npt.NDArray[np.float32]:
     """[(temperature, top_k, top_p, u), ...] -> the kernel's float32 [rows, 4]. u is kept
     below 1 after rounding to float32."""
     p = np.asarray(draws, np.float32).reshape(-1, 4)

@@ -14,9 +14,8 @@ top-p, the draw) and the logprobs after it then see the allowed tokens alone, th
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
-from ._cuda_shim import SIM, cuda, kernel
+from ._cuda_shim import SIM, DeviceArray, StreamArg, cuda, kernel
 
 THREADS = 32 if SIM else 256
 ALL = 4294967295
@@ -39,8 +38,8 @@ def _mask_rows(logits, rows, words):
                     logits[r, t] = NEG_INF
 
 
-def mask_rows(logits: npt.NDArray[np.float32], rows: npt.NDArray[np.int32],
-              words: npt.NDArray[np.uint32], stream: int = 0) -> None:
+def mask_rows(logits: DeviceArray, rows: DeviceArray, words: DeviceArray,
+              stream: StreamArg = 0) -> None:
     """Set the disallowed tokens of logits[rows[k]] to -inf per words[k] (device arrays)."""
     if rows.shape[0] == 0:  # a launch of 0 blocks is an error
         return

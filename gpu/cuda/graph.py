@@ -17,12 +17,17 @@ numba-cuda version), on the model's own stream. Not available under the simulato
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from ..model_api import StepArrays
-from ._cuda_shim import SIM
+from ._cuda_shim import SIM, DeviceArray
 from .staging import Staging, take_prev
+
+if TYPE_CHECKING:
+    from .forward import CudaForward
 
 CU_STREAM_CAPTURE_MODE_RELAXED = 2   # numba may call non-capturable APIs (module loads) safely
 
@@ -51,7 +56,7 @@ def _check(rc: int, what: str) -> None:
 class DecodeGraph:
     """One captured step of T tokens for sequences with block tables of width `width`."""
 
-    def __init__(self, fwd, T: int, width: int, splits: int):
+    def __init__(self, fwd: CudaForward, T: int, width: int, splits: int):
         if SIM:
             raise RuntimeError("CUDA graphs need a real device (not the simulator)")
         self.fwd, self.T, self.width, self.splits = fwd, T, width, splits
@@ -61,13 +66,13 @@ class DecodeGraph:
         self._lib = _lib()
         self._graph = ctypes.c_void_p()
         self._exec = ctypes.c_void_p()
-        self.logits = None
-        self.best_keys = None  # the fused kernel's argmax keys of the captured step, if any
+        self.logits: DeviceArray | None = None
+        self.best_keys: DeviceArray | None = None  # the fused kernel's argmax keys of the captured step, if any
 
-    def _put(self, a: StepArrays):
+    def _put(self, a: StepArrays) -> list[DeviceArray]:
         return self.inputs.put(a.tokens, a.tok_seq, a.tok_pos, a.logit_rows, a.tables, a.prev_rows)
 
-    def capture(self, a: StepArrays) -> np.ndarray:
+    def capture(self, a: StepArrays) -> npt.NDArray[np.float32]:
         """Run the step once uncaptured (compiles every kernel), then capture it. Returns
         the uncaptured run's logits (the reference for replays)."""
         args = (*self._put(a)[:5], self.splits, self.stream)

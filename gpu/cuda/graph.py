@@ -67,7 +67,8 @@ class DecodeGraph:
         self._graph = ctypes.c_void_p()
         self._exec = ctypes.c_void_p()
         self.logits: DeviceArray | None = None
-        self.best_keys: DeviceArray | None = None  # the fused kernel's argmax keys of the captured step, if any
+        # the fused kernel's argmax keys of the captured step, if any
+        self.best_keys: DeviceArray | None = None
 
     def _put(self, a: StepArrays) -> list[DeviceArray]:
         return self.inputs.put(a.tokens, a.tok_seq, a.tok_pos, a.logit_rows, a.tables, a.prev_rows)

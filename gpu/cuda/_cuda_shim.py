@@ -84,6 +84,13 @@ class Stream(Protocol):
 
 
 StreamArg: TypeAlias = "Stream | int"  # 0: the default stream
+
+
+class Event(Protocol):
+    """A CUDA event (numba's, or the simulator's)."""
+    def record(self, stream: StreamArg = 0) -> None: ...
+
+    def synchronize(self) -> None: ...
 # a launch's [blocks, threads, stream(, shared bytes)]; blocks and threads ints or tuples
 LaunchConfig: TypeAlias = "tuple[int | tuple[int, ...] | Stream, ...]"
 

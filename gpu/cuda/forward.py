@@ -38,11 +38,16 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from ..model_api import Draw, StepArrays, StepInput, step_arrays
+from ..ops.logprobs import RowLogprobs
+from ..ops.penalties import Penalty
 from . import attention as _att
 from . import embedding as _emb
 from . import logprobs as _lp
@@ -54,9 +59,12 @@ from . import sampling as _smp
 from . import step_kernel as _sk
 from . import swiglu as _sw
 from . import tensor_gemm as _tg
-from ._cuda_shim import SIM, cuda, grid_1d, kernel, new_event
+from ._cuda_shim import SIM, DeviceArray, Event, StreamArg, cuda, grid_1d, kernel, new_event
 from .staging import Staging, take_prev
 from .step_launch import BarrierCheck, FusedRefused, FusedStep
+
+if TYPE_CHECKING:
+    from ..gguf_loader import ModelConfig, ModelWeights
 
 SIM_SMS = 4  # multiprocessors assumed under the simulator (sizes the attention splits)
 GRAPH_CHECK_TOL = 1e-4  # a graph replay vs the launched step (the same kernels: ~0 expected)
@@ -80,7 +88,7 @@ def _add_bias(x, b):
         x[e // W, e % W] += b[e % W]
 
 
-def add_bias(x, b, stream) -> None:
+def add_bias(x: DeviceArray, b: DeviceArray, stream: StreamArg) -> None:
     n = x.shape[0] * x.shape[1]
     if n:
         blocks, threads = grid_1d(n)
@@ -102,7 +110,8 @@ def _upload_weight(wt, stream, full: dict | None = None, name: str = ""):
 class CudaForward:
     """Device weights, KV pools and activation buffers for one model; ``run`` launches a step."""
 
-    def __init__(self, cfg, weights, n_blocks: int, cos: np.ndarray, sin: np.ndarray, stream=0):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, n_blocks: int,
+                 cos: npt.NDArray[np.float32], sin: npt.NDArray[np.float32], stream: StreamArg = 0):
         self.cfg = cfg
         self.stream = stream
         s = stream
@@ -187,7 +196,7 @@ class CudaForward:
         return (self._x, self._xn, self._tmp, self._qkv, self._att, self._gu, self._h,
                 self._logits, self._q)
 
-    def splits_for(self, T: int, tok_pos: np.ndarray | None = None) -> int:
+    def splits_for(self, T: int, tok_pos: npt.NDArray[np.int32] | None = None) -> int:
         """Flash-decoding splits: about two thread blocks per multiprocessor (one work item
         per block for the fused kernel), no more splits than the longest sequence of the step
         has KV blocks. tok_pos None: any context (a graph keeps its splits for every step)."""
@@ -309,23 +318,30 @@ def _per_op_matmul(weight, layer, x, y, s):
     _mm.matmul(fmt, qs, d, m, w, x, y, stream=s)
 
 
+# the asking rows' logprobs, as a step leaves them in pinned memory: ids [m, WIDTH], values
+# [m, WIDTH], the rows (logit row indices) and how many alternatives each asked for
+StepLogprobs = tuple[npt.NDArray[np.int32], npt.NDArray[np.float32], list[int], list[int]]
+
+
 class PendingStep:
     """A launched step's ids: ``wait`` blocks on the step's event (the host thread sleeps in
     the driver, holding no GIL), then copies the ids out of their pinned buffer, and the
     logprobs of the rows that asked (``lp``: their pinned buffers, the asking rows and their
     counts) out of theirs."""
 
-    def __init__(self, event, host_ids, n: int, check=None, lp=None):
+    def __init__(self, event: Event, host_ids: npt.NDArray[np.int32] | None, n: int,
+                 check: Callable[[], None] | None = None, lp: StepLogprobs | None = None):
         self.event, self.host_ids, self.n, self.check, self.lp = event, host_ids, n, check, lp
-        self._ids: np.ndarray | None = None
-        self._lps: list = [None] * n
+        self._ids: npt.NDArray[np.int32] | None = None
+        self._lps: list[RowLogprobs | None] = [None] * n
 
-    def wait(self) -> np.ndarray:
+    def wait(self) -> npt.NDArray[np.int32]:
         if self._ids is None:
             self.event.synchronize()
             if self.check is not None:
                 self.check()
-            self._ids = self.host_ids[:self.n].copy() if self.n else np.zeros(0, np.int32)
+            self._ids = (self.host_ids[:self.n].copy() if self.n and self.host_ids is not None
+                         else np.zeros(0, np.int32))
             if self.lp is not None:
                 h_ids, h_lps, rows, tops = self.lp
                 m = len(rows)
@@ -333,7 +349,7 @@ class PendingStep:
                     self._lps[r] = res
         return self._ids
 
-    def logprobs(self) -> list:
+    def logprobs(self) -> list[RowLogprobs | None]:
         return self._lps
 
 
@@ -471,7 +487,7 @@ class CudaModel:
         raise RuntimeError("fused step kernel: grid barrier failed; this step's tokens are "
                            "discarded, later steps run per op")
 
-    def step(self, inputs: list[StepInput]) -> np.ndarray:
+    def step(self, inputs: list[StepInput]) -> npt.NDArray[np.float32]:
         """LlamaModel.step on the device: host logits [N, vocab]."""
         a = step_arrays(inputs, self.cfg.vocab)
         logits, _, check = self._run(a)
@@ -483,7 +499,7 @@ class CudaModel:
         return out
 
     def step_tokens(self, inputs: list[StepInput], draws: list[Draw],
-                    penalties: list | None = None) -> np.ndarray:
+                    penalties: list[Penalty | None] | None = None) -> npt.NDArray[np.int32]:
         """LlamaModel.step_tokens on the device: the step, penalties (penalties.py), then one
         token per logit row drawn by gpu/cuda/sampling.py, so only int32 ids come back."""
         return self.launch_tokens(inputs, draws, penalties).wait()

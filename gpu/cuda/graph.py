@@ -60,7 +60,10 @@ class DecodeGraph:
         if SIM:
             raise RuntimeError("CUDA graphs need a real device (not the simulator)")
         self.fwd, self.T, self.width, self.splits = fwd, T, width, splits
-        self.stream = s = fwd.stream  # a stream of its own (CudaModel's), never the legacy one
+        s = fwd.stream
+        if isinstance(s, int):  # a stream of its own (CudaModel's), never the legacy one
+            raise RuntimeError("a CUDA graph is captured on a stream of its own, not stream 0")
+        self.stream = s
         fwd.ensure_buffers(T, T)
         self.inputs = Staging(s, np.int32, 5 * T + T * width)
         self._lib = _lib()
@@ -76,14 +79,15 @@ class DecodeGraph:
     def capture(self, a: StepArrays) -> npt.NDArray[np.float32]:
         """Run the step once uncaptured (compiles every kernel), then capture it. Returns
         the uncaptured run's logits (the reference for replays)."""
-        args = (*self._put(a)[:5], self.splits, self.stream)
-        ref = self.fwd.launch(*args).copy_to_host(stream=self.stream)
+        d_tok, d_seq, d_pos, d_rows, d_tab, _ = self._put(a)
+        args = (d_tok, d_seq, d_pos, d_rows, d_tab)
+        ref = self.fwd.launch(*args, self.splits, self.stream).copy_to_host(stream=self.stream)
         self.stream.synchronize()
         sp = ctypes.c_void_p(stream_ptr(self.stream))
         _check(self._lib.cuStreamBeginCapture_v2(sp, CU_STREAM_CAPTURE_MODE_RELAXED),
                "cuStreamBeginCapture")
         try:
-            self.logits = self.fwd.launch(*args)
+            self.logits = self.fwd.launch(*args, self.splits, self.stream)
             self.best_keys = self.fwd.best_keys
         except BaseException:  # leave capture mode; the launch's own error is the one to report
             self._lib.cuStreamEndCapture(sp, ctypes.byref(self._graph))

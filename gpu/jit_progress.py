@@ -33,7 +33,7 @@ class _CompileReporter(event.Listener):
         d = ev.data.get("dispatcher")
         t0 = self.started.pop(id(d), None)
         fn = getattr(d, "py_func", None)
-        if t0 is None or not getattr(fn, "__module__", "").startswith(self.prefix):
+        if t0 is None or fn is None or not getattr(fn, "__module__", "").startswith(self.prefix):
             return  # numba's own helpers, compiled inside ours: counted in our times
         self.done += 1
         took = time.perf_counter() - t0   # includes what it compiled inside

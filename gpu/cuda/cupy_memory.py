@@ -23,13 +23,14 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+from collections.abc import Callable
 
 from numba import cuda
 
 CHOICES = ("cupy", "numba")
 
 
-def _release(holder: list):
+def _release(holder: list) -> Callable[[], None]:
     def free():
         holder.clear()  # the last reference to the CuPy block: it goes back to the pool
     return free

@@ -61,6 +61,8 @@ tests/test_cuda_sim.py checks this kernel against the CPU model step by step.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import float32, int32, int64, uint32, uint64
@@ -70,6 +72,9 @@ from ..quant import FMT_F32, FMT_Q4, LANES
 from ._cuda_shim import cuda, device, float_bits, kernel, shfl_xor, thread_index, warp_max, warp_sum
 from .grid_sync import count_ready, grid_sync, wait_at_least
 from .step_geometry import KERNEL, k_splits_for
+
+if TYPE_CHECKING:
+    from ..gguf_loader import ModelConfig
 
 if (LANES % KERNEL.rows_per_item or KERNEL.rows_per_item % 4 or KERNEL.rows_per_item > 32
         or KERNEL.threads % KERNEL.rows_per_item):
@@ -105,7 +110,7 @@ def stage_count(n_layer: int) -> int:
     return 2 + STAGES_PER_LAYER * n_layer
 
 
-def supports(cfg, fmts) -> str | None:
+def supports(cfg: ModelConfig, fmts: Sequence[int] | None) -> str | None:
     """Why this kernel can't run a model, or None when it can."""
     if cfg.n_ff % LANES:  # the up rows start a quant row group
         return f"n_ff {cfg.n_ff} is not a multiple of {LANES}"

@@ -65,6 +65,7 @@ from .step_launch import BarrierCheck, FusedRefused, FusedStep
 
 if TYPE_CHECKING:
     from ..gguf_loader import ModelConfig, ModelWeights
+    from .graph import DecodeGraph
 
 SIM_SMS = 4  # multiprocessors assumed under the simulator (sizes the attention splits)
 GRAPH_CHECK_TOL = 1e-4  # a graph replay vs the launched step (the same kernels: ~0 expected)
@@ -412,7 +413,7 @@ class CudaModel:
     def new_sequence(self):
         return self.model.new_sequence()
 
-    def _graph_for(self, T: int, a: StepArrays):
+    def _graph_for(self, T: int, a: StepArrays) -> DecodeGraph | None:
         """The graph for decode steps of T sequences, made on first use from this step's own
         inputs: captured, replayed once and compared with the launched step (running a step
         twice is harmless: it writes the same keys and values to the same KV slots). None,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import numpy.typing as npt
 
 from ..quant import FMT_F32, LANES, QK, Array
 from . import _cuda_shim as shim
@@ -210,6 +211,6 @@ class BarrierCheck:
         return bool(self.word[0])
 
 
-def decode_argmax(keys: np.ndarray) -> np.ndarray:
+def decode_argmax(keys: npt.ArrayLike) -> npt.NDArray[np.int32]:
     """The row indices in argmax keys (step_kernel.argmax_key), on the host."""
     return (4294967295 - (np.asarray(keys, np.int64) & 0xFFFFFFFF)).astype(np.int32)

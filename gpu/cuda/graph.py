@@ -17,7 +17,6 @@ numba-cuda version), on the model's own stream. Not available under the simulato
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -25,9 +24,6 @@ import numpy.typing as npt
 from ..model_api import StepArrays
 from ._cuda_shim import SIM, DeviceArray
 from .staging import Staging, take_prev
-
-if TYPE_CHECKING:
-    from .forward import CudaForward
 
 CU_STREAM_CAPTURE_MODE_RELAXED = 2   # numba may call non-capturable APIs (module loads) safely
 
@@ -56,14 +52,11 @@ def _check(rc: int, what: str) -> None:
 class DecodeGraph:
     """One captured step of T tokens for sequences with block tables of width `width`."""
 
-    def __init__(self, fwd: CudaForward, T: int, width: int, splits: int):
+    def __init__(self, fwd, T: int, width: int, splits: int):
         if SIM:
             raise RuntimeError("CUDA graphs need a real device (not the simulator)")
         self.fwd, self.T, self.width, self.splits = fwd, T, width, splits
-        s = fwd.stream
-        if isinstance(s, int):  # a stream of its own (CudaModel's), never the legacy one
-            raise RuntimeError("a CUDA graph is captured on a stream of its own, not stream 0")
-        self.stream = s
+        self.stream = s = fwd.stream  # a stream of its own (CudaModel's), never the legacy one
         fwd.ensure_buffers(T, T)
         self.inputs = Staging(s, np.int32, 5 * T + T * width)
         self._lib = _lib()
@@ -79,15 +72,14 @@ class DecodeGraph:
     def capture(self, a: StepArrays) -> npt.NDArray[np.float32]:
         """Run the step once uncaptured (compiles every kernel), then capture it. Returns
         the uncaptured run's logits (the reference for replays)."""
-        d_tok, d_seq, d_pos, d_rows, d_tab, _ = self._put(a)
-        args = (d_tok, d_seq, d_pos, d_rows, d_tab)
-        ref = self.fwd.launch(*args, self.splits, self.stream).copy_to_host(stream=self.stream)
+        args = (*self._put(a)[:5], self.splits, self.stream)
+        ref = self.fwd.launch(*args).copy_to_host(stream=self.stream)
         self.stream.synchronize()
         sp = ctypes.c_void_p(stream_ptr(self.stream))
         _check(self._lib.cuStreamBeginCapture_v2(sp, CU_STREAM_CAPTURE_MODE_RELAXED),
                "cuStreamBeginCapture")
         try:
-            self.logits = self.fwd.launch(*args, self.splits, self.stream)
+            self.logits = self.fwd.launch(*args)
             self.best_keys = self.fwd.best_keys
         except BaseException:  # leave capture mode; the launch's own error is the one to report
             self._lib.cuStreamEndCapture(sp, ctypes.byref(self._graph))

@@ -56,7 +56,8 @@ def _embed_f32(w, tokens, x):
         x[e // K, e % K] = w[tokens[e // K], e % K]
 
 
-def embed(fmt: int, qs: DeviceArray, d: DeviceArray, m: DeviceArray, w: DeviceArray,
+def embed(fmt: int, qs: DeviceArray | None, d: DeviceArray | None, m: DeviceArray | None,
+          w: DeviceArray | None,
           tokens: DeviceArray, x: DeviceArray, threads: int = THREADS, stream: StreamArg = 0) -> None:
     """x[T, K] = rows tokens[t] of one weight (its layer-0 arrays, as in the CPU twin)."""
     n = x.shape[0] * x.shape[1]

@@ -48,6 +48,7 @@ import numpy.typing as npt
 from ..model_api import Draw, StepArrays, StepInput, step_arrays
 from ..ops.logprobs import RowLogprobs
 from ..ops.penalties import Penalty
+from ..quant import Weight
 from . import attention as _att
 from . import embedding as _emb
 from . import logprobs as _lp
@@ -96,7 +97,14 @@ def add_bias(x: DeviceArray, b: DeviceArray, stream: StreamArg) -> None:
         _add_bias[blocks, threads, stream](x, b)
 
 
-def _upload_weight(wt, stream, full: dict | None = None, name: str = ""):
+# one layer's (qs, d, m, w) on the device; None where its format uses no such array
+LayerArrays = tuple[DeviceArray | None, DeviceArray | None, DeviceArray | None, DeviceArray | None]
+# a weight's format and its whole [layer, ...] arrays (the fused step kernel's)
+FullWeight = tuple[int, list[DeviceArray | None]]
+
+
+def _upload_weight(wt: Weight, stream: StreamArg, full: dict[str, FullWeight] | None = None,
+                   name: str = "") -> tuple[int, list[LayerArrays]]:
     """A quant.Weight -> (fmt, per-layer tuples of device arrays (qs, d, m, w)). The arrays
     a format doesn't use (zero-size) stay behind as None: the launch wrappers never touch them.
     full[name] receives (fmt, the whole [layer, ...] arrays), for the fused step kernel."""
@@ -105,7 +113,9 @@ def _upload_weight(wt, stream, full: dict | None = None, name: str = ""):
     if full is not None:
         full[name] = (wt.fmt, arrs)
     L = wt.d.shape[0]
-    return wt.fmt, [tuple(None if a is None else a[i] for a in arrs) for i in range(L)]
+    qs, d, m, w = arrs
+    return wt.fmt, [(None if qs is None else qs[i], None if d is None else d[i],
+                     None if m is None else m[i], None if w is None else w[i]) for i in range(L)]
 
 
 class CudaForward:
@@ -116,7 +126,7 @@ class CudaForward:
         self.cfg = cfg
         self.stream = stream
         s = stream
-        full: dict = {}
+        full: dict[str, FullWeight] = {}
         self.emb = _upload_weight(weights.emb, s, full, "emb")
         self.wqkv = _upload_weight(weights.wqkv, s, full, "wqkv")
         self.wo = _upload_weight(weights.wo, s, full, "wo")
@@ -145,7 +155,7 @@ class CudaForward:
         self.v_pool = cuda.device_array((*kv, BT, cfg.head_dim), np.float32, stream=s)
         self.sms = SIM_SMS if SIM else cuda.get_current_device().MULTIPROCESSOR_COUNT
         self._cap = 0
-        self._part: dict[tuple[int, int], tuple] = {}
+        self._part: dict[tuple[int, int], tuple[DeviceArray, DeviceArray, DeviceArray]] = {}
         self._inputs = Staging(s, np.int32)
         # The whole step as one kernel (step_kernel.py) unless ZEROLAYER_CUDA_FUSED=0 or the
         # model's shapes are outside it; then the per-op launches below.
@@ -244,7 +254,8 @@ class CudaForward:
         events[-1].synchronize()
         return [cuda.event_elapsed_time(e0, e1) * 1e3 for e0, e1 in zip(events, events[1:])]
 
-    def partials(self, T: int, splits: int, s):
+    def partials(self, T: int, splits: int,
+                 s: StreamArg) -> tuple[DeviceArray, DeviceArray, DeviceArray]:
         """Flash-decoding scratch for (T, splits), allocated once and kept."""
         c = self.cfg
         part = self._part.get((T, splits))
@@ -255,7 +266,9 @@ class CudaForward:
                 cuda.device_array((T, c.n_head, splits), np.float32, stream=s))
         return part
 
-    def launch(self, d_tok, d_seq, d_pos, d_rows, d_tab, splits: int, s, gemm: bool = False):
+    def launch(self, d_tok: DeviceArray, d_seq: DeviceArray, d_pos: DeviceArray,
+               d_rows: DeviceArray, d_tab: DeviceArray, splits: int, s: StreamArg,
+               gemm: bool = False) -> DeviceArray:
         """Only kernel launches, on stream s, from inputs already on the device: no allocation,
         no copy, no synchronisation, so the whole step can be captured as a CUDA graph
         (graph.py). gemm: the matmuls through cuBLAS (takes_gemm; never captured). Returns

@@ -24,7 +24,7 @@ from ..quant import FMT_F32, LANES, QK, Array
 from . import _cuda_shim as shim
 from . import grid_sync, residency
 from . import step_kernel as sk
-from ._cuda_shim import SIM, cuda
+from ._cuda_shim import SIM, StreamArg, cuda
 from .step_geometry import KERNEL
 
 SIM_BLOCKS = 2  # blocks under the simulator: enough to exercise the grid-stride loops
@@ -184,7 +184,7 @@ class FusedStep:
         cuts = [0] + [1 + per * (i + 1) for i in range(self.cfg.n_layer)] + [n_st]
         return [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]
 
-    def queue_flag(self, s: object) -> BarrierCheck:
+    def queue_flag(self, s: StreamArg) -> BarrierCheck:
         """Queue the barrier's error flag's copy into the next pinned word, after the step
         just queued on stream s; the returned check reads that word once s is past it."""
         self._flag_turn = (self._flag_turn + 1) % FLAG_SLOTS
@@ -193,7 +193,7 @@ class FusedStep:
         self.bar[2:3].copy_to_host(word, stream=s)
         return BarrierCheck(self, word)
 
-    def inject_barrier_failure(self, s: object) -> None:
+    def inject_barrier_failure(self, s: StreamArg) -> None:
         """Set the error flag, in stream order on s, as a block that gave up waiting at a
         barrier would: the fault the host must catch, made on purpose (the simulator's
         blocks never wait at a barrier, and a device's only when the grid isn't resident)."""

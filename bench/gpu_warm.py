@@ -176,7 +176,7 @@ def rand_weight(rng, fmt: int, L: int, rows: int, cols: int):
 
 
 def _cpu_twins(group: str) -> None:
-    """Compile (and cache) the CPU twins that gpu_bench's kernel checks call, with the same
+    """Compile (and cache) the CPU twins that the kernel checks (tests/gpu_checks.py) call, with the same
     argument types, by calling them once on tiny arrays."""
     import math
 

@@ -1,5 +1,5 @@
 """The GPU check's host side, without a GPU: the float64 reference it compares the CUDA
-forward with (bench/gpu_ref64.py), and its report (bench/gpu_bench.py: the table with the
+forward with (tests/gpu_ref64.py), and its report (bench/gpu_bench.py: the table with the
 GPU targets, the peers' ratios from the same run, the sections' compile/run times) on
 results files shaped as a real run writes them. The check itself runs under the simulator
 with `bench/gpu_bench.py --sim` (minutes, so not here) and on a GPU through
@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpu_ref64 import Reference64
 from tiny_gguf import TINY, write_tiny_llama
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
@@ -35,13 +36,12 @@ def test_reference64_equals_the_gguf_reference(tmp_path, kind):
     prompt and decode steps of two interleaved sequences."""
     from zerolayer.gpu import gguf_loader
     from zerolayer.gpu.reference import ReferenceLlama
-    ref64 = _load("gpu_ref64")
     path = str(tmp_path / "m.gguf")
     write_tiny_llama(path, tied=True, qkv_bias=(kind == "qwen2_bias"))
     reader = gguf_loader.open_gguf(path)
     cfg = gguf_loader.read_config(reader)
     w = gguf_loader.load_weights(reader, cfg)
-    ours = ref64.Reference64(cfg, w)
+    ours = Reference64(cfg, w)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, TINY["vocab"], 9), rng.integers(0, TINY["vocab"], 4)]
     refs = [ReferenceLlama(reader, cfg) for _ in prompts]

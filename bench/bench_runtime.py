@@ -820,72 +820,6 @@ def render_llama_bench(r: dict) -> str:
 # ---------------------------------------------------------------- main
 
 
-def _main_kernels(args, command: str) -> int:
-    """--kernels: per-kernel µs of the model's matmuls, float kernels vs each int8 kernel set
-    this CPU runs (gpu/ops/int8_matmul.py), at T = 1, 8 and 100 tokens. Medians of --runs
-    samples, each the mean of a timed loop of calls. Also the worst relative error of each
-    int8 result against the float one."""
-    import numba
-
-    from zerolayer.gpu.model import LlamaModel
-    from zerolayer.gpu.ops import cpu_features
-    from zerolayer.gpu.ops import int8_matmul as im
-    from zerolayer.gpu.ops.matmul import layer_matmul
-    numba.set_num_threads(THREADS)
-    model = LlamaModel.load(args.model)
-    w = model.w
-    names = {0: "float", cpu_features.ISA_AVX2: "avx2", cpu_features.ISA_VNNI256: "vnni256",
-             cpu_features.ISA_VNNI512: "vnni512"}
-    shapes = [("wqkv", w.wqkv), ("wo", w.wo), ("wgu", w.wgu), ("wdown", w.wdown), ("output", w.output)]
-    runs = args.runs or 7
-    rng = np.random.default_rng(0)
-    rows = []
-    for name, wt in shapes:
-        cfg = model.cfg
-        D = w.attn_norm.shape[1]
-        R = {"wqkv": (cfg.n_head + 2 * cfg.n_kv) * cfg.head_dim, "wo": D, "wgu": 2 * cfg.n_ff,
-             "wdown": D, "output": cfg.vocab}[name]
-        K = wt.cols
-        for T in (1, 8, 100):
-            x = rng.standard_normal((T, K)).astype(np.float32)
-            res = {}
-            for isa in (0,) + im.ISAS:
-                pw = im.prepare(wt, isa) if isa else wt
-                lw = pw._replace(lf=pw.layers())  # layer 0, every segment of it
-                y = np.empty((T, R), np.float32)
-                layer_matmul(lw, 0, x, y)  # compile / warm
-                t0 = time.perf_counter()
-                n = 0
-                while time.perf_counter() - t0 < 0.05:
-                    layer_matmul(lw, 0, x, y)
-                    n += 1
-                n = max(3, n)
-                samples = []
-                for _ in range(runs):
-                    t0 = time.perf_counter()
-                    for _ in range(n):
-                        layer_matmul(lw, 0, x, y)
-                    samples.append((time.perf_counter() - t0) / n * 1e6)
-                res[isa] = (statistics.median(samples), y.copy())
-            base_us, base_y = res[0]
-            row = {"weight": name, "R": R, "K": K, "T": T, "fmt": int(wt.fmt), "float_us": base_us}
-            for isa in im.ISAS:
-                us, yy = res[isa]
-                row[names[isa] + "_us"] = us
-                row[names[isa] + "_err"] = float(np.abs(yy - base_y).max() / np.abs(base_y).max())
-            rows.append(row)
-            log(json.dumps(row))
-    cols = [names[i] for i in im.ISAS]
-    print(f"\nper-kernel µs, medians of {runs} samples, {THREADS} threads "
-          f"(`{command}`)\n")
-    print("| weight | R x K | T | float µs | " + " | ".join(f"{c} µs (speedup)" for c in cols) + " |")
-    print("|---|---|---|---|" + "---|" * len(cols))
-    for r in rows:
-        cells = " | ".join(f"{r[c + '_us']:.1f} ({r['float_us'] / r[c + '_us']:.2f}x)" for c in cols)
-        print(f"| {r['weight']} | {r['R']}x{r['K']} | {r['T']} | {r['float_us']:.1f} | {cells} |")
-    return 0
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -918,13 +852,8 @@ def main() -> int:
     ap.add_argument("--max-wait", type=float, default=None,
                     help="seconds to wait for a quiet machine before each sample "
                     "(default 120; --quick: 10)")
-    ap.add_argument("--kernels", action="store_true",
-                    help="per-kernel µs: float vs int8 matmul kernels (no llama-bench)")
     args = ap.parse_args()
     command = command_line()
-    if args.kernels:
-        with bench_lock(command):
-            return _main_kernels(args, command)
     if args.max_wait is None:
         args.max_wait = 10.0 if args.quick else 120.0
     started = _dt.datetime.now().astimezone()

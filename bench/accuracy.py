@@ -55,6 +55,7 @@ from accuracy_runs import PATHS, available, reference_logp, score_mode  # noqa: 
 
 TEXT = os.path.join(HERE, "accuracy", "alice_ch1.txt")
 GOLDEN = os.path.join(ROOT, "tests", "golden", "accuracy_modes.json")
+WORKDIR = os.path.expanduser("~/.cache/zerolayer/accuracy")  # F32 files, llama.cpp's base logits, logs
 QUANT_DIR = os.environ.get("ZEROLAYER_QUANT_DIR", os.path.expanduser("~/.cache/zerolayer/quants"))
 
 
@@ -180,12 +181,8 @@ def main(argv=None) -> int:
                     help="also the files of scripts/make_quants.sh that exist")
     ap.add_argument("--modes", default="all", help="comma-separated kernels/activations/kv, or all")
     ap.add_argument("--paths", default=",".join(PATHS), help="prefill,decode")
-    ap.add_argument("--text", default=TEXT)
-    ap.add_argument("--n-ctx", type=int, default=N_CTX)
     ap.add_argument("--max-chunks", type=int, help="score only the first N chunks (quick checks)")
     ap.add_argument("--no-llamacpp", action="store_true")
-    ap.add_argument("--workdir", default=os.path.expanduser("~/.cache/zerolayer/accuracy"),
-                    help="F32 files, llama.cpp's base logits and logs")
     ap.add_argument("--out", help="JSON file (default bench/results/accuracy-<time>.json)")
     ap.add_argument("--record", action="store_true", help=f"write the bundled model's figures to {GOLDEN}")
     ap.add_argument("--rerule", action="store_true",
@@ -205,19 +202,19 @@ def main(argv=None) -> int:
              else [Mode.parse(m) for m in a.modes.split(",")])
     modes = [m for m in modes if available(m)]
     paths = tuple(a.paths.split(","))
-    os.makedirs(a.workdir, exist_ok=True)
-    text = read_text(a.text)
+    os.makedirs(WORKDIR, exist_ok=True)
+    text = read_text(TEXT)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
 
     started = datetime.datetime.now(datetime.UTC)
     results = []
     for path in models:
-        res = measure_file(path, modes, text, a.n_ctx, paths, not a.no_llamacpp, a.workdir, log,
+        res = measure_file(path, modes, text, N_CTX, paths, not a.no_llamacpp, WORKDIR, log,
                            a.max_chunks)
         res["rule"] = apply_rule(res)
         results.append(res)
     doc = {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "git": _git(), "cpu": _cpu(),
-           "threads": os.cpu_count(), "text": os.path.relpath(a.text, ROOT), "n_ctx": a.n_ctx,
+           "threads": os.cpu_count(), "text": os.path.relpath(TEXT, ROOT), "n_ctx": N_CTX,
            "command": "bench/accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "speed_order": [m.name for m in SPEED_ORDER], "files": results}
     print(table(results, paths))

@@ -96,6 +96,10 @@ TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess
           "lighthouses", "glaciers", "a lost key", "the first snow"]
 STREAM_OPTS = {"stream_options": {"include_usage": True}}
 HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+QUIET_LIMIT = 0.10        # a block whose foreign CPU share is over this is counted as noisy
+PROBE_GAP_S = 0.05        # between TTFT / cancel probes under load
+FLOOD_VALID = 0.5         # share of signed PINGs in the datagram flood
+LOAD_TIME_LIMIT_S = 600.0  # the load generator stops itself after this long
 
 
 def story(i: int, tag: str = "") -> str:
@@ -604,7 +608,7 @@ class Bench:
 
     def under_load(self, side, rnd: int) -> None:
         a = self.a
-        lg = LoadGen(side, a.load_streams, a.load_tokens, a.load_time_limit)
+        lg = LoadGen(side, a.load_streams, a.load_tokens, LOAD_TIME_LIMIT_S)
         try:
             active = lg.wait_ready()
             log(f"  load: {active}/{a.load_streams} streams decoding after {lg.ready_s:.1f} s")
@@ -625,7 +629,7 @@ class Bench:
                         out.append(side.probe(content, a.load_tokens, cancel=True))
                     else:
                         out.append(side.probe(QUESTION, a.ttft_tokens, cancel=False))
-                    time.sleep(a.probe_gap_ms / 1e3)
+                    time.sleep(PROBE_GAP_S)
                 return out
 
             self.block("ping_load", side, pings, pids, round=rnd, load_active=active)
@@ -673,7 +677,7 @@ class Bench:
                    "machine": machine_info(), "versions": versions(a)}
         r["machine"]["uptime_before"] = sh("uptime")
         log(f"uptime: {r['machine']['uptime_before']}")
-        r["preflight"] = CpuWatch({}).wait_quiet(a.quiet_limit, a.max_wait, poll=10, window=3.0)
+        r["preflight"] = CpuWatch({}).wait_quiet(QUIET_LIMIT, a.max_wait, poll=10, window=3.0)
         r["preflight"]["top"] = top_processes(4)
         if not r["preflight"]["quiet"]:
             log(f"WARNING: other processes use {r['preflight']['foreign_share']:.0%} of the "
@@ -785,7 +789,7 @@ def flood(b: Bench) -> dict:
     dgs = []
     n_valid = 0
     for i in range(n):
-        if int((i + 1) * a.flood_valid) > int(i * a.flood_valid):
+        if int((i + 1) * FLOOD_VALID) > int(i * FLOOD_VALID):
             dgs.append(encode_control(MsgType.PING, d.key_id, mac, secrets.token_bytes(16), ts,
                                       secrets.token_bytes(32)))
             n_valid += 1
@@ -886,10 +890,9 @@ class LlamaPeer:
         self.log_tail: str | None = None
 
     def start(self, parallel: int):
-        extra = shlex.split(self.a.llama_extra) + self.fallback
         srv = NativeLlamaServer(str(LLAMA_BIN / "llama-server"), self.model, self.a.threads,
                                 parallel, free_port(), self.tmp / f"llama-np{parallel}.log",
-                                ctx_per_slot=self.a.ctx_per_slot, extra=extra)
+                                extra=self.fallback)
         try:
             try:
                 srv.wait_ready()
@@ -897,7 +900,7 @@ class LlamaPeer:
                 # llama.cpp 0c1e570's weight repacking for AMX dies of SIGSEGV on prompts
                 # (its warm-up is one): the peer is then its fastest mode that serves,
                 # --no-repack (a mode that crashes on prompts is no peer), and the JSON says so
-                if "--no-repack" in extra or "exited with status -11" not in str(e):
+                if "--no-repack" in self.fallback or "exited with status -11" not in str(e):
                     raise
                 log("  llama-server crashed (SIGSEGV) with its default weight repacking; "
                     "measuring it with --no-repack from here on")
@@ -1013,7 +1016,7 @@ def summarise(r: dict, a) -> None:
                if "cpu_share" in b and b.get("wall_s", 0) >= 1.0]
     s["noise"] = {"foreign_share_max": max(foreign, default=None),
                   "foreign_share_median": statistics.median(foreign) if foreign else None,
-                  "blocks_over_limit": sum(f > a.quiet_limit for f in foreign)}
+                  "blocks_over_limit": sum(f > QUIET_LIMIT for f in foreign)}
     r["summary"] = s
     r["table"] = table_rows(r, a)
 
@@ -1147,7 +1150,8 @@ def render(r: dict) -> str:
     if n["foreign_share_max"] is not None:
         lines.append(f"- Noise: other processes took at most {n['foreign_share_max']:.0%} of the "
                      f"machine during a block (median {n['foreign_share_median']:.0%}; "
-                     f"{n['blocks_over_limit']} blocks over {r['args']['quiet_limit']:.0%}). "
+                     f"{n['blocks_over_limit']} blocks over "
+                     f"{r['args'].get('quiet_limit', QUIET_LIMIT):.0%}). "
                      f"Preflight: {r['preflight']['foreign_share']:.0%} busy after "
                      f"{r['preflight']['waited_s']:.0f} s.")
     lines += [f"- Load: before `{r['machine']['uptime_before']}`; after "
@@ -1173,23 +1177,16 @@ def main() -> int:
                     help="max_tokens of each load stream (a finished one is replaced at once)")
     ap.add_argument("--load-slots", type=int, default=16,
                     help="llama-server -np for the probes under load (> --load-streams)")
-    ap.add_argument("--ctx-per-slot", type=int, default=2048, help="llama-server -c = this x -np")
     ap.add_argument("--pings", type=int, default=300, help="pings per side, idle and under load each")
     ap.add_argument("--ping-gap-ms", type=float, default=5.0, help="between pings under load")
     ap.add_argument("--ttft", type=int, default=30, help="TTFT requests per side, idle and under load each")
     ap.add_argument("--ttft-tokens", type=int, default=16)
     ap.add_argument("--cancels", type=int, default=30, help="cancel probes per side")
-    ap.add_argument("--probe-gap-ms", type=float, default=50.0)
     ap.add_argument("--flood-rate", type=int, default=5000)
     ap.add_argument("--flood-s", type=float, default=20.0, help="0 = no flood")
-    ap.add_argument("--flood-valid", type=float, default=0.5, help="share of signed PINGs")
-    ap.add_argument("--load-time-limit", type=float, default=600.0,
-                    help="the load generator stops itself after this long")
     ap.add_argument("--baseline-repo", default="", help="also measure tok/s of a zerolayerd "
                     "from this checkout (e.g. a git worktree of the old commit)")
-    ap.add_argument("--llama-extra", default="", help="more llama-server flags")
     ap.add_argument("--zl-extra", default="--engine-max-running 16", help="zerolayerd flags")
-    ap.add_argument("--quiet-limit", type=float, default=0.10)
     ap.add_argument("--max-wait", type=float, default=600,
                     help="preflight: wait this long for other processes to go quiet, then measure")
     ap.add_argument("--lock-wait", type=float, default=7200, help=f"wait this long for {LOCK_PATH}")

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import LOCK_PATH, ZeroLayerDaemon, log, take_lock  # noqa: E402
+from _harness import ZeroLayerDaemon, log, take_lock  # noqa: E402
 
 TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess", "coffee",
           "lighthouses", "glaciers", "owls", "bridges", "deserts", "clocks", "whales", "maps"]
@@ -86,7 +86,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpus", default="0,1", help="CPUs both configurations run on")
     ap.add_argument("--model", default="", help="GGUF (default: the bundled model)")
     ap.add_argument("--quick", action="store_true", help="4 streams x 16 tokens, 1 round")
-    ap.add_argument("--no-lock", action="store_true", help=f"don't take {LOCK_PATH}")
     ap.add_argument("--out", help="write the JSON result here too")
     a = ap.parse_args(argv)
     if a.quick:
@@ -95,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     n = len(cpus)
     if n < 2:
         raise SystemExit("--cpus needs at least two CPUs")
-    lock = None
-    if not a.no_lock:
-        lock, _ = take_lock(float("inf"), " ".join(sys.argv))
+    lock, _ = take_lock(float("inf"), " ".join(sys.argv))
     spec = "[" + ", ".join(f'{{cpus="{c}", threads=1}}' for c in cpus) + "]"
     per_engine = -(-a.streams // n)
     configs = {
@@ -130,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for dm in daemons.values():
             dm.stop()
-        if lock is not None:
-            lock.close()
+        lock.close()
     med = {k: statistics.median(x["tok_s"] for x in v) for k, v in result["runs"].items()}
     result["median_tok_s"] = med
     result["ratio_engines_over_single"] = (round(med["engines"] / med["single"], 3)

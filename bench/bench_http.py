@@ -249,14 +249,14 @@ class Bench:
                    "command": shlex.join([sys.executable, *sys.argv]), "args": vars(a),
                    "machine": machine_info(), "lock_waited_s": waited,
                    "zerolayer_git": sh(f"git -C {REPO} rev-parse --short HEAD"),
-                   "llama_server_version": sh(f"{a.llama_server} --version 2>&1 | tail -n 2")}
+                   "llama_server_version": sh(f"{LLAMA_SERVER} --version 2>&1 | tail -n 2")}
         model = a.model or default_model()
         r["model"] = model
         tmp = Path(tempfile.mkdtemp(prefix="zl-bench-http-"))
         self.llama = self.zl = self.edge = None
         try:
             log(f"starting llama-server -np {a.parallel}")
-            self.llama = NativeLlamaServer(a.llama_server, model, a.threads, a.parallel,
+            self.llama = NativeLlamaServer(str(LLAMA_SERVER), model, a.threads, a.parallel,
                                            free_port(), tmp / "llama.log")
             self.llama.wait_ready()
             log("starting zerolayerd")
@@ -374,7 +374,6 @@ def render(r: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="", help="GGUF (default: the bundled SmolLM2-135M Q4_1)")
-    ap.add_argument("--llama-server", default=str(LLAMA_SERVER))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=16, help="llama-server slots")
     ap.add_argument("--seq", type=int, default=50, help="sequential requests per side")

@@ -328,7 +328,7 @@ class Comparison:
         self.args = args
         self.runs = args.runs or (2 if args.quick else 5)
         self.reps = args.reps or (1 if args.quick else 3)
-        self.steps = args.steps or 32
+        self.steps = 32  # decode steps per sample, llama-bench -n
         self.binary = Path(args.llama_bench)
         self.help_text = llama_bench_help(self.binary)
         self.depths = [0, 1000]
@@ -832,8 +832,6 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="JSON results path "
                     "(default bench/results/runtime-<timestamp>.json)")
     ap.add_argument("--model", default=None, help="GGUF path (default: the bundled SmolLM2-135M Q4_1)")
-    ap.add_argument("--steps", type=int, default=None,
-                    help="decode steps per sample, llama-bench -n (default 32)")
     ap.add_argument("--llama-bench", default=str(LLAMA_BENCH),
                     help="llama-bench binary (default .bench-llamacpp/bin/llama-bench, from "
                     "bench/setup_llamacpp.sh)")

@@ -42,6 +42,7 @@ from _harness import (  # noqa: E402
 )
 
 QUESTION = "What is the capital of France?"
+WARM_PINGS = 200  # untimed PINGs per carrier before the measurement
 
 
 def ping_us(c: Client) -> float:
@@ -64,7 +65,6 @@ def ttft_ms(c: Client, max_tokens: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pings", type=int, default=2000, help="PINGs per carrier")
-    ap.add_argument("--warm-pings", type=int, default=200)
     ap.add_argument("--ttft", type=int, default=50, help="TTFT requests per carrier")
     ap.add_argument("--ttft-tokens", type=int, default=16)
     ap.add_argument("--busy-poll-us", type=int, default=0,
@@ -93,8 +93,8 @@ def measure(a, lock_wait: float) -> int:
         if a.busy_poll_us:
             clients["shm_busy"] = d.client(addr=f"shm://{shm_path}?busy_poll_us={a.busy_poll_us}")
         names = list(clients)
-        log(f"warming: {a.warm_pings} pings each, 2 questions each")
-        for _ in range(a.warm_pings):
+        log(f"warming: {WARM_PINGS} pings each, 2 questions each")
+        for _ in range(WARM_PINGS):
             for n in names:
                 ping_us(clients[n])
         for n in names:

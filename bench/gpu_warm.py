@@ -351,11 +351,10 @@ def main(argv=None) -> int:
     ap.add_argument("--ptx", action="store_true", help="compile to sm_90 PTX (no GPU needed)")
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--only", default="", help="comma-separated job names")
-    ap.add_argument("--timeout-s", type=float, default=600)
     a = ap.parse_args(argv)
     only = [s for s in a.only.split(",") if s] or None
     pool = Pool.start(a.workers, "ptx" if a.ptx else "cubin", only)
-    print(json.dumps(pool.wait(a.timeout_s), indent=1))
+    print(json.dumps(pool.wait(600.0), indent=1))
     return 0
 
 

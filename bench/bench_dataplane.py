@@ -390,7 +390,8 @@ class LlamaSide:
 
 def loadgen_main(spec: dict) -> int:
     """Keeps spec['streams'] streams decoding until 'stop' on stdin (or EOF, or time_limit).
-    Prints 'ready N' once every stream produced a first chunk, then a JSON summary."""
+    Prints 'ready N' once every stream produced a first chunk, then a JSON summary (chunks_s:
+    the text chunks all streams received from ready to stop, per second; about one a token)."""
     n, mt, limit = spec["streams"], spec["max_tokens"], spec["time_limit"]
     stop = threading.Event()
     started = [threading.Event() for _ in range(n)]
@@ -465,6 +466,9 @@ def loadgen_main(spec: dict) -> int:
     deadline = time.monotonic() + min(120, limit)
     for e in started:
         e.wait(max(0.0, deadline - time.monotonic()))
+    with lock:
+        chunks0 = tot["chunks"]
+    t_ready = time.perf_counter()
     print(f"ready {sum(e.is_set() for e in started)}", flush=True)
 
     def watch_stdin():
@@ -475,6 +479,7 @@ def loadgen_main(spec: dict) -> int:
     stop.set()
     for t in threads:
         t.join(60)
+    tot["chunks_s"] = (tot["chunks"] - chunks0) / (time.perf_counter() - t_ready)
     tot["sdk_datagrams"] = counter.n if counter and counter.ok else None
     tot["hung_threads"] = sum(t.is_alive() for t in threads)
     print(json.dumps(tot), flush=True)

@@ -7,9 +7,9 @@ against zerolayerd daemons that differ in one setting, interleaved (A, B, A, B .
         --variant 'gil 0.5 ms=--cpu-switch-interval-us 500' --rounds 2
 
 Per daemon (a fresh one per variant and round, the bundled model unless --model):
-1. the load: this script with --load in a child process, `--streams` SDK streams of
-   `--tokens` tokens, a finished stream replaced at once, until told to stop. It prints
-   'ready' once every stream produced a chunk, and at the end the text chunks all streams
+1. the load: bench_dataplane.py's load generator in a child process, `--streams` SDK
+   streams of `--tokens` tokens, a finished stream replaced at once, until told to stop;
+   it says when every stream produced a chunk, and at the end the text chunks all streams
    received from ready to stop, per second (about one per token).
 2. the pings: this script with --pinger in another child process. One connected UDP socket,
    blocking; each PING is signed before the clock starts, and the time is send() -> recv() of
@@ -31,76 +31,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import ZeroLayerDaemon, default_model, pct  # noqa: E402
-
-TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess", "coffee"]
-
-
-# ------------------------------------------------------------------ child: the load
-
-
-def load_main(spec: dict) -> int:
-    from zerolayer.client import Client
-    from zerolayer.protocol.wire import ChatMessage
-    n, mt = spec["streams"], spec["tokens"]
-    client = Client(("127.0.0.1", spec["port"]), spec["key_id"], bytes.fromhex(spec["secret"]),
-                    timeout=60)
-    stop = threading.Event()
-    started = [threading.Event() for _ in range(n)]
-    lock = threading.Lock()
-    tot = {"chunks": 0, "tokens": 0, "streams": 0, "errors": 0}
-
-    def worker(i: int) -> None:
-        k = 0
-        while not stop.is_set() and k < 1000:
-            k += 1
-            try:
-                with client.stream(messages=[ChatMessage("user", f"[{i}.{k}] Write a long story "
-                                                         f"about {TOPICS[i % len(TOPICS)]}.")],
-                                   max_tokens=mt, temperature=0.0) as s:
-                    for chunk in s:
-                        if chunk:
-                            started[i].set()
-                            with lock:
-                                tot["chunks"] += 1
-                        if stop.is_set():
-                            s.cancel()
-                            break
-                with lock:
-                    tot["streams"] += 1
-                    tot["tokens"] += s.result.usage.completion_tokens if s.result else 0
-            except Exception:  # noqa: BLE001 - counted; the pings are what is measured
-                with lock:
-                    tot["errors"] += 1
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    for e in started:
-        e.wait(120)
-    with lock:
-        chunks0 = tot["chunks"]
-    t0 = time.perf_counter()
-    print("ready", flush=True)
-    # 'stop' on stdin, EOF, or the time limit
-    select.select([sys.stdin], [], [], spec["time_limit"])
-    stop.set()
-    for t in threads:
-        t.join(60)
-    wall = time.perf_counter() - t0
-    # text chunks from ready to stop: the rate at which tokens reach clients (a chunk is one
-    # token's text, or a few when a token ends mid-character), counted alike on every side
-    chunks = tot["chunks"] - chunks0
-    print(json.dumps({"chunks": chunks, "wall_s": wall, "chunks_s": chunks / wall,
-                      "tokens_all": tot["tokens"], "streams": tot["streams"],
-                      "errors": tot["errors"]}), flush=True)
-    return 0
-
+from bench_dataplane import LoadGen, ZlSide  # noqa: E402
 
 # ------------------------------------------------------------------ child: the pinger
 
@@ -179,22 +115,16 @@ def one(a, name: str, extra: list[str], model: str, tmp: Path) -> dict:
     try:
         zl.wait_ready(300)
         spec = {"port": zl.port, "key_id": zl.key_id, "secret": zl.secret.hex()}
-        load = child("--load", {**spec, "streams": a.streams, "tokens": a.tokens,
-                                "time_limit": 300})
+        load = LoadGen(ZlSide(zl), a.streams, a.tokens, 300)
         try:
-            if line(load, 150) != "ready":
-                raise RuntimeError("load generator did not start")
+            load.wait_ready()
             pinger = child("--pinger", {**spec, "pings": a.pings, "gap_ms": a.gap_ms,
                                           "sdk": a.sdk_too})
             pings = json.loads(line(pinger, 60 + a.pings * (2 + a.gap_ms / 1e3)))
             pinger.wait(10)
-            load.stdin.write("stop\n")
-            load.stdin.flush()
-            summary = json.loads(line(load, 90))
+            summary = load.stop()
         finally:
-            if load.poll() is None:
-                load.kill()
-            load.wait()
+            load.kill()
         log_text = (d / "zerolayerd.log").read_text()
         said = [ln.strip() for ln in log_text.splitlines() if "GIL switch interval" in ln]
         rtts = pings["rtts"]
@@ -209,9 +139,8 @@ def one(a, name: str, extra: list[str], model: str, tmp: Path) -> dict:
 
 
 def main() -> int:
-    if len(sys.argv) == 3 and sys.argv[1] in ("--load", "--pinger"):
-        spec = json.loads(sys.argv[2])
-        return load_main(spec) if sys.argv[1] == "--load" else pinger_main(spec)
+    if len(sys.argv) == 3 and sys.argv[1] == "--pinger":
+        return pinger_main(json.loads(sys.argv[2]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variant", action="append", required=True,
                     help="'NAME=daemon flags', two or more, run in turn each round; a flag "

@@ -106,6 +106,17 @@ def machine_info() -> dict:
     }
 
 
+def git_head(repo: Path | str = REPO, short: bool = True) -> str:
+    """The commit a checkout is at (the code that ran), as benchmarks record it."""
+    return sh(["git", "-C", str(repo), "rev-parse", *(["--short"] if short else []), "HEAD"])
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), '?' when it says none."""
+    with open("/proc/cpuinfo") as f:
+        return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
+
+
 def gpu_source_hash() -> str:
     """A hash of the runtime's source (gpu/), recorded beside timings of it."""
     h = hashlib.sha256()

@@ -28,8 +28,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 
@@ -38,6 +36,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import accuracy_llamacpp as lcpp  # noqa: E402
+from _harness import cpu_model, git_head  # noqa: E402
 from accuracy_metrics import (  # noqa: E402
     KL_MAX,
     N_CTX,
@@ -57,25 +56,6 @@ TEXT = os.path.join(HERE, "accuracy", "alice_ch1.txt")
 GOLDEN = os.path.join(ROOT, "tests", "golden", "accuracy_modes.json")
 WORKDIR = os.path.expanduser("~/.cache/zerolayer/accuracy")  # F32 files, llama.cpp's base logits, logs
 QUANT_DIR = os.environ.get("ZEROLAYER_QUANT_DIR", os.path.expanduser("~/.cache/zerolayer/quants"))
-
-
-def _git() -> str:
-    try:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _formats(path: str) -> dict[str, int]:
@@ -165,7 +145,7 @@ def rerule(path: str) -> int:
         rec = json.load(f)
     rec["rule"] = apply_rule(rec)
     rec["rule"]["applied"] = (f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}, "
-                              f"git {_git()} (bench/accuracy.py --rerule)")
+                              f"git {git_head()} (bench/accuracy.py --rerule)")
     rec["speed_order"] = [m.name for m in SPEED_ORDER]
     with open(path, "w") as f:
         json.dump(rec, f, indent=1)
@@ -213,7 +193,7 @@ def main(argv=None) -> int:
                            a.max_chunks)
         res["rule"] = apply_rule(res)
         results.append(res)
-    doc = {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "git": _git(), "cpu": _cpu(),
+    doc = {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "git": git_head(), "cpu": cpu_model(),
            "threads": os.cpu_count(), "text": os.path.relpath(TEXT, ROOT), "n_ctx": N_CTX,
            "command": "bench/accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "speed_order": [m.name for m in SPEED_ORDER], "files": results}

@@ -30,7 +30,7 @@ from zerolayer.gpu.model import LlamaModel, set_threads
 from zerolayer.gpu.model_api import StepInput
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import REPO, bench_lock, machine_info, sh  # noqa: E402
+from _harness import bench_lock, git_head, machine_info  # noqa: E402
 
 from zerolayer.gpu.ops import cpu_features, int8_matmul
 
@@ -136,7 +136,7 @@ def main() -> int:
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"date": _dt.datetime.now(_dt.UTC).isoformat(timespec="minutes"),
-                       "git": sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
+                       "git": git_head(),
                        "command": command, "machine": machine_info(), "results": res,
                        "table": table}, f, indent=1)
     return 0

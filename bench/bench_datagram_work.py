@@ -44,7 +44,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import REPO, RESULTS, ZeroLayerDaemon, take_lock  # noqa: E402
+from _harness import REPO, RESULTS, ZeroLayerDaemon, cpu_model, git_head, take_lock  # noqa: E402
 
 PY = REPO / ".venv" / "bin" / "python"
 TESTBED = REPO / "scripts" / "xdp-testbed.sh"
@@ -266,17 +266,14 @@ def main() -> int:
         if "xdp" in carriers:
             subprocess.run(["bash", str(TESTBED), "down", name], check=False)
         lock.close()
-    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True).stdout.strip()
     res = {"rows": rows, "meta": {
-        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "git": git,
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "git": git_head(),
         "command": " ".join(shlex.quote(x) for x in sys.argv), "kernel": platform.release(),
-        "cpu_model": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                           if ln.startswith("model name")), "?")}}
+        "cpu_model": cpu_model()}}
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = Path(a.out) if a.out else RESULTS / f"datagram-work-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(res, indent=1))
-    print(f"results: {out} (git {git})")
+    print(f"results: {out} (git {res['meta']['git']})")
     print("| carrier | PINGs | recv µs | receive to reply queued µs | send µs | I/O thread CPU "
           "per PING µs | RTT p50 µs | load avg |\n|---|---|---|---|---|---|---|---|")
     for r in rows:

@@ -80,6 +80,7 @@ from _harness import (  # noqa: E402
     chat_body,
     default_model,
     free_port,
+    git_head,
     http_get_timed,
     log,
     machine_info,
@@ -956,14 +957,14 @@ def baseline_pkg(repo: str, tmp: Path) -> tuple[dict, dict]:
     if where.returncode or not files or not all(f.startswith(str(base)) for f in files):
         raise SystemExit(f"baseline checkout not imported from {base}: {where.stdout!r} "
                          f"{where.stderr[-500:]!r}")
-    info = {"path": str(base), "git": sh(f"git -C {base} rev-parse --short HEAD"),
+    info = {"path": str(base), "git": git_head(base),
             "subject": sh(f"git -C {base} log -1 --format=%s"), "imports": files}
     return env, info
 
 
 def versions(a) -> dict:
     return {"python": platform.python_version(),
-            "zerolayer_git": sh(f"git -C {REPO} rev-parse --short HEAD"),
+            "zerolayer_git": git_head(),
             "zerolayer_dirty_paths": sh(f"git -C {REPO} status --porcelain -- daemon gpu bpf"),
             "llama_server": sh(f"{LLAMA_BIN / 'llama-server'} --version 2>&1 | tail -n 2"),
             "llama_cpp_source": "llama-cpp-python 0.3.36 sdist, vendor/llama.cpp (bench/setup_llamacpp.sh)"}

@@ -75,6 +75,7 @@ from _harness import (  # noqa: E402
     RESULTS,
     NativeLlamaServer,
     chat_body,
+    git_head,
     http_get_timed,
     http_stream_chat,
     log,
@@ -441,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict = {"rows": [], "meta": {
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(x) for x in sys.argv), "machine": machine_info(),
-        "git": sh(f"git -C {REPO} rev-parse --short HEAD"),
+        "git": git_head(),
         "git_dirty": sh(f"git -C {REPO} status --porcelain -- bench daemon bpf"),
         "trafgen": sh("trafgen -v | head -1"), "wrk": sh("wrk -v 2>&1 | head -1"),
         "loadavg_before": os.getloadavg(), "top_before": top_processes(5),

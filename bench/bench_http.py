@@ -49,7 +49,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (  # noqa: E402
     LLAMA_BIN,
     LOCK_PATH,
-    REPO,
     RESULTS,
     CpuWatch,
     NativeLlamaServer,
@@ -58,6 +57,7 @@ from _harness import (  # noqa: E402
     chat_body,
     default_model,
     free_port,
+    git_head,
     http_stream_chat,
     log,
     machine_info,
@@ -248,7 +248,7 @@ class Bench:
         r: dict = {"bench": "http_edge", "date": started.isoformat(timespec="seconds"),
                    "command": shlex.join([sys.executable, *sys.argv]), "args": vars(a),
                    "machine": machine_info(), "lock_waited_s": waited,
-                   "zerolayer_git": sh(f"git -C {REPO} rev-parse --short HEAD"),
+                   "zerolayer_git": git_head(),
                    "llama_server_version": sh(f"{LLAMA_SERVER} --version 2>&1 | tail -n 2")}
         model = a.model or default_model()
         r["model"] = model

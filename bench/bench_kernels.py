@@ -55,16 +55,15 @@ from numba import njit, prange
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (  # noqa: E402
     LLAMA_BENCH,
-    REPO,
     RESULTS,
     CpuWatch,
     LlamaBenchCrash,
     bench_lock,
+    git_head,
     gpu_source_hash,
     log,
     machine_info,
     run_llama_bench,
-    sh,
 )
 
 SYNTH_DIR = Path(os.environ.get("ZEROLAYER_SYNTH_DIR", Path.home() / ".cache" / "zerolayer" / "synth"))
@@ -627,7 +626,7 @@ def main() -> int:
     machine["simd_flags"] = [f for f in machine["simd"] if f not in ("fma", "f16c")]
     from zerolayer.gpu.ops import cpu_features
     r = {"command": command, "date": f"{started:%Y-%m-%d %H:%M} UTC", "machine": machine,
-         "git": sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
+         "git": git_head(),
          "gpu_source": gpu_source_hash(), "cpu_kernels": cpu_features.describe()}
     noise = Noise(args.max_foreign, args.max_wait, args.retries)
     r["noise"] = {"max_foreign": args.max_foreign, "max_wait_s": args.max_wait,

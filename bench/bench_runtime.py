@@ -77,6 +77,7 @@ from _harness import (  # noqa: E402
     LlamaBenchCrash,
     bench_lock,
     command_line,
+    git_head,
     gpu_source_hash,
     llama_bench_help,
     log,
@@ -632,7 +633,7 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
         log(f"WARNING: 1-min load average {loadavg0[0]:.2f} > 0.5; busy processes: {top_processes()}")
     from zerolayer.gpu import __version__ as zl_version
     src_hash0 = gpu_source_hash()
-    git_head = sh(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    head_at_start = git_head(short=False)
     git_dirty_gpu = sh(["git", "-C", str(REPO), "status", "--porcelain", "gpu"]).splitlines()
 
     c = Comparison(args)
@@ -677,7 +678,7 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
                           "CPUs: per llama-bench row since the previous row, per sample of ours"},
         "versions": {"python": platform.python_version(), "numpy": np.__version__,
                      "zerolayer": zl_version, **c.numba_info,
-                     "git_head_at_start": git_head, "git_dirty_gpu_at_start": git_dirty_gpu,
+                     "git_head_at_start": head_at_start, "git_dirty_gpu_at_start": git_dirty_gpu,
                      "gpu_source_hash_start": src_hash0, "gpu_source_hash_end": src_hash1},
         "zerolayer_jit_first_steps_s": c.jit_s,
         "zerolayer_load_s": c.zl.load_s,

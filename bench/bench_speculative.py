@@ -46,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from _harness import bench_lock, log, machine_info  # noqa: E402
+from _harness import bench_lock, git_head, log, machine_info  # noqa: E402
 from accuracy_metrics import read_text  # noqa: E402
 
 TEXT = HERE / "accuracy" / "alice_ch1.txt"
@@ -219,8 +219,7 @@ def main(argv=None) -> int:
            "machine": machine_info(), "kernels": cpu_features.describe(), "model": model,
            "draft_model": doc_draft,
            "tokens": a.tokens, "rounds": a.rounds, "tasks": results,
-           "git": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                                 capture_output=True, text=True).stdout.strip()}
+           "git": git_head()}
     out = a.out or str(HERE / "results" / f"speculative-{started:%Y%m%d-%H%M%S}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:

@@ -42,7 +42,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-from _harness import bench_lock  # noqa: E402
+from _harness import bench_lock, git_head  # noqa: E402
 
 from zerolayer.daemon.engine import Engine  # noqa: E402
 from zerolayer.daemon.request import DoneEvent, Request  # noqa: E402
@@ -60,8 +60,7 @@ def host() -> dict:
     fields = dict(line.split(":", 1) for line in cpu.splitlines() if ":" in line)
     flags = fields.get("Flags", "").split()
     keep = [f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c")]
-    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True).stdout.strip()
+    git = git_head()
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "gpu",
                             "daemon", "protocol"], capture_output=True, text=True).stdout
     return {"model": fields.get("Model name", "?").strip(), "cpus": os.cpu_count(),

@@ -73,7 +73,7 @@ PIN = ["--cpu-cpus", str(SERVER_CPU), "--model-threads", "1"]
 
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
-from _harness import ZeroLayerDaemon, log, pct, take_lock, terminate  # noqa: E402
+from _harness import ZeroLayerDaemon, cpu_model, log, pct, take_lock, terminate  # noqa: E402
 
 from netns import in_netns  # noqa: E402  (the testbed helpers the tests use too)
 
@@ -445,8 +445,7 @@ def main() -> int:
     res["meta"] = {"date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                    "command": " ".join(shlex.quote(x) for x in sys.argv),
                    "machine": platform.platform(), "cpus": os.cpu_count(),
-                   "cpu_model": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                                      if ln.startswith("model name")), "?"),
+                   "cpu_model": cpu_model(),
                    "kernel": platform.release(), "quick": a.quick, "only": a.only,
                    "spin_client": a.spin_client, "lock_waited_s": round(lock_wait, 1),
                    "loadavg": os.getloadavg()}

@@ -59,10 +59,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (  # noqa: E402
-    REPO,
     RESULTS,
     ZeroLayerDaemon,
     default_model,
+    git_head,
     log,
     machine_info,
     take_lock,
@@ -278,8 +278,7 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(a.out) if a.out else RESULTS / f"soak-{stamp}.json"
-    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True).stdout.strip()  # the code that runs
+    git = git_head()  # the code that runs
     lock, _ = take_lock(float("inf"), " ".join(sys.argv))  # held until this process exits
     model = a.model or default_model()
     tmp = Path(tempfile.mkdtemp(prefix="zl-soak-"))

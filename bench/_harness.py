@@ -467,46 +467,65 @@ def chat_body(content: str | list[tuple[str, str]], max_tokens: int, stream: boo
 HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 
 
+def sse_events(r):
+    """The JSON events of an SSE response, as they arrive (read line by line; blank
+    separators and ": ping" comments skipped)."""
+    while True:
+        line = r.readline()
+        if not line:
+            return
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        yield json.loads(data)
+
+
 def http_stream_chat(conn: http.client.HTTPConnection, body: bytes,
-                     headers: dict | None = None) -> dict:
-    """POST /v1/chat/completions with stream=true and read the SSE stream line by line as it
-    arrives. TTFT = request start -> first event whose delta carries non-empty content.
-    headers: added to the defaults (e.g. an Authorization header)."""
+                     headers: dict | None = None, first_only: bool = False) -> dict:
+    """POST /v1/chat/completions with stream=true and read the SSE stream as it arrives.
+    TTFT = request start -> first event whose delta carries non-empty content. headers: added
+    to the defaults (e.g. an Authorization header). first_only: return right after the first
+    content chunk, leaving the response open (the caller closes it). tokens: the final
+    usage's completion_tokens, else llama-server's timings.predicted_n, else the chunks
+    (token_source says which)."""
     t0 = time.perf_counter()
     conn.request("POST", "/v1/chat/completions", body=body, headers={**HEADERS, **(headers or {})})
     r = conn.getresponse()
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
-    ttft = None
+    out = {"ttft_s": None, "content_chunks": 0, "usage": None, "timings": None,
+           "finish_reason": None}
     parts: list[str] = []
-    n_content = 0
-    finish = None
-    usage = None
-    while True:
-        line = r.readline()
-        if not line:
-            break
-        if not line.startswith(b"data:"):
-            continue                          # blank separators, ": ping" comments
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            break
-        ev = json.loads(data)
+    for ev in sse_events(r):
         if ev.get("usage"):
-            usage = ev["usage"]
+            out["usage"] = ev["usage"]
+        if ev.get("timings"):
+            out["timings"] = ev["timings"]
         for ch in ev.get("choices", ()):
             text = (ch.get("delta") or {}).get("content")
             if text:
-                if ttft is None:
-                    ttft = time.perf_counter() - t0
+                if out["ttft_s"] is None:
+                    out["ttft_s"] = time.perf_counter() - t0
                 parts.append(text)
-                n_content += 1
+                out["content_chunks"] += 1
             if ch.get("finish_reason"):
-                finish = ch["finish_reason"]
+                out["finish_reason"] = ch["finish_reason"]
+        if first_only and out["ttft_s"] is not None:
+            out["text"] = "".join(parts)
+            return out
     r.read()                                  # drain the chunked terminator: keep-alive reuse
-    e2e = time.perf_counter() - t0
-    return {"ttft_s": ttft, "e2e_s": e2e, "text": "".join(parts), "content_chunks": n_content,
-            "finish_reason": finish, "usage": usage}
+    out["e2e_s"] = time.perf_counter() - t0
+    out["text"] = "".join(parts)
+    u, t = out["usage"], out["timings"]
+    if u and "completion_tokens" in u:
+        out["tokens"], out["token_source"] = u["completion_tokens"], "usage"
+    elif t and "predicted_n" in t:
+        out["tokens"], out["token_source"] = t["predicted_n"], "timings.predicted_n"
+    else:
+        out["tokens"], out["token_source"] = out["content_chunks"], "content chunks"
+    return out
 
 
 def http_get_timed(conn: http.client.HTTPConnection, path: str) -> float:

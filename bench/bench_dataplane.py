@@ -70,6 +70,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (  # noqa: E402
+    HEADERS,
     LLAMA_BIN,
     LOCK_PATH,
     REPO,
@@ -82,9 +83,11 @@ from _harness import (  # noqa: E402
     free_port,
     git_head,
     http_get_timed,
+    http_stream_chat,
     log,
     machine_info,
     sh,
+    sse_events,
     stats,
     take_lock,
     top_processes,
@@ -96,7 +99,6 @@ TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess
           "mountains", "owls", "rain", "bridges", "the desert", "music", "autumn", "clocks",
           "lighthouses", "glaciers", "a lost key", "the first snow"]
 STREAM_OPTS = {"stream_options": {"include_usage": True}}
-HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 QUIET_LIMIT = 0.10        # a block whose foreign CPU share is over this is counted as noisy
 PROBE_GAP_S = 0.05        # between TTFT / cancel probes under load
 FLOOD_VALID = 0.5         # share of signed PINGs in the datagram flood
@@ -208,60 +210,6 @@ class ZlSide:
         return None
 
 
-def sse_events(r):
-    """The JSON events of an SSE response, as they arrive."""
-    while True:
-        line = r.readline()
-        if not line:
-            return
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            return
-        yield json.loads(data)
-
-
-def llama_stream(conn: http.client.HTTPConnection, body: bytes, first_only: bool = False) -> dict:
-    """POST /v1/chat/completions stream=true, read line by line. first_only: return right
-    after the first content chunk, leaving the response open (the caller closes it)."""
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", body=body, headers=HEADERS)
-    r = conn.getresponse()
-    if r.status != 200:
-        raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
-    out = {"ttft_s": None, "chunks": 0, "usage": None, "timings": None, "finish_reason": None}
-    parts = []
-    for ev in sse_events(r):
-        if ev.get("usage"):
-            out["usage"] = ev["usage"]
-        if ev.get("timings"):
-            out["timings"] = ev["timings"]
-        for ch in ev.get("choices", ()):
-            text = (ch.get("delta") or {}).get("content")
-            if text:
-                if out["ttft_s"] is None:
-                    out["ttft_s"] = time.perf_counter() - t0
-                parts.append(text)
-                out["chunks"] += 1
-            if ch.get("finish_reason"):
-                out["finish_reason"] = ch["finish_reason"]
-        if first_only and out["ttft_s"] is not None:
-            out["text"] = "".join(parts)
-            return out
-    r.read()
-    out["e2e_s"] = time.perf_counter() - t0
-    out["text"] = "".join(parts)
-    u, t = out["usage"], out["timings"]
-    if u and "completion_tokens" in u:
-        out["tokens"], out["token_source"] = u["completion_tokens"], "usage"
-    elif t and "predicted_n" in t:
-        out["tokens"], out["token_source"] = t["predicted_n"], "timings.predicted_n"
-    else:
-        out["tokens"], out["token_source"] = out["chunks"], "content chunks"
-    return out
-
-
 def hard_close(conn: http.client.HTTPConnection) -> None:
     """Close the TCP connection now (FIN), as a client that gives up on a stream does."""
     try:
@@ -317,7 +265,7 @@ class LlamaSide:
         # a fresh one, connected before the clock starts (no TCP handshake in the TTFT)
         conn = self._conn(300)
         try:
-            r = llama_stream(conn, chat_body(content, max_tokens, extra=STREAM_OPTS))
+            r = http_stream_chat(conn, chat_body(content, max_tokens, extra=STREAM_OPTS))
         finally:
             conn.close()
         r["completion_tokens"] = r["tokens"]
@@ -347,8 +295,8 @@ class LlamaSide:
         # parameters: a unique seed (inert under greedy decoding) tells our slot apart
         self.probe_seed = getattr(self, "probe_seed", 7_000_000) + 1
         seed = self.probe_seed
-        out = llama_stream(conn, chat_body(content, max_tokens,
-                                           extra={**STREAM_OPTS, "seed": seed}), first_only=True)
+        out = http_stream_chat(conn, chat_body(content, max_tokens,
+                                               extra={**STREAM_OPTS, "seed": seed}), first_only=True)
         res = {"ttft_s": out["ttft_s"]}
         if not cancel:
             hard_close(conn)
@@ -380,10 +328,10 @@ class LlamaSide:
         return self._conn(600)
 
     def stream_tokens_on(self, conn, content: str, max_tokens: int) -> dict:
-        r = llama_stream(conn, chat_body(content, max_tokens, extra=STREAM_OPTS))
+        r = http_stream_chat(conn, chat_body(content, max_tokens, extra=STREAM_OPTS))
         conn.close()
-        return {k: r[k] for k in ("ttft_s", "e2e_s", "tokens", "token_source", "chunks",
-                                  "finish_reason", "usage", "timings")}
+        return {"chunks": r["content_chunks"], **{k: r[k] for k in (
+            "ttft_s", "e2e_s", "tokens", "token_source", "finish_reason", "usage", "timings")}}
 
 
 # ================================================================ the load generator process

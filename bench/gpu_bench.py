@@ -56,7 +56,7 @@ from _harness import ZeroLayerDaemon  # noqa: E402
 from gpu_warm import TINY, rand_weight  # noqa: E402
 
 # the correctness checks are tests (tests/gpu_checks.py); this script runs them after its timings
-sys.path.insert(0, str(BENCH.parent / "tests"))
+sys.path.append(str(BENCH.parent / "tests"))  # after everything else: nothing there shadows a module
 import gpu_checks as checks  # noqa: E402
 
 SMOL = dict(n_layer=30, d=576, ff=1536, n_head=9, n_kv=3, hd=64, vocab=49152, ctx=2048)

@@ -18,6 +18,10 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import pct  # noqa: E402  (stdlib only: it imports in the libraries' venv)
 
 SCHEMAS = {
     "person": ({"type": "object",
@@ -62,7 +66,7 @@ def ms(xs: list[float]) -> str:
 
 
 def us(xs: list[float]) -> str:
-    return f"{statistics.median(xs) * 1e6:.0f} µs (p90 {sorted(xs)[int(len(xs) * .9)] * 1e6:.0f})"
+    return f"{statistics.median(xs) * 1e6:.0f} µs (p90 {pct(xs, 90) * 1e6:.0f})"
 
 
 def bench_llguidance(vocab: dict) -> None:

@@ -52,7 +52,7 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 import gpu_warm  # noqa: E402
-from _harness import ZeroLayerDaemon  # noqa: E402
+from _harness import ZeroLayerDaemon, pct  # noqa: E402
 from gpu_warm import TINY, rand_weight  # noqa: E402
 
 # the correctness checks are tests (tests/gpu_checks.py); this script runs them after its timings
@@ -174,7 +174,7 @@ def stats(xs: list[float]) -> dict:
     """Median and p90 of a list of microsecond values (None when empty)."""
     if not xs:
         return {"median": None, "p90": None, "n": 0}
-    return {"median": float(np.median(xs)), "p90": float(np.percentile(xs, 90)), "n": len(xs)}
+    return {"median": pct(xs, 50), "p90": pct(xs, 90), "n": len(xs)}
 
 
 def synthetic_model(c: dict, seed: int = 0):
@@ -831,7 +831,7 @@ def daemon_ttft(c: dict, sim: bool, bound_s: float, prepared: dict | None = None
         backend = next((ln.strip() for ln in d.log_path.read_text().splitlines() if "loaded" in ln),
                        "?")
         out = {"requests": len(ttft), "prompt_tokens": plen, "ttft_ms_p50": float(np.median(ttft)),
-               "ttft_ms_p90": float(np.percentile(ttft, 90)), "daemon_start_s": round(start_s, 2),
+               "ttft_ms_p90": pct(ttft, 90), "daemon_start_s": round(start_s, 2),
                "server_us_median": dict(zip(("ingress", "queue", "prefill"),
                                             np.median(np.array(server), axis=0).tolist())),
                "weights": "synthetic GGUF in SmolLM2-135M's shapes" if not sim else "synthetic, tiny",

@@ -62,7 +62,6 @@ def _add_row(x, b):
 KERNEL_CLASSES = ("embed", "rmsnorm", "qkv matmul", "rope", "kv_write", "attention", "o matmul",
                   "residual adds", "gate|up matmul", "swiglu", "down matmul", "LM head")
 (EMBED, NORM, QKV, ROPE, KVW, ATTN, WO, ADD, GU, SWIGLU, DOWN, HEAD) = range(len(KERNEL_CLASSES))
-_NO_TICKS = np.zeros(0, np.int64)  # an untimed step: no counter is read
 
 
 @njit(fastmath=True, cache=True, nogil=True)
@@ -71,8 +70,8 @@ def forward_timed(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_
                   cos, sin, n_head, n_kv, hd, n_ff, eps, splits, logits, ticks):
     """forward, and ticks[c] += the time-stamp-counter ticks spent in kernel class c
     (KERNEL_CLASSES), read between the kernels, so every weight comes from DRAM or cache
-    exactly as in an untimed step. Returns the ticks of the whole call. An empty ticks reads
-    no counter (forward)."""
+    exactly as in an untimed step. Returns the ticks of the whole call. ticks None (forward):
+    no counter is read, in code compiled apart for it."""
     T = tokens.shape[0]
     D = attn_norm.shape[1]
     L = attn_norm.shape[0]
@@ -132,7 +131,7 @@ def forward(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_pool,
             n_head, n_kv, hd, n_ff, eps, splits, logits):
     forward_timed(tokens, tok_seq, tok_pos, logit_rows, block_tables, k_pool, v_pool,
                   emb, wqkv, wo, wgu, wdown, attn_norm, ffn_norm, out_norm, outw, qkv_bias,
-                  cos, sin, n_head, n_kv, hd, n_ff, eps, splits, logits, np.empty(0, np.int64))
+                  cos, sin, n_head, n_kv, hd, n_ff, eps, splits, logits, None)
 
 
 class LlamaModel:
@@ -243,7 +242,7 @@ class LlamaModel:
         forward_timed(arr.tokens, arr.tok_seq, arr.tok_pos, rows, arr.tables, a.k_pool,
                       a.v_pool, *self._wargs, self.cos, self.sin, cfg.n_head, cfg.n_kv,
                       cfg.head_dim, cfg.n_ff, np.float32(cfg.eps), splits, logits,
-                      _NO_TICKS if ticks is None else ticks)
+                      ticks)
         for i in inputs:
             i.seq.length += len(i.tokens)
         return logits

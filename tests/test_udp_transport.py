@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from zerolayer.client.udp_transport import IDLE_SOCKETS, UdpConnector
+from zerolayer.client.udp_transport import IDLE_SOCKETS, UdpChannel, UdpConnector
 
 
 @pytest.fixture
@@ -26,17 +26,22 @@ def _source_of(server: socket.socket, payload: bytes) -> tuple[str, int]:
     return addr
 
 
+def _opened(conn: UdpConnector, server: socket.socket, payload: bytes
+            ) -> tuple[UdpChannel, tuple[str, int]]:
+    """A channel of conn that has sent payload, and the source address the server saw."""
+    ch = conn.open(payload)
+    ch.send(payload)
+    return ch, _source_of(server, payload)
+
+
 def test_a_finished_channels_socket_serves_the_next_call(server: socket.socket) -> None:
     conn = UdpConnector(server.getsockname())
-    first = conn.open(b"a")
-    first.send(b"one")
-    src1 = _source_of(server, b"one")
+    first, src1 = _opened(conn, server, b"one")
     server.sendto(b"reply", src1)
     assert first.recv(5.0) == b"reply"
     first.close()
-    second = conn.open(b"b")
-    second.send(b"two")
-    assert _source_of(server, b"two") == src1
+    second, src_second = _opened(conn, server, b"two")
+    assert src_second == src1
     second.close()
     conn.close()
 
@@ -67,9 +72,7 @@ def test_concurrent_channels_have_their_own_sockets(server: socket.socket) -> No
 
 def test_what_a_finished_call_left_queued_is_not_read_by_the_next(server: socket.socket) -> None:
     conn = UdpConnector(server.getsockname())
-    first = conn.open(b"a")
-    first.send(b"one")
-    src = _source_of(server, b"one")
+    first, src = _opened(conn, server, b"one")
     server.sendto(b"late frame of the first call", src)
     server.sendto(b"another", src)
     # wait until both sit in the socket's queue, then finish the call without reading them
@@ -107,9 +110,7 @@ def test_a_socket_that_saw_an_error_is_not_reused(server: socket.socket) -> None
 
 def test_close_releases_the_kept_sockets(server: socket.socket) -> None:
     conn = UdpConnector(server.getsockname())
-    ch = conn.open(b"a")
-    ch.send(b"one")
-    src = _source_of(server, b"one")
+    ch, src = _opened(conn, server, b"one")
     ch.close()
     conn.close()
     later = conn.open(b"b")           # a closed connector still works, with a new socket

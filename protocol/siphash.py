@@ -1,19 +1,34 @@
-"""SipHash-2-4 with a 64-bit output (Aumasson and Bernstein, 2012), in pure Python.
+"""SipHash-2-4 with a 64-bit output (Aumasson and Bernstein, 2012).
 
 The user-space reference for the per-key tag the XDP program checks (protocol/xdp_tag.py,
-bpf/siphash.h): both must give the same 64 bits for the same key and bytes, and this one is
-checked against the paper's test vectors (tests/test_siphash.py). Speed is not its job: a
-client computes one tag per datagram over 64 bytes.
+bpf/siphash.h): both must give the same 64 bits for the same key and bytes. `siphash24_python`
+is the reference, checked against the paper's test vectors (tests/test_siphash.py);
+`siphash24` is OpenSSL's (protocol/siphash_openssl.py) where the process has OpenSSL 3, ~10x
+faster, and the reference otherwise. A client computes one tag per datagram.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 _MASK = (1 << 64) - 1
 KEY_LEN = 16
 
+_fast: Callable[[bytes, bytes | bytearray | memoryview], int] | None = None
+
 
 def siphash24(key: bytes, data: bytes | bytearray | memoryview) -> int:
     """SipHash-2-4 of `data` under the 16-byte `key`, as an unsigned 64-bit integer (its wire
-    form is the little-endian u64)."""
+    form is the little-endian u64), by the fastest implementation this process has."""
+    global _fast
+    if _fast is None:
+        # Loaded on first use, so that importing the SDK does not load ctypes.
+        from .siphash_openssl import load
+        _fast = load(siphash24_python) or siphash24_python
+    return _fast(key, data)
+
+
+def siphash24_python(key: bytes, data: bytes | bytearray | memoryview) -> int:
+    """The reference, in pure Python: SipHash-2-4 of `data` under the 16-byte `key`."""
     if len(key) != KEY_LEN:
         raise ValueError(f"SipHash key must be {KEY_LEN} bytes, got {len(key)}")
     k0 = int.from_bytes(key[:8], "little")

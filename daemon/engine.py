@@ -478,8 +478,10 @@ class Engine:
             decode_step_max_us=us(r.step_max),
         )
         spec = r.spec
+        stopped_by = r.stops.matched if r.stops is not None and reason is FinishReason.STOP else None
         self.emit(DoneEvent(r, reason, Usage(len(r.prompt_ids), r.cached, n), t,
-                            spec.drafted if spec else 0, spec.accepted if spec else 0))
+                            spec.drafted if spec else 0, spec.accepted if spec else 0,
+                            r.params.stop.index(stopped_by) + 1 if stopped_by is not None else 0))
 
     def _finish_error(self, r: Request, code: ErrorCode, msg: str, detail: str = "") -> None:
         if r.done:

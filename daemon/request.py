@@ -141,6 +141,7 @@ class DoneEvent:
     timings: Timings
     drafted: int = 0   # speculative decoding: tokens guessed for it, and kept
     accepted: int = 0
+    stop_index: int = 0  # DONE's stop_index: k when the k-th stop string ended it, else 0
 
 
 @dataclass(slots=True)

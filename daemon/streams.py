@@ -53,7 +53,7 @@ class Streams:
         if isinstance(ev, TextEvent):
             self._text(r, ev)
         elif isinstance(ev, DoneEvent):
-            self.done(r, ev.reason, ev.usage, ev.timings)
+            self.done(r, ev.reason, ev.usage, ev.timings, ev.stop_index)
             self.metrics.speculative_tokens.labels("drafted").inc(ev.drafted)
             self.metrics.speculative_tokens.labels("accepted").inc(ev.accepted)
         elif isinstance(ev, FailedEvent):
@@ -106,14 +106,15 @@ class Streams:
         usage = Usage(r.reported_prompt, r.reported_cached, r.sent_tokens)
         self.done(r, FinishReason.CANCELLED, usage, Timings(tokenize_us=r.reported_tokenize_us))
 
-    def done(self, r: Request, fr: FinishReason, usage: Usage, t: Timings) -> None:
+    def done(self, r: Request, fr: FinishReason, usage: Usage, t: Timings,
+             stop_index: int = 0) -> None:
         """The request's last frame, a DONE. The engine's timings are its stages; total_us
         (first datagram received -> this DONE sent) and ingress_us are set here, the one side
         that sees both ends of the request."""
         now = time.monotonic()
         t = dataclasses.replace(t, total_us=int((now - r.received_at) * 1e6),
                                 ingress_us=r.ingress_us)
-        self.emit(r, r.signer.done(self._seq(r), r.run_id, fr, usage, t, stop_index(r, fr)))
+        self.emit(r, r.signer.done(self._seq(r), r.run_id, fr, usage, t, stop_index))
         self.in_flight.close(r, cacheable=True)
         if self.publisher is not None:
             self.publisher.publish("finished", **ids(r), finish_reason=fr.label,
@@ -147,9 +148,3 @@ class Streams:
         if self.publisher is not None:
             self.publisher.publish("failed", **ids(r), code=code.name, message=msg)
 
-
-def stop_index(r: Request, fr: FinishReason) -> int:
-    """DONE's stop_index: k when the request's k-th stop string ended it, else 0. (The
-    engine's StopChecker is final once the request is done: read after its DoneEvent.)"""
-    m = r.stops.matched if r.stops is not None and fr is FinishReason.STOP else None
-    return r.params.stop.index(m) + 1 if m is not None else 0

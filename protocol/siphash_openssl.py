@@ -72,14 +72,14 @@ class _OpenSslSipHash:
 
     def _context(self) -> tuple[int, ctypes.Array[ctypes.c_char], ctypes.c_size_t]:
         try:
-            return self._local.ctx      # type: ignore[no-any-return]
+            return self._local.ctx
         except AttributeError:
             ctx = self._lib.EVP_MAC_CTX_new(self._mac)
             if not ctx:
                 raise MemoryError("EVP_MAC_CTX_new failed") from None
             # A thread's context lives as long as the thread: a few hundred bytes, never freed.
             self._local.ctx = (ctx, ctypes.create_string_buffer(8), ctypes.c_size_t(0))
-            return self._local.ctx      # type: ignore[no-any-return]
+            return self._local.ctx
 
     def __call__(self, key: bytes, data: bytes | bytearray | memoryview) -> int:
         if len(key) != 16:

@@ -7,11 +7,9 @@ import threading
 
 import pytest
 
-from zerolayer.protocol import siphash
-from zerolayer.protocol import siphash_openssl
-from zerolayer.protocol.siphash import siphash24_python
-
 from test_siphash import KEY, VECTORS
+from zerolayer.protocol import siphash, siphash_openssl
+from zerolayer.protocol.siphash import siphash24_python
 
 fast = siphash_openssl.load(siphash24_python)
 needs_openssl = pytest.mark.skipif(fast is None, reason="no OpenSSL 3 libcrypto in this process")

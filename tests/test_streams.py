@@ -89,6 +89,17 @@ def test_total_us_is_first_datagram_to_done_sent(setup):
     assert r.closed
 
 
+def test_the_stop_index_is_the_engines_event(setup):
+    """DONE's stop_index comes in the engine's DoneEvent: the I/O side never reads the
+    engine's stop checker (r.stops is left unset here, and nothing touches it)."""
+    clock, s, r, metrics, sent = setup
+    assert r.stops is None
+    s.on_event(DoneEvent(r, FinishReason.STOP, Usage(3, 0, 2), Timings(), stop_index=2))
+    done = decode_response(sent[-1], SECRET)
+    assert isinstance(done, DoneFrame)
+    assert (done.finish_reason, done.stop_index) == (FinishReason.STOP, 2)
+
+
 def test_a_cancels_usage_is_what_the_engines_events_reported(setup):
     """The client's CANCEL is answered on the I/O thread at once: its DONE's usage and
     tokenizing time come from the events the engine sent, never from the engine's own fields

@@ -64,7 +64,7 @@ from zerolayer.gpu.ops.logprobs import RowLogprobs
 from zerolayer.gpu.ops.penalties import PenaltyState
 from zerolayer.gpu.prefix_cache import PrefixCache
 from zerolayer.gpu.stopping import StopChecker
-from zerolayer.gpu.tokenizer import Tokenizer
+from zerolayer.gpu.tokenizer import IncrementalDetokenizer, Tokenizer
 from zerolayer.protocol.errors import ErrorCode, OverloadedError
 from zerolayer.protocol.logprobs import encode_position
 from zerolayer.protocol.wire import FinishReason, Timings, Usage
@@ -76,6 +76,17 @@ if TYPE_CHECKING:
     from zerolayer.gpu.draft_model import DraftModel, DraftSeq
 
 Emit = Callable[[EngineEvent], None]
+
+
+@dataclass(slots=True)
+class Decoding:
+    """What the engine alone reads and writes about a request while it decodes: made when
+    the request is accepted, dropped when it ends, kept here in the engine (never on the
+    Request, which the I/O thread also holds)."""
+    detok: IncrementalDetokenizer
+    stops: StopChecker
+    rng: np.random.Generator
+    penalty: PenaltyState
 
 
 @dataclass(eq=False)
@@ -114,6 +125,7 @@ class Engine:
         self.grammars = Grammars(tokenizer, self.vocab)  # grammars compiled on first use
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._decoding: dict[Request, Decoding] = {}  # every request accepted and not ended
         self._inflight: Batch | None = None
         self.steps = 0
         self.forward_passes_tokens = 0  # tokens run through the model, for tests and metrics
@@ -146,14 +158,13 @@ class Engine:
         if held >= self.capacity:
             raise OverloadedError(engine_capacity.full_text(held, self.max_running,
                                                             self.max_waiting))
-        req.detok = self.tok.detokenizer()
-        req.stops = StopChecker(req.params.stop)
-        req.rng = np.random.default_rng(req.params.seed)
-        req.penalty = PenaltyState.of(req.params, req.prompt_ids)
         if req.params.constraint is not None:  # SchemaError: the daemon's MALFORMED
             req.matcher = self.grammars.matcher(req.params.constraint)
         if self.speculative and speculates(req.params):
             req.spec = DraftLength()
+        self._decoding[req] = Decoding(self.tok.detokenizer(), StopChecker(req.params.stop),
+                                       np.random.default_rng(req.params.seed),
+                                       PenaltyState.of(req.params, req.prompt_ids))
         self.waiting.append(req)
 
     @property
@@ -180,7 +191,7 @@ class Engine:
         for r in self.running:  # decodes first: they are what users are waiting on
             if r.prefilled == len(r.prompt_ids):
                 if r.pending_row >= 0:  # its last token is still on the device (overlap)
-                    if r.penalty.active or r.matcher is not None:
+                    if self._decoding[r].penalty.active or r.matcher is not None:
                         continue  # its penalties, its mask, depend on that token: a step later
                     inputs.append(StepInput(r.seq, np.zeros(1, np.int32), from_prev=r.pending_row))
                 else:
@@ -208,11 +219,12 @@ class Engine:
         rows = [r for inp, r in zip(inputs, owners) if inp.logits
                 for _ in range(len(inp.tokens) if inp.every_logit else 1)]
         # one draw per logit row, from each request's own seeded generator
-        draws = [Draw(r.params.temperature, r.params.top_k, r.params.top_p, r.rng.random())
+        dec = self._decoding
+        draws = [Draw(r.params.temperature, r.params.top_k, r.params.top_p, dec[r].rng.random())
                  for r in rows]
         # (a request with penalties, a mask or logprobs never drafts: one row each)
-        penalties = ([r.penalty.spec() for r in rows]
-                     if any(r.penalty.active for r in with_logits) else None)
+        penalties = ([dec[r].penalty.spec() for r in rows]
+                     if any(dec[r].penalty.active for r in with_logits) else None)
         lps = ([r.params.top_logprobs if r.params.logprobs else -1 for r in rows]
                if any(r.params.logprobs for r in with_logits) else None)
         masks = self._masks(rows)
@@ -410,7 +422,8 @@ class Engine:
         if tok in self.tok.eos_ids:
             return self._finish(r, FinishReason.STOP)
         r.tokens.append(tok)
-        r.penalty.push(tok)
+        d = self._decoding[r]
+        d.penalty.push(tok)
         if r.matcher is not None and not r.matcher.advance(tok):
             if r.matcher.gave_up:  # a limit of the grammar engine, reached by this schema
                 return self._finish_error(r, ErrorCode.MALFORMED,
@@ -421,10 +434,10 @@ class Engine:
                                       detail=r.matcher.error)
         if lp is not None:
             r.lp_held.append(self._position(tok, lp))
-        text = r.stops.push(r.detok.push(tok))
+        text = d.stops.push(d.detok.push(tok))
         if text:
             self.emit(TextEvent(r, text, 1, self._take_held(r), r.cached))
-        if r.stops.stopped or (r.matcher is not None and r.matcher.stopped):
+        if d.stops.stopped or (r.matcher is not None and r.matcher.stopped):
             return self._finish(r, FinishReason.STOP)
         if len(r.tokens) >= p.max_tokens:
             return self._finish(r, FinishReason.LENGTH)
@@ -444,6 +457,7 @@ class Engine:
 
     def _release(self, r: Request, keep_prefix: bool) -> None:
         r.done = True
+        self._decoding.pop(r, None)
         self._drop_draft_seq(r)
         if r.seq is not None:
             if keep_prefix:  # its KV may serve the next prompt that starts the same way
@@ -456,8 +470,9 @@ class Engine:
             r.seq = None
 
     def _finish(self, r: Request, reason: FinishReason) -> None:
+        d = self._decoding[r]
         if reason is not FinishReason.CANCELLED:
-            tail = r.stops.push(r.detok.flush()) + r.stops.flush()
+            tail = d.stops.push(d.detok.flush()) + d.stops.flush()
             if tail or r.lp_held:
                 self.emit(TextEvent(r, tail, 0, self._take_held(r), r.cached))
         # A cancelled or closed-early stream keeps its prompt's KV too: the same prompt
@@ -478,7 +493,7 @@ class Engine:
             decode_step_max_us=us(r.step_max),
         )
         spec = r.spec
-        stopped_by = r.stops.matched if r.stops is not None and reason is FinishReason.STOP else None
+        stopped_by = d.stops.matched if reason is FinishReason.STOP else None
         self.emit(DoneEvent(r, reason, Usage(len(r.prompt_ids), r.cached, n), t,
                             spec.drafted if spec else 0, spec.accepted if spec else 0,
                             r.params.stop.index(stopped_by) + 1 if stopped_by is not None else 0))
@@ -487,6 +502,7 @@ class Engine:
         if r.done:
             return
         r.done = True
+        self._decoding.pop(r, None)
         self._drop_draft_seq(r)
         if r.seq is not None:
             r.seq.release()

@@ -7,7 +7,9 @@ grouped by the thread that writes them:
 
   * set at admission, then read-only: identity, where and how to answer, what was asked;
   * the I/O thread's: the client's address, the next frame's sequence number, `closed`;
-  * the engine thread's: prompt ids, KV sequence, sampled tokens, detokenizer, timings;
+  * the engine thread's: prompt ids, KV sequence, sampled tokens, timings (its decoding
+    state proper, detokenizer, stop checker, generator, penalties, the engine keeps to
+    itself: engine.Decoding);
   * `cancel`: written once by the I/O thread, read by the engine at its next step boundary.
 
 A plain attribute store is atomic under the GIL, so the one field both threads touch needs
@@ -34,9 +36,6 @@ if TYPE_CHECKING:
     from zerolayer.gpu.drafting import DraftLength
     from zerolayer.gpu.grammar import Matcher
     from zerolayer.gpu.kv_cache import Sequence
-    from zerolayer.gpu.ops.penalties import PenaltyState
-    from zerolayer.gpu.stopping import StopChecker
-    from zerolayer.gpu.tokenizer import IncrementalDetokenizer
 
     from .carriers import Address
 
@@ -87,10 +86,6 @@ class Request:
     pending_row: int = -1                 # its token's row in the step in flight (overlap)
     pending_step: int = 0                 # ... and that step's number
     kv_step: int = 0                      # the last step that wrote its KV (prefix entries)
-    detok: IncrementalDetokenizer | None = None
-    stops: StopChecker | None = None
-    rng: np.random.Generator | None = None
-    penalty: PenaltyState | None = None  # its sampling penalties' token counts
     lp_held: list[tuple[bytes, ...]] = field(default_factory=list)  # logprob entries of
                                           # tokens whose text is not out yet (logprobs.py)
     matcher: Matcher | None = None        # its constraint's state (structured output)

@@ -91,9 +91,8 @@ def test_total_us_is_first_datagram_to_done_sent(setup):
 
 def test_the_stop_index_is_the_engines_event(setup):
     """DONE's stop_index comes in the engine's DoneEvent: the I/O side never reads the
-    engine's stop checker (r.stops is left unset here, and nothing touches it)."""
+    engine's stop checker (which the engine keeps to itself)."""
     clock, s, r, metrics, sent = setup
-    assert r.stops is None
     s.on_event(DoneEvent(r, FinishReason.STOP, Usage(3, 0, 2), Timings(), stop_index=2))
     done = decode_response(sent[-1], SECRET)
     assert isinstance(done, DoneFrame)

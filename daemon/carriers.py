@@ -143,6 +143,10 @@ class XdpCarrier:
     def backlog(self) -> bool:
         return self.io.tx_backlog
 
+    @property
+    def umem_bytes(self) -> int:
+        return self.io.umem.size
+
     def before_sleep(self) -> bool:
         return False
 
@@ -161,6 +165,7 @@ class ShmCarrier:
     def __init__(self, io: ShmIngress) -> None:
         self.io = io
         self.more = False
+        self.polled_turn = 0
 
     def fds(self) -> list:
         return [self.io]     # its epoll fd: the listener, each client's socket and doorbell
@@ -169,14 +174,14 @@ class ShmCarrier:
         return type(addr) is ShmConn
 
     def recv_batch(self, turn: int, busy: bool) -> Frames:
-        got = self.io.recv_batch()   # the request rings: memory reads, no syscall
+        # Accept, hang-ups, doorbells: one epoll_wait(0) at a turn's first batch, every
+        # RARE-th turn when busy; the batches themselves are ring reads, no system call.
+        if turn != self.polled_turn and (not busy or not turn % RARE):
+            self.polled_turn = turn
+            self.io.poll_events()
+        got = self.io.recv_batch()
         self.more = self.io.more
         return got  # type: ignore[return-value]
-
-    def turn_start(self, turn: int, busy: bool) -> None:
-        """Accept, hang-ups, doorbells: one epoll_wait(0); every RARE-th turn when busy."""
-        if not busy or not turn % RARE:
-            self.io.poll_events()
 
     def send(self, frames: Frames) -> None:
         self.io.send_batch(frames)   # frames for a client gone since are dropped there
@@ -239,10 +244,6 @@ class Carriers:
     def fds(self) -> list:
         return [fd for c in self.all for fd in c.fds()]
 
-    def turn_start(self, turn: int, busy: bool) -> None:
-        if self.shm is not None:
-            self.shm.turn_start(turn, busy)
-
     def recv(self, turn: int, busy: bool) -> tuple[Frames, bool]:
         """One batch from each carrier, and whether any of them may have more."""
         out: Frames = []
@@ -269,6 +270,11 @@ class Carriers:
     @property
     def backlog(self) -> bool:
         return self.xdp is not None and self.xdp.backlog   # the only carrier that has one
+
+    @property
+    def umem_bytes(self) -> int:
+        """The AF_XDP UMEM's size while one is attached (memory accounting), else 0."""
+        return self.xdp.umem_bytes if self.xdp is not None else 0
 
     def flush(self) -> None:
         for c in self.all:

@@ -59,9 +59,8 @@ def buffers(m: Metrics, cfg: DaemonConfig, ingress: Ingress, replay: ReplayGuard
     """Carriers, ingress, memory, lifecycle events and every OVERLOADED bound."""
     carriers.observe(m)
     m.update_ingress(ingress)
-    umem = carriers.xdp.io.umem.size if carriers.xdp is not None else 0
     m.update_memory(memory_bounds.buffers(cfg, replay, ingress.reassembler, in_flight.cache,
-                                          slots, in_flight.admitted_bytes, umem))
+                                          slots, in_flight.admitted_bytes, carriers.umem_bytes))
     rs, ra = replay.stats, ingress.reassembler.stats
     if publisher is not None:
         m.update_events("published", publisher.published)

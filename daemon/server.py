@@ -238,7 +238,6 @@ class Daemon:
         turn = 0
         while True:
             turn += 1
-            carriers.turn_start(turn, busy)
             for _ in range(MAX_RX_BATCHES):
                 batch, more = carriers.recv(turn, busy)
                 for data, addr in batch:

@@ -67,6 +67,9 @@ def test_daemon_says_it_serves_xdp(daemon, bed):
     assert any("ingress xdp on zl-s" in line for line in daemon.log)
     assert xdp_prog_on(bed[0]) == "xdp"
     daemon.wait_for(lambda: daemon.metric("zerolayer_xdp_attached") == 1, what="xdp gauge")
+    # the UMEM is accounted for among the daemon's buffers while AF_XDP is attached
+    daemon.wait_for(lambda: daemon.metric("zerolayer_memory_bytes", 'buffer="umem"') > 0,
+                    what="umem in the memory gauges")
 
 
 def test_xdp_status_and_rate_limit_through_the_control_socket(daemon, bed):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import settings
 
+import gpu_children
 from tiny_gguf import write_tiny_llama
 
 # Tests check behaviour, never wall-clock time: Hypothesis's default 200 ms deadline per
@@ -31,3 +32,22 @@ def tiny_path(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
     write_tiny_llama(str(path))
     return str(path)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the GPU suites' child processes the selected tests need, now, at nice 19: they
+    run on the time the rest of the suite leaves a core idle (tests/gpu_children.py)."""
+    if session.config.option.collectonly:
+        return
+    selected: dict[object, list[pytest.Item]] = {}
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if module is not None and hasattr(module, "early_children"):
+            selected.setdefault(module, []).append(item)
+    for module, items in selected.items():
+        for key, env in module.early_children(items):  # type: ignore[attr-defined]
+            gpu_children.start(module.__file__, key, env)  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    gpu_children.stop_all()

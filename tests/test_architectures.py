@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
+import gpu_children
 from tiny_gguf import TINY, llama3_rope_factors, write_tiny_llama, write_tiny_qwen2
 
 REL_TOL = 1e-3  # ours vs the float64 reference (tests/test_model.py's bound)
@@ -308,18 +308,20 @@ def test_llama_without_template_still_has_none(tmp_path):
 
 # ------------------------------------------------------------------ CUDA forward, simulated
 
+def _sim_env() -> dict[str, str]:
+    # the CUDA kernels are the float CPU kernels' twins (float32 KV): compare with those
+    return dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
+                PYTHONUNBUFFERED="1", ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32")
+
+
+def early_children(items: list[pytest.Item]) -> list[tuple[str, dict[str, str]]]:
+    """(key, env) of each child the selected tests need (tests/gpu_children.py)."""
+    return [("sim", _sim_env())] if any("sim_results" in i.fixturenames for i in items) else []
+
+
 @pytest.fixture(scope="module")
 def sim_results() -> dict:
-    # the CUDA kernels are the float CPU kernels' twins (float32 KV): compare with those
-    env = dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
-               PYTHONUNBUFFERED="1", ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32")
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, f"simulator child failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["_wall_s"] = time.monotonic() - t0
-    return out
+    return gpu_children.result(__file__, "sim", _sim_env(), 600)
 
 
 # One model for the simulator (slow: ~30 s a model): biases, the reordered neox Q/K and

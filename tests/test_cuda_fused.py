@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
 
 import pytest
+
+import gpu_children
 
 CASES = ["step_mixed_formats", "step_q4_embedding_f32_head", "launches_per_decode_step",
          "engine_on_fused_steps", "engine_barrier_failure"]
@@ -32,17 +33,19 @@ CHILD_TIMEOUT_S = 2700  # the equality cases split K as far as it goes: many ite
 SHAPES = dict(n_layer=2, d=64, ff=128, n_head=4, n_kv=2, hd=16, vocab=200, ctx=256)
 
 
+def _env() -> dict[str, str]:
+    return dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
+                PYTHONUNBUFFERED="1", ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32")
+
+
+def early_children(items: list[pytest.Item]) -> list[tuple[str, dict[str, str]]]:
+    """(key, env) of each child the selected tests need (tests/gpu_children.py)."""
+    return [("steps", _env())] if any("results" in i.fixturenames for i in items) else []
+
+
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
-               PYTHONUNBUFFERED="1", ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32")
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
-                          text=True, timeout=CHILD_TIMEOUT_S)
-    assert proc.returncode == 0, f"simulator child failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["_wall_s"] = time.monotonic() - t0
-    return out
+    return gpu_children.result(__file__, "steps", _env(), CHILD_TIMEOUT_S)
 
 
 def _ok(results, case):

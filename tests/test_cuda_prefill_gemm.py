@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import traceback
 
 import pytest
+
+import gpu_children
 
 # Prefill logits: float16 weights and activations (11-bit significands) against the CPU
 # model's float32 kernels, max |gpu - cpu| / max |cpu| over the step's rows.
@@ -32,16 +33,22 @@ CASES = ["dequant_q4_1", "dequant_q4_0", "dequant_q4_k", "dequant_q8_0", "dequan
 CHILD_TIMEOUT_S = 1200
 
 
-@pytest.fixture(scope="module")
-def results() -> dict:
+def _env() -> dict[str, str]:
     env = dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
                PYTHONUNBUFFERED="1", ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32",
                ZEROLAYER_CUDA_PREFILL_GEMM_MIN_TOKENS=str(MIN_TOKENS))
     env.pop("ZEROLAYER_CUDA_PREFILL_GEMM", None)
-    proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
-                          text=True, timeout=CHILD_TIMEOUT_S)
-    assert proc.returncode == 0, f"child failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return env
+
+
+def early_children(items: list[pytest.Item]) -> list[tuple[str, dict[str, str]]]:
+    """(key, env) of each child the selected tests need (tests/gpu_children.py)."""
+    return [("gemm", _env())] if any("results" in i.fixturenames for i in items) else []
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    return gpu_children.result(__file__, "gemm", _env(), CHILD_TIMEOUT_S)
 
 
 def _ok(results: dict, case: str) -> dict:

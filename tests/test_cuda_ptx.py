@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+import gpu_children
+
 CC = (9, 0)
 ALLOW_F64: dict[str, str] = {}  # kernel name -> why it needs float64
 CUDA_DIR = Path(__file__).resolve().parent.parent / "gpu" / "cuda"
@@ -38,14 +40,20 @@ OP_MODULES = sorted(p.stem for p in CUDA_DIR.glob("*.py")
 CHILD_TIMEOUT_S = 600
 
 
-@pytest.fixture(scope="module")
-def ptx_results() -> dict:
+def _env() -> dict[str, str]:
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONUNBUFFERED="1")
     env.pop("ZEROLAYER_GPU_BACKEND", None)
-    proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
-                          text=True, timeout=CHILD_TIMEOUT_S)
-    assert proc.returncode == 0, f"PTX child failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return env
+
+
+def early_children(items: list[pytest.Item]) -> list[tuple[str, dict[str, str]]]:
+    """(key, env) of each child the selected tests need (tests/gpu_children.py)."""
+    return [("ptx", _env())] if any("ptx_results" in i.fixturenames for i in items) else []
+
+
+@pytest.fixture(scope="module")
+def ptx_results() -> dict:
+    return gpu_children.result(__file__, "ptx", _env(), CHILD_TIMEOUT_S)
 
 
 def test_op_modules_found():
@@ -156,7 +164,6 @@ def _ptxas(ptx: str) -> dict:
     """Registers, spills and shared memory from ``ptxas -v`` for sm_90, where the wheel has
     ptxas; {} otherwise."""
     import re
-    import subprocess
     import tempfile
     try:
         from nvidia import cuda_nvcc

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
 
 import pytest
+
+import gpu_children
 
 CASES = [
     "shim_reductions", "rmsnorm", "rope", "swiglu", "add",
@@ -53,23 +54,24 @@ def tol(case: str) -> float:
     return 1e-6 if case.startswith(ELEMENTWISE) else 1e-5
 
 
-def _run_child(cases: list[str], timeout: float) -> dict:
+def _env(cases: list[str]) -> dict[str, str]:
     # the CUDA kernels are the float CPU kernels' twins (float32 KV): compare with those
-    env = dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
-               PYTHONUNBUFFERED="1", ZEROLAYER_SIM_CASES=",".join(cases),
-               ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32")
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    assert proc.returncode == 0, f"simulator child failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    results["_wall_s"] = time.monotonic() - t0
-    return results
+    return dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
+                PYTHONUNBUFFERED="1", ZEROLAYER_SIM_CASES=",".join(cases),
+                ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32")
+
+
+def early_children(items: list[pytest.Item]) -> list[tuple[str, dict[str, str]]]:
+    """(key, env) of each child the selected tests need (tests/gpu_children.py)."""
+    names = {i.name for i in items}
+    out = [("cases", _env(CASES))] if any("sim_results" in i.fixturenames for i in items) else []
+    return out + [(c, _env([c])) for c in ENGINE_CASES
+                  if f"test_engine_on_the_simulated_device[{c}]" in names]
 
 
 @pytest.fixture(scope="module")
 def sim_results() -> dict:
-    return _run_child(CASES, CHILD_TIMEOUT_S)
+    return gpu_children.result(__file__, "cases", _env(CASES), CHILD_TIMEOUT_S)
 
 
 def test_child_ran_under_the_simulator(sim_results):
@@ -86,7 +88,7 @@ def test_kernel_matches_cpu_twin(sim_results, case):
 
 @pytest.mark.parametrize("case", ENGINE_CASES)
 def test_engine_on_the_simulated_device(case):
-    r = _run_child([case], ENGINE_CHILD_TIMEOUT_S)[case]
+    r = gpu_children.result(__file__, case, _env([case]), ENGINE_CHILD_TIMEOUT_S)[case]
     assert "error" not in r, r.get("error")
     assert r["err"] <= tol(case), f"{case}: {r['err']:.3g} > {tol(case):g} ({r})"
 

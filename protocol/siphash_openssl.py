@@ -8,8 +8,8 @@ Python's own hashlib is linked against is already in the process, so the SDK sta
 library only. Where there is no OpenSSL 3, or its answer differs from the reference on the
 paper's first vector, `load()` returns None and the caller keeps the pure-Python function.
 
-One keyed EVP_MAC_CTX per thread: ctypes releases the GIL around each foreign call, so two
-threads must never share a context or an output buffer.
+One EVP_MAC_CTX per thread, freed when the thread ends: ctypes releases the GIL around each
+foreign call, so two threads must never share a context or an output buffer.
 """
 from __future__ import annotations
 
@@ -44,6 +44,25 @@ def _libcrypto() -> ctypes.CDLL | None:
     return None
 
 
+class _Context:
+    """One thread's keyed-on-use EVP_MAC_CTX and output buffer, freed with the thread's
+    locals when the thread ends (a server that starts a thread per request leaks nothing)."""
+    __slots__ = ("lib", "ctx", "out", "out_len")
+
+    def __init__(self, lib: ctypes.CDLL, mac: int) -> None:
+        self.lib = lib
+        self.ctx = lib.EVP_MAC_CTX_new(mac)
+        if not self.ctx:
+            raise MemoryError("EVP_MAC_CTX_new failed")
+        self.out = ctypes.create_string_buffer(8)
+        self.out_len = ctypes.c_size_t(0)
+
+    def __del__(self) -> None:
+        if self.ctx:
+            self.lib.EVP_MAC_CTX_free(self.ctx)
+            self.ctx = None
+
+
 class _OpenSslSipHash:
     """siphash24(key, data) -> int, the 64-bit SipHash-2-4 (OpenSSL's default rounds)."""
 
@@ -53,6 +72,8 @@ class _OpenSslSipHash:
         lib.EVP_MAC_fetch.argtypes = [vp, ctypes.c_char_p, ctypes.c_char_p]
         lib.EVP_MAC_CTX_new.restype = vp
         lib.EVP_MAC_CTX_new.argtypes = [vp]
+        lib.EVP_MAC_CTX_free.restype = None
+        lib.EVP_MAC_CTX_free.argtypes = [vp]
         lib.EVP_MAC_init.argtypes = [vp, ctypes.c_char_p, ctypes.c_size_t, vp]
         lib.EVP_MAC_update.argtypes = [vp, ctypes.c_char_p, ctypes.c_size_t]
         lib.EVP_MAC_final.argtypes = [vp, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t),
@@ -70,29 +91,25 @@ class _OpenSslSipHash:
         self._params_p = ctypes.cast(self._params, vp)
         self._local = threading.local()
 
-    def _context(self) -> tuple[int, ctypes.Array[ctypes.c_char], ctypes.c_size_t]:
+    def _context(self) -> _Context:
         try:
-            return self._local.ctx
+            c: _Context = self._local.c
         except AttributeError:
-            ctx = self._lib.EVP_MAC_CTX_new(self._mac)
-            if not ctx:
-                raise MemoryError("EVP_MAC_CTX_new failed") from None
-            # A thread's context lives as long as the thread: a few hundred bytes, never freed.
-            self._local.ctx = (ctx, ctypes.create_string_buffer(8), ctypes.c_size_t(0))
-            return self._local.ctx
+            c = self._local.c = _Context(self._lib, self._mac)
+        return c
 
     def __call__(self, key: bytes, data: bytes | bytearray | memoryview) -> int:
         if len(key) != 16:
             raise ValueError(f"SipHash key must be 16 bytes, got {len(key)}")
-        ctx, out, out_len = self._context()
+        c = self._context()
         m = data if isinstance(data, bytes) else bytes(data)
         lib = self._lib
-        if not (lib.EVP_MAC_init(ctx, bytes(key), 16, self._params_p)
-                and lib.EVP_MAC_update(ctx, m, len(m))
-                and lib.EVP_MAC_final(ctx, out, ctypes.byref(out_len), 8)
-                and out_len.value == 8):
+        if not (lib.EVP_MAC_init(c.ctx, bytes(key), 16, self._params_p)
+                and lib.EVP_MAC_update(c.ctx, m, len(m))
+                and lib.EVP_MAC_final(c.ctx, c.out, ctypes.byref(c.out_len), 8)
+                and c.out_len.value == 8):
             raise RuntimeError("OpenSSL SipHash failed")
-        return int.from_bytes(out.raw, "little")
+        return int.from_bytes(c.out.raw, "little")
 
 
 def load(reference: SipHash) -> SipHash | None:

@@ -69,3 +69,22 @@ def test_a_wrong_answer_disqualifies_it() -> None:
     """The self-check at load: an implementation that disagrees with the reference on the
     paper's vectors is never used."""
     assert siphash_openssl.load(lambda key, data: 0) is None
+
+
+@needs_openssl
+def test_a_threads_context_is_freed_when_the_thread_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert isinstance(fast, siphash_openssl._OpenSslSipHash)
+    lib = fast._lib
+    real_free = lib.EVP_MAC_CTX_free
+    freed: list[int] = []
+
+    def counting_free(ctx: int) -> None:
+        freed.append(ctx)
+        real_free(ctx)
+
+    monkeypatch.setattr(lib, "EVP_MAC_CTX_free", counting_free)
+    threads = [threading.Thread(target=fast, args=(KEY, b"x")) for _ in range(20)]
+    for t in threads:
+        t.start()
+        t.join()
+    assert len(freed) == 20 and len(set(freed)) <= 20

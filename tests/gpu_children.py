@@ -11,14 +11,17 @@ whenever it wants a core; their results do not depend on when or how fast they r
 
 A suite module names its children with `early_children(items)`: (key, env) for each child
 its selected tests need. conftest.py queues them; a feeder thread runs at most MAX_EARLY at
-a time (a simulator child holds ~1.2 GB). `result` waits for one: started then if it had
-not been, and back at normal priority from then on, so that a busy machine can slow it but
-never starve it while a test waits on it. `stop_all` ends any left when the session ends.
+a time (a simulator child holds ~1.2 GB); a child is killed if pytest dies. `result` waits
+for one: started then if it had not been, and back at normal priority from then on, so that
+a busy machine can slow it but never starve it while a test waits on it. `stop_all` ends any
+left when the session ends.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +32,7 @@ from typing import IO
 
 MAX_EARLY = 2       # children run ahead at once: one per core of a 2-core CI machine
 EARLY_NICE = 19
+_PR_SET_PDEATHSIG = 1   # linux/prctl.h
 
 Key = tuple[str, str]   # (script, key)
 
@@ -45,25 +49,37 @@ _lock = threading.Lock()
 _queued: list[tuple[Key, dict[str, str]]] = []
 _children: dict[Key, _Child] = {}
 _feeder: threading.Thread | None = None
+_stopping = threading.Event()
+
+
+def _child_setup(nice: int) -> None:
+    """In the child, before exec: its nice value, and SIGKILL when pytest dies, so that a
+    killed session leaves no simulator running on (Linux's PR_SET_PDEATHSIG)."""
+    if nice:
+        os.nice(nice)
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 def _spawn(script: str, env: dict[str, str], nice: int) -> _Child:
     out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, script, "--child"], env=env, stdout=out,
-                            stderr=err, preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                            stderr=err, preexec_fn=lambda: _child_setup(nice))
     return _Child(proc, out, err, time.monotonic())
 
 
 def _feed() -> None:
-    while True:
+    # Lives until the session ends: a child's PR_SET_PDEATHSIG fires when the thread that
+    # started it exits, not the process.
+    while not _stopping.is_set():
         with _lock:
-            if not _queued:
-                return
-            if sum(c.proc.poll() is None for c in _children.values()) < MAX_EARLY:
+            if _queued and sum(c.proc.poll() is None for c in _children.values()) < MAX_EARLY:
                 key, env = _queued.pop(0)
                 _children[key] = _spawn(key[0], env, EARLY_NICE)
                 continue
-        time.sleep(0.5)
+        _stopping.wait(0.5)
 
 
 def start(script: str, key: str, env: dict[str, str]) -> None:
@@ -123,6 +139,7 @@ def result(script: str, key: str, env: dict[str, str], timeout: float) -> dict:
 
 
 def stop_all() -> None:
+    _stopping.set()
     with _lock:
         _queued.clear()
         for c in _children.values():

@@ -34,6 +34,12 @@ def tiny_path(tmp_path_factory) -> str:
     return str(path)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The GPU suites' modules last (each module's own order kept): their children then run
+    beside the rest of the suite instead of the suite waiting on them midway."""
+    items.sort(key=lambda item: hasattr(getattr(item, "module", None), "early_children"))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the GPU suites' child processes the selected tests need, now, at nice 19: they
     run on the time the rest of the suite leaves a core idle (tests/gpu_children.py)."""

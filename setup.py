@@ -18,7 +18,7 @@ from setuptools import setup
 
 CLIENT = {"zerolayer.client": "client", "zerolayer.protocol": "protocol"}
 ROOMS = {"bpf": "bpf", "daemon": "daemon", "gpu": "gpu"}
-SUBPACKAGES = ["gpu.ops", "gpu.cuda", "daemon.http_edge"]
+SUBPACKAGES = ["gpu.ops", "gpu.cuda", "daemon.programs", "daemon.programs.http_edge"]
 CLIENT_DATA = {"zerolayer.client": ["py.typed"], "zerolayer.protocol": ["py.typed"]}
 
 DAEMON_REQUIRES = [
@@ -49,9 +49,9 @@ EXTRAS = {
     "gpu": ["numba-cuda[cu12]>=0.30", "cupy-cuda12x>=14"],
 }
 SCRIPTS = [
-    "zerolayer = zerolayer.daemon.cli:main",
+    "zerolayer = zerolayer.daemon.programs.cli:main",
     "zerolayerd = zerolayer.daemon.server:main",
-    "zerolayer-http = zerolayer.daemon.http_edge.app:main",
+    "zerolayer-http = zerolayer.daemon.programs.http_edge.app:main",
 ]
 
 if os.environ.get("ZEROLAYER_DIST") == "client":

@@ -82,7 +82,7 @@ def conc_prompt(i: int) -> str:
 
 
 class EdgeServer(_Proc):
-    """`python -m zerolayer.daemon.http_edge.app` (zerolayer-http) in front of a daemon."""
+    """`python -m zerolayer.daemon.programs.http_edge.app` (zerolayer-http) in front of a daemon."""
     name = "zerolayer-http"
 
     def __init__(self, python: str, daemon: ZeroLayerDaemon, work: Path, log_path: Path):
@@ -93,7 +93,7 @@ class EdgeServer(_Proc):
         for p in (keys, tokens):
             os.chmod(p, 0o600)
         self.port = free_port()
-        cmd = [python, "-m", "zerolayer.daemon.http_edge.app",
+        cmd = [python, "-m", "zerolayer.daemon.programs.http_edge.app",
                "--daemon", f"{daemon.addr[0]}:{daemon.addr[1]}", "--keys", str(keys),
                "--tokens", str(tokens), "--listen", f"127.0.0.1:{self.port}",
                "--model-name", MODEL_NAME, "--log-level", "warning"]

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from daemon_proc import DaemonProc, free_port
-from zerolayer.daemon.http_edge.tokens import digest
+from zerolayer.daemon.programs.http_edge.tokens import digest
 
 MODEL = "smollm2-test"
 TOKEN = "zl-test-token-0123456789abcdef"
@@ -36,7 +36,7 @@ class EdgeProc:
         self.log = tmp / "edge.log"
         self._log = open(self.log, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "zerolayer.daemon.http_edge.app",
+            [sys.executable, "-m", "zerolayer.daemon.programs.http_edge.app",
              "--daemon", f"{d.addr[0]}:{d.addr[1]}", "--keys", str(keys),
              "--tokens", str(tokens), "--listen", f"127.0.0.1:{self.port}",
              "--model-name", MODEL, "--max-attempts", "1", "--daemon-timeout-s", "30", *extra],

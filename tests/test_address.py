@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from zerolayer.client.address import FleetSpec, node_name, parse_address, parse_fleet_spec, parse_host_port
-from zerolayer.daemon import cli
+from zerolayer.daemon.programs import cli
 
 
 @pytest.mark.parametrize("text,expected", [

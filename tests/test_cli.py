@@ -18,8 +18,8 @@ import time
 import pytest
 
 from test_client import KEY_ID, SECRET, FakeDaemon, Script
-from zerolayer.daemon import cli
 from zerolayer.daemon.auth import load_keys, parse_keys
+from zerolayer.daemon.programs import cli
 from zerolayer.protocol.constraint import Constraint, ConstraintKind
 from zerolayer.protocol.errors import ErrorCode
 
@@ -329,7 +329,7 @@ def test_console_entry_point_exit_code(tmp_path) -> None:
     """The same through a real process: the exit status is what scripts see."""
     env = {k: v for k, v in os.environ.items() if k not in ENV}
     env[cli.ENV_KEYS_FILE] = write_keys(tmp_path / "keys", f"1 {'aa' * 32}\n")
-    p = subprocess.run([sys.executable, "-m", "zerolayer.daemon.cli", "ping", "--addr",
+    p = subprocess.run([sys.executable, "-m", "zerolayer.daemon.programs.cli", "ping", "--addr",
                         f"127.0.0.1:{closed_port()}", "--timeout", "0.2", "--count", "1"],
                        env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == cli.EXIT_NO_ANSWER, p.stderr

@@ -92,9 +92,3 @@ def test_the_client_package_passes_mypy_strict(installed: Path) -> None:
                         "zerolayer.protocol"],
                        cwd=installed, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-
-
-def test_the_old_import_path_is_an_alias() -> None:
-    import zerolayer.client as new
-    from zerolayer.daemon import client as old
-    assert old.Client is new.Client and old.InvokeResult is new.InvokeResult

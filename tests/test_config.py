@@ -141,7 +141,7 @@ def test_version_is_the_package_metadata():
     assert package_version() == __version__
     r = _zerolayerd("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"zerolayerd {__version__}"
-    r = subprocess.run([sys.executable, "-m", "zerolayer.daemon.cli", "--version"],
+    r = subprocess.run([sys.executable, "-m", "zerolayer.daemon.programs.cli", "--version"],
                        capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == f"zerolayer {__version__}"
 

@@ -155,7 +155,7 @@ def test_reload_keys(ctl_daemon):
 
 def test_the_cli(ctl_daemon):
     _, _, path = ctl_daemon
-    run = [sys.executable, "-m", "zerolayer.daemon.cli", "ctl"]
+    run = [sys.executable, "-m", "zerolayer.daemon.programs.cli", "ctl"]
     out = subprocess.run([*run, "status", "--socket", path], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and json.loads(out.stdout)["state"] == "ready"
@@ -247,7 +247,7 @@ def test_log_level_at_run_time(ctl_daemon):
     assert r["ok"] and r["result"] == {"level": "debug"}
     r = control.request(path, "log-level", {"level": "loud"})
     assert not r["ok"] and r["error"]["code"] == "BAD_ARGUMENT"
-    out = subprocess.run([sys.executable, "-m", "zerolayer.daemon.cli", "ctl", "log-level",
+    out = subprocess.run([sys.executable, "-m", "zerolayer.daemon.programs.cli", "ctl", "log-level",
                           "level=info", "--socket", path], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and json.loads(out.stdout) == {"level": "info"}
@@ -324,7 +324,7 @@ def test_remote_control_over_tcp_needs_a_known_curve_key(tmp_path):
     curve_dir/clients get answers; an unknown key gets none. Plain TCP is refused."""
     from daemon_proc import free_port
     keys = tmp_path / "curve"
-    run = [sys.executable, "-m", "zerolayer.daemon.cli"]
+    run = [sys.executable, "-m", "zerolayer.daemon.programs.cli"]
     assert subprocess.run([*run, "ctl-keys", str(keys)], timeout=60).returncode == 0
     stranger = tmp_path / "stranger"
     assert subprocess.run([*run, "ctl-keys", str(stranger)], timeout=60).returncode == 0

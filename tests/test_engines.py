@@ -262,7 +262,7 @@ def test_one_engine_crash_fails_only_its_requests(tmp_path):
             assert client(d).invoke("Say hi.", max_tokens=4).text
         assert snapshot(d) == (before[0], before[1] + 3)
         # the operator sees which engine died
-        out = subprocess.run([sys.executable, "-m", "zerolayer.daemon.cli", "ctl", "status",
+        out = subprocess.run([sys.executable, "-m", "zerolayer.daemon.programs.cli", "ctl", "status",
                               "--socket", str(ctl_sock)], capture_output=True, text=True,
                              timeout=60)
         assert out.returncode == 0, out.stderr

@@ -7,7 +7,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from tiny_gguf import write_tiny_llama
-from zerolayer.daemon.cli import main as cli_main
+from zerolayer.daemon.programs.cli import main as cli_main
 from zerolayer.gpu.errors import ModelFormatError, UnsupportedModelError
 from zerolayer.gpu.model import LlamaModel
 

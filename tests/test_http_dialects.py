@@ -1,5 +1,5 @@
 """The HTTP edge's two dialects fed values, without a daemon or a socket: the one handler
-(daemon/http_edge/serve.py) runs a stream the same way for each, and each dialect shapes
+(daemon/programs/http_edge/serve.py) runs a stream the same way for each, and each dialect shapes
 only its own events, bodies and errors. End to end, with the real SDKs: test_http_edge.py."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from zerolayer.client import InvokeResult, TokenLogprob
-from zerolayer.daemon.http_edge import anthropic_api, openai_api, serve
-from zerolayer.daemon.http_edge.errors import ApiError, bad_request
-from zerolayer.daemon.http_edge.generation import Generation, GenParams
-from zerolayer.daemon.http_edge.metrics import EdgeMetrics
+from zerolayer.daemon.programs.http_edge import anthropic_api, openai_api, serve
+from zerolayer.daemon.programs.http_edge.errors import ApiError, bad_request
+from zerolayer.daemon.programs.http_edge.generation import Generation, GenParams
+from zerolayer.daemon.programs.http_edge.metrics import EdgeMetrics
 from zerolayer.protocol.errors import RequestCancelledError
 from zerolayer.protocol.wire import Timings, Usage
 

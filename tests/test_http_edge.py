@@ -27,9 +27,9 @@ import pytest
 from daemon_proc import DaemonProc, Hooks, free_port
 from edge_proc import MODEL, TOKEN, TOKEN_UNKNOWN_KEY, EdgeProc
 from zerolayer.client import ChatMessage, Client
-from zerolayer.daemon.http_edge import errors as edge_errors
-from zerolayer.daemon.http_edge.config import load as load_config
-from zerolayer.daemon.http_edge.tokens import TokenFileError, digest, parse_tokens
+from zerolayer.daemon.programs.http_edge import errors as edge_errors
+from zerolayer.daemon.programs.http_edge.config import load as load_config
+from zerolayer.daemon.programs.http_edge.tokens import TokenFileError, digest, parse_tokens
 from zerolayer.protocol.errors import (
     ErrorCode,
     MalformedError,
@@ -141,7 +141,7 @@ def test_refuses_a_tokens_file_others_can_read(tmp_path):
     tokens = tmp_path / "tokens"
     tokens.write_text(f"7 {TOKEN}\n")
     os.chmod(tokens, 0o644)
-    cmd = [sys.executable, "-m", "zerolayer.daemon.http_edge.app", "--keys", str(keys),
+    cmd = [sys.executable, "-m", "zerolayer.daemon.programs.http_edge.app", "--keys", str(keys),
            "--tokens", str(tokens), "--listen", f"127.0.0.1:{free_port(socket.SOCK_STREAM)}"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "chmod 600" in r.stderr
@@ -150,7 +150,7 @@ def test_refuses_a_tokens_file_others_can_read(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not in" in r.stderr
     # and it imports nothing heavy: no numba, no numpy (it must start fast)
-    out = subprocess.run([sys.executable, "-c", "import sys, zerolayer.daemon.http_edge.app; "
+    out = subprocess.run([sys.executable, "-c", "import sys, zerolayer.daemon.programs.http_edge.app; "
                           "print(sorted({'numba', 'numpy', 'tokenizers'} & set(sys.modules)))"],
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
@@ -162,9 +162,9 @@ def test_an_error_after_the_stream_started_is_an_error_event():
     import asyncio
     from types import SimpleNamespace
 
-    from zerolayer.daemon.http_edge import anthropic_api, serve
-    from zerolayer.daemon.http_edge.generation import Generation
-    from zerolayer.daemon.http_edge.metrics import EdgeMetrics
+    from zerolayer.daemon.programs.http_edge import anthropic_api, serve
+    from zerolayer.daemon.programs.http_edge.generation import Generation
+    from zerolayer.daemon.programs.http_edge.metrics import EdgeMetrics
     from zerolayer.protocol.errors import RequestCancelledError
 
     class CutStream:           # the daemon cuts the request after the first chunk
@@ -596,7 +596,7 @@ def test_anthropic_errors(stack):
 
 def test_metrics_are_documented_and_counted(stack):
     d, edge, _ = stack
-    from zerolayer.daemon.http_edge.metrics import EdgeMetrics
+    from zerolayer.daemon.programs.http_edge.metrics import EdgeMetrics
     documented = {fam.name + "_total" if fam.type == "counter" else fam.name
                   for fam in EdgeMetrics().registry.collect()}
     ops = (ROOT / "docs" / "OPERATIONS.md").read_text()

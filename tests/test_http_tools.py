@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from edge_proc import MODEL, TOKEN, EdgeProc, daemon_and_edge
-from zerolayer.daemon import cli
+from zerolayer.daemon.programs import cli
 
 WEATHER = {"type": "object",
            "properties": {"city": {"type": "string", "maxLength": 16},

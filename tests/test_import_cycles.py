@@ -113,16 +113,19 @@ def test_the_protocol_imports_no_other_room() -> None:
 
 
 def test_the_daemon_gpu_and_bpf_speak_the_protocol_not_the_sdk() -> None:
-    """The wire belongs to no side: a room imports zerolayer.protocol, and only the daemon's
-    parts that are clients themselves (the CLI, the HTTP edge, the SDK alias) import the SDK."""
-    sdk_users = {ROOT / "daemon" / "cli.py", ROOT / "daemon" / "client.py"}
+    """The wire belongs to no side: a room imports zerolayer.protocol. The daemon's client
+    programs (daemon/programs/: the CLI and the HTTP edge) are clients themselves and import
+    the SDK; nothing else in daemon/, gpu/ or bpf/ does, and nothing outside programs/
+    imports them."""
+    programs = ROOT / "daemon" / "programs"
     for room in ("daemon", "gpu", "bpf"):
         for f in (ROOT / room).rglob("*.py"):
-            if f in sdk_users or "http_edge" in f.parts:
+            if programs in f.parents:
                 continue
             for node in ast.walk(ast.parse(f.read_text())):
                 if isinstance(node, ast.ImportFrom) and node.module:
                     assert not node.module.startswith("zerolayer.client"), (f, node.module)
+                    assert "programs" not in node.module.split("."), (f, node.module)
 
 
 def test_nothing_in_gpu_or_bpf_imports_the_daemon() -> None:

@@ -423,7 +423,8 @@ def test_grace_period_covers_the_drain(overlay):
     assert pod["terminationGracePeriodSeconds"] > budget + 5, (budget, pod)
     # the preStop's `zerolayer ctl` finds the daemon's socket: [control] socket = "auto"
     # puts it in $RUNTIME_DIRECTORY, and ctl's default is /run/zerolayer/control.sock
-    from zerolayer.daemon import cli, control
+    from zerolayer.daemon import control
+    from zerolayer.daemon.programs import cli
     env = _env(_daemon(objs))
     sock = control.resolve_path(cfg.control.socket, env)
     assert sock == cli.DEFAULT_CONTROL_SOCKET

@@ -235,7 +235,7 @@ def test_logprobs_of_forbidden_tokens_are_json():
     """A constrained row's logprobs are of the masked distribution: an alternative the
     grammar forbids has -inf, which the edge sends as OpenAI's floor, -9999.0 (JSON has no
     -inf; starlette refuses to encode one)."""
-    from zerolayer.daemon.http_edge.logprobs import CompletionLogprobs, chat_logprobs
+    from zerolayer.daemon.programs.http_edge.logprobs import CompletionLogprobs, chat_logprobs
     from zerolayer.protocol.logprobs import TokenLogprob, TopLogprob
     t = TokenLogprob(5, b"{", -0.01, (TopLogprob(5, b"{", -0.01),
                                       TopLogprob(7, b"x", float("-inf"))))

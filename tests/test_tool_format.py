@@ -11,18 +11,18 @@ import jsonschema
 import pytest
 
 from zerolayer.client import ChatMessage, InvokeResult
-from zerolayer.daemon.http_edge import anthropic_api, openai_api, serve
-from zerolayer.daemon.http_edge.errors import ApiError
-from zerolayer.daemon.http_edge.generation import Generation
-from zerolayer.daemon.http_edge.metrics import EdgeMetrics
-from zerolayer.daemon.http_edge.tool_output import (
+from zerolayer.daemon.programs.http_edge import anthropic_api, openai_api, serve
+from zerolayer.daemon.programs.http_edge.errors import ApiError
+from zerolayer.daemon.programs.http_edge.generation import Generation
+from zerolayer.daemon.programs.http_edge.metrics import EdgeMetrics
+from zerolayer.daemon.programs.http_edge.tool_output import (
     ArgumentsDelta,
     CallStart,
     TextDelta,
     ToolDeltas,
     read,
 )
-from zerolayer.daemon.http_edge.tools import Tool, ToolSpec
+from zerolayer.daemon.programs.http_edge.tools import Tool, ToolSpec
 from zerolayer.protocol.constraint import from_response_format
 from zerolayer.protocol.wire import Timings, Usage
 

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from zerolayer.client.address import node_name, parse_host_port
 from zerolayer.protocol.sampling_params import MAX_TOP_LOGPROBS
 
-from .config import CPU_ACTIVATIONS, NetworkSection, SecuritySection
+from ..config import CPU_ACTIVATIONS, NetworkSection, SecuritySection
 
 if TYPE_CHECKING:
     from zerolayer.client import Client, InvokeResult
@@ -147,7 +147,7 @@ def parse_key_id(text: str) -> int:
 
 
 def parse_secret(text: str) -> bytes:
-    from .auth import MAX_SECRET_BYTES, MIN_SECRET_BYTES
+    from ..auth import MAX_SECRET_BYTES, MIN_SECRET_BYTES
     try:
         raw = bytes.fromhex(text.strip())
     except ValueError:
@@ -188,7 +188,7 @@ def resolve_target(args: argparse.Namespace, environ: Mapping[str, str] | None =
             raise UsageError(f"a secret needs its key id: --key-id or ${ENV_KEY_ID}")
         return Target(address, key_id, parse_secret(secret_hex))
 
-    from .auth import KeyFileError, load_keys
+    from ..auth import KeyFileError, load_keys
     assert keys_file is not None
     try:
         keys = load_keys(keys_file)     # the same checks as the daemon's, 0600 included
@@ -387,7 +387,7 @@ def append_key(path: str, secret: bytes, key_id: int | None = None) -> tuple[int
     """Append a key line to a keys file, creating it with mode 0600. Refuses a file that
     group or others can access, one the daemon could not load, and a duplicate key id.
     Without key_id, takes the largest id in the file + 1. Returns (key id, line)."""
-    from .auth import MAX_KEYS_FILE_BYTES, KeyFileError, format_key_line, parse_keys
+    from ..auth import MAX_KEYS_FILE_BYTES, KeyFileError, format_key_line, parse_keys
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)        # two keygens must not pick the same id
@@ -421,7 +421,7 @@ def append_key(path: str, secret: bytes, key_id: int | None = None) -> tuple[int
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from .auth import KeyFileError, format_key_line, generate_secret
+    from ..auth import KeyFileError, format_key_line, generate_secret
     key_id = parse_key_id(args.key_id) if args.key_id is not None else None
     try:
         secret = generate_secret(args.bytes)
@@ -496,10 +496,10 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--bytes", type=int, default=32, help="secret length (16..64, default: 32)")
     k.set_defaults(func=cmd_keygen)
 
-    from .version import package_version
+    from ..version import package_version
     ap.add_argument("--version", action="version", version=f"zerolayer {package_version()}")
 
-    from .control import COMMANDS
+    from ..control import COMMANDS
     c = sub.add_parser("ctl", help="operate a running zerolayerd through its control socket")
     c.add_argument("command", choices=COMMANDS)
     c.add_argument("args", nargs="*", metavar="KEY=VALUE",
@@ -530,7 +530,7 @@ DEFAULT_CONTROL_SOCKET = "/run/zerolayer/control.sock"
 def cmd_ctl(args: argparse.Namespace) -> int:
     import json
 
-    from .control import request
+    from ..control import request
     path = args.socket or os.environ.get("ZEROLAYER_CONTROL_SOCKET") or DEFAULT_CONTROL_SOCKET
     kv = {}
     for a in args.args:

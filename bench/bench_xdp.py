@@ -120,7 +120,7 @@ def xdp_counts(text: str) -> dict[str, float]:
 
 ECHO_SERVER = r"""
 import sys, time
-from zerolayer.daemon.xdp_io import XdpIO, XdpSettings
+from zerolayer.daemon.carriers.xdp_io import XdpIO, XdpSettings
 io = XdpIO.open(XdpSettings(sys.argv[1], (int(sys.argv[2]),)))
 print("ready", flush=True)
 end = time.monotonic() + float(sys.argv[3])
@@ -258,7 +258,7 @@ def ttfts(ns: str, d: Daemon, n: int, interval: float = 0.0) -> list[float]:
 
 FLOOD = r"""
 import signal, socket, sys, time
-from zerolayer.daemon.udp_io import BatchedUDP
+from zerolayer.daemon.carriers.udp_io import BatchedUDP
 stop = []
 signal.signal(signal.SIGINT, lambda *_: stop.append(1))
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

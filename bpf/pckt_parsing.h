@@ -61,7 +61,7 @@ static __always_inline int zl_parse_ipv4(void *data, void *data_end, __u32 frame
 		return ZL_STAT_PASS_OTHER;
 	/* Ours from here on. An invoke datagram (<= 1400 B) is never fragmented. IPv4 options
 	 * are legal (RFC 791) and carry nothing we need: they are stepped over, like the
-	 * kernel does, and the reply goes back without them (daemon/xdp_frames.py). */
+	 * kernel does, and the reply goes back without them (daemon/carriers/xdp_frames.py). */
 	if (frag & ZL_IP_MF)
 		return ZL_STAT_DROP_IP_FRAGMENT;
 	tot_len = zl_ntohs(iph->tot_len);

@@ -117,7 +117,7 @@ class ControlSection:
     events_hwm: int = 10000        # events queued for a slow subscriber; beyond: dropped and counted
 
 
-# -- [shm]: the same-host shared-memory carrier (daemon/shm_ingress.py) ----------------------
+# -- [shm]: the same-host shared-memory carrier (daemon/carriers/shm_ingress.py) --------------
 @dataclass
 class ShmSection:
     socket: str = ""               # Unix socket of the same-host shared-memory carrier (docs/PROTOCOL.md); "auto" = $RUNTIME_DIRECTORY/shm.sock under systemd, else off; "" = off

@@ -36,7 +36,7 @@ from .json_value import JSONObject
 if TYPE_CHECKING:
     from zmq.auth.thread import ThreadAuthenticator
 
-    from .xdp_io import XdpIO
+    from .carriers.xdp_io import XdpIO
 
 # The slow part of a command, run on the control thread before the hand-off: (cmd, args) ->
 # what the I/O thread adopts (xdp-attach: the XDP program and sockets it opened), or None.

@@ -32,7 +32,7 @@ from .metrics import Metrics
 from .result_cache import ResultCache
 
 if TYPE_CHECKING:
-    from .xdp_io import XdpIO
+    from .carriers.xdp_io import XdpIO
 
 
 class Operated(Protocol):

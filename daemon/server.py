@@ -1,7 +1,7 @@
 """zerolayerd: the daemon. Two threads: I/O on one pinned CPU, the engine on the others.
 
     I/O thread (this one, the main thread):
-        carriers (carriers.py: AF_XDP rings, recvmmsg, shm rings) → Ingress (verify,
+        carriers (carriers/: AF_XDP rings, recvmmsg, shm rings) → Ingress (verify,
         reassemble) → Admission (result cache, in-flight record, routing) → one Request
         → admissions hand-off ────────────────────────────────────────────────────────┐
         PING, ACK, RESEND, CANCEL, lease and drain answered here, at once             │
@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING
 from zerolayer.protocol.errors import ErrorCode
 from zerolayer.protocol.wire import ServerState
 
-from . import collector_pauses, control_commands, logs, rollup, shm_ingress, startup
+from . import collector_pauses, control_commands, logs, rollup, startup
 from . import config as config_mod
 from . import control as control_mod
 from . import engines as engines_mod
 from .admission import Admission
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
-from .carriers import Address, Carriers, Frames, ShmCarrier, UdpCarrier
+from .carriers import Address, Carriers, Frames, ShmCarrier, UdpCarrier, shm_ingress
 from .control import ControlCall, ControlServer
 from .engines import EngineSlot
 from .event_size import event_bytes
@@ -65,8 +65,8 @@ from .version import package_version
 from .xdp_tag_check import XdpTagCheck
 
 if TYPE_CHECKING:
+    from .carriers.xdp_io import XdpIO
     from .config import EngineSpec
-    from .xdp_io import XdpIO
 
 HOUSEKEEPING_S = 0.25
 # Receive batches drained before the engine's events are turned into frames: enough that a

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
     from .auth import KeyStore
     from .carriers import ShmCarrier
+    from .carriers.xdp_io import XdpIO
     from .in_flight import InFlight
-    from .xdp_io import XdpIO
 
 
 
@@ -239,7 +239,7 @@ def open_xdp(cfg: DaemonConfig, port: int, metrics: Metrics, log: Log,
             raise ValueError("network.ingress = xdp needs network.interface")
         log("ingress auto: no network.interface set, using udp")
         return None
-    from .xdp_io import XdpIO, XdpSettings
+    from .carriers.xdp_io import XdpIO, XdpSettings
     try:
         io = XdpIO.open(XdpSettings(n.interface, (port,), attach_mode=n.xdp_attach,
                                     xsk_mode=n.xsk_mode, ring_size=n.xsk_ring_size,

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from zerolayer.daemon.udp_io import BatchedUDP
+from zerolayer.daemon.carriers.udp_io import BatchedUDP
 
 
 @pytest.mark.parametrize("family,host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")])

@@ -1,4 +1,4 @@
-"""Reply framing for the AF_XDP path (daemon/xdp_frames.py), on hand-built frames: the
+"""Reply framing for the AF_XDP path (daemon/carriers/xdp_frames.py), on hand-built frames: the
 datagram is found behind Ethernet (+VLAN) / IPv4 or IPv6 / UDP, and the reply written in
 place goes back with MACs, IPs and ports swapped and checksums a receiver accepts."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ from fixtures.packets import (
     udp4,
     udp6,
 )
-from zerolayer.daemon.xdp_frames import ipv4_header_ok, parse_frame, write_reply
+from zerolayer.daemon.carriers.xdp_frames import ipv4_header_ok, parse_frame, write_reply
 
 PORT = 7433
 

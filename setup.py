@@ -18,7 +18,8 @@ from setuptools import setup
 
 CLIENT = {"zerolayer.client": "client", "zerolayer.protocol": "protocol"}
 ROOMS = {"bpf": "bpf", "daemon": "daemon", "gpu": "gpu"}
-SUBPACKAGES = ["gpu.ops", "gpu.cuda", "daemon.programs", "daemon.programs.http_edge"]
+SUBPACKAGES = ["gpu.ops", "gpu.cuda", "daemon.carriers", "daemon.ops", "daemon.programs",
+               "daemon.programs.http_edge"]
 CLIENT_DATA = {"zerolayer.client": ["py.typed"], "zerolayer.protocol": ["py.typed"]}
 
 DAEMON_REQUIRES = [

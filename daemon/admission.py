@@ -26,7 +26,7 @@ from .config import DaemonConfig
 from .engines import EngineSlot
 from .in_flight import InFlight
 from .ingress import ControlRequest, Ingress, InvokeRequest, Rejected
-from .metrics import Metrics
+from .ops.metrics import Metrics
 from .request import CancelReason, Request
 from .result_cache import EntryStatus
 from .routing import Router, boundary_hashes

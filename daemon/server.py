@@ -39,14 +39,12 @@ from typing import TYPE_CHECKING
 from zerolayer.protocol.errors import ErrorCode
 from zerolayer.protocol.wire import ServerState
 
-from . import collector_pauses, control_commands, logs, rollup, startup
 from . import config as config_mod
-from . import control as control_mod
 from . import engines as engines_mod
+from . import startup
 from .admission import Admission
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
 from .carriers import Address, Carriers, Frames, ShmCarrier, UdpCarrier, shm_ingress
-from .control import ControlCall, ControlServer
 from .engines import EngineSlot
 from .event_size import event_bytes
 from .handoff import Handoff
@@ -54,12 +52,15 @@ from .in_flight import InFlight
 from .ingress import Ingress
 from .lifecycle import Event, Lifecycle, LifecycleError, Phase
 from .lifecycle_events import Publisher
-from .metrics import Metrics
-from .phase_report import PhaseReport
+from .ops import collector_pauses, control_commands, logs, rollup
+from .ops import control as control_mod
+from .ops.control import ControlCall, ControlServer
+from .ops.metrics import Metrics
+from .ops.phase_report import PhaseReport
+from .ops.sd_notify import Notifier, Watchdog
 from .reassembly import Reassembler
 from .request import CancelReason, EngineDied, EngineEvent
 from .result_cache import ResultCache
-from .sd_notify import Notifier, Watchdog
 from .streams import Streams
 from .version import package_version
 from .xdp_tag_check import XdpTagCheck
@@ -419,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logs.setup()
     if args.check:
-        from . import check
+        from .ops import check
         return check.run(args)
     try:
         cfg = config_mod.load(args)

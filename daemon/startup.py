@@ -20,9 +20,9 @@ from .config import DaemonConfig
 from .engine import Engine
 from .engine_thread import EngineThread
 from .engines import EngineSlot, load_sibling
-from .logs import Log
-from .metrics import Metrics
-from .sd_notify import Notifier
+from .ops.logs import Log
+from .ops.metrics import Metrics
+from .ops.sd_notify import Notifier
 
 if TYPE_CHECKING:
     from zerolayer.gpu.draft_model import DraftModel

@@ -21,7 +21,7 @@ from zerolayer.protocol.wire import MAX_TEXT, FinishReason, Timings, Usage, spli
 from .carriers import Address
 from .in_flight import InFlight
 from .lifecycle_events import Publisher
-from .metrics import Metrics
+from .ops.metrics import Metrics
 from .request import AcceptedEvent, CancelReason, DoneEvent, EngineEvent, FailedEvent, Request, TextEvent
 
 Send = Callable[[bytes, Address], None]

@@ -1,5 +1,5 @@
 """The collector's pauses as metrics, and the warm daemon's objects frozen out of its reach
-(daemon/collector_pauses.py)."""
+(daemon/ops/collector_pauses.py)."""
 from __future__ import annotations
 
 import gc
@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from daemon_proc import DaemonProc
 from zerolayer.client import Client
-from zerolayer.daemon.collector_pauses import CollectorPauses
+from zerolayer.daemon.ops.collector_pauses import CollectorPauses
 
 
 class FakeClock:

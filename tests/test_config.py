@@ -1,5 +1,5 @@
 """Configuration checks (daemon/config.py) and the dry run `zerolayerd --check`
-(daemon/check.py): every value typed and range-checked, each error naming its setting and
+(daemon/ops/check.py): every value typed and range-checked, each error naming its setting and
 where the value came from, all problems at once, before any model is loaded."""
 from __future__ import annotations
 

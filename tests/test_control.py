@@ -1,4 +1,4 @@
-"""The control socket (daemon/control.py) against a real zerolayerd: every command, its
+"""The control socket (daemon/ops/control.py) against a real zerolayerd: every command, its
 errors, the socket's permissions, `zerolayer ctl`, drain and undrain with traffic, and the
 data plane answering while the control socket is hammered. The engine is held inside a step
 (daemon/test_hooks.py) where a test needs a request to stay in flight, so nothing here bets
@@ -22,7 +22,7 @@ from answers import FRANCE_ANSWER, FRANCE_QUESTION
 from daemon_proc import DaemonProc
 from test_dataplane import Hooks
 from zerolayer.client import Client
-from zerolayer.daemon import control
+from zerolayer.daemon.ops import control
 from zerolayer.protocol.errors import DrainingError
 from zerolayer.protocol.wire import ChatMessage
 
@@ -258,7 +258,7 @@ def test_journal_priorities():
     import io
     import logging
 
-    from zerolayer.daemon import logs
+    from zerolayer.daemon.ops import logs
     buf = io.StringIO()
     logs.setup({"JOURNAL_STREAM": "8:123"}, stream=buf)
     try:

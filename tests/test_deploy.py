@@ -1,5 +1,5 @@
 """Deployment artefacts stay true to the code: the settings table in docs/OPERATIONS.md and the
-example TOML against daemon/config.py, the metrics table against daemon/metrics.py, the
+example TOML against daemon/config.py, the metrics table against daemon/ops/metrics.py, the
 systemd unit against the drain timeout, and the ops scripts against bash (and shellcheck,
 where installed).
 """
@@ -58,8 +58,8 @@ def test_example_toml_has_every_setting_at_its_default() -> None:
 
 
 def test_metrics_table_lists_every_metric() -> None:
-    from zerolayer.daemon.collector_pauses import CollectorPauses
-    from zerolayer.daemon.metrics import Metrics
+    from zerolayer.daemon.ops.collector_pauses import CollectorPauses
+    from zerolayer.daemon.ops.metrics import Metrics
     names = set()
     for fam in [*Metrics().registry.collect(), *CollectorPauses().collect()]:
         names.add(fam.name + "_total" if fam.type == "counter" else fam.name)

@@ -30,7 +30,7 @@ import pytest
 
 from daemon_proc import DaemonProc, Hooks
 from raw_peer import RawPeer
-from zerolayer.daemon import control
+from zerolayer.daemon.ops import control
 from zerolayer.protocol import wire
 from zerolayer.protocol.constraint import Constraint, ConstraintKind
 from zerolayer.protocol.errors import ErrorCode

@@ -20,7 +20,7 @@ from daemon_proc import DaemonProc
 from netns import fleet_testbed, in_netns
 from zerolayer.client import Client, InvokeResult
 from zerolayer.client.fleet import node_name, rendezvous_order
-from zerolayer.daemon import control
+from zerolayer.daemon.ops import control
 
 if os.geteuid() != 0:
     pytest.skip("network namespaces need root", allow_module_level=True)

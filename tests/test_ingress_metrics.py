@@ -10,7 +10,7 @@ import time
 from zerolayer.daemon.auth import KeyStore, ReplayGuard
 from zerolayer.daemon.carriers import UdpCarrier
 from zerolayer.daemon.ingress import ControlRequest, Ingress, Rejected
-from zerolayer.daemon.metrics import Metrics
+from zerolayer.daemon.ops.metrics import Metrics
 from zerolayer.daemon.reassembly import Reassembler
 from zerolayer.protocol import wire
 from zerolayer.protocol.errors import ErrorCode

@@ -405,8 +405,8 @@ def test_probes_hit_readyz_and_healthz_on_the_metrics_port(overlay):
 
 
 def test_metrics_handler_serves_exactly_those_paths():
-    """The paths above are the daemon's own (daemon/metrics.py), not just strings here."""
-    src = (ROOT / "daemon" / "metrics.py").read_text()
+    """The paths above are the daemon's own (daemon/ops/metrics.py), not just strings here."""
+    src = (ROOT / "daemon" / "ops" / "metrics.py").read_text()
     assert 'path == "/healthz"' in src and 'path == "/readyz"' in src
 
 
@@ -423,7 +423,7 @@ def test_grace_period_covers_the_drain(overlay):
     assert pod["terminationGracePeriodSeconds"] > budget + 5, (budget, pod)
     # the preStop's `zerolayer ctl` finds the daemon's socket: [control] socket = "auto"
     # puts it in $RUNTIME_DIRECTORY, and ctl's default is /run/zerolayer/control.sock
-    from zerolayer.daemon import control
+    from zerolayer.daemon.ops import control
     from zerolayer.daemon.programs import cli
     env = _env(_daemon(objs))
     sock = control.resolve_path(cfg.control.socket, env)

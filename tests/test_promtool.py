@@ -25,7 +25,7 @@ needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None,
 
 
 def _exported() -> set[str]:
-    from zerolayer.daemon.metrics import Metrics
+    from zerolayer.daemon.ops.metrics import Metrics
     names = set()
     for fam in Metrics().registry.collect():
         base = fam.name + ("_total" if fam.type == "counter" else "")

@@ -7,7 +7,7 @@ import pytest
 
 from zerolayer.daemon import streams as streams_mod
 from zerolayer.daemon.in_flight import InFlight
-from zerolayer.daemon.metrics import Metrics
+from zerolayer.daemon.ops.metrics import Metrics
 from zerolayer.daemon.request import AcceptedEvent, CancelReason, DoneEvent, Request, TextEvent
 from zerolayer.daemon.result_cache import ResultCache
 from zerolayer.daemon.streams import Streams

@@ -14,7 +14,7 @@ from pathlib import Path
 from daemon_proc import DaemonProc
 from test_dataplane import COUNT, Hooks
 from zerolayer.client import Client
-from zerolayer.daemon.sd_notify import Notifier, Watchdog
+from zerolayer.daemon.ops.sd_notify import Notifier, Watchdog
 
 
 class FakeSystemd:

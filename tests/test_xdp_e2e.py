@@ -73,7 +73,7 @@ def test_daemon_says_it_serves_xdp(daemon, bed):
 
 
 def test_xdp_status_and_rate_limit_through_the_control_socket(daemon, bed):
-    from zerolayer.daemon import control
+    from zerolayer.daemon.ops import control
     st = control.request(daemon.control, "xdp-status")["result"]
     assert st["attached"] and st["interface"] == SRV_IF and st["ports"] == [daemon.port]
     assert st["rate"] == {"rate_pps": 0, "burst": 0} and st["packets"]["redirect"] >= 0
@@ -233,7 +233,7 @@ def test_detach_and_attach_xdp_at_run_time(daemon, bed):
     import sys
     from pathlib import Path
 
-    from zerolayer.daemon import control
+    from zerolayer.daemon.ops import control
     srv, cli = bed
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "ZEROLAYER_CONTROL_SOCKET": daemon.control,

@@ -24,7 +24,7 @@ from .udp_io import BatchedUDP
 from .xdp_frames import Peer
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
+    from ..ops.metrics import Metrics
     from .xdp_io import XdpIO
 
 UdpAddr = tuple  # (host, port) or (host, port, flowinfo, scope_id), as the socket module has it

@@ -48,7 +48,7 @@ from zerolayer.protocol.shm_ring import (
 
 if TYPE_CHECKING:
     from ..config import ShmSection
-    from ..logs import Log
+    from ..ops.logs import Log
 
 CONNECT_RESULTS = ("accepted", "refused_peer", "refused_full", "failed")
 RING_ERRORS = ("bad_index", "bad_length", "protocol")

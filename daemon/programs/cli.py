@@ -499,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..version import package_version
     ap.add_argument("--version", action="version", version=f"zerolayer {package_version()}")
 
-    from ..control import COMMANDS
+    from ..ops.control import COMMANDS
     c = sub.add_parser("ctl", help="operate a running zerolayerd through its control socket")
     c.add_argument("command", choices=COMMANDS)
     c.add_argument("args", nargs="*", metavar="KEY=VALUE",
@@ -530,7 +530,7 @@ DEFAULT_CONTROL_SOCKET = "/run/zerolayer/control.sock"
 def cmd_ctl(args: argparse.Namespace) -> int:
     import json
 
-    from ..control import request
+    from ..ops.control import request
     path = args.socket or os.environ.get("ZEROLAYER_CONTROL_SOCKET") or DEFAULT_CONTROL_SOCKET
     kv = {}
     for a in args.args:

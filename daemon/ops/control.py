@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import zmq
 
-from .handoff import Handoff
-from .json_value import JSONObject
+from ..handoff import Handoff
+from ..json_value import JSONObject
 
 if TYPE_CHECKING:
     from zmq.auth.thread import ThreadAuthenticator
 
-    from .carriers.xdp_io import XdpIO
+    from ..carriers.xdp_io import XdpIO
 
 # The slow part of a command, run on the control thread before the hand-off: (cmd, args) ->
 # what the I/O thread adopts (xdp-attach: the XDP program and sockets it opened), or None.

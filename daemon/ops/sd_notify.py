@@ -18,7 +18,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from . import test_hooks
+from .. import test_hooks
 
 
 class Notifier:

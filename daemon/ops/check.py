@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from . import config as config_mod
+from .. import config as config_mod
 
 EXIT_OK, EXIT_BAD = 0, 2
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
         return f"udp {c.network.host}:{c.network.port}, metrics {c.metrics.host}:{c.metrics.port}"
 
     def check_keys() -> str:
-        from .auth import KeyStore
+        from ..auth import KeyStore
         keys = KeyStore(c.security.keys_file)
         return f"{c.security.keys_file}: {len(keys)} key(s)"
 
@@ -78,13 +78,13 @@ def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
         gen = Generator.load(c.model.path or None, threads=c.model.threads or None,
                              max_seq_len=c.model.max_seq_len, kv_blocks=c.engine.kv_blocks or None,
                              warmup=True)
-        from . import fault_hooks
+        from .. import fault_hooks
         fault_hooks.after_warmup()
         ids = gen.tokenizer.encode_chat([{"role": "user", "content": "Hello"}])
         m = gen.model.cfg
         draft = ""
         if c.engine.draft_model and c.engine.speculative:  # ConfigError: listed as such
-            from .startup import load_drafter
+            from ..startup import load_drafter
             load_drafter(c.engine.draft_model, gen.model, 1, True, lambda *a: None)
             draft = f"; draft model {c.engine.draft_model}: same vocabulary, forward pass ok"
         return (f"{m.n_layer} layers, vocab {m.vocab}, context {gen.model.max_seq_len}; "
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
         return f"loaded through the verifier ({n} instructions), not attached"
 
     def check_engines() -> str:
-        from .engines import cpu_problems
+        from ..engines import cpu_problems
         bad = cpu_problems(c)
         if bad:
             raise config_mod.ConfigError(bad)

@@ -1,4 +1,4 @@
-"""What each control command does, run on the I/O thread (daemon/control.py hands them over).
+"""What each control command does, run on the I/O thread (daemon/ops/control.py hands them over).
 
 Every command is O(1) or a copy of counters, so running one between datagram batches costs
 the data plane microseconds. A command returns a JSON-able dict or raises ControlError.
@@ -18,21 +18,22 @@ from typing import TYPE_CHECKING, Protocol
 
 from zerolayer.gpu import __version__
 
-from . import config as config_mod
-from . import logs, startup
-from .auth import KeyStore
-from .carriers import Carriers
-from .config import DaemonConfig
+from .. import config as config_mod
+from .. import startup
+from ..auth import KeyStore
+from ..carriers import Carriers
+from ..config import DaemonConfig
+from ..engines import EngineSlot
+from ..in_flight import InFlight
+from ..json_value import JSONObject, JSONValue
+from ..lifecycle import Event, Lifecycle, LifecycleError
+from ..result_cache import ResultCache
+from . import logs
 from .control import ControlCall, ControlError
-from .engines import EngineSlot
-from .in_flight import InFlight
-from .json_value import JSONObject, JSONValue
-from .lifecycle import Event, Lifecycle, LifecycleError
 from .metrics import Metrics
-from .result_cache import ResultCache
 
 if TYPE_CHECKING:
-    from .carriers.xdp_io import XdpIO
+    from ..carriers.xdp_io import XdpIO
 
 
 class Operated(Protocol):

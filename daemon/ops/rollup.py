@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import memory_bounds
-from .auth import ReplayGuard
-from .carriers import Carriers
-from .config import DaemonConfig
-from .engines import EngineSlot
-from .in_flight import InFlight
-from .ingress import Ingress
-from .lifecycle_events import Publisher
+from .. import memory_bounds
+from ..auth import ReplayGuard
+from ..carriers import Carriers
+from ..config import DaemonConfig
+from ..engines import EngineSlot
+from ..in_flight import InFlight
+from ..ingress import Ingress
+from ..lifecycle_events import Publisher
 from .metrics import Metrics
 from .sd_notify import Notifier
 

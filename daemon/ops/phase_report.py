@@ -5,8 +5,8 @@ the phase to fall out of step with it.
 """
 from __future__ import annotations
 
-from .in_flight import InFlight
-from .lifecycle import Event, Lifecycle, Phase
+from ..in_flight import InFlight
+from ..lifecycle import Event, Lifecycle, Phase
 from .logs import Log
 from .metrics import Metrics
 from .sd_notify import Notifier

@@ -22,11 +22,11 @@ from zerolayer.gpu import __version__
 from zerolayer.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from .carriers.shm_ingress import ShmIngress
-    from .carriers.udp_io import BatchedUDP
-    from .carriers.xdp_io import XdpIO
-    from .ingress import Ingress
-    from .result_cache import ResultCache
+    from ..carriers.shm_ingress import ShmIngress
+    from ..carriers.udp_io import BatchedUDP
+    from ..carriers.xdp_io import XdpIO
+    from ..ingress import Ingress
+    from ..result_cache import ResultCache
 
 # What OVERLOADED can come from (docs/OPERATIONS.md "Error codes"): the nonce cache, one
 # key's share of it, reassembly memory or slots, one key's share of those, the result
@@ -179,7 +179,7 @@ class Metrics:
         for result in ("published", "dropped"):
             self.events_out.labels(result)
         # -- the same-host shared-memory carrier (daemon/carriers/shm_ingress.py) --
-        from .carriers.shm_ingress import CONNECT_RESULTS, RING_ERRORS
+        from ..carriers.shm_ingress import CONNECT_RESULTS, RING_ERRORS
         self.shm_open = Gauge("zerolayer_shm_connections_open",
                               "Same-host clients connected over shared memory", registry=r)
         self.shm_connections = Counter("zerolayer_shm_connections",
@@ -244,7 +244,7 @@ class Metrics:
 
     def update_shm(self, shm: ShmIngress) -> None:
         """Copy the shm ingress's own counts (plain ints on the I/O thread) into Prometheus."""
-        from .carriers.shm_ingress import CONNECT_RESULTS, RING_ERRORS
+        from ..carriers.shm_ingress import CONNECT_RESULTS, RING_ERRORS
         last, st = self._ingress_last, shm.stats
         self.shm_open.set(len(shm.conns))
         for result in CONNECT_RESULTS:
@@ -283,7 +283,7 @@ class Metrics:
         """Copy the kernel's counters (the program's per-CPU array, XDP_STATISTICS) into
         Prometheus as increments. Called from the daemon's loop, so scrapes never touch the
         rings or the maps."""
-        from .carriers.xdp_io import REASON_ACTION
+        from ..carriers.xdp_io import REASON_ACTION
         last = self._xdp_last
         for reason, n in io.packet_counts().items():
             _advance(self.xdp_packets.labels(REASON_ACTION[reason], reason), last, reason, n)

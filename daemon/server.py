@@ -44,7 +44,7 @@ from . import engines as engines_mod
 from . import startup
 from .admission import Admission
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
-from .carriers import Address, Carriers, Frames, ShmCarrier, UdpCarrier, shm_ingress
+from .carriers import Address, Carriers, Frames, open_carriers
 from .engines import EngineSlot
 from .event_size import event_bytes
 from .handoff import Handoff
@@ -141,11 +141,7 @@ class Daemon:
         # The UDP socket and the shm path fail a bad start now, not after the model loads;
         # datagrams that arrive meanwhile wait in the socket buffer.
         self.sock = startup.open_socket(c)
-        shm = shm_ingress.open_from_config(c.shm, batch=c.network.batch, log=log)
-        self.carriers = Carriers(UdpCarrier(self.sock, c.network.batch),
-                                 ShmCarrier(shm) if shm is not None else None)
-        if shm is not None:
-            log(f"shared-memory carrier on {shm.path} (mode {c.shm.mode})")
+        self.carriers = open_carriers(self.sock, c.network, c.shm, log)
         # /healthz and /readyz answer from here on, through the cold start's kernel builds
         self.metrics.serve(c.metrics.host, c.metrics.port, ready=self._readiness)
         self.lifecycle.subscribe(PhaseReport(self.lifecycle, self.in_flight,
@@ -235,7 +231,6 @@ class Daemon:
         next_house = 0.0
         wait_fds = self._wait_fds()
         busy = self.cfg.network.busy_poll
-        shm_poll_s = self.cfg.shm.poll_us / 1e6
         turn = 0
         while True:
             turn += 1
@@ -272,12 +267,10 @@ class Daemon:
                 # before its fd is written, and every clear is followed by a look at the queue
                 # (drain pops what is there; a clear after select() goes round the loop).
                 pending = any([len(h) for h in self._handoffs])
-                shm = carriers.shm
-                if (not pending and shm is not None and shm_poll_s and shm.has_clients
-                        and engines_mod.idle(self.engines)):
+                if not pending and carriers.may_spin and engines_mod.idle(self.engines):
                     # the spin's select(0) must not find a stale hand-off fd: cleared first
                     pending = any([h.rearm() for h in self._handoffs])
-                    if not pending and shm.spin(shm_poll_s, wait_fds):
+                    if not pending and carriers.spin(wait_fds):
                         continue   # a same-host client wrote while we looked: no sleep
                 pending = carriers.before_sleep() or pending
                 ready = select.select(wait_fds, [], [],

@@ -19,11 +19,13 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING, Protocol
 
-from .shm_ingress import ShmConn, ShmIngress
+from .shm_ingress import ShmConn, ShmIngress, open_from_config
 from .udp_io import BatchedUDP
 from .xdp_frames import Peer
 
 if TYPE_CHECKING:
+    from ..config import NetworkSection, ShmSection
+    from ..ops.logs import Log
     from ..ops.metrics import Metrics
     from .xdp_io import XdpIO
 
@@ -162,8 +164,9 @@ class XdpCarrier:
 
 
 class ShmCarrier:
-    def __init__(self, io: ShmIngress) -> None:
+    def __init__(self, io: ShmIngress, poll_s: float = 0.0) -> None:
         self.io = io
+        self.poll_s = poll_s    # [shm] poll_us: how long the idle loop polls the rings
         self.more = False
         self.polled_turn = 0
 
@@ -199,12 +202,13 @@ class ShmCarrier:
         return self.io.arm()
 
     @property
-    def has_clients(self) -> bool:
-        return bool(self.io.conns)
+    def may_spin(self) -> bool:
+        return self.poll_s > 0 and bool(self.io.conns)
 
-    def spin(self, seconds: float, other_fds: list) -> bool:
-        """Poll the rings instead of sleeping (shm poll_us): True if anything came."""
-        return self.io.spin(seconds, other_fds)
+    def spin(self, other_fds: list) -> bool:
+        """Poll the rings for poll_s instead of sleeping: True if anything came (or one
+        of other_fds became readable)."""
+        return self.io.spin(self.poll_s, other_fds)
 
     def observe(self, metrics: Metrics) -> None:
         metrics.update_shm(self.io)
@@ -280,6 +284,17 @@ class Carriers:
         for c in self.all:
             c.flush()
 
+    @property
+    def may_spin(self) -> bool:
+        """Whether the loop, with nothing to do, should poll the shared-memory rings for a
+        while before it sleeps: a same-host client is attached and [shm] poll_us is set."""
+        return self.shm is not None and self.shm.may_spin
+
+    def spin(self, other_fds: list) -> bool:
+        """That poll (may_spin first): True if a client wrote or one of other_fds became
+        readable, so the loop turns again instead of sleeping."""
+        return self.shm is not None and self.shm.spin(other_fds)
+
     def before_sleep(self) -> bool:
         pending = False
         for c in self.all:
@@ -295,3 +310,15 @@ class Carriers:
         for c in (self.xdp, self.udp, self.shm):
             if c is not None:
                 c.close()
+
+
+def open_carriers(sock: socket.socket, network: NetworkSection, shm: ShmSection,
+                  log: Log) -> Carriers:
+    """UDP on the bound socket, and the shared-memory carrier when [shm] turns it on (its
+    socket bound now, so a bad path fails the start before the model loads). AF_XDP is
+    attached later, once the model is up (Carriers.attach_xdp)."""
+    io = open_from_config(shm, batch=network.batch, log=log)
+    if io is not None:
+        log(f"shared-memory carrier on {io.path} (mode {shm.mode})")
+    return Carriers(UdpCarrier(sock, network.batch),
+                    ShmCarrier(io, shm.poll_us / 1e6) if io is not None else None)

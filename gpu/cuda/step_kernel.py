@@ -100,7 +100,7 @@ BT = BLOCK_TOKENS     # 64 positions per KV block: one score per thread quarter
 NEG = np.float32(-1e30)
 NO_KEY = np.int64(-(2 ** 63))  # below every argmax key
 TOKEN_TILES = (1, 4)
-# The matmul loops' indices, never negative, are cast to this before indexing: Numba wraps
+# The matmul and attention loops' indices, never negative, are cast to this before indexing: Numba wraps
 # a negative signed index as Python does, which keeps every indexed array's shape in
 # registers through the loop and adds a compare and select to each load's address.
 U = uint64
@@ -348,7 +348,7 @@ def _make(TT):
                         ia = (layer * n_tiles + t // TT) * rdy_per + kvh
                         wait_at_least(rdy, ia, ia + 1, (G + 2) * hd // ROWS, bar, tid)
                         for e in range(tid, G * hd, THREADS):
-                            q_s[e // hd, e % hd] = qbuf[t, (kvh * G + e // hd) * hd + e % hd] * scale
+                            q_s[e // hd, e % hd] = qbuf[U(t), U((kvh * G + e // hd) * hd + e % hd)] * scale
                             o_s[e // hd, e % hd] = float32(0.0)
                         if tid < G:
                             m_s[tid] = NEG
@@ -365,13 +365,13 @@ def _make(TT):
                         gh = min(wp, G - 1)
                         cuda.syncthreads()
                         for bi in range(b0, b1):
-                            blk = tables[seq, bi]
+                            blk = tables[U(seq), U(bi)]
                             ns = min(BT, n - bi * BT)
                             for g in range(G):
                                 sc[g] = float32(0.0)
                             if s < ns:
                                 for i in range(part, hd, 4):
-                                    kv = k_pool[blk, layer, kvh, i, s]
+                                    kv = k_pool[U(blk), U(layer), U(kvh), U(i), U(s)]
                                     for g in range(G):
                                         sc[g] += q_s[g, i] * kv
                             for g in range(G):
@@ -406,17 +406,17 @@ def _make(TT):
                                 i = e % hd
                                 acc = o_s[g, i] * c_s[g]
                                 for s2 in range(ns):
-                                    acc += p_s[g, s2] * v_pool[blk, layer, kvh, s2, i]
+                                    acc += p_s[g, s2] * v_pool[U(blk), U(layer), U(kvh), U(s2), U(i)]
                                 o_s[g, i] = acc
                             cuda.syncthreads()
                         if splits == 1:
                             for e in range(tid, G * hd, THREADS):
                                 g = e // hd
-                                att[t, (kvh * G + g) * hd + e % hd] = o_s[g, e % hd] / l_s[g]
+                                att[U(t), U((kvh * G + g) * hd + e % hd)] = o_s[g, e % hd] / l_s[g]
                         else:
                             for e in range(tid, G * hd, THREADS):
                                 g = e // hd
-                                part_o[t, kvh * G + g, sp, e % hd] = o_s[g, e % hd]
+                                part_o[U(t), U(kvh * G + g), U(sp), U(e % hd)] = o_s[g, e % hd]
                             if tid < G:
                                 part_m[t, kvh * G + tid, sp] = m_s[tid]
                                 part_l[t, kvh * G + tid, sp] = l_s[tid]
@@ -433,14 +433,14 @@ def _make(TT):
                                     i = e % hd
                                     mx = NEG
                                     for k in range(splits):
-                                        mx = max(mx, part_m[t, hh, k])
+                                        mx = max(mx, part_m[U(t), U(hh), U(k)])
                                     den = float32(0.0)
                                     num = float32(0.0)
                                     for k in range(splits):
-                                        f = math.exp(part_m[t, hh, k] - mx)
-                                        den += part_l[t, hh, k] * f
-                                        num += part_o[t, hh, k, i] * f
-                                    att[t, hh * hd + i] = num / den
+                                        f = math.exp(part_m[U(t), U(hh), U(k)] - mx)
+                                        den += part_l[U(t), U(hh), U(k)] * f
+                                        num += part_o[U(t), U(hh), U(k), U(i)] * f
+                                    att[U(t), U(hh * hd + i)] = num / den
                                 if tid == 0:
                                     cnt[t * n_kv + kvh] = 0
                         cuda.syncthreads()

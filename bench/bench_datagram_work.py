@@ -10,8 +10,8 @@ which wraps three of the I/O loop's phases with the thread's CPU clock
 (CLOCK_THREAD_CPUTIME_ID; the wrappers' own cost is measured at start and subtracted):
 - recv: `Carriers.recv` calls that returned datagrams (recvmmsg, or the AF_XDP RX ring and
   frame parsing), per datagram;
-- receive to reply queued: `Daemon._on_datagram` (ingress parse, key, XDP tag, HMAC,
-  timestamp and nonce, the PONG built and signed, appended to the send list), per datagram;
+- receive to reply queued: `Front.receive` (ingress parse, key, XDP tag, HMAC, timestamp
+  and nonce, the PONG built and signed, returned for the send list), per datagram;
 - send: `Daemon._flush` (sendto / sendmmsg, or the reply frame written into a UMEM TX frame
   and the kick), per datagram.
 Besides, the I/O thread's whole CPU time (/proc/PID/task/PID/schedstat, ns) over the PINGs
@@ -56,7 +56,7 @@ SERVER_CPU, CLIENT_CPU = 0, 1
 
 def serve(stats_path: str, argv: list[str]) -> int:
     """Run zerolayerd with its I/O phases timed; SIGUSR1 writes a snapshot to stats_path."""
-    from zerolayer.daemon import carriers, server
+    from zerolayer.daemon import carriers, front, server
 
     clock = time.thread_time_ns
     tot = {"recv_ns": 0, "recv_datagrams": 0, "feed_ns": 0, "feed_datagrams": 0,
@@ -68,8 +68,7 @@ def serve(stats_path: str, argv: list[str]) -> int:
         clock()
     pair_ns = (clock() - t0) / pairs
 
-    recv, on_datagram, flush = carriers.Carriers.recv, server.Daemon._on_datagram, \
-        server.Daemon._flush
+    recv, receive, flush = carriers.Carriers.recv, front.Front.receive, server.Daemon._flush
 
     def timed_recv(self, turn, busy):
         t = clock()
@@ -79,11 +78,12 @@ def serve(stats_path: str, argv: list[str]) -> int:
             tot["recv_datagrams"] += len(out[0])
         return out
 
-    def timed_on_datagram(self, data, addr):
+    def timed_receive(self, data, addr, now):
         t = clock()
-        on_datagram(self, data, addr)
+        out = receive(self, data, addr, now)
         tot["feed_ns"] += clock() - t - pair_ns
         tot["feed_datagrams"] += 1
+        return out
 
     def timed_flush(self):
         n = len(self.out)
@@ -94,7 +94,7 @@ def serve(stats_path: str, argv: list[str]) -> int:
             tot["flush_frames"] += n
 
     carriers.Carriers.recv = timed_recv
-    server.Daemon._on_datagram = timed_on_datagram
+    front.Front.receive = timed_receive
     server.Daemon._flush = timed_flush
 
     # Every collector pause, any thread: (generation, ms, monotonic end), for the tails.

@@ -38,7 +38,8 @@ RESEND_LIMIT = 64  # frames per RESEND answer (docs/PROTOCOL.md)
 class Admission:
     def __init__(self, cfg: DaemonConfig, ingress: Ingress, in_flight: InFlight,
                  engines: list[EngineSlot], metrics: Metrics, streams: Streams, send: Send,
-                 state: Callable[[], ServerState]) -> None:
+                 state: Callable[[], ServerState],
+                 wall_us: Callable[[], int] = lambda: time.time_ns() // 1000) -> None:
         self.cfg = cfg
         self.ingress = ingress
         self.in_flight = in_flight
@@ -50,20 +51,21 @@ class Admission:
         self.send = send
         self.state = state       # what PONG says (the lifecycle's phase, as the wire has it)
         self.lease_ms = int(cfg.cache.lease_s * 1000)
+        self.wall_us = wall_us   # the PONG's server clock
 
-    def on_datagram(self, data: bytes, addr: Address) -> None:
+    def on_datagram(self, data: bytes, addr: Address, now: float) -> None:
         # The datagram and a refusal's code are counted by ingress (plain ints, pulled into
         # zerolayer_ingress_datagrams_total and zerolayer_request_errors_total at scrape).
-        r = self.ingress.feed(data)
+        r = self.ingress.feed(data, now)
         if type(r) is ControlRequest:   # exact types: cheaper than isinstance, and final
-            self._on_control(r, addr)
+            self._on_control(r, addr, now)
         elif type(r) is Rejected:
             if r.reply is not None:
                 self.send(r.reply, addr)
         elif type(r) is InvokeRequest:
-            self._on_invoke(r, addr)
+            self._on_invoke(r, addr, now)
 
-    def _on_invoke(self, inv: InvokeRequest, addr: Address) -> None:
+    def _on_invoke(self, inv: InvokeRequest, addr: Address, now: float) -> None:
         key = inv.cache_key
         e = self.cache.lookup(key)
         if e is not None:  # a duplicate: never run the model twice
@@ -84,7 +86,7 @@ class Admission:
             return
         req = Request(key, inv.body.params, inv.body, inv.signer, entry.run_id, inv.received_at,
                       addr=addr)
-        req.ingress_us = int((time.monotonic() - inv.received_at) * 1e6)
+        req.ingress_us = int((now - inv.received_at) * 1e6)
         req.body_bytes = memory_bounds.body_bytes(inv.body)
         slot = self._route(req, inv.body)
         if isinstance(slot, str):  # the engine is that far behind: say so, drop nothing
@@ -138,9 +140,9 @@ class Admission:
         return (f"admission queue full ({self.engines[0].admissions.capacity} "
                 f"requests{' per engine' if self.router else ''})")
 
-    def _on_control(self, c: ControlRequest, addr: Address) -> None:
+    def _on_control(self, c: ControlRequest, addr: Address, now: float) -> None:
         if c.msg_type == MsgType.PING:
-            self.send(c.signer.pong(c.timestamp_us, time.time_ns() // 1000, self.state()), addr)
+            self.send(c.signer.pong(c.timestamp_us, self.wall_us(), self.state()), addr)
             return
         e = self.cache.get(c.cache_key)
         if e is None:
@@ -150,7 +152,7 @@ class Admission:
         if req is not None:
             req.addr = addr
         if c.msg_type == MsgType.CANCEL and req is not None:
-            self.streams.cancel(req, CancelReason.CLIENT)
+            self.streams.cancel(req, CancelReason.CLIENT, now)
             return
         # RESEND (or keepalive), or CANCEL of a finished request
         from_seq = c.from_seq if c.msg_type == MsgType.RESEND else NO_SEQ

@@ -166,12 +166,13 @@ class Ingress:
                       "replies_suppressed": 0, "internal_bugs": 0,
                       "rejected_bytes": 0, "reply_bytes": 0}
 
-    def feed(self, datagram: bytes) -> IngressResult:
-        """Process one datagram. Never raises: a bug on a hostile input must not take the
+    def feed(self, datagram: bytes, now_mono: float | None = None) -> IngressResult:
+        """Process one datagram (received at monotonic time now_mono, the clock given at
+        construction by default). Never raises: a bug on a hostile input must not take the
         receive loop down (it becomes INTERNAL, counted, with no reply)."""
         self.stats["datagrams"] += 1
         try:
-            return self._feed(datagram)
+            return self._feed(datagram, self._mono() if now_mono is None else now_mono)
         except Exception as e:  # noqa: BLE001 - the loop's last line of defence
             self.stats["internal_bugs"] += 1
             self.errors[ErrorCode.INTERNAL] += 1
@@ -186,8 +187,7 @@ class Ingress:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _feed(self, dg: bytes) -> IngressResult:
-        now_mono = self._mono()
+    def _feed(self, dg: bytes, now_mono: float) -> IngressResult:
         try:
             req = parse_request(dg)
             secret = self.keys.mac(req.key_id)

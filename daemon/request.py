@@ -61,7 +61,7 @@ class Request:
     signer: ResponseSigner | None = None
     run_id: int = 0
     received_at: float = field(default_factory=time.monotonic)  # first datagram
-    ingress_us: int = 0                   # first datagram → admitted
+    ingress_us: int = 0                   # first datagram → the last of its body
     body_bytes: int = 0                   # the body's footprint while queued (memory_bounds.py)
     # -- the I/O thread's
     addr: Address | None = None           # where frames go, its carrier's (the client may move)

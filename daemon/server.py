@@ -1,8 +1,8 @@
 """zerolayerd: the daemon. Two threads: I/O on one pinned CPU, the engine on the others.
 
     I/O thread (this one, the main thread):
-        carriers (carriers/: AF_XDP rings, recvmmsg, shm rings) → Ingress (verify,
-        reassemble) → Admission (result cache, in-flight record, routing) → one Request
+        carriers (carriers/: AF_XDP rings, recvmmsg, shm rings) → Front (front.py): Ingress
+        (verify, reassemble) → Admission (result cache, in-flight record, routing) → one Request
         → admissions hand-off ────────────────────────────────────────────────────────┐
         PING, ACK, RESEND, CANCEL, lease and drain answered here, at once             │
         engine events → Streams: TOKEN / DONE / ERROR frames → result cache → back    │
@@ -22,9 +22,10 @@ I/O thread routes each admitted request to one (routing.py: prefix affinity, the
 waits on every events fd and drains them all. The result cache stays global, on this thread,
 so a duplicate request id attaches to its run whichever engine runs it.
 
-This module is the wiring and the loop. What the daemon does with a datagram is
-admission.py's, with an engine's event streams.py's; when it starts, drains and stops is
-lifecycle.py's table, which this loop and the control commands drive and read.
+This module is the wiring and the loop: it moves datagrams, events and the time into Front
+(front.py, sans-IO: what the daemon does with a datagram, an engine's event or the passing
+of time) and the frames it returns out through the carriers; when the daemon starts, drains
+and stops is lifecycle.py's table, which this loop and the control commands drive and read.
 """
 from __future__ import annotations
 
@@ -34,19 +35,19 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from zerolayer.protocol.errors import ErrorCode
 from zerolayer.protocol.wire import ServerState
 
 from . import config as config_mod
 from . import engines as engines_mod
 from . import startup
-from .admission import Admission
 from .auth import KeyFileError, KeyStore, ReplayConfig, ReplayGuard
-from .carriers import Address, Carriers, Frames, open_carriers
+from .carriers import Carriers, Frames, open_carriers
 from .engines import EngineSlot
 from .event_size import event_bytes
+from .front import Front
 from .handoff import Handoff
 from .in_flight import InFlight
 from .ingress import Ingress
@@ -59,9 +60,8 @@ from .ops.metrics import Metrics
 from .ops.phase_report import PhaseReport
 from .ops.sd_notify import Notifier, Watchdog
 from .reassembly import Reassembler
-from .request import CancelReason, EngineDied, EngineEvent
+from .request import EngineDied, EngineEvent
 from .result_cache import ResultCache
-from .streams import Streams
 from .version import package_version
 from .xdp_tag_check import XdpTagCheck
 
@@ -83,15 +83,17 @@ def log(msg: str, level: int = logging.INFO) -> None:
 
 
 class Daemon:
-    def __init__(self, cfg: config_mod.DaemonConfig):
+    def __init__(self, cfg: config_mod.DaemonConfig,
+                 clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
+        self.clock = clock   # the loop's time, which it passes to Front and the lifecycle
         self.metrics = Metrics()
         self.lifecycle = Lifecycle(cfg.lifecycle.drain_timeout_s, cfg.lifecycle.drain_linger_s)
         self.out: Frames = []
         self._handoffs: list[Handoff] = []   # the loop's hand-offs in (rearmed before a sleep)
         self._reload = False
         self._term_before_ready = False
-        self.started = time.monotonic()
+        self.started = clock()
         self.carriers: Carriers | None = None
         self.control: ControlServer | None = None
         self.events_pub: Publisher | None = None
@@ -146,7 +148,7 @@ class Daemon:
         self.metrics.serve(c.metrics.host, c.metrics.port, ready=self._readiness)
         self.lifecycle.subscribe(PhaseReport(self.lifecycle, self.in_flight,
                                              self.metrics, self.sd, log))
-        self.lifecycle.handle(Event.LOAD, time.monotonic())
+        self.lifecycle.handle(Event.LOAD, self.clock())
         for slot in self.engines:  # loads the model: a bad one fails the start here
             startup.start_engine(c, slot, self.engines[0], multi,
                                  startup.engine_cpus(slot, engine_cpus), self.metrics,
@@ -155,9 +157,8 @@ class Daemon:
         if xdp is not None:
             self.carriers.attach_xdp(xdp)
         self._start_control()
-        self.streams = Streams(self.in_flight, self.metrics, self._send, self.events_pub)
-        self.admission = Admission(c, self.ingress, self.in_flight, self.engines, self.metrics,
-                                   self.streams, self._send, lambda: self.lifecycle.phase.wire)
+        self.front = Front(c, self.ingress, self.in_flight, self.engines, self.metrics,
+                           lambda: self.lifecycle.phase.wire, publisher=self.events_pub, log=log)
         startup.pin_io(c, self.engines, io_cpus, log)
         # what the load built is never garbage: out of the collector's reach, so that a full
         # collection does not stop every thread for tens of ms while serving
@@ -173,7 +174,7 @@ class Daemon:
         signal.signal(signal.SIGHUP, lambda *_: setattr(self, "_reload", True))
         log(f"ready on {host}:{port}, ingress {path} "
             f"(metrics {c.metrics.host}:{c.metrics.port or 'off'}; {frozen} objects frozen)")
-        self.lifecycle.handle(Event.WARMED, time.monotonic())
+        self.lifecycle.handle(Event.WARMED, self.clock())
         if self._term_before_ready:
             self._on_term()
         # the slowest live engine's beat: any one stuck in a kernel stops the pings
@@ -208,7 +209,7 @@ class Daemon:
             self._term_before_ready = True   # handled once WARMED (see start)
             return
         try:  # a second signal while lingering stops at once; while streaming, nothing
-            self.lifecycle.handle(Event.TERM, time.monotonic())
+            self.lifecycle.handle(Event.TERM, self.clock())
         except LifecycleError:
             pass  # already stopped: the shutdown is under way
 
@@ -236,8 +237,11 @@ class Daemon:
             turn += 1
             for _ in range(MAX_RX_BATCHES):
                 batch, more = carriers.recv(turn, busy)
-                for data, addr in batch:
-                    self._on_datagram(data, addr)
+                if batch:
+                    now = self.clock()   # one clock read a batch: received together
+                    receive = self.front.receive
+                    for data, addr in batch:
+                        self.out += receive(data, addr, now)
                 if not more:
                     break
             # Looked at every turn; an empty hand-off costs no system call. Its eventfd may
@@ -245,8 +249,11 @@ class Daemon:
             # below clears each fd it found readable, or select() would return at once,
             # turn after turn (a spinning I/O thread, competing with the kernels).
             for slot in self.engines:
-                for ev in slot.events.drain():
-                    self._on_event(ev, slot)
+                evs = slot.events.drain()
+                if evs:
+                    now = self.clock()
+                    for ev in evs:
+                        self._on_event(ev, slot, now)
             for call in self.ctl_calls.drain():  # every turn, as the events (its eventfd)
                 control_commands.run(self, call)
             if carriers.changed:  # the operator attached or detached XDP: before any select
@@ -254,7 +261,7 @@ class Daemon:
                 wait_fds = self._wait_fds()
             if self.out or carriers.backlog:
                 self._flush()
-            now = time.monotonic()
+            now = self.clock()
             if now >= next_house:
                 self._housekeeping(now)
                 next_house = now + HOUSEKEEPING_S
@@ -287,9 +294,6 @@ class Daemon:
         self._handoffs = [*(s.events for s in self.engines), self.ctl_calls]
         return [*self._handoffs, *self.carriers.fds()]
 
-    def _send(self, frame: bytes, addr: Address) -> None:
-        self.out.append((frame, addr))
-
     def _flush(self) -> None:
         assert self.carriers is not None
         self.carriers.flush()  # frames a busy kernel left on a TX ring last time
@@ -297,20 +301,13 @@ class Daemon:
             out, self.out = self.out, []
             self.carriers.send(out)
 
-    def _on_datagram(self, data: bytes, addr: Address) -> None:
-        try:
-            self.admission.on_datagram(data, addr)
-        except Exception as e:  # noqa: BLE001 - one bad request must not end the daemon
-            self.metrics.errors.labels(ErrorCode.INTERNAL.name).inc()
-            log(f"internal error in request handling: {type(e).__name__}: {e}", logging.ERROR)
-
-    def _on_event(self, ev: EngineEvent, slot: EngineSlot) -> None:
+    def _on_event(self, ev: EngineEvent, slot: EngineSlot, now: float) -> None:
         if isinstance(ev, EngineDied):
-            self._engine_died(ev.message, slot)
+            self._engine_died(ev.message, slot, now)
         else:
-            self.streams.on_event(ev)
+            self.out += self.front.on_event(ev, now)
 
-    def _engine_died(self, msg: str, slot: EngineSlot) -> None:
+    def _engine_died(self, msg: str, slot: EngineSlot, now: float) -> None:
         """An engine is gone: its requests in flight end with INTERNAL (never silence). With
         other engines alive the daemon serves on with them (degraded: /readyz says so, the
         dead engine is never routed to again); when none is left (with one engine: at
@@ -326,41 +323,33 @@ class Daemon:
             log(f"engine {slot.index} failed ({msg}); failing its {len(mine)} request(s); "
                 f"{len(alive)} of {len(self.engines)} engines serve on (degraded)",
                 logging.CRITICAL)
-            if self.admission.router is not None:
-                self.admission.router.forget(slot.index)
-            for r in mine:
-                self.streams.fail(r, ErrorCode.INTERNAL, f"the engine failed: {msg}")
+            self.out += self.front.engine_failed(slot.index, msg)
             return
         log(f"engine failed ({msg}); failing {len(self.in_flight)} request(s) and exiting",
             logging.CRITICAL)
-        for r in self.in_flight:
-            self.streams.fail(r, ErrorCode.INTERNAL, f"the engine failed: {msg}")
-        self.lifecycle.handle(Event.ENGINES_DIED, time.monotonic())
+        self.out += self.front.engine_failed(None, msg)
+        self.lifecycle.handle(Event.ENGINES_DIED, now)
 
     def _housekeeping(self, now: float) -> None:
         assert self.carriers is not None
         if self._reload:
             self._reload = False
             self.reload_keys()
-        self.ingress.tick()
+        self.out += self.front.tick(now)
         if self.carriers.xdp is not None and self.carriers.xdp.io.auth is not None:
             self.carriers.xdp.io.auth.refresh_clock(now)   # at most once a second
-        for e in self.cache.expired_leases(self.cfg.cache.lease_s):
-            r = self.in_flight.get(e.key)
-            if r is not None:
-                self.streams.cancel(r, CancelReason.LEASE)
         for slot in self.engines:
             if (not slot.dead and slot.thread is not None and not slot.thread.is_alive()
                     and self.lifecycle.phase is not Phase.STOPPED):
                 for ev in slot.events.drain():  # its last words (EngineDied) first
-                    self._on_event(ev, slot)
+                    self._on_event(ev, slot, now)
                 if not slot.dead and self.lifecycle.phase is not Phase.STOPPED:
-                    self._on_event(EngineDied("the engine thread is gone"), slot)
+                    self._on_event(EngineDied("the engine thread is gone"), slot, now)
         totals = rollup.engines(self.metrics, self.engines)
         if self.watchdog is not None:
             self.watchdog.tick()
         self.status_line.tick(now, self.lifecycle.phase.wire.name.lower(), totals,
-                              len(self.engines), self.streams.tokens_out)
+                              len(self.engines), self.front.tokens_out)
         rollup.buffers(self.metrics, self.cfg, self.ingress, self.replay, self.in_flight,
                        self.engines, self.carriers, self.events_pub)
         self._flush()
@@ -383,8 +372,7 @@ class Daemon:
 
     def _shutdown(self) -> None:
         assert self.carriers is not None
-        for r in self.in_flight:
-            self.streams.cancel(r, CancelReason.DRAIN)  # tell, never vanish
+        self.out += self.front.drain(self.clock())  # tell, never vanish
         self._flush()
         for slot in self.engines:
             if slot.thread is not None:

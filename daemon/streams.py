@@ -11,7 +11,6 @@ behind a CANCEL, a lease or a drain) finds it `closed` and is dropped, never sen
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 
 from zerolayer.protocol.errors import ERROR_INFO, ErrorCode
@@ -41,8 +40,9 @@ class Streams:
         self.publisher = publisher
         self.tokens_out = 0          # tokens generated, for systemd's STATUS line's tok/s
 
-    def on_event(self, ev: EngineEvent) -> None:
-        """An engine's event about one request (EngineDied is the daemon's, not a stream's)."""
+    def on_event(self, ev: EngineEvent, now: float) -> None:
+        """An engine's event about one request (EngineDied is the daemon's, not a stream's),
+        at monotonic time `now`."""
         if isinstance(ev, AcceptedEvent):  # the engine took it: a model run, even if it was
             self.metrics.model_runs.inc()  # cancelled meanwhile (its DONE is in its stream)
             ev.req.reported_prompt, ev.req.reported_tokenize_us = ev.prompt_tokens, ev.tokenize_us
@@ -51,16 +51,15 @@ class Streams:
         if r.closed:
             return  # answered already (cancelled, lease, drain): the engine caught up
         if isinstance(ev, TextEvent):
-            self._text(r, ev)
+            self._text(r, ev, now)
         elif isinstance(ev, DoneEvent):
-            self.done(r, ev.reason, ev.usage, ev.timings, ev.stop_index)
+            self.done(r, ev.reason, ev.usage, ev.timings, now, ev.stop_index)
             self.metrics.speculative_tokens.labels("drafted").inc(ev.drafted)
             self.metrics.speculative_tokens.labels("accepted").inc(ev.accepted)
         elif isinstance(ev, FailedEvent):
             self.fail(r, ev.code, ev.message, started=ev.started)
 
-    def _text(self, r: Request, ev: TextEvent) -> None:
-        now = time.monotonic()
+    def _text(self, r: Request, ev: TextEvent, now: float) -> None:
         r.reported_cached = ev.cached
         if r.sent_tokens == 0 and ev.n_tokens:
             # TTFT, the one definition: first datagram received -> first token's frame sent
@@ -92,7 +91,7 @@ class Streams:
     def _seq(self, r: Request) -> int:
         return self.in_flight.cache.next_seq(r.key)
 
-    def cancel(self, r: Request, why: CancelReason) -> None:
+    def cancel(self, r: Request, why: CancelReason, now: float) -> None:
         """Stop a request now, on the I/O thread: its last frame goes out at once (DONE
         cancelled for the client's own CANCEL, ERROR CANCELLED when the daemon decides), and
         the engine frees its KV at its next step boundary (keeping the prompt's KV for
@@ -104,14 +103,14 @@ class Streams:
             return self.fail(r, ErrorCode.CANCELLED, why.value)
         # what the engine's events said so far: the I/O side never reads the engine's fields
         usage = Usage(r.reported_prompt, r.reported_cached, r.sent_tokens)
-        self.done(r, FinishReason.CANCELLED, usage, Timings(tokenize_us=r.reported_tokenize_us))
+        self.done(r, FinishReason.CANCELLED, usage, Timings(tokenize_us=r.reported_tokenize_us),
+                  now)
 
-    def done(self, r: Request, fr: FinishReason, usage: Usage, t: Timings,
+    def done(self, r: Request, fr: FinishReason, usage: Usage, t: Timings, now: float,
              stop_index: int = 0) -> None:
         """The request's last frame, a DONE. The engine's timings are its stages; total_us
         (first datagram received -> this DONE sent) and ingress_us are set here, the one side
         that sees both ends of the request."""
-        now = time.monotonic()
         t = dataclasses.replace(t, total_us=int((now - r.received_at) * 1e6),
                                 ingress_us=r.ingress_us)
         self.emit(r, r.signer.done(self._seq(r), r.run_id, fr, usage, t, stop_index))

@@ -252,7 +252,7 @@ class Timings:
     prefill_us: int = 0            # prompt forward pass
     decode_per_token_us: int = 0   # mean decode step per generated token
     total_us: int = 0              # first datagram received → DONE sent
-    ingress_us: int = 0            # first datagram received → admitted (verify, reassemble)
+    ingress_us: int = 0            # first datagram received → last (reassembly; 0: one datagram)
     tokenize_us: int = 0           # chat template + tokenizer
     decode_us: int = 0             # all decode steps
     decode_step_max_us: int = 0    # slowest decode step (jitter)

@@ -27,8 +27,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 MAX_EARLY = 2       # children run ahead at once: one per core of a 2-core CI machine
 EARLY_NICE = 19
@@ -136,6 +137,33 @@ def result(script: str, key: str, env: dict[str, str], timeout: float) -> dict:
     report = json.loads(stdout.strip().splitlines()[-1])
     report["_wall_s"] = time.monotonic() - c.t0
     return report
+
+
+def sim_env(**extra: str) -> dict[str, str]:
+    """A simulator child's environment: Numba's CUDA simulator behind the GPU backend, and the
+    CPU model it is compared with on the float kernels, the CUDA kernels' twins (float32 KV)."""
+    return dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
+                PYTHONUNBUFFERED="1", ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32",
+                **extra)
+
+
+def one_child(script: str, key: str, fixture: str, env: Callable[[], dict[str, str]],
+              timeout: float) -> tuple[Callable[[list[Any]], list[tuple[str, dict[str, str]]]],
+                                       Any]:
+    """For a suite whose tests read one child's results through one module fixture: its
+    `early_children` and that fixture, bound at module level as
+    ``early_children, results = gpu_children.one_child(__file__, "key", "results", env, s)``
+    (pytest finds a fixture by its name= wherever the module holds it)."""
+    import pytest
+
+    def early_children(items: list[Any]) -> list[tuple[str, dict[str, str]]]:
+        return [(key, env())] if any(fixture in i.fixturenames for i in items) else []
+
+    @pytest.fixture(scope="module", name=fixture)
+    def results() -> dict:
+        return result(script, key, env(), timeout)
+
+    return early_children, results
 
 
 def stop_all() -> None:

@@ -308,20 +308,8 @@ def test_llama_without_template_still_has_none(tmp_path):
 
 # ------------------------------------------------------------------ CUDA forward, simulated
 
-def _sim_env() -> dict[str, str]:
-    # the CUDA kernels are the float CPU kernels' twins (float32 KV): compare with those
-    return dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
-                PYTHONUNBUFFERED="1", ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32")
-
-
-def early_children(items: list[pytest.Item]) -> list[tuple[str, dict[str, str]]]:
-    """(key, env) of each child the selected tests need (tests/gpu_children.py)."""
-    return [("sim", _sim_env())] if any("sim_results" in i.fixturenames for i in items) else []
-
-
-@pytest.fixture(scope="module")
-def sim_results() -> dict:
-    return gpu_children.result(__file__, "sim", _sim_env(), 600)
+early_children, sim_results = gpu_children.one_child(__file__, "sim", "sim_results",
+                                                     gpu_children.sim_env, 600)
 
 
 # One model for the simulator (slow: ~30 s a model): biases, the reordered neox Q/K and

@@ -33,19 +33,8 @@ CHILD_TIMEOUT_S = 2700  # the equality cases split K as far as it goes: many ite
 SHAPES = dict(n_layer=2, d=64, ff=128, n_head=4, n_kv=2, hd=16, vocab=200, ctx=256)
 
 
-def _env() -> dict[str, str]:
-    return dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
-                PYTHONUNBUFFERED="1", ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32")
-
-
-def early_children(items: list[pytest.Item]) -> list[tuple[str, dict[str, str]]]:
-    """(key, env) of each child the selected tests need (tests/gpu_children.py)."""
-    return [("steps", _env())] if any("results" in i.fixturenames for i in items) else []
-
-
-@pytest.fixture(scope="module")
-def results() -> dict:
-    return gpu_children.result(__file__, "steps", _env(), CHILD_TIMEOUT_S)
+early_children, results = gpu_children.one_child(__file__, "steps", "results",
+                                                 gpu_children.sim_env, CHILD_TIMEOUT_S)
 
 
 def _ok(results, case):

@@ -34,21 +34,13 @@ CHILD_TIMEOUT_S = 1200
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
-               PYTHONUNBUFFERED="1", ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32",
-               ZEROLAYER_CUDA_PREFILL_GEMM_MIN_TOKENS=str(MIN_TOKENS))
+    env = gpu_children.sim_env(ZEROLAYER_CUDA_PREFILL_GEMM_MIN_TOKENS=str(MIN_TOKENS))
     env.pop("ZEROLAYER_CUDA_PREFILL_GEMM", None)
     return env
 
 
-def early_children(items: list[pytest.Item]) -> list[tuple[str, dict[str, str]]]:
-    """(key, env) of each child the selected tests need (tests/gpu_children.py)."""
-    return [("gemm", _env())] if any("results" in i.fixturenames for i in items) else []
-
-
-@pytest.fixture(scope="module")
-def results() -> dict:
-    return gpu_children.result(__file__, "gemm", _env(), CHILD_TIMEOUT_S)
+early_children, results = gpu_children.one_child(__file__, "gemm", "results", _env,
+                                                 CHILD_TIMEOUT_S)
 
 
 def _ok(results: dict, case: str) -> dict:

@@ -46,14 +46,8 @@ def _env() -> dict[str, str]:
     return env
 
 
-def early_children(items: list[pytest.Item]) -> list[tuple[str, dict[str, str]]]:
-    """(key, env) of each child the selected tests need (tests/gpu_children.py)."""
-    return [("ptx", _env())] if any("ptx_results" in i.fixturenames for i in items) else []
-
-
-@pytest.fixture(scope="module")
-def ptx_results() -> dict:
-    return gpu_children.result(__file__, "ptx", _env(), CHILD_TIMEOUT_S)
+early_children, ptx_results = gpu_children.one_child(__file__, "ptx", "ptx_results", _env,
+                                                     CHILD_TIMEOUT_S)
 
 
 def test_op_modules_found():

@@ -55,10 +55,7 @@ def tol(case: str) -> float:
 
 
 def _env(cases: list[str]) -> dict[str, str]:
-    # the CUDA kernels are the float CPU kernels' twins (float32 KV): compare with those
-    return dict(os.environ, ZEROLAYER_GPU_BACKEND="sim", NUMBA_ENABLE_CUDASIM="1",
-                PYTHONUNBUFFERED="1", ZEROLAYER_SIM_CASES=",".join(cases),
-                ZEROLAYER_CPU_KERNELS="float", ZEROLAYER_CPU_KV="f32")
+    return gpu_children.sim_env(ZEROLAYER_SIM_CASES=",".join(cases))
 
 
 def early_children(items: list[pytest.Item]) -> list[tuple[str, dict[str, str]]]:

@@ -1,11 +1,11 @@
-"""Streams on a fake clock: the I/O side alone defines a request's TTFT and its DONE's total_us
-(first datagram received -> first token's frame / DONE sent), whatever the engine's timings
-say. No socket, no model: a real result cache, in-flight record, metrics and signer."""
+"""Streams on a fake clock (the time passed in with each event): the I/O side alone defines a
+request's TTFT and its DONE's total_us (first datagram received -> first token's frame / DONE
+sent), whatever the engine's timings say. No socket, no model: a real result cache, in-flight
+record, metrics and signer."""
 from __future__ import annotations
 
 import pytest
 
-from zerolayer.daemon import streams as streams_mod
 from zerolayer.daemon.in_flight import InFlight
 from zerolayer.daemon.ops.metrics import Metrics
 from zerolayer.daemon.request import AcceptedEvent, CancelReason, DoneEvent, Request, TextEvent
@@ -35,9 +35,8 @@ class Clock:
 
 
 @pytest.fixture
-def setup(monkeypatch):
+def setup():
     clock = Clock(100.0)
-    monkeypatch.setattr(streams_mod, "time", clock)
     cache = ResultCache(clock=clock.monotonic)
     in_flight = InFlight(cache, 1)
     sent: list[bytes] = []
@@ -59,17 +58,18 @@ def ttft_count_and_sum(metrics: Metrics) -> tuple[float, float]:
 def test_ttft_is_first_datagram_to_first_token_frame_once(setup):
     clock, s, r, metrics, sent = setup
     clock.t = 100.125
-    s.on_event(TextEvent(r, "", 0))          # text held back, no token yet: not the first
+    s.on_event(TextEvent(r, "", 0), clock.t)  # text held back, no token yet: not the first
     assert ttft_count_and_sum(metrics) == (0, 0)
     clock.t = 100.25
-    s.on_event(TextEvent(r, "Par", 1))
+    s.on_event(TextEvent(r, "Par", 1), clock.t)
     clock.t = 100.5
-    s.on_event(TextEvent(r, "is", 1))
+    s.on_event(TextEvent(r, "is", 1), clock.t)
     assert ttft_count_and_sum(metrics) == (1, 0.25)
     # the engine's own first-token time is its business: the metric does not read it
     r.t_first = 100.0625
     clock.t = 100.75
-    s.on_event(DoneEvent(r, FinishReason.STOP, Usage(3, 0, 2), Timings(prefill_us=5)))
+    s.on_event(DoneEvent(r, FinishReason.STOP, Usage(3, 0, 2), Timings(prefill_us=5)),
+               clock.t)
     assert ttft_count_and_sum(metrics) == (1, 0.25)
     assert sum(isinstance(decode_response(f, SECRET), TokenFrame) for f in sent) == 3
 
@@ -80,7 +80,7 @@ def test_total_us_is_first_datagram_to_done_sent(setup):
     clock.t = 100.75
     # whatever total the event carries, the DONE says what the I/O side saw
     s.on_event(DoneEvent(r, FinishReason.LENGTH, Usage(3, 0, 1),
-                         Timings(queue_us=10, prefill_us=20, total_us=1)))
+                         Timings(queue_us=10, prefill_us=20, total_us=1)), clock.t)
     done = decode_response(sent[-1], SECRET)
     assert isinstance(done, DoneFrame)
     assert done.timings.total_us == 750_000
@@ -93,7 +93,8 @@ def test_the_stop_index_is_the_engines_event(setup):
     """DONE's stop_index comes in the engine's DoneEvent: the I/O side never reads the
     engine's stop checker (which the engine keeps to itself)."""
     clock, s, r, metrics, sent = setup
-    s.on_event(DoneEvent(r, FinishReason.STOP, Usage(3, 0, 2), Timings(), stop_index=2))
+    s.on_event(DoneEvent(r, FinishReason.STOP, Usage(3, 0, 2), Timings(), stop_index=2),
+               clock.t)
     done = decode_response(sent[-1], SECRET)
     assert isinstance(done, DoneFrame)
     assert (done.finish_reason, done.stop_index) == (FinishReason.STOP, 2)
@@ -104,13 +105,13 @@ def test_a_cancels_usage_is_what_the_engines_events_reported(setup):
     tokenizing time come from the events the engine sent, never from the engine's own fields
     (which the engine thread may be writing meanwhile)."""
     clock, s, r, metrics, sent = setup
-    s.on_event(AcceptedEvent(r, 37, 512))
-    s.on_event(TextEvent(r, "Par", 1, cached=36))
-    s.on_event(TextEvent(r, "", 0, cached=36))     # held text: no token framed
+    s.on_event(AcceptedEvent(r, 37, 512), clock.t)
+    s.on_event(TextEvent(r, "Par", 1, cached=36), clock.t)
+    s.on_event(TextEvent(r, "", 0, cached=36), clock.t)  # held text: no token framed
     # the engine's side has moved on; the I/O side does not look at it
     r.prompt_ids, r.cached, r.tokens, r.tokenize_us = None, 0, [1, 2, 3, 4], 9
     clock.t = 100.5
-    s.cancel(r, CancelReason.CLIENT)
+    s.cancel(r, CancelReason.CLIENT, clock.t)
     done = decode_response(sent[-1], SECRET)
     assert isinstance(done, DoneFrame) and done.finish_reason is FinishReason.CANCELLED
     assert (done.usage.prompt_tokens, done.usage.cached_prompt_tokens,

@@ -6,7 +6,7 @@ connection this module makes a fresh memfd holding a request ring and a response
 and passes the three fds with SCM_RIGHTS in its one greeting message. The connection then
 stays open only so that each side sees the other die: EOF on it frees the client's rings.
 
-The datagrams are the protocol's, unchanged: they go to the same Daemon._on_datagram as
+The datagrams are the protocol's, unchanged: they go to the same Front.receive as
 UDP's (HMAC, timestamp, nonce, reassembly, result cache), with the connection object as the
 peer address, so a reply goes back into that connection's response ring (send_batch), and a
 request id is global: a duplicate over UDP attaches to a request begun over shm and v.v.

@@ -11,7 +11,7 @@ pos * freq_scale * base^(-2i/hd) / rope_freqs[i] and cos, sin x attn_factor.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeAlias
 
 import numpy as np
@@ -26,7 +26,6 @@ F64: TypeAlias = npt.NDArray[np.float64]
 
 class ReferenceLlama:
     def __init__(self, reader: GGUFReader, cfg: ModelConfig):
-        self.cfg = cfg
         t = {x.name: x for x in reader.tensors}
 
         def dense(name: str) -> F64:
@@ -34,15 +33,33 @@ class ReferenceLlama:
             return dequantize(x.data, x.tensor_type).astype(np.float64).reshape(
                 [int(s) for s in reversed(x.shape)])
 
+        self._load(cfg, dense, t.__contains__, neox=cfg.arch == "qwen2")
+
+    @classmethod
+    def from_tensors(cls, cfg: ModelConfig, tensors: Mapping[str, npt.ArrayLike], *,
+                     neox: bool) -> ReferenceLlama:
+        """The same forward over tensors named as in a GGUF file (`token_embd.weight`,
+        `blk.0.attn_q.weight`, ...) that never were one: the GPU check's synthetic weights,
+        undone from the kernels' layout (tests/gpu_ref64.py). neox: RoPE on the halves of
+        each head (a qwen2 file's own Q and K) rather than on adjacent pairs (llama, and any
+        weights already in the runtime's row order). Arrays are shared, not copied."""
+        self = cls.__new__(cls)
+        self._load(cfg, lambda name: np.asarray(tensors[name], np.float64),
+                   tensors.__contains__, neox=neox)
+        return self
+
+    def _load(self, cfg: ModelConfig, dense: Callable[[str], F64], has: Callable[[str], bool],
+              *, neox: bool) -> None:
+        self.cfg = cfg
         self.bias: dict[tuple[int, str], F64] = {}  # (layer, "attn_q") -> bias vector, where the file has one
         for i in range(cfg.n_layer):
             for k in ("attn_q", "attn_k", "attn_v"):
-                if f"blk.{i}.{k}.bias" in t:
+                if has(f"blk.{i}.{k}.bias"):
                     self.bias[(i, k)] = dense(f"blk.{i}.{k}.bias")
-        self.rope_freqs = dense("rope_freqs.weight") if "rope_freqs.weight" in t else None
-        self.neox = cfg.arch == "qwen2"
+        self.rope_freqs = dense("rope_freqs.weight") if has("rope_freqs.weight") else None
+        self.neox = neox
         self.emb = dense("token_embd.weight")
-        self.out = dense("output.weight") if "output.weight" in t else self.emb
+        self.out = dense("output.weight") if has("output.weight") else self.emb
         self.out_norm = dense("output_norm.weight")
         self.layers = []
         for i in range(cfg.n_layer):

@@ -31,9 +31,10 @@ def _load(name: str):
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2_bias"])
 def test_reference64_equals_the_gguf_reference(tmp_path, kind):
-    """Weights in the kernels' layout, undone by gpu_ref64, give the logits that
-    gpu/reference.py computes from the file itself (gguf's own dequantization), for a
-    prompt and decode steps of two interleaved sequences."""
+    """Weights in the kernels' layout (repacked, rows reordered for qwen2's RoPE), undone by
+    gpu_ref64, give the logits that gpu/reference.py computes from the file itself (gguf's
+    own dequantization, the file's row order), for a prompt and decode steps of two
+    interleaved sequences: the same float64 forward, so this checks the undoing."""
     from zerolayer.gpu import gguf_loader
     from zerolayer.gpu.reference import ReferenceLlama
     path = str(tmp_path / "m.gguf")

@@ -83,6 +83,8 @@ def log(msg: str, level: int = logging.INFO) -> None:
 
 
 class Daemon:
+    carriers: Carriers   # opened by start() before the model loads; there from then on
+
     def __init__(self, cfg: config_mod.DaemonConfig,
                  clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
@@ -94,7 +96,6 @@ class Daemon:
         self._reload = False
         self._term_before_ready = False
         self.started = clock()
-        self.carriers: Carriers | None = None
         self.control: ControlServer | None = None
         self.events_pub: Publisher | None = None
         self.log = log
@@ -227,7 +228,6 @@ class Daemon:
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> int:
-        assert self.carriers is not None
         carriers = self.carriers
         next_house = 0.0
         wait_fds = self._wait_fds()
@@ -290,12 +290,10 @@ class Daemon:
         return self.lifecycle.exit_code
 
     def _wait_fds(self) -> list:
-        assert self.carriers is not None
         self._handoffs = [*(s.events for s in self.engines), self.ctl_calls]
         return [*self._handoffs, *self.carriers.fds()]
 
     def _flush(self) -> None:
-        assert self.carriers is not None
         self.carriers.flush()  # frames a busy kernel left on a TX ring last time
         if self.out:
             out, self.out = self.out, []
@@ -331,7 +329,6 @@ class Daemon:
         self.lifecycle.handle(Event.ENGINES_DIED, now)
 
     def _housekeeping(self, now: float) -> None:
-        assert self.carriers is not None
         if self._reload:
             self._reload = False
             self.reload_keys()
@@ -358,7 +355,7 @@ class Daemon:
         """SIGHUP or `zerolayer ctl reload-keys`: a refused file keeps the old keys."""
         self.sd.reloading()
         # The XDP program's copy follows in two steps around the swap (bpf/kernel_keys.py).
-        xdp = self.carriers.xdp if self.carriers is not None else None
+        xdp = self.carriers.xdp
         ok = self.keys.reload(xdp.io.auth if xdp is not None else None)
         self.sd.notify("READY=1", f"STATUS={self.lifecycle.phase.wire.name.lower()}: keys "
                                   f"{'reloaded' if ok else 'reload failed, old keys kept'}")
@@ -371,7 +368,6 @@ class Daemon:
         return ok
 
     def _shutdown(self) -> None:
-        assert self.carriers is not None
         self.out += self.front.drain(self.clock())  # tell, never vanish
         self._flush()
         for slot in self.engines:
@@ -416,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - a model error etc.: say it plainly
         plain = isinstance(e, (KeyFileError, ValueError, OSError))
         log(f"cannot start: {e if plain else f'{type(e).__name__}: {e}'}", logging.ERROR)
-        carriers = d.carriers if d is not None else None
+        carriers: Carriers | None = getattr(d, "carriers", None)   # None: failed before
         startup.failed_start(carriers.shm if carriers is not None else None, EXIT_BAD_START)
     return d.run()
 

@@ -341,7 +341,7 @@ def _print_invoke_stats(r: InvokeResult) -> None:
           f"e2e {r.elapsed_s * 1e3:.1f} ms, finish {r.finish_reason}, "
           f"prompt {u.prompt_tokens} tokens ({u.cached_prompt_tokens} cached), "
           f"attempts {r.attempts}, request {r.request_id.hex()}", file=sys.stderr)
-    print(f"zerolayer: daemon: ingress {t.ingress_us / 1e3:.2f} ms, "
+    print(f"zerolayer: daemon: reassembly {t.ingress_us / 1e3:.2f} ms, "
           f"queue {t.queue_us / 1e3:.2f} ms, prefill {t.prefill_us / 1e3:.1f} ms, "
           f"decode {t.decode_us / 1e3:.1f} ms ({t.decode_per_token_us / 1e3:.2f} ms/token, "
           f"slowest step {t.decode_step_max_us / 1e3:.2f} ms), total {t.total_us / 1e3:.1f} ms",

@@ -14,7 +14,6 @@ run id 0, docs/PROTOCOL.md §5.3), and its entry is dropped so a retry is admitt
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from zerolayer.protocol.errors import ErrorCode, OverloadedError
@@ -38,8 +37,7 @@ RESEND_LIMIT = 64  # frames per RESEND answer (docs/PROTOCOL.md)
 class Admission:
     def __init__(self, cfg: DaemonConfig, ingress: Ingress, in_flight: InFlight,
                  engines: list[EngineSlot], metrics: Metrics, streams: Streams, send: Send,
-                 state: Callable[[], ServerState],
-                 wall_us: Callable[[], int] = lambda: time.time_ns() // 1000) -> None:
+                 state: Callable[[], ServerState], wall_us: Callable[[], int]) -> None:
         self.cfg = cfg
         self.ingress = ingress
         self.in_flight = in_flight

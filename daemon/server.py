@@ -333,8 +333,8 @@ class Daemon:
             self._reload = False
             self.reload_keys()
         self.out += self.front.tick(now)
-        if self.carriers.xdp is not None and self.carriers.xdp.io.auth is not None:
-            self.carriers.xdp.io.auth.refresh_clock(now)   # at most once a second
+        if self.carriers.xdp is not None and self.carriers.xdp.auth is not None:
+            self.carriers.xdp.auth.refresh_clock(now)   # at most once a second
         for slot in self.engines:
             if (not slot.dead and slot.thread is not None and not slot.thread.is_alive()
                     and self.lifecycle.phase is not Phase.STOPPED):
@@ -356,7 +356,7 @@ class Daemon:
         self.sd.reloading()
         # The XDP program's copy follows in two steps around the swap (bpf/kernel_keys.py).
         xdp = self.carriers.xdp
-        ok = self.keys.reload(xdp.io.auth if xdp is not None else None)
+        ok = self.keys.reload(xdp.auth if xdp is not None else None)
         self.sd.notify("READY=1", f"STATUS={self.lifecycle.phase.wire.name.lower()}: keys "
                                   f"{'reloaded' if ok else 'reload failed, old keys kept'}")
         self.metrics.key_reloads.labels("ok" if ok else "failed").inc()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from . import config as config_mod
 from . import fault_hooks, test_hooks
+from .carriers import xdp_setup
 from .config import DaemonConfig
 from .engine import Engine
 from .engine_thread import EngineThread
@@ -224,38 +225,9 @@ def open_socket(cfg: DaemonConfig) -> socket.socket:
 def open_xdp(cfg: DaemonConfig, port: int, metrics: Metrics, log: Log,
              ingress: str | None = None, keys: KeyStore | None = None,
              in_flight: InFlight | None = None) -> XdpIO | None:
-    """The AF_XDP fast path (network.ingress xdp|auto; `ingress` overrides it for the
-    operator's `xdp-attach`). The UDP socket stays open either way: it serves whatever
-    the XDP program passes on (no socket registered yet, another device, a host without
-    XDP), so both paths always answer."""
-    n = cfg.network
-    ingress = ingress or n.ingress
-    if ingress not in ("udp", "xdp", "auto"):
-        raise ValueError(f"network.ingress must be udp, xdp or auto, not {ingress!r}")
-    if ingress == "udp":
-        return None
-    if not n.interface:
-        if ingress == "xdp":
-            raise ValueError("network.ingress = xdp needs network.interface")
-        log("ingress auto: no network.interface set, using udp")
-        return None
-    from .carriers.xdp_io import XdpIO, XdpSettings
-    try:
-        io = XdpIO.open(XdpSettings(n.interface, (port,), attach_mode=n.xdp_attach,
-                                    xsk_mode=n.xsk_mode, ring_size=n.xsk_ring_size,
-                                    rate_pps=n.xdp_rate_pps, rate_burst=n.xdp_rate_burst,
-                                    pin_dir=n.xdp_pin_dir))
-    except (OSError, RuntimeError, ValueError) as e:
-        if ingress == "xdp":
-            raise OSError(f"XDP ingress on {n.interface}: {e}") from e
-        log(f"ingress auto: XDP unavailable on {n.interface} ({e}); using udp",
-            logging.WARNING)
-        return None
-    log(f"XDP attached to {n.interface} ({n.xdp_attach}), {len(io.socks)} AF_XDP socket(s), "
-        f"{'zero-copy' if io.zerocopy else 'copy mode'}; BCC compile (helper process) "
-        f"{io.compile_seconds:.2f} s" + (f"; maps pinned in {n.xdp_pin_dir}" if io.pins else ""))
-    metrics.xdp_attached.set(1)
-    if keys is not None:
+    """The AF_XDP carrier (carriers/xdp_setup.py), with the keys published into its maps."""
+    io = xdp_setup.open_xdp(cfg.network, port, metrics.carriers, log, ingress)
+    if io is not None and keys is not None:
         publish_xdp_keys(io, keys, cfg, in_flight)
     return io
 
@@ -273,16 +245,10 @@ def running_xdp_keys(in_flight: InFlight | None) -> dict[int, list[bytes]]:
 
 def publish_xdp_keys(io: XdpIO, keys: KeyStore, cfg: DaemonConfig,
                      in_flight: InFlight | None = None) -> None:
-    """Give the XDP program the key ids, their XDP tag keys and the clock, and turn its
-    checks on (docs/PROTOCOL.md §10). Until this runs they are off: the program is then
-    lenient, never stricter than the daemon. Again after xdp-attach's hand-over (a reload
-    may have come between)."""
-    from zerolayer.bpf.kernel_keys import KernelKeys
-    if io.auth is None:
-        io.auth = KernelKeys(io.prog, skew_s=cfg.security.max_skew_s,
-                             require_tag=cfg.network.xdp_require_tag,
-                             running=lambda: running_xdp_keys(in_flight))
-    io.auth.publish(keys.xdp_keys())
+    """The keys, the clock and the running requests' tag keys into the XDP program's maps
+    (carriers/xdp_setup.publish_keys)."""
+    xdp_setup.publish_keys(io, keys.xdp_keys(), cfg.security.max_skew_s,
+                           cfg.network.xdp_require_tag, lambda: running_xdp_keys(in_flight))
 
 
 def failed_start(shm: ShmCarrier | None, code: int) -> NoReturn:

@@ -73,12 +73,12 @@ def test_udp_replies_refused_for_their_destination_are_counted() -> None:
         m = Metrics()
         udp = UdpCarrier(srv, batch=8)
         udp.send([(b"a", ("255.255.255.255", 9)), (b"b", cli.getsockname())])
-        udp.observe(m)
+        udp.observe(m.carriers)
         assert _value(m, "zerolayer_udp_undeliverable_total") == 1
         assert cli.recvfrom(16)[0] == b"b"
         udp.send([(b"c", ("255.255.255.255", 9))] * 3 + [(b"d", cli.getsockname())])
-        udp.observe(m)
-        udp.observe(m)                      # observing twice adds nothing twice
+        udp.observe(m.carriers)
+        udp.observe(m.carriers)             # observing twice adds nothing twice
         assert _value(m, "zerolayer_udp_undeliverable_total") == 4
         assert cli.recvfrom(16)[0] == b"d"
     finally:

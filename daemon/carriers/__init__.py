@@ -19,14 +19,17 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING, Protocol
 
+from .carrier_metrics import CarrierMetrics
 from .shm_ingress import ShmConn, ShmIngress, open_from_config
 from .udp_io import BatchedUDP
 from .xdp_frames import Peer
 
 if TYPE_CHECKING:
+    from zerolayer.bpf.kernel_keys import KernelKeys
+
     from ..config import NetworkSection, ShmSection
+    from ..json_value import JSONObject
     from ..ops.logs import Log
-    from ..ops.metrics import Metrics
     from .xdp_io import XdpIO
 
 UdpAddr = tuple  # (host, port) or (host, port, flowinfo, scope_id), as the socket module has it
@@ -64,7 +67,7 @@ class Carrier(Protocol):
         """The loop is about to sleep: True if it must not (work arrived meanwhile)."""
         ...
 
-    def observe(self, metrics: Metrics) -> None: ...
+    def observe(self, metrics: CarrierMetrics) -> None: ...
 
     def close(self) -> None: ...
 
@@ -111,7 +114,7 @@ class UdpCarrier:
     def before_sleep(self) -> bool:
         return False
 
-    def observe(self, metrics: Metrics) -> None:
+    def observe(self, metrics: CarrierMetrics) -> None:
         metrics.update_udp(self.io)
 
     def close(self) -> None:
@@ -152,8 +155,33 @@ class XdpCarrier:
     def before_sleep(self) -> bool:
         return False
 
-    def observe(self, metrics: Metrics) -> None:
+    def observe(self, metrics: CarrierMetrics) -> None:
         metrics.update_xdp(self.io)
+
+    @property
+    def ifname(self) -> str:
+        return self.io.settings.ifname
+
+    @property
+    def auth(self) -> KernelKeys | None:
+        """The kernel's copy of the keys (bpf/kernel_keys.py), once published."""
+        return self.io.auth
+
+    def status(self) -> JSONObject:
+        """What `zerolayer ctl xdp-status` shows of the attached program and its sockets."""
+        io = self.io
+        return {"attached": True, "interface": io.settings.ifname, "zerocopy": io.zerocopy,
+                "queues": len(io.socks), "ports": sorted(io.prog.ports()),
+                "rate": dict(zip(("rate_pps", "burst"), io.prog.rate())),
+                "packets": io.packet_counts(), "pins": io.pins}
+
+    def rate(self) -> tuple[int, int]:
+        """The XDP program's per-source token bucket: (packets a second, 0 = off; burst)."""
+        return self.io.prog.rate()
+
+    def set_rate(self, rate_pps: int, burst: int) -> None:
+        """Set it, at once (sources keep their state); ValueError for a negative value."""
+        self.io.prog.set_rate(rate_pps, burst)
 
     def close(self) -> None:
         """Detach: invoke traffic goes to the kernel's UDP path from here on. Replies
@@ -210,7 +238,7 @@ class ShmCarrier:
         of other_fds became readable)."""
         return self.io.spin(self.poll_s, other_fds)
 
-    def observe(self, metrics: Metrics) -> None:
+    def observe(self, metrics: CarrierMetrics) -> None:
         metrics.update_shm(self.io)
 
     def close(self) -> None:
@@ -301,7 +329,7 @@ class Carriers:
             pending = c.before_sleep() or pending
         return pending
 
-    def observe(self, metrics: Metrics) -> None:
+    def observe(self, metrics: CarrierMetrics) -> None:
         for c in self.all:
             c.observe(metrics)
 

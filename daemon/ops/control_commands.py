@@ -192,11 +192,7 @@ def kv_stats(d: Operated, call: ControlCall) -> JSONObject:
 def xdp_status(d: Operated, call: ControlCall) -> JSONObject:
     if d.carriers.xdp is None:
         return {"attached": False, "ingress": d.cfg.network.ingress}
-    io = d.carriers.xdp.io
-    return {"attached": True, "interface": io.settings.ifname, "zerocopy": io.zerocopy,
-            "queues": len(io.socks), "ports": sorted(io.prog.ports()),
-            "rate": dict(zip(("rate_pps", "burst"), io.prog.rate())),
-            "packets": io.packet_counts(), "pins": io.pins}
+    return d.carriers.xdp.status()
 
 
 def prepare(d: Operated, cmd: str, args: JSONObject) -> XdpIO | None:
@@ -208,7 +204,7 @@ def prepare(d: Operated, cmd: str, args: JSONObject) -> XdpIO | None:
         return None
     if d.carriers.xdp is not None:
         raise ControlError("UNAVAILABLE",
-                           f"already attached to {d.carriers.xdp.io.settings.ifname}")
+                           f"already attached to {d.carriers.xdp.ifname}")
     try:
         io = d.open_xdp("xdp")
     except (OSError, ValueError) as e:
@@ -225,10 +221,10 @@ def xdp_attach(d: Operated, call: ControlCall) -> JSONObject:
     if d.carriers.xdp is not None:  # attached meanwhile by another call: keep that one
         io.close()
         raise ControlError("UNAVAILABLE",
-                           f"already attached to {d.carriers.xdp.io.settings.ifname}")
+                           f"already attached to {d.carriers.xdp.ifname}")
     d.carriers.attach_xdp(io)
     startup.publish_xdp_keys(io, d.keys, d.cfg, d.in_flight)   # a reload may have come since
-    d.metrics.new_xdp_program()
+    d.metrics.carriers.new_xdp_program()
     return xdp_status(d, call)
 
 
@@ -240,8 +236,8 @@ def xdp_detach(d: Operated, call: ControlCall) -> JSONObject:
     if x is None:
         raise ControlError("UNAVAILABLE", "the XDP fast path is not attached")
     x.close()
-    d.metrics.xdp_attached.set(0)
-    d.log(f"XDP detached from {x.io.settings.ifname} by the operator; serving over UDP",
+    d.metrics.carriers.xdp_attached.set(0)
+    d.log(f"XDP detached from {x.ifname} by the operator; serving over UDP",
           logging.WARNING)
     return {"attached": False}
 
@@ -252,19 +248,19 @@ def rate_limit(d: Operated, call: ControlCall) -> JSONObject:
     state). UNAVAILABLE without the XDP fast path."""
     if d.carriers.xdp is None:
         raise ControlError("UNAVAILABLE", "the XDP fast path is not attached (ingress udp)")
-    prog = d.carriers.xdp.io.prog
+    xdp = d.carriers.xdp
     args = call.args
     if "rate_pps" in args or "burst" in args:
         try:
-            rate = _int_arg(args.get("rate_pps", prog.rate()[0]))
+            rate = _int_arg(args.get("rate_pps", xdp.rate()[0]))
             burst = _int_arg(args.get("burst", 0))
-            prog.set_rate(rate, burst)
+            xdp.set_rate(rate, burst)
         except ValueError as e:
             raise ControlError("BAD_ARGUMENT", f"rate_pps and burst: integers >= 0 ({e})") \
                 from None
         d.log(f"XDP rate limit set to {rate}/s, burst {burst} (by the operator)",
               logging.WARNING)
-    rate, burst = prog.rate()
+    rate, burst = xdp.rate()
     return {"rate_pps": rate, "burst": burst}
 
 

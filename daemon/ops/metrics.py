@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -21,10 +21,9 @@ from prometheus_client.metrics_core import Metric
 from zerolayer.gpu import __version__
 from zerolayer.protocol.errors import ErrorCode
 
+from ..carriers.carrier_metrics import CarrierMetrics, advance
+
 if TYPE_CHECKING:
-    from ..carriers.shm_ingress import ShmIngress
-    from ..carriers.udp_io import BatchedUDP
-    from ..carriers.xdp_io import XdpIO
     from ..ingress import Ingress
     from ..result_cache import ResultCache
 
@@ -89,27 +88,8 @@ class Metrics:
                                      "Requests handed to each engine, by why it was chosen: "
                                      "prefix (it served the payload's beginning) or load",
                                      ["engine", "reason"], registry=r)
-        # The XDP fast path (zero, and absent from nothing, when ingress is udp)
-        self.xdp_attached = Gauge("zerolayer_xdp_attached",
-                                  "1 while the XDP program is attached and AF_XDP sockets serve",
-                                  registry=r)
-        self.xdp_packets = Counter("zerolayer_xdp_packets",
-                                   "Packets the XDP program saw, by action and reason",
-                                   ["action", "reason"], registry=r)
-        self.xsk_rx_dropped = Counter("zerolayer_xsk_rx_dropped",
-                                      "Redirected packets the AF_XDP sockets could not take "
-                                      "(no fill frame, RX ring full, too big)", registry=r)
-        self.xsk_tx_dropped = Counter("zerolayer_xsk_tx_dropped",
-                                      "Reply frames not sent: every TX frame in flight "
-                                      "(the client recovers them with RESEND)", registry=r)
-        self.udp_undeliverable = Counter("zerolayer_udp_undeliverable",
-                                         "UDP replies the kernel refused for their "
-                                         "destination (no route back, an ICMP error pending, "
-                                         "a firewall): dropped, the others still sent",
-                                         registry=r)
-        self.xsk_ring_entries = Gauge("zerolayer_xsk_ring_entries",
-                                      "Entries in the AF_XDP rings, summed over queues",
-                                      ["ring"], registry=r)
+        # the carriers' own series (XDP program, AF_XDP rings, UDP, shared memory)
+        self.carriers = CarrierMetrics(r)
         self.handoff_full = Counter("zerolayer_handoff_full",
                                     "Hand-offs between the I/O and engine threads that found the "
                                     "queue full: admissions refused OVERLOADED, or engine waits "
@@ -178,29 +158,8 @@ class Metrics:
                                   "queue was full)", ["result"], registry=r)
         for result in ("published", "dropped"):
             self.events_out.labels(result)
-        # -- the same-host shared-memory carrier (daemon/carriers/shm_ingress.py) --
-        from ..carriers.shm_ingress import CONNECT_RESULTS, RING_ERRORS
-        self.shm_open = Gauge("zerolayer_shm_connections_open",
-                              "Same-host clients connected over shared memory", registry=r)
-        self.shm_connections = Counter("zerolayer_shm_connections",
-                                       "Shared-memory connection attempts by result: accepted, "
-                                       "refused_peer (SO_PEERCRED), refused_full "
-                                       "([shm] max_clients), failed", ["result"], registry=r)
-        self.shm_ring_full = Counter("zerolayer_shm_ring_full_drops",
-                                     "Reply frames lost because a client's response ring was "
-                                     "full (the client recovers them with RESEND)", registry=r)
-        self.shm_ring_errors = Counter("zerolayer_shm_ring_errors",
-                                       "Shared-memory connections dropped for breaking the "
-                                       "ring protocol, by reason: bad_index, bad_length, "
-                                       "protocol", ["reason"], registry=r)
-        for result in CONNECT_RESULTS:
-            self.shm_connections.labels(result)
-        for reason in RING_ERRORS:
-            self.shm_ring_errors.labels(reason)
-        # -- end shm --
         self._ingress_last: dict = {}
         self._handoff_last: dict = {}
-        self._xdp_last: dict = {}
         for code in ErrorCode:  # every code is visible at 0 before its first occurrence
             self.errors.labels(code.name)
         for outcome in ("stop", "length", "cancelled", "error"):
@@ -218,7 +177,7 @@ class Metrics:
 
     def update_handoff(self, queue: str, total: int) -> None:
         """Copy a hand-off's own count of full queues into the counter (as an increment)."""
-        _advance(self.handoff_full.labels(queue), self._handoff_last, queue, total)
+        advance(self.handoff_full.labels(queue), self._handoff_last, queue, total)
 
     def pull_ingress(self, ingress: Ingress) -> None:
         """Count ingress's datagrams and refusals from its own plain ints (kept per datagram
@@ -236,34 +195,18 @@ class Metrics:
         """Copy ingress's and reassembly's own counts (plain ints on the hot path) into
         Prometheus, from the loop's housekeeping."""
         last, st = self._ingress_last, ingress.stats
-        _advance(self.rejected_bytes, last, "rejected", st["rejected_bytes"])
-        _advance(self.reply_bytes, last, "reply", st["reply_bytes"])
-        _advance(self.replies_suppressed, last, "suppressed", st["replies_suppressed"])
+        advance(self.rejected_bytes, last, "rejected", st["rejected_bytes"])
+        advance(self.reply_bytes, last, "reply", st["reply_bytes"])
+        advance(self.replies_suppressed, last, "suppressed", st["replies_suppressed"])
         for event, n in ingress.reassembler.stats.items():
-            _advance(self.reassembly.labels(event), last, ("reassembly", event), n)
-
-    def update_shm(self, shm: ShmIngress) -> None:
-        """Copy the shm ingress's own counts (plain ints on the I/O thread) into Prometheus."""
-        from ..carriers.shm_ingress import CONNECT_RESULTS, RING_ERRORS
-        last, st = self._ingress_last, shm.stats
-        self.shm_open.set(len(shm.conns))
-        for result in CONNECT_RESULTS:
-            _advance(self.shm_connections.labels(result), last, ("shm", result), st[result])
-        for reason in RING_ERRORS:
-            _advance(self.shm_ring_errors.labels(reason), last, ("shm", reason), st[reason])
-        _advance(self.shm_ring_full, last, ("shm", "full"), st["ring_full_drops"])
-
-    def update_udp(self, io: BatchedUDP) -> None:
-        """Copy the UDP carrier's own count of refused destinations (udp_io.BatchedUDP)."""
-        _advance(self.udp_undeliverable, self._ingress_last, "udp_undeliverable",
-                 io.undeliverable)
+            advance(self.reassembly.labels(event), last, ("reassembly", event), n)
 
     def update_events(self, result: str, total: int) -> None:
-        _advance(self.events_out.labels(result), self._ingress_last, ("events", result), total)
+        advance(self.events_out.labels(result), self._ingress_last, ("events", result), total)
 
     def update_overloaded(self, totals: dict[str, int]) -> None:
         for bound, n in totals.items():
-            _advance(self.overloaded.labels(bound), self._ingress_last, ("overloaded", bound), n)
+            advance(self.overloaded.labels(bound), self._ingress_last, ("overloaded", bound), n)
 
     def set_state(self, state: str) -> None:
         for s in STATES:
@@ -273,25 +216,6 @@ class Metrics:
         for name, (used, limit) in buffers.items():
             self.memory.labels(name).set(used)
             self.memory_limit.labels(name).set(limit)
-
-    def new_xdp_program(self) -> None:
-        """A freshly loaded program (xdp-attach) counts from 0 again: forget the old totals,
-        or its first packets would be taken for the old program's and never counted."""
-        self._xdp_last.clear()
-
-    def update_xdp(self, io: XdpIO) -> None:
-        """Copy the kernel's counters (the program's per-CPU array, XDP_STATISTICS) into
-        Prometheus as increments. Called from the daemon's loop, so scrapes never touch the
-        rings or the maps."""
-        from ..carriers.xdp_io import REASON_ACTION
-        last = self._xdp_last
-        for reason, n in io.packet_counts().items():
-            _advance(self.xdp_packets.labels(REASON_ACTION[reason], reason), last, reason, n)
-        st = io.xsk_stats()
-        _advance(self.xsk_rx_dropped, last, "rx", st.rx_dropped + st.rx_ring_full)
-        _advance(self.xsk_tx_dropped, last, "tx", io.tx_no_frame)
-        for ring, n in io.ring_occupancy().items():
-            self.xsk_ring_entries.labels(ring).set(n)
 
     def serve(self, host: str, port: int,
               ready: Callable[[], tuple[bool, str]] = lambda: (True, "ready")) -> None:
@@ -354,14 +278,6 @@ class PulledCounter(Counter):
     def collect(self) -> Iterable[Metric]:
         self.pull()
         return super().collect()
-
-
-def _advance(counter: Counter, last: dict, key: Hashable, total: int) -> None:
-    """Add to `counter` what `total` (a running count kept elsewhere) gained since last time."""
-    d = total - last.get(key, 0)
-    if d > 0:
-        counter.inc(d)
-    last[key] = total
 
 
 class _Server(ThreadingMixIn, WSGIServer):

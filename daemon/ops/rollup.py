@@ -57,7 +57,7 @@ def buffers(m: Metrics, cfg: DaemonConfig, ingress: Ingress, replay: ReplayGuard
             in_flight: InFlight, slots: list[EngineSlot], carriers: Carriers,
             publisher: Publisher | None) -> None:
     """Carriers, ingress, memory, lifecycle events and every OVERLOADED bound."""
-    carriers.observe(m)
+    carriers.observe(m.carriers)
     m.update_ingress(ingress)
     m.update_memory(memory_bounds.buffers(cfg, replay, ingress.reassembler, in_flight.cache,
                                           slots, in_flight.admitted_bytes, carriers.umem_bytes))

@@ -66,6 +66,20 @@ SUPPORTED_TYPES = (QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, 
                    QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
 
+def f16_exact(*arrays: Array) -> bool:
+    """Every value of every array is a float16 value (finite, and float16 -> float32 gives it
+    back): the scales a kernel may read at half the bytes without changing one weight. True
+    for the file's own f16 scales (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1; -8 d, -16 d and -128 d are
+    exact short of overflow); not in general for the K-quants' d_sb * sc products."""
+    for a in arrays:
+        a = np.asarray(a, np.float32)
+        with np.errstate(over="ignore"):
+            h = a.astype(np.float16)
+        if not (np.isfinite(h).all() and np.array_equal(h.astype(np.float32), a)):
+            return False
+    return True
+
+
 def block_weights(fmt: int) -> int:
     """Weights per (d, m) block of an internal quantized format."""
     return QK_16 if fmt == FMT_Q8_16 else QK

@@ -47,6 +47,7 @@ def _ok(results, case):
 def test_fused_step_matches_the_cpu_model(results, case):
     r = _ok(results, case)
     assert r["path"] == "fused step kernel", r
+    assert r["scales"] == "float16", r  # these files' scales are f16 values (Q4_0/1, Q8_0, Q5_0)
     assert r["err"] <= TOL, r
     assert r["argmax_differs"] == 0, r
 
@@ -142,7 +143,7 @@ def _child() -> None:
             differs += int((decode_argmax(gpu.fwd.best_keys) != out[0].argmax(1)).sum())
         del gpu.fwd.splits_for
         return {"err": max(errs), "per_step": errs, "argmax_differs": differs,
-                "path": gpu.fwd.kernel_path}
+                "path": gpu.fwd.kernel_path, "scales": np.dtype(gpu.fwd.fused_scales).name}
 
     def case_step_mixed_formats():
         cpu, gpu = models("mixed", tied=True, qkv_bias=True, override={

@@ -50,6 +50,11 @@ early_children, ptx_results = gpu_children.one_child(__file__, "ptx", "ptx_resul
                                                      CHILD_TIMEOUT_S)
 
 
+# the fused step kernel's variants: 1- and 4-token tiles, float16 (#0) and float32 (#1)
+# scales (step_kernel.SCALE_TYPES)
+STEP_KERNELS = [f"step_kernel.step_tt{tt}#{i}" for tt in (1, 4) for i in (0, 1)]
+
+
 def test_op_modules_found():
     assert {"attention", "embedding", "matmul", "rmsnorm", "rope", "sampling", "swiglu"} <= set(OP_MODULES)
 
@@ -81,7 +86,7 @@ def test_fused_step_kernels_fit_one_block_per_multiprocessor_without_spills(ptx_
     registers: the fused step kernel runs 256 threads a block and needs every block of its
     grid resident at once (gpu/cuda/grid_sync.py), so 256 x registers must fit the 64K
     register file; and a spill would put its accumulators in local memory."""
-    for name in ("step_kernel.step_tt1", "step_kernel.step_tt4"):
+    for name in STEP_KERNELS:
         r = ptx_results["kernels"][name]
         assert "regs" in r, f"{name}: ptxas gave no register count ({r.get('ptxas')})"
         assert 256 * r["regs"] <= 65536, r
@@ -101,7 +106,7 @@ def test_fused_step_loads_are_as_wide_as_its_geometry_says(ptx_results):
     global load in the step kernel is that width, so the model prices the loads the kernel
     makes (widening them in the kernel means saying so in the geometry)."""
     from zerolayer.gpu.cuda.step_geometry import KERNEL
-    for name in ("step_kernel.step_tt1", "step_kernel.step_tt4"):
+    for name in STEP_KERNELS:
         loads = ptx_results["kernels"][name]["ld_global"]
         assert loads, name
         assert max(_load_bytes(op) for op in loads) == KERNEL.load_bytes, (name, loads)
@@ -116,23 +121,26 @@ def test_fused_step_loads_are_as_wide_as_its_geometry_says(ptx_results):
                    "243/255 registers; on this one (128/168, see the 128-register test) the "
                    "16-byte loads are not yet rebuilt and measured")
 def test_fused_step_matmul_loops_load_16_bytes(ptx_results):
-    for name in ("step_kernel.step_tt1", "step_kernel.step_tt4"):
+    for name in STEP_KERNELS:
         loads = ptx_results["kernels"][name]["ld_global"]
         assert any(_load_bytes(op) == 16 for op in loads), (name, loads)
 
 
+TT4_REGS = (
+    "168 registers a thread for 4-token tiles; ptxas -maxrregcount=128 spills 136 bytes "
+    "(stores), with float16 or float32 scales alike. The Q4 dot loop sets the peak (96 "
+    "with it stubbed out). nvdisasm's life ranges (CUDA 13.5 ptxas) count ~112 registers "
+    "live on entering it, mostly 64-bit "
+    "loop-invariant indices and addresses (Numba widens int32 arithmetic to int64), and "
+    "~159 at its peak, where each block's per-token activation loads and scales are in "
+    "flight. Read from shared memory, the activations fit 125, but staging them there "
+    "per chunk of the K slice costs as much in the staging loop (163). No measurement "
+    "yet says what the spills would cost")
+
+
 @pytest.mark.parametrize("name", [
-    "step_kernel.step_tt1",
-    pytest.param("step_kernel.step_tt4", marks=pytest.mark.xfail(strict=True, reason=(
-        "168 registers a thread for 4-token tiles; ptxas -maxrregcount=128 spills 136 bytes "
-        "(stores). The Q4 dot loop sets the peak (96 with it stubbed out). nvdisasm's life "
-        "ranges (CUDA 13.5 ptxas) count ~112 registers live on entering it, mostly 64-bit "
-        "loop-invariant indices and addresses (Numba widens int32 arithmetic to int64), and "
-        "~159 at its peak, where each block's per-token activation loads and scales are in "
-        "flight. Read from shared memory, the activations fit 125, but staging them there "
-        "per chunk of the K slice costs as much in the staging loop (163). No measurement "
-        "yet says what the spills would cost"))),
-])
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=TT4_REGS)) if "tt4" in n else n
+    for n in STEP_KERNELS])
 def test_fused_step_uses_at_most_128_registers(ptx_results, name):
     """The one-token kernel (a decode step at batch 1) fits 128 registers with no spill: its
     peak was the attention stage, whose indices go through U like the matmul loops'."""

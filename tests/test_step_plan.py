@@ -2,16 +2,21 @@
 
 The plan is what the GPU check divides by each stage's device time, so its weight bytes must
 be the bytes the kernel reads: every layer's quantized bytes, scales and offsets (or float32
-rows), once per token tile. Checked here against the loaded arrays of a tiny GGUF in several
-formats, with no CUDA involved.
+rows), once per token tile; the scales at the type the kernel reads them as (float16 where
+the file's own are, float32 for the K-quants). Checked here against the loaded arrays of a
+tiny GGUF in several formats, with no CUDA involved.
 """
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from gguf import GGMLQuantizationType as QT
 
+from test_quant_formats import gguf_weight
 from tiny_gguf import write_tiny_llama
+from zerolayer.gpu import quant
 from zerolayer.gpu.cuda import step_plan
+from zerolayer.gpu.cuda.step_geometry import scale_type
 from zerolayer.gpu.gguf_loader import load_weights, open_gguf, read_config
 
 SHAPES = dict(n_layer=3, d=64, ff=128, n_head=4, n_kv=2, hd=16, vocab=200, ctx=256)
@@ -28,7 +33,33 @@ def _model(tmp_path):
 
 
 def _nbytes(wt) -> int:
-    return sum(int(a.nbytes) for a in (wt.qs, wt.d, wt.m, wt.w))
+    """The weight's bytes with its scales as float16 (this model's formats all have them)."""
+    return int(wt.qs.nbytes + wt.w.nbytes + (wt.d.size + wt.m.size) * 2)
+
+
+@pytest.mark.parametrize("qt,scales", [(QT.Q4_0, np.float16), (QT.Q4_1, np.float16),
+                                       (QT.Q8_0, np.float16), (QT.Q5_1, np.float16),
+                                       (QT.Q4_K, np.float32), (QT.Q6_K, np.float32)],
+                         ids=lambda v: getattr(v, "name", getattr(v, "__name__", "")))
+def test_the_kernel_reads_the_files_own_f16_scales_as_float16(qt, scales):
+    """The types whose (d, m) are the file's f16 values (or exact multiples of them) are read
+    as float16, every value unchanged; the K-quants' d_sb * sc products keep float32; one
+    weight of float32 scales makes the whole model's kernel float32."""
+    rng = np.random.default_rng(int(qt))
+    rows, cols = 2 * quant.LANES, 512
+    wt = quant.stack([quant.repack(gguf_weight(qt, rows, cols, rng), rows, cols, qt)])
+    assert scale_type([wt]) is scales
+    if scales is np.float16:
+        assert np.array_equal(wt.d.astype(np.float16).astype(np.float32), wt.d)
+        f32 = quant.stack([quant.repack(gguf_weight(QT.F32, rows, cols, rng), rows, cols, QT.F32)])
+        k = quant.stack([quant.repack(gguf_weight(QT.Q4_K, rows, cols, rng), rows, cols, QT.Q4_K)])
+        assert scale_type([wt, f32]) is np.float16 and scale_type([wt, k]) is np.float32
+
+
+def test_a_scale_past_float16s_range_keeps_float32():
+    assert quant.f16_exact(np.array([1.5, -65504.0], np.float32))
+    assert not quant.f16_exact(np.array([1.5, 70000.0], np.float32))
+    assert not quant.f16_exact(np.array([1.0 + 2.0 ** -12], np.float32))
 
 
 def test_a_decode_step_reads_every_weight_once(tmp_path):
@@ -79,11 +110,11 @@ def _kind(name: str) -> str:
 
 
 def test_the_synthetic_shapes_have_the_bundled_files_bytes():
-    """SmolLM2-135M's shapes in the bundled file's formats: the 115.0 MB a decode step reads
-    (docs/BENCHMARKS.md), and Llama-3.2-1B's stages in its own shapes."""
+    """SmolLM2-135M's shapes in the bundled file's formats: the 98.2 MB a decode step reads
+    with float16 scales (docs/BENCHMARKS.md), and Llama-3.2-1B's stages in its own shapes."""
     cfg, w = step_shapes.synthetic("smollm2-135m")
     stages = step_plan.plan(cfg, w, tokens=1, context=128)
-    assert round(sum(s.weight_bytes for s in stages) / 1e6, 1) == 115.0
+    assert round(sum(s.weight_bytes for s in stages) / 1e6, 1) == 98.2
     cfg, w = step_shapes.synthetic("llama-3.2-1b")
     stages = step_plan.plan(cfg, w, tokens=1, context=128)
     assert len(stages) == 2 + 5 * 16

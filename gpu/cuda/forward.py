@@ -48,7 +48,7 @@ import numpy.typing as npt
 from ..model_api import Draw, StepArrays, StepInput, step_arrays
 from ..ops.logprobs import RowLogprobs
 from ..ops.penalties import Penalty
-from ..quant import Weight
+from ..quant import FMT_F32, Weight
 from . import attention as _att
 from . import embedding as _emb
 from . import logprobs as _lp
@@ -62,6 +62,7 @@ from . import swiglu as _sw
 from . import tensor_gemm as _tg
 from ._cuda_shim import SIM, DeviceArray, Event, StreamArg, cuda, grid_1d, kernel, new_event
 from .staging import Staging, take_prev
+from .step_geometry import scale_type
 from .step_launch import BarrierCheck, FusedRefused, FusedStep
 
 if TYPE_CHECKING:
@@ -104,14 +105,19 @@ FullWeight = tuple[int, list[DeviceArray | None]]
 
 
 def _upload_weight(wt: Weight, stream: StreamArg, full: dict[str, FullWeight] | None = None,
-                   name: str = "") -> tuple[int, list[LayerArrays]]:
+                   name: str = "", scales: type = np.float32) -> tuple[int, list[LayerArrays]]:
     """A quant.Weight -> (fmt, per-layer tuples of device arrays (qs, d, m, w)). The arrays
     a format doesn't use (zero-size) stay behind as None: the launch wrappers never touch them.
-    full[name] receives (fmt, the whole [layer, ...] arrays), for the fused step kernel."""
+    full[name] receives (fmt, the whole [layer, ...] arrays), for the fused step kernel, with
+    its scales (d, m) as `scales` (a float16 copy of its own where step_launch chose that)."""
     arrs = [cuda.to_device(np.ascontiguousarray(a), stream=stream) if a.size else None
             for a in (wt.qs, wt.d, wt.m, wt.w)]
     if full is not None:
-        full[name] = (wt.fmt, arrs)
+        fused = list(arrs)
+        if wt.fmt != FMT_F32 and scales != np.float32:
+            fused[1:3] = [cuda.to_device(np.ascontiguousarray(a, scales), stream=stream)
+                          for a in (wt.d, wt.m)]
+        full[name] = (wt.fmt, fused)
     L = wt.d.shape[0]
     qs, d, m, w = arrs
     return wt.fmt, [(None if qs is None else qs[i], None if d is None else d[i],
@@ -126,16 +132,25 @@ class CudaForward:
         self.cfg = cfg
         self.stream = stream
         s = stream
-        full: dict[str, FullWeight] = {}
-        self.emb = _upload_weight(weights.emb, s, full, "emb")
-        self.wqkv = _upload_weight(weights.wqkv, s, full, "wqkv")
-        self.wo = _upload_weight(weights.wo, s, full, "wo")
-        self.wgu = _upload_weight(weights.wgu, s, full, "wgu")
-        self.wdown = _upload_weight(weights.wdown, s, full, "wdown")
+        # The whole step as one kernel (step_kernel.py) unless ZEROLAYER_CUDA_FUSED=0 or the
+        # model's shapes are outside it; then the per-op launches below.
+        why = (_sk.supports(cfg, None) if os.environ.get("ZEROLAYER_CUDA_FUSED", "1") != "0"
+               else "ZEROLAYER_CUDA_FUSED=0")
+        full: dict[str, FullWeight] | None = {} if why is None else None
+        parts = [weights.emb, weights.wqkv, weights.wo, weights.wgu, weights.wdown, weights.output]
+        self.fused_scales = scale_type(parts)
+        up = partial(_upload_weight, stream=s, full=full, scales=self.fused_scales)
+        self.emb = up(weights.emb, name="emb")
+        self.wqkv = up(weights.wqkv, name="wqkv")
+        self.wo = up(weights.wo, name="wo")
+        self.wgu = up(weights.wgu, name="wgu")
+        self.wdown = up(weights.wdown, name="wdown")
         if weights.output is weights.emb:  # tied: one copy on the device
-            full["output"], self.output = full["emb"], self.emb
+            self.output = self.emb
+            if full is not None:
+                full["output"] = full["emb"]
         else:
-            self.output = _upload_weight(weights.output, s, full, "output")
+            self.output = up(weights.output, name="output")
         self.attn_norm_full = cuda.to_device(np.ascontiguousarray(weights.attn_norm), stream=s)
         self.ffn_norm_full = cuda.to_device(np.ascontiguousarray(weights.ffn_norm), stream=s)
         self.attn_norm = [self.attn_norm_full[i] for i in range(cfg.n_layer)]
@@ -157,14 +172,10 @@ class CudaForward:
         self._cap = 0
         self._part: dict[tuple[int, int], tuple[DeviceArray, DeviceArray, DeviceArray]] = {}
         self._inputs = Staging(s, np.int32)
-        # The whole step as one kernel (step_kernel.py) unless ZEROLAYER_CUDA_FUSED=0 or the
-        # model's shapes are outside it; then the per-op launches below.
-        why = (_sk.supports(cfg, None) if os.environ.get("ZEROLAYER_CUDA_FUSED", "1") != "0"
-               else "ZEROLAYER_CUDA_FUSED=0")
         self.fused = None
-        if why is None:
+        if full is not None:
             try:
-                self.fused = FusedStep(self, full, s)
+                self.fused = FusedStep(self, full, s, self.fused_scales)
             except FusedRefused as e:  # a clear refusal at start, then the per-op path
                 why = f"fused step kernel refused: {e}"
                 print(f"zerolayer: {why}", file=sys.stderr, flush=True)

@@ -95,7 +95,7 @@ def predict_prefill(cfg, w, tokens, dev):
     gemm = [0.0, 0.0, 0.0]
     for wt, out_rows in ((w.wqkv, q_w + 2 * kv_w), (w.wo, D), (w.wgu, 2 * F), (w.wdown, D)):
         K = wt.cols
-        nb = _layer_bytes(wt) + out_rows * K * F16
+        nb = _layer_bytes(wt, F32) + out_rows * K * F16  # the per-op arrays: float32 scales
         deq[0] += nb
         deq[1] += nb / bw
         cb = T * K * (F32 + F16)
@@ -124,7 +124,7 @@ def predict_prefill(cfg, w, tokens, dev):
     bias = int(qb is not None and qb.shape[1] > 0)
     lines.append(Line("elementwise (rmsnorm, rope, kv write, swiglu, adds)", 0.0, ew * L,
                       ew / bw * L, (7 + bias) * L))
-    out_b = _layer_bytes(w.output)
+    out_b = _layer_bytes(w.output, F32)
     lines.append(Line("embed + LM head (1 row, per-op)", 2.0 * D * cfg.vocab, out_b,
                       out_b / bw, 4))  # embed; gather the row, rmsnorm, matmul
     return PrefillPrediction(dev, T, lines)

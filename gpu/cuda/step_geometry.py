@@ -7,9 +7,12 @@ step_plan evaluates any Geometry, so a proposed cut can be priced before it is w
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..quant import LANES
+import numpy as np
+
+from ..quant import FMT_F32, LANES, Weight, f16_exact
 
 
 @dataclass(frozen=True)
@@ -55,3 +58,12 @@ def k_splits_for(row_items: int, k_blocks: int, target: int, most: int) -> int:
 # columns (and its residual write for every gate|up item of its tile, readers of x).
 KERNEL = Geometry(rows_per_item=16, k_splits=8, grid_syncs_per_layer=3,
                   barrier_after=(False, True, True, False, True))
+
+
+def scale_type(weights: Sequence[Weight]) -> type:
+    """The fused kernel's scale type for a model's weights: float16 when every quantized
+    one's (d, m) are float16 values (quant.f16_exact: Q4_0, Q4_1, Q8_0 files), so the kernel
+    reads a sixth fewer bytes a Q4_1 weight and computes the same weights; float32 when any
+    is not (the K-quants' products). One kernel variant for the whole model."""
+    quantized = [a for wt in weights if wt.fmt != FMT_F32 for a in (wt.d, wt.m)]
+    return np.float16 if f16_exact(*quantized) else np.float32

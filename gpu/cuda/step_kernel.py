@@ -49,7 +49,10 @@ rows 4*quad .. 4*quad + 3 of the item and every 64th (block, byte) position of i
 from kp: the weights are read as 32-bit words, ``qs32[layer, g64, b, j, lq]`` (the quant
 layout's bytes, 4 rows per word; lq the quad within the 64-row group), so a warp reads 8
 runs of 16 contiguous bytes (the other 48 bytes of each 64 are the 3 sibling items', read
-in the same stage, from L2). Partial sums meet in shared memory, halving in a fixed order.
+in the same stage, from L2). Each (block, row)'s scale and offset (d, m) are read as float16
+where every one of the model's is a float16 value (the file's own, for Q4_0, Q4_1, Q8_0:
+step_geometry.scale_type), so a Q4_1 weight costs the kernel the file's 20 bytes a block,
+not 24; as float32 otherwise (the K-quants). Partial sums meet in shared memory, in a fixed order.
 TT (tokens per item) is a compile-time constant: 1 for a step of one token, 4 otherwise.
 
 Under the simulator the same kernel runs one stage per launch (grid_sync.py); the launch
@@ -195,8 +198,8 @@ def _make(TT):
                                 byte = (word >> uint32(8 * q)) & uint32(255)
                                 lo = float32(int32(byte & uint32(15)))
                                 hi = float32(int32(byte >> uint32(4)))
-                                dq = d[U((gb + b) * LANES + 4 * lq + q)]
-                                mq = m[U((gb + b) * LANES + 4 * lq + q)]
+                                dq = float32(d[U((gb + b) * LANES + 4 * lq + q)])
+                                mq = float32(m[U((gb + b) * LANES + 4 * lq + q)])
                                 for tt in range(TT):
                                     acc[q * TT + tt] += (dq * (lo * xa[tt] + hi * xb[tt])
                                                          + mq * (xa[tt] + xb[tt]))
@@ -209,8 +212,8 @@ def _make(TT):
                                 xa[tt] = va * sa
                             for q in range(4):
                                 qv = float32(int32((word >> uint32(8 * q)) & uint32(255)))
-                                dq = d[U((gb + b) * LANES + 4 * lq + q)]
-                                mq = m[U((gb + b) * LANES + 4 * lq + q)]
+                                dq = float32(d[U((gb + b) * LANES + 4 * lq + q)])
+                                mq = float32(m[U((gb + b) * LANES + 4 * lq + q)])
                                 for tt in range(TT):
                                     acc[q * TT + tt] += (dq * qv + mq) * xa[tt]
                 b0 += 4 * step
@@ -256,7 +259,7 @@ def _make(TT):
             b = b ^ 0x7FFFFFFF  # negative floats: larger magnitude, smaller key
         return (int64(b) << 32) | int64(4294967295 - r)
 
-    @kernel([_SIG_TEMPLATE.format(TT=TT)], name=f"step_kernel.step_tt{TT}")
+    @kernel([signature(sc) for sc in SCALE_TYPES], name=f"step_kernel.step_tt{TT}")
     def step(qq, qd, qm, qw, fq, oq, od, om, ow, fo, gq, gd, gm, gw, fg, dq_, dd, dm, dw, fd,
              eq, ed, em, ew, fe, lq, ld, lm, lw, fl, wdim,
              norms, qkv_bias, has_bias, cos, sin, k_pool, v_pool,
@@ -327,7 +330,8 @@ def _make(TT):
                             qv = float32(int32(nib))
                         else:
                             qv = float32(int32(byte))
-                        x[t, k] = qv * ed[(gb + b) * LANES + l] + em[(gb + b) * LANES + l]
+                        x[t, k] = (qv * float32(ed[(gb + b) * LANES + l])
+                                   + float32(em[(gb + b) * LANES + l]))
                 n_rdy = L * n_tiles * rdy_per
                 for i in range(bid * THREADS + tid, max(n_out, n_rdy), nblocks * THREADS):
                     if i < n_out:
@@ -637,7 +641,12 @@ def stage_count_dev(n_layer):
     return 2 + STAGES_PER_LAYER * n_layer
 
 
-_W = "uint32[::1], float32[::1], float32[::1], float32[::1], int64"
+# The scales' type: float16 where every weight's (d, m) are f16 values (the file's own for
+# Q4_0, Q4_1, Q8_0: step_launch.py checks), a sixth fewer bytes a Q4_1 weight than float32;
+# float32 otherwise (the K-quants' d_sb * sc products need more bits). Kernels are registered
+# in this order: "<name>#0" is the float16 kernel.
+SCALE_TYPES = ("float16", "float32")
+_W = "uint32[::1], {S}[::1], {S}[::1], float32[::1], int64"
 _F2 = "float32[:, ::1]"
 _I1 = "int32[::1]"
 _SIG_TEMPLATE = (
@@ -647,5 +656,12 @@ _SIG_TEMPLATE = (
     + ", ".join([_F2] * 5) + ", float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
     + "int32[::1], int64[::1], float32[:, :, ::1], int32[::1], int32[::1], int32[::1], "
     + "int64, int64, int64, int64, float32, float32, int64, int64, int64, int64)")
+
+
+
+def signature(scales: type | str) -> str:
+    """The registered launch signature for scales of this numpy type (SCALE_TYPES)."""
+    return _SIG_TEMPLATE.format(S=np.dtype(scales).name)
+
 
 STEP = {TT: _make(TT) for TT in TOKEN_TILES}

@@ -44,16 +44,17 @@ SPLITS = ("step", "layer", "stage")
 FLAG_SLOTS = 2
 
 
-def _words(fmt, qs, d, m, w, L: int, stream):
+def _words(fmt, qs, d, m, w, L: int, stream, scales: type):
     """A weight's device arrays as the kernel takes them, each flat (a view: no copy), and
     its dims row [row groups, K blocks, bytes per block, rows, K]: qs as uint32 words (4
-    rows per word); unused arrays as one-element placeholders. Flat arrays and plain dims
-    keep the kernel from carrying six weights' shapes through its stage switch (registers)."""
+    rows per word); unused arrays as one-element placeholders (d and m of the kernel's
+    scale type). Flat arrays and plain dims keep the kernel from carrying six weights'
+    shapes through its stage switch (registers)."""
     if fmt == FMT_F32:
         z1 = cuda.to_device(np.zeros(1, np.uint32), stream=stream)
-        f1 = cuda.to_device(np.zeros(1, np.float32), stream=stream)
+        s1 = cuda.to_device(np.zeros(1, scales), stream=stream)
         R, K = int(w.shape[1]), int(w.shape[2])
-        return (z1, f1, f1, w.reshape(-1), fmt), [0, -(-K // 32), 0, R, K]
+        return (z1, s1, s1, w.reshape(-1), fmt), [0, -(-K // 32), 0, R, K]
     G, nb, bs = (int(n) for n in qs.shape[1:4])
     f1 = cuda.to_device(np.zeros(1, np.float32), stream=stream)
     return ((qs.view(np.uint32).reshape(-1), d.reshape(-1), m.reshape(-1), f1, fmt),
@@ -69,14 +70,15 @@ class FusedStep:
     refused (FusedRefused) unless its grid fits the device, it launches cooperatively, and
     it is the device's only fused kernel (residency.py)."""
 
-    def __init__(self, fwd, full: dict, stream):
+    def __init__(self, fwd, full: dict, stream, scales: type = np.float32):
         c = fwd.cfg
         self.cfg, self.stream = c, stream
         L = c.n_layer
         self.weights, dims = [], []
         for name in ("wqkv", "wo", "wgu", "wdown", "emb", "output"):
             fmt, arrs = full[name]
-            arrays, dim = _words(fmt, *arrs, L if name not in ("emb", "output") else 1, stream)
+            arrays, dim = _words(fmt, *arrs, L if name not in ("emb", "output") else 1, stream,
+                                 scales)
             self.weights.append(arrays)
             dims.append(dim)
         self.wdim = cuda.to_device(np.array(dims, np.int32), stream=stream)
@@ -93,11 +95,15 @@ class FusedStep:
         if self.split not in SPLITS:
             raise ValueError(f"ZEROLAYER_CUDA_STEP_LAUNCH={self.split!r}: one of {SPLITS}")
         self.claim = None
+        self.scales = scales
         if not SIM:  # (the simulator runs stages one launch each: no barrier to guard)
             dev = cuda.get_current_device()
-            got = residency.reserve(
-                [ov for tt in sk.TOKEN_TILES for ov in sk.STEP[tt].raw.overloads.values()],
-                self.blocks, sk.THREADS, str(getattr(dev, "uuid", dev.id)))
+            # The kernels are compiled lazily, at their first launch: compiled here, for the
+            # signature the launches will match, so that the residency checks see them and
+            # the launches find them marked cooperative.
+            sig = sk.signature(scales)
+            got = residency.reserve([sk.STEP[tt].raw.compile(sig) for tt in sk.TOKEN_TILES],
+                                    self.blocks, sk.THREADS, str(getattr(dev, "uuid", dev.id)))
             if isinstance(got, str):
                 raise FusedRefused(got)
             self.claim = got

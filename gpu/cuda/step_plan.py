@@ -5,7 +5,8 @@ beside the stage times it measures, and the difference is what the model gets wr
 
 Pure host code (no CUDA): CI computes it without a GPU, tests/test_step_plan.py holds the
 kernel to it, and docs/BENCHMARKS.md quotes it. Weight bytes are exactly those the kernel
-reads: every row group's bytes, scales and offsets, padding rows included, once per token
+reads: every row group's bytes, scales and offsets (at the kernel's scale type,
+step_geometry.scale_type), padding rows included, once per token
 tile (tiles re-read them: from L2 when they fit there). Work items follow the kernel's
 geometry (step_geometry.py), so a proposed geometry can be priced before it is written.
 
@@ -34,8 +35,10 @@ import argparse
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..quant import FMT_F32, LANES, Weight
-from .step_geometry import KERNEL, Geometry, k_splits_for
+from .step_geometry import KERNEL, Geometry, k_splits_for, scale_type
 
 TOKEN_TILE = 4  # step_kernel.TOKEN_TILES[-1]: tokens per item when a step has more than one
 BLOCK_TOKENS = 64  # KV positions per block (gpu/ops/attention.BLOCK_TOKENS)
@@ -95,11 +98,12 @@ class Stage:
         return self.weight_bytes + self.other_bytes + self.split_bytes
 
 
-def _layer_bytes(wt: Weight) -> int:
-    """Bytes of one layer of a quant.Weight as uploaded (qs, d, m; or the float32 rows)."""
+def _layer_bytes(wt: Weight, scale_bytes: int) -> int:
+    """Bytes of one layer of a quant.Weight as the kernel reads it (qs, and d, m at
+    scale_bytes each; or the float32 rows)."""
     if wt.fmt == FMT_F32:
         return int(wt.w[0].nbytes)
-    return int(wt.qs[0].nbytes + wt.d[0].nbytes + wt.m[0].nbytes)
+    return int(wt.qs[0].nbytes + (wt.d[0].size + wt.m[0].size) * scale_bytes)
 
 
 def _rows(wt: Weight) -> int:
@@ -113,7 +117,7 @@ def _k_blocks(wt: Weight) -> int:
 
 
 def _matmul(name: str, wt: Weight, rows: int, tiles: int, other: int, g: Geometry,
-            sms: int, passes: int = 1) -> Stage:
+            sms: int, scale_bytes: int, passes: int = 1) -> Stage:
     """A matmul stage as the kernel cuts it: (token tile, row group) items, K split by
     step_geometry.k_splits_for toward g.matmul_items_per_sm items per SM; the split
     partial sums (rows per pass and the sum of squares, per token) are written and read."""
@@ -121,7 +125,7 @@ def _matmul(name: str, wt: Weight, rows: int, tiles: int, other: int, g: Geometr
     S = k_splits_for(row_items, _k_blocks(wt), g.matmul_items_per_sm * sms, g.k_splits)
     tokens = tiles * (1 if tiles == 1 else TOKEN_TILE)
     partials = 0 if S == 1 else 2 * row_items * S * (passes * g.rows_per_item + 1) * tokens * 4
-    return Stage(name, row_items * S, _layer_bytes(wt) * tiles, other, k_splits=S,
+    return Stage(name, row_items * S, _layer_bytes(wt, scale_bytes) * tiles, other, k_splits=S,
                  split_bytes=partials)
 
 
@@ -141,6 +145,7 @@ def plan(cfg, w, tokens: int, context: int, prefill: bool = False, sms: int = H1
     g = geometry
     tiles = -(-T // (1 if T == 1 else TOKEN_TILE))
     f32 = 4
+    sb = np.dtype(scale_type([w.wqkv, w.wo, w.wgu, w.wdown, w.emb, w.output])).itemsize
     D, hd = cfg.d_model, cfg.head_dim
     q_w, kv_w = cfg.n_head * hd, cfg.n_kv * hd
     if prefill:  # token t attends to context + t + 1 positions
@@ -153,19 +158,19 @@ def plan(cfg, w, tokens: int, context: int, prefill: bool = False, sms: int = H1
         # A reads x and writes Q, K, V; B reads Q and the K and V of every attended position
         # and writes att; C reads att and x, writes x; D reads x, writes h; E reads h and x
         st += [_matmul(f"L{layer}.A qkv+rope+kv", w.wqkv, _rows(w.wqkv), tiles,
-                       T * (D + q_w + 2 * kv_w) * f32, g, sms),
+                       T * (D + q_w + 2 * kv_w) * f32, g, sms, sb),
                Stage(f"L{layer}.B attention", T * cfg.n_kv * splits, 0,
                      positions * 2 * kv_w * f32 + 2 * T * q_w * f32, "attention"),
                _matmul(f"L{layer}.C o-proj+residual", w.wo, _rows(w.wo), tiles,
-                       T * (q_w + 2 * D) * f32, g, sms),
+                       T * (q_w + 2 * D) * f32, g, sms, sb),
                _matmul(f"L{layer}.D gate|up+swiglu", w.wgu, _rows(w.wgu) // 2, tiles,
-                       T * (D + cfg.n_ff) * f32, g, sms, passes=2),
+                       T * (D + cfg.n_ff) * f32, g, sms, sb, passes=2),
                _matmul(f"L{layer}.E down+residual", w.wdown, _rows(w.wdown), tiles,
-                       T * (cfg.n_ff + 2 * D) * f32, g, sms)]
+                       T * (cfg.n_ff + 2 * D) * f32, g, sms, sb)]
     rows = 1 if prefill else T
     head_tiles = -(-rows // (1 if rows == 1 else TOKEN_TILE))
     st.append(_matmul("lm head+argmax", w.output, _rows(w.output), head_tiles,
-                      rows * (D + cfg.vocab) * f32, g, sms))
+                      rows * (D + cfg.vocab) * f32, g, sms, sb))
     return st
 
 

@@ -7,7 +7,8 @@ Prints one JSON line.
                                   first token is in
   whole PORT KEY_ID MAX_TOKENS    one invoke, the text only at the end (a restart under it is
                                   replayed by the SDK, where a stream's caller would see it)
-  running METRICS_PORT            zerolayer_requests_running, from the metrics endpoint
+  running METRICS_PORT            zerolayer_requests_running and _waiting, from the metrics
+                                  endpoint
   ping PORT KEY_ID                one authenticated ping
   loop PORTS STOP_FILE            invokes to each port in turn, over and over, until STOP_FILE
                                   exists: how many completed, and every failure
@@ -84,8 +85,10 @@ def main(argv: list[str]) -> None:
         out = {"text": r.text, "finish_reason": r.finish_reason, "restarts": r.restarts}
     elif cmd == "running":
         text = urllib.request.urlopen(f"http://127.0.0.1:{argv[1]}/metrics", timeout=5).read()
-        m = re.search(rb"^zerolayer_requests_running ([0-9.e+-]+)$", text, re.M)
-        out = {"running": float(m[1]) if m else 0.0}
+        out = {}
+        for name in ("running", "waiting"):
+            m = re.search(rb"^zerolayer_requests_" + name.encode() + rb" ([0-9.e+-]+)$", text, re.M)
+            out[name] = float(m[1]) if m else 0.0
     elif cmd == "ping":
         out = {"rtt": client(int(argv[1]), argv[2], timeout=10).ping()}
     elif cmd == "loop":

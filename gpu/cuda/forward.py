@@ -109,7 +109,8 @@ def _upload_weight(wt: Weight, stream: StreamArg, full: dict[str, FullWeight] | 
     """A quant.Weight -> (fmt, per-layer tuples of device arrays (qs, d, m, w)). The arrays
     a format doesn't use (zero-size) stay behind as None: the launch wrappers never touch them.
     full[name] receives (fmt, the whole [layer, ...] arrays), for the fused step kernel, with
-    its scales (d, m) as `scales` (a float16 copy of its own where step_launch chose that)."""
+    its scales (d, m) as `scales` (a float16 copy of its own where step_geometry.scale_type
+    chose float16)."""
     arrs = [cuda.to_device(np.ascontiguousarray(a), stream=stream) if a.size else None
             for a in (wt.qs, wt.d, wt.m, wt.w)]
     if full is not None:

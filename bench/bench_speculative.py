@@ -110,6 +110,9 @@ def run_lookup(model: str, prompt: str, n_tokens: int, threads: int) -> dict:
     cmd = [str(LOOKUP), "-m", model, "-p", prompt, "-n", str(n_tokens), "--temp", "0",
            "--spec-draft-n-max", "8", "-t", str(threads), "-c", "2048"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if p.returncode < 0:  # killed by a signal: llama.cpp's weight repacking crashes on the
+        cmd.append("--no-repack")   # AMX Xeon class; its plain layout is what serves there
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     out = p.stdout + p.stderr
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", out)
     acc = re.search(r"n_accept\s*=\s*(\d+)", out)

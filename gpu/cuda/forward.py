@@ -139,7 +139,8 @@ class CudaForward:
                else "ZEROLAYER_CUDA_FUSED=0")
         full: dict[str, FullWeight] | None = {} if why is None else None
         parts = [weights.emb, weights.wqkv, weights.wo, weights.wgu, weights.wdown, weights.output]
-        self.fused_scales = scale_type(parts)
+        # (the check reads every scale: only where the fused kernel will use its answer)
+        self.fused_scales = scale_type(parts) if full is not None else np.float32
         up = partial(_upload_weight, stream=s, full=full, scales=self.fused_scales)
         self.emb = up(weights.emb, name="emb")
         self.wqkv = up(weights.wqkv, name="wqkv")

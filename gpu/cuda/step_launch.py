@@ -95,7 +95,6 @@ class FusedStep:
         if self.split not in SPLITS:
             raise ValueError(f"ZEROLAYER_CUDA_STEP_LAUNCH={self.split!r}: one of {SPLITS}")
         self.claim = None
-        self.scales = scales
         if not SIM:  # (the simulator runs stages one launch each: no barrier to guard)
             dev = cuda.get_current_device()
             # The kernels are compiled lazily, at their first launch: compiled here, for the

@@ -1,12 +1,14 @@
-"""The flood's two load generators, each run from the sender's namespace, pinned to one CPU,
-and bounded both in count and in time: netsniff-ng's trafgen for UDP junk, wrk for HTTP
-requests with a wrong API key.
+"""The flood's two load generators, each run from the sender's namespace, pinned to one CPU
+at the lowest priority, and bounded both in count and in time: netsniff-ng's trafgen for UDP
+junk, wrk for HTTP requests with a wrong API key.
 """
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,15 +51,23 @@ class SenderResult:
 
 
 class Sender:
-    """A running generator: started in `ns` by start(), stopped (SIGINT, so it prints its own
-    count) by stop(); `bound_s` ends it anyway if stop() never comes."""
+    """A running generator: started in `ns`, stopped (SIGINT, so it prints its own count) by
+    stop(); `bound_s` ends it anyway if stop() never comes. Nice 19: the legitimate clients
+    that share its CPU run first, so the flood does not delay them on the client's side.
 
-    def __init__(self, ns: str, cpu: int, cmd: list[str], bound_s: float, log: Path):
+    `workers`: how many processes named cmd[0] the generator ends with. trafgen pins each of
+    its workers itself, the first to CPU 0 whatever the taskset it started under (its -P
+    counts workers, it cannot place them), so they are moved back to `cpu` once they exist."""
+
+    def __init__(self, ns: str, cpu: int, cmd: list[str], bound_s: float, log: Path,
+                 workers: int = 0):
         self.log = log
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", ns, "timeout", "-s", "INT", "-k", "5", f"{bound_s:.0f}",
-             "taskset", "-c", str(cpu), *cmd],
+             "taskset", "-c", str(cpu), "nice", "-n", "19", *cmd],
             stdout=open(log, "w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if workers:
+            pin_workers(self.proc, Path(cmd[0]).name, workers, cpu)
 
     def stop(self) -> str:
         if self.proc.poll() is None:
@@ -68,6 +78,67 @@ class Sender:
                 self.proc.kill()
                 self.proc.wait()
         return self.log.read_text()
+
+
+def parents() -> dict[int, int]:
+    """Every process's parent, from /proc/PID/stat."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:      # gone meanwhile
+                continue
+            out[int(d)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    ppid = parents()
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in ppid.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+def proc_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def pin_workers(root: subprocess.Popen, name: str, workers: int, cpu: int,
+                wait_s: float = 10.0, hold_s: float = 0.3) -> None:
+    """Wait until `workers` processes called `name`, each the child of one called `name`, run
+    below `root`; then keep them on `cpu` for `hold_s` (a worker pins itself right after its
+    fork: a pin set before that would be undone). A generator that has already ended needs
+    nothing."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        ppid = parents()
+        mine = [p for p in descendants(root.pid)
+                if proc_name(p) == name and proc_name(ppid.get(p, 0)) == name]
+        if len(mine) >= workers:
+            break
+        if root.poll() is not None:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(mine)} of {workers} {name} workers to pin to CPU {cpu} "
+                               f"within {wait_s:.0f} s")
+        time.sleep(0.01)
+    until = time.monotonic() + hold_s
+    while time.monotonic() < until:
+        for p in mine:
+            try:
+                if os.sched_getaffinity(p) != {cpu}:
+                    os.sched_setaffinity(p, {cpu})
+            except OSError:       # exited meanwhile
+                pass
+        time.sleep(0.01)
 
 
 def trafgen(ns: str, dev: str, cpu: int, config: Path, rate: str, bound_s: float,
@@ -83,7 +154,7 @@ def trafgen(ns: str, dev: str, cpu: int, config: Path, rate: str, bound_s: float
            "--no-sock-mem", "--notouch-irq"]
     if pps is not None:
         cmd += ["-b", f"{pps}pps"]
-    return Sender(ns, cpu, cmd, bound_s, log)
+    return Sender(ns, cpu, cmd, bound_s, log, workers=1)
 
 
 def parse_trafgen(out: str) -> SenderResult:

@@ -35,7 +35,9 @@ Per row, while the flood runs (after 1 s to settle):
 - the sender's own count and time (trafgen's, wrk's), and the packets the server's veth
   received per second over the window (its rx counter: the rate that arrived).
 A row without a flood ("none") per path comes first. The server is pinned to --server-cpu
-with one model thread, the sender to --sender-cpu; the clients are not pinned.
+with one model thread, alone there, as on an isolated core; the sender to --sender-cpu at
+nice 19, and the legitimate clients to --client-cpu (default: the sender's, where they run
+before it). On veth the kernel's receive work, an XDP drop included, runs on the sender's CPU.
 
 Holds /tmp/zl-bench.lock like the other benches. JSON under bench/results/flood-*.json
 (gitignored), a markdown table on stdout.
@@ -401,6 +403,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="time bound of each flood (it is stopped when its row is measured)")
     ap.add_argument("--server-cpu", type=int, default=0)
     ap.add_argument("--sender-cpu", type=int, default=1)
+    ap.add_argument("--client-cpu", type=int, default=None,
+                    help="the legitimate clients' CPU (default: the sender's, where they run "
+                         "before it: its nice is 19); -1: not pinned")
     ap.add_argument("--model", help="GGUF for llama-server (default: the bundled model)")
     ap.add_argument("--zl-extra", default="", help="more zerolayerd flags, one string")
     ap.add_argument("--lock-wait", type=float, default=1800)
@@ -412,6 +417,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.sources = [s for s in a.sources.split(",") if s]
     a.rates = [r for r in a.rates.split(",") if r]
     a.zl_extra = shlex.split(a.zl_extra)
+    if a.client_cpu is None:
+        a.client_cpu = a.sender_cpu
     for v, allowed, what in ((a.paths, PATHS, "path"), (a.classes, packets.CLASSES, "class"),
                              (a.sources, ("one", "spoofed"), "sources")):
         bad = set(v) - set(allowed)
@@ -447,6 +454,10 @@ def main(argv: list[str] | None = None) -> int:
         "trafgen": sh("trafgen -v | head -1"), "wrk": sh("wrk -v 2>&1 | head -1"),
         "loadavg_before": os.getloadavg(), "top_before": top_processes(5),
         "lock_waited_s": round(waited, 1), "args": {k: v for k, v in vars(a).items()}}}
+    if a.client_cpu >= 0:
+        # (after machine_info, which counts the CPUs this process may use) this thread's
+        # affinity, inherited by every client thread started after it
+        os.sched_setaffinity(0, {a.client_cpu})
     tmp = Path(tempfile.mkdtemp(prefix="zl-bench-flood-"))
     try:
         with flood_testbed() as bed:

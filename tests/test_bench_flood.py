@@ -115,14 +115,22 @@ def test_a_bounded_flood_reaches_the_server_and_the_testbed_goes_away(tmp_path) 
                           socket.inet_aton(tb.SRV_V4), 40000, 7433)
         cfg.write_text(fp.trafgen_config("malformed", ep, KEY_ID, SECRET, True))
         rx0 = tb.link_stats(bed.srv, tb.SRV_IF)["rx"]["packets"]
-        # 300 packets at 1000/s: bounded by count; the time bound (20 s) is only a backstop
-        s = senders.trafgen(bed.fld, tb.FLD_IF, 0, cfg, "1000", 20, tmp_path / "trafgen.log",
-                            count=300)
+        # 1500 packets at 1000/s: bounded by count; the time bound (20 s) is only a backstop.
+        # The last CPU: trafgen pins its worker to CPU 0 itself, the sender moves it back.
+        cpu = max(os.sched_getaffinity(0))
+        s = senders.trafgen(bed.fld, tb.FLD_IF, cpu, cfg, "1000", 20, tmp_path / "trafgen.log",
+                            count=1500)
+        ppid = senders.parents()
+        workers = [p for p in senders.descendants(s.proc.pid)
+                   if senders.proc_name(p) == "trafgen"
+                   and senders.proc_name(ppid[p]) == "trafgen"]
+        assert len(workers) == 1 and os.sched_getaffinity(workers[0]) == {cpu}
+        assert os.getpriority(os.PRIO_PROCESS, workers[0]) == 19
         s.proc.wait(30)
         out = s.stop()
         assert s.proc.returncode == 0, out
         res = senders.parse_trafgen(out)
-        assert res.sent == 300 and res.seconds > 0
+        assert res.sent == 1500 and res.seconds > 0
         assert tb.link_stats(bed.srv, tb.SRV_IF)["rx"]["packets"] - rx0 >= res.sent
         raise RuntimeError("stop here")   # teardown must run on an error too
     assert name is not None and tb.existing(name) == []

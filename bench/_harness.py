@@ -395,6 +395,25 @@ class NativeLlamaServer(_Proc):
         raise RuntimeError(f"{self.name} not ready after {timeout} s")
 
 
+def llama_server_that_serves(start, wait_ready) -> tuple[NativeLlamaServer, list[str]]:
+    """start(extra flags) -> a NativeLlamaServer, and wait_ready(server): its default first;
+    if that dies of SIGSEGV before it serves (llama.cpp 0c1e570's AMX weight repacking, whose
+    warm-up is a prompt, on the Xeon class), once more with --no-repack: a mode that crashes
+    on prompts is no peer. Returns the server and the flags it needed."""
+    for extra in ([], ["--no-repack"]):
+        srv = start(extra)
+        try:
+            wait_ready(srv)
+            return srv, extra
+        except RuntimeError as e:
+            srv.stop()
+            if extra or "exited with status -11" not in str(e):
+                raise
+            log("  llama-server crashed (SIGSEGV) with its default weight repacking; "
+                "measuring it with --no-repack")
+    raise AssertionError("unreachable")
+
+
 # ---------------------------------------------------------------- the llama.cpp side: llama-bench
 
 

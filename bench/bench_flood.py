@@ -80,6 +80,7 @@ from _harness import (  # noqa: E402
     git_head,
     http_get_timed,
     http_stream_chat,
+    llama_server_that_serves,
     log,
     machine_info,
     sh,
@@ -147,11 +148,12 @@ class LlamaTarget:
     def __init__(self, bed: Testbed, tmp: Path, cpu: int, model: str, slots: int):
         self.bed = bed
         self.key = secrets.token_hex(16)
-        self.s = NativeLlamaServer(
-            str(LLAMA_BIN / "llama-server"), model, 1, slots, HTTP_PORT, tmp / "llama-server.log",
-            extra=["--host", "0.0.0.0", "--api-key", self.key],
-            prefix=["ip", "netns", "exec", bed.srv, "taskset", "-c", str(cpu)])
-        in_netns(bed.srv, self.s.wait_ready)
+        self.s, self.fallback = llama_server_that_serves(
+            lambda extra: NativeLlamaServer(
+                str(LLAMA_BIN / "llama-server"), model, 1, slots, HTTP_PORT,
+                tmp / "llama-server.log", extra=["--host", "0.0.0.0", "--api-key", self.key, *extra],
+                prefix=["ip", "netns", "exec", bed.srv, "taskset", "-c", str(cpu)]),
+            lambda srv: in_netns(bed.srv, srv.wait_ready))
         self.pid = self.s.pid
 
     def counters(self) -> dict[str, float]:
@@ -330,6 +332,8 @@ def run_path(path: str, bed: Testbed, tmp: Path, a, rows: list[dict]) -> None:
             else:
                 m = flood_row(path, cls, spoof, rate, target, bed, tmp, a)
             m.update(path=path, cls=cls, sources="spoofed" if spoof else "one", rate=rate)
+            if path == "llama":
+                m["server_flags_added"] = target.fallback     # --no-repack after a crash
             rows.append(m)
             log("  " + render_row(m))
     finally:

@@ -17,7 +17,7 @@
 #define ZL_RATE_SOURCES     65536        /* LRU entries of the per-source token buckets */
 #endif
 #ifndef ZL_RATE_LIMIT
-#define ZL_RATE_LIMIT       1            /* 0 compiles the rate limiter out */
+#define ZL_RATE_LIMIT       1            /* 0 compiles the rate limiters out */
 #endif
 #ifndef ZL_VALIDATE_FRAGMENT
 #define ZL_VALIDATE_FRAGMENT 1           /* 0 skips the INVOKE fragment arithmetic */
@@ -28,6 +28,11 @@
 #ifndef ZL_AUTH
 #define ZL_AUTH             1            /* 0 compiles the key, tag and timestamp checks out */
 #endif
+
+/* zl_rate_cfg entries (rate_limit.h). */
+#define ZL_RATE_PER_SOURCE  0            /* each source address's bucket */
+#define ZL_RATE_UNTAGGED    1            /* the untagged requests' bucket, per CPU */
+#define ZL_RATE_CFGS        2
 
 /* zl_auth_cfg.flags: which of invoke_auth.h's checks the daemon turned on. */
 #define ZL_AUTH_KEYS        1            /* zl_keys is complete: other key ids are unknown */
@@ -53,6 +58,7 @@ enum zl_stat {
 	ZL_STAT_DROP_BAD_TAG,        /* XDP tag wrong under its key id's derived key */
 	ZL_STAT_DROP_UNTAGGED,       /* no XDP tag, and the daemon requires one */
 	ZL_STAT_DROP_STALE_TIMESTAMP, /* timestamp outside the daemon's window */
+	ZL_STAT_DROP_UNTAGGED_BUDGET, /* no XDP tag, and the untagged requests' bucket is empty */
 	ZL_STAT_MAX,
 };
 

@@ -14,9 +14,11 @@ BPF_XSKMAP(zl_xsks, ZL_MAX_QUEUES);
 /* All counters, one per reason (enum zl_stat), per CPU: no atomics on the fast path. */
 BPF_PERCPU_ARRAY(zl_stats, __u64, ZL_STAT_MAX);
 
-/* Rate limiter: configuration (entry 0) and per-source state. */
-BPF_ARRAY(zl_rate_cfg, struct zl_rate_cfg, 1);
+/* Rate limiters: configuration (entries ZL_RATE_PER_SOURCE, ZL_RATE_UNTAGGED), per-source
+ * state, and the untagged requests' bucket, one per CPU (no atomics, no races). */
+BPF_ARRAY(zl_rate_cfg, struct zl_rate_cfg, ZL_RATE_CFGS);
 BPF_TABLE("lru_hash", struct zl_src_key, struct zl_rate_state, zl_rate_state, ZL_RATE_SOURCES);
+BPF_PERCPU_ARRAY(zl_untagged_state, struct zl_rate_state, 1);
 
 /* Authentication (invoke_auth.h): key id -> its XDP tag key, kept in step with the daemon's
  * keys file; and the daemon's switches and clock offset (entry 0). Key material: the daemon

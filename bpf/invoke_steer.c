@@ -6,8 +6,9 @@
  *   2. check the zerolayer header at fixed offsets (invoke_validate.h) and drop what fails;
  *   3. check what the daemon would: key id known, the XDP tag, the timestamp window
  *      (invoke_auth.h), and drop what fails, so forgeries never cost the daemon a wake-up;
- *   4. charge the source's token bucket (rate_limit.h) and drop past its budget (after 3, so
- *      forgeries from a spoofed source do not spend its budget);
+ *   4. charge the source's token bucket, then, for a request without the XDP tag, the
+ *      untagged requests' bucket (rate_limit.h), and drop past either budget (after 3, so
+ *      forgeries from a spoofed source do not spend its budget, nor tagged ones the other);
  *   5. redirect to the AF_XDP socket of this RX queue (map zl_xsks), or XDP_PASS when the
  *      queue has none, so the daemon's UDP socket gets the datagram instead.
  * Every outcome is counted under one reason in the per-CPU array zl_stats.
@@ -59,6 +60,10 @@ int invoke_steer(struct xdp_md *ctx)
 	}
 	if (!zl_rate_admit(&pkt)) {
 		zl_count(ZL_STAT_DROP_RATE_LIMITED);
+		return XDP_DROP;
+	}
+	if (!zl_untagged_admit(&pkt, data_end)) {
+		zl_count(ZL_STAT_DROP_UNTAGGED_BUDGET);
 		return XDP_DROP;
 	}
 	/* Flags' low bits are the action when the queue has no socket (kernel >= 5.6). */

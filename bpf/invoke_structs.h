@@ -57,13 +57,15 @@ struct zl_pkt {
 	__u32 src[4];           /* source address; IPv4 as ::ffff:a.b.c.d */
 };
 
-/* Rate limiter configuration: array entry 0. rate_pps = 0 turns the limiter off. */
+/* Rate limiter configuration: array entry ZL_RATE_PER_SOURCE (each source address's bucket)
+ * and ZL_RATE_UNTAGGED (one bucket per CPU that every untagged request draws on). rate_pps
+ * = 0 turns that limiter off. */
 struct zl_rate_cfg {
-	__u32 rate_pps;         /* sustained datagrams per second per source address */
+	__u32 rate_pps;         /* sustained datagrams per second */
 	__u32 burst;            /* bucket depth in datagrams (0 counts as 1) */
 };
 
-/* Per-source state: GCRA's theoretical arrival time, equivalent to a token bucket. */
+/* A bucket's state: GCRA's theoretical arrival time, equivalent to a token bucket. */
 struct zl_rate_state {
 	__u64 tat_ns;
 };

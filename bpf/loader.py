@@ -73,13 +73,16 @@ REASONS: tuple[str, ...] = (
     "drop_bad_tag",
     "drop_untagged",
     "drop_stale_timestamp",
+    "drop_untagged_budget",
 )
 
 # The error class the daemon would answer for what each drop reason refuses (docs/PROTOCOL.md
-# §10): the kernel drops only what user space refuses anyway, and for the same reason.
+# §10): the kernel drops only what user space refuses anyway, and for the same reason. The
+# two rate limits are the exception, load shedding with no error to answer.
+RATE_REASONS = ("drop_rate_limited", "drop_untagged_budget")
 REASON_ERROR: dict[str, ErrorCode] = {
     **{r: ErrorCode.MALFORMED for r in REASONS
-       if r.startswith("drop_") and r not in ("drop_rate_limited", "drop_unknown_key",
+       if r.startswith("drop_") and r not in (*RATE_REASONS, "drop_unknown_key",
                                               "drop_bad_tag", "drop_untagged",
                                               "drop_stale_timestamp")},
     "drop_unknown_key": ErrorCode.UNKNOWN_KEY,
@@ -129,11 +132,12 @@ _DEFINE_NAME = re.compile(r"ZL_[A-Z0-9_]+\Z")
 _LOCAL_INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')
 
 _libc = ctypes.CDLL(None, use_errno=True)
-MAP_NAMES = ("zl_ports", "zl_xsks", "zl_stats", "zl_rate_cfg", "zl_rate_state", "zl_keys",
-             "zl_auth_cfg")
+MAP_NAMES = ("zl_ports", "zl_xsks", "zl_stats", "zl_rate_cfg", "zl_rate_state",
+             "zl_untagged_state", "zl_keys", "zl_auth_cfg")
 SECRET_MAPS = ("zl_keys",)     # key material: pinned mode 0600
 _TAG_KEY = struct.Struct("=QQQQII")    # struct zl_tag_key
 _AUTH_CFG = struct.Struct("=QQII")     # struct zl_auth_cfg
+_RATE_PER_SOURCE, _RATE_UNTAGGED = 0, 1   # zl_rate_cfg entries (invoke_consts.h)
 
 
 class BpfUnavailable(RuntimeError):
@@ -347,21 +351,39 @@ class InvokeSteer:
         """Per-source limit: `rate_pps` datagrams/s sustained, `burst` back to back
         (0 counts as 1). rate_pps = 0 turns the limiter off. Existing per-source state is
         kept; call reset_rate_state() to start every source with a full bucket."""
-        if not (0 <= rate_pps < 1 << 32 and 0 <= burst < 1 << 32):
-            raise ValueError("rate_pps and burst are u32")
-        self.table("zl_rate_cfg").update(struct.pack("=I", 0), struct.pack("=II", rate_pps, burst))
+        self._set_rate_cfg(_RATE_PER_SOURCE, rate_pps, burst)
 
     def rate(self) -> tuple[int, int]:
-        value = self.table("zl_rate_cfg").lookup(struct.pack("=I", 0))
-        if value is None:   # an array map always holds its index 0
-            raise KeyError("zl_rate_cfg[0]")
+        return self._rate_cfg(_RATE_PER_SOURCE)
+
+    def set_untagged_rate(self, rate_pps: int, burst: int = 0) -> None:
+        """The budget of requests without the XDP tag, per receiving CPU, whatever their
+        source (rate_limit.h): `rate_pps` a second sustained, `burst` back to back; 0 = off."""
+        self._set_rate_cfg(_RATE_UNTAGGED, rate_pps, burst)
+
+    def untagged_rate(self) -> tuple[int, int]:
+        return self._rate_cfg(_RATE_UNTAGGED)
+
+    def _set_rate_cfg(self, index: int, rate_pps: int, burst: int) -> None:
+        if not (0 <= rate_pps < 1 << 32 and 0 <= burst < 1 << 32):
+            raise ValueError("rate_pps and burst are u32")
+        self.table("zl_rate_cfg").update(struct.pack("=I", index),
+                                         struct.pack("=II", rate_pps, burst))
+
+    def _rate_cfg(self, index: int) -> tuple[int, int]:
+        value = self.table("zl_rate_cfg").lookup(struct.pack("=I", index))
+        if value is None:   # an array map always holds its indices
+            raise KeyError(f"zl_rate_cfg[{index}]")
         pps, burst = struct.unpack("=II", value)
         return pps, burst
 
     def reset_rate_state(self) -> None:
+        """Every bucket full again: the sources' and the untagged requests'."""
         t = self.table("zl_rate_state")
         for k in list(t.keys()):
             t.delete(k)
+        u = self.table("zl_untagged_state")
+        u.update(struct.pack("=I", 0), bytes(u.value_size))
 
     # --- authentication (invoke_auth.h) ---------------------------------------------------------
 

@@ -41,12 +41,14 @@ def main(argv: list[str] | None = None) -> int:
             prog.reset_rate_state()
         stats = prog.stats()
         pps, burst = prog.rate()
+        u_pps, u_burst = prog.untagged_rate()
         flags, skew_us, _ = prog.auth()
         key_ids = sorted(prog.tag_keys())
         auth = {"key_ids": key_ids, "check_keys": bool(flags & AUTH_KEYS),
                 "require_tag": bool(flags & AUTH_REQUIRE_TAG), "skew_us": skew_us}
         ports = sorted(prog.ports())
         state = {"ports": ports, "rate_pps": pps, "burst": burst,
+                 "untagged_rate_pps": u_pps, "untagged_burst": u_burst,
                  "packets": stats, "auth": auth}
         if a.cmd == "show" and a.json:
             print(json.dumps(state))
@@ -55,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'off' if pps == 0 else f'{pps}/s per source, burst {burst}'}")
             print(f"auth: {len(key_ids)} key id(s), unknown keys "
                   f"{'dropped' if auth['check_keys'] else 'passed'}, untagged "
-                  f"{'dropped' if auth['require_tag'] else 'passed'}, timestamps "
+                  f"{'dropped' if auth['require_tag'] else 'passed'}"
+                  f"{'' if auth['require_tag'] or not u_pps else f' up to {u_pps}/s a CPU, burst {u_burst}'}"
+                  ", timestamps "
                   f"{f'within {skew_us / 1e6:.0f} s' if skew_us else 'not checked'}")
             for reason in REASONS:
                 print(f"  {reason:<22} {stats[reason]}")

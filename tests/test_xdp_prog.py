@@ -98,12 +98,14 @@ def xdp(prog):
     """The module's program with clean counters, no rate limit, no sockets."""
     prog.set_ports([PORT])
     prog.set_rate(0)
+    prog.set_untagged_rate(0)
     prog.reset_rate_state()
     prog.reset_stats()
     yield prog
     for q in range(4):
         prog.unregister_xsk(q)
     prog.set_rate(0)
+    prog.set_untagged_rate(0)
 
 
 def run(p: InvokeSteer, frame: bytes, **kw) -> tuple[int, dict[str, int]]:
@@ -454,6 +456,34 @@ def test_rate_limit_drops_past_the_burst(xdp) -> None:
     assert run(xdp, frame) == (XDP_PASS, {"pass_no_xsk": 1})
 
 
+def test_untagged_requests_share_one_budget_whatever_their_source(xdp) -> None:
+    """The untagged requests' bucket (rate_limit.h): spoofed sources, each with a fresh
+    per-source bucket, still draw on one budget; tagged requests never do."""
+    xdp.set_rate(rate_pps=1_000_000, burst=1000)   # per source: never the limit here
+    xdp.set_untagged_rate(rate_pps=1, burst=3)
+    assert xdp.untagged_rate() == (1, 3)
+    untagged = [udp4(d, PORT, src=f"10.77.1.{i}") for i, d in enumerate([VALID, PING, VALID])]
+    for frame in untagged:
+        assert run(xdp, frame) == (XDP_PASS, {"pass_no_xsk": 1})
+    for src in ("10.77.1.9", "10.77.1.10"):
+        assert run(xdp, udp4(PING, PORT, src=src)) == (XDP_DROP, {"drop_untagged_budget": 1})
+    assert run(xdp, udp6(VALID, PORT)) == (XDP_DROP, {"drop_untagged_budget": 1})
+    # The XDP_TAG flag set (no keys published: the kernel checks no tag) draws on nothing.
+    tagged = wire.encode_control(wire.MsgType.PING, 7, KEY, RID, TS, NONCE, xdp_tag=True)
+    for i in range(5):
+        assert run(xdp, udp4(tagged, PORT, src=f"10.77.2.{i}")) == (XDP_PASS, {"pass_no_xsk": 1})
+    # Malformed junk is dropped for what it is before it costs the budget anything.
+    xdp.set_untagged_rate(rate_pps=1, burst=1)
+    xdp.reset_rate_state()
+    for _ in range(5):
+        assert run(xdp, udp4(patch(PING, 0, "<I", 0), PORT)) == (XDP_DROP, {"drop_bad_magic": 1})
+    assert run(xdp, udp4(PING, PORT)) == (XDP_PASS, {"pass_no_xsk": 1})
+    assert run(xdp, udp4(PING, PORT)) == (XDP_DROP, {"drop_untagged_budget": 1})
+    xdp.set_untagged_rate(0)
+    for _ in range(5):
+        assert run(xdp, udp4(PING, PORT)) == (XDP_PASS, {"pass_no_xsk": 1})
+
+
 def test_rate_limit_refills(xdp) -> None:
     # 1e6/s: one token per microsecond, so the bucket is full again almost at once.
     xdp.set_rate(rate_pps=1_000_000, burst=1)
@@ -526,8 +556,8 @@ def test_pin_maps_on_a_private_bpffs(prog, tmp_path) -> None:
         assert loader.is_bpffs(d)
         pins = prog.pin_maps(d / "zerolayer")
         assert sorted(p.name for p in pins.values()) == sorted(
-            ["zl_ports", "zl_xsks", "zl_stats", "zl_rate_cfg", "zl_rate_state", "zl_keys",
-             "zl_auth_cfg"])
+            ["zl_ports", "zl_xsks", "zl_stats", "zl_rate_cfg", "zl_rate_state",
+             "zl_untagged_state", "zl_keys", "zl_auth_cfg"])
         assert all(p.exists() for p in pins.values())
         # the XDP tag keys are key material: root only
         assert (pins["zl_keys"].stat().st_mode & 0o777) == 0o600

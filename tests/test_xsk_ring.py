@@ -150,7 +150,7 @@ def test_pinned_maps_for_ops_tools_go_away_on_close(tmp_path):
             try:
                 assert sorted(p.name for p in io.pins.values()) == [
                     "zl_auth_cfg", "zl_keys", "zl_ports", "zl_rate_cfg", "zl_rate_state",
-                    "zl_stats", "zl_xsks"]
+                    "zl_stats", "zl_untagged_state", "zl_xsks"]
                 assert all(p.exists() for p in io.pins.values())
             finally:
                 io.close()

@@ -173,6 +173,7 @@ class XdpCarrier:
         return {"attached": True, "interface": io.settings.ifname, "zerocopy": io.zerocopy,
                 "queues": len(io.socks), "ports": sorted(io.prog.ports()),
                 "rate": dict(zip(("rate_pps", "burst"), io.prog.rate())),
+                "untagged_rate": dict(zip(("rate_pps", "burst"), io.prog.untagged_rate())),
                 "packets": io.packet_counts(), "pins": io.pins}
 
     def rate(self) -> tuple[int, int]:

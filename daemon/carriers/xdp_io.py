@@ -40,6 +40,8 @@ class XdpSettings:
     frame_size: int = 4096
     rate_pps: int = 0             # per-source token bucket in the kernel; 0 = off
     rate_burst: int = 0
+    untagged_pps: int = 0         # the untagged requests' bucket per CPU; 0 = off
+    untagged_burst: int = 0
     pin_dir: str = ""             # bpffs directory for the maps; "" = no pins
 
 
@@ -70,6 +72,7 @@ class XdpIO:
         prog = compile_isolated(ports=s.ports, rate_pps=s.rate_pps, burst=s.rate_burst)
         umem = socks = None
         try:
+            prog.set_untagged_rate(s.untagged_pps, s.untagged_burst)
             umem = Umem(n_q * 2 * s.ring_size, s.frame_size)
             socks = []
             for q in range(n_q):

@@ -38,6 +38,8 @@ def open_xdp(n: NetworkSection, port: int, metrics: CarrierMetrics, log: Log,
         io = XdpIO.open(XdpSettings(n.interface, (port,), attach_mode=n.xdp_attach,
                                     xsk_mode=n.xsk_mode, ring_size=n.xsk_ring_size,
                                     rate_pps=n.xdp_rate_pps, rate_burst=n.xdp_rate_burst,
+                                    untagged_pps=n.xdp_untagged_pps,
+                                    untagged_burst=n.xdp_untagged_burst,
                                     pin_dir=n.xdp_pin_dir))
     except (OSError, RuntimeError, ValueError) as e:
         if ingress == "xdp":

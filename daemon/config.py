@@ -44,7 +44,7 @@ class NetworkSection:
     xsk_ring_size: int = 2048      # entries per AF_XDP ring (a power of two)
     xdp_rate_pps: int = 0          # per-source datagrams/s enforced in the kernel; 0 = off
     xdp_rate_burst: int = 0        # per-source burst allowed above xdp_rate_pps
-    xdp_untagged_pps: int = 2000   # requests without the XDP tag the kernel lets through a second, per receiving CPU, all sources together; 0 = no limit
+    xdp_untagged_pps: int = 500    # requests without the XDP tag the kernel lets through a second, per receiving CPU, all sources together; 0 = no limit
     xdp_untagged_burst: int = 2000  # untagged requests let through back to back above xdp_untagged_pps
     xdp_pin_dir: str = ""          # pin the program's maps here (a bpffs dir); "" = no pins
     xdp_require_tag: bool = False  # refuse requests without the XDP tag (kernel and daemon)

@@ -146,8 +146,10 @@ def test_pinned_maps_for_ops_tools_go_away_on_close(tmp_path):
     try:
         with xdp_testbed() as (srv, cli):
             io = in_netns(srv, lambda: XdpIO.open(XdpSettings(
-                SRV_IF, (PORT,), ring_size=512, pin_dir=str(d / "zerolayer"))))
+                SRV_IF, (PORT,), ring_size=512, pin_dir=str(d / "zerolayer"),
+                untagged_pps=7, untagged_burst=3)))
             try:
+                assert io.prog.untagged_rate() == (7, 3)
                 assert sorted(p.name for p in io.pins.values()) == [
                     "zl_auth_cfg", "zl_keys", "zl_ports", "zl_rate_cfg", "zl_rate_state",
                     "zl_stats", "zl_untagged_state", "zl_xsks"]

@@ -36,8 +36,10 @@ Per row, while the flood runs (after 1 s to settle):
   received per second over the window (its rx counter: the rate that arrived).
 A row without a flood ("none") per path comes first. The server is pinned to --server-cpu
 with one model thread, alone there, as on an isolated core; the sender to --sender-cpu at
-nice 19, and the legitimate clients to --client-cpu (default: the sender's, where they run
-before it). On veth the kernel's receive work, an XDP drop included, runs on the sender's CPU.
+nice 19, and the legitimate streams to --client-cpu (default: the sender's, where they run
+before it). The PINGs run first, alone, from --ping-cpu (default: the server's, idle then), so
+that they time the server and the path, not a pinger starved by the flood's kernel work: on
+veth the kernel's receive work, an XDP drop included, runs on the sender's CPU.
 
 Holds /tmp/zl-bench.lock like the other benches. JSON under bench/results/flood-*.json
 (gitignored), a markdown table on stdout.
@@ -258,10 +260,22 @@ def server_rx_packets(bed: Testbed) -> int:
     return link_stats(bed.srv, SRV_IF)["rx"]["packets"]
 
 
+def on_cpu(cpu: int, fn):
+    """fn() with this thread (and the threads it starts, as in_netns's) on `cpu`; -1: as is."""
+    if cpu < 0:
+        return fn()
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        return fn()
+    finally:
+        os.sched_setaffinity(0, old)
+
+
 def measure(target, bed: Testbed, a) -> dict:
     rx0 = server_rx_packets(bed)
     c0, cpu0, t0 = target.counters(), proc_cpu_s(target.pid), time.monotonic()
-    rtts, lost = target.pings(a.pings, a.ping_wait_s)
+    rtts, lost = on_cpu(a.ping_cpu, lambda: target.pings(a.pings, a.ping_wait_s))
     st = streams(target, bed, a.streams, a.stream_tokens)
     cpu1, t1 = proc_cpu_s(target.pid), time.monotonic()
     rx1 = server_rx_packets(bed)
@@ -410,6 +424,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--client-cpu", type=int, default=None,
                     help="the legitimate clients' CPU (default: the sender's, where they run "
                          "before it: its nice is 19); -1: not pinned")
+    ap.add_argument("--ping-cpu", type=int, default=None,
+                    help="the pinger's CPU (default: the server's, idle while the PINGs run); "
+                         "-1: not pinned")
     ap.add_argument("--model", help="GGUF for llama-server (default: the bundled model)")
     ap.add_argument("--zl-extra", default="", help="more zerolayerd flags, one string")
     ap.add_argument("--lock-wait", type=float, default=1800)
@@ -423,6 +440,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.zl_extra = shlex.split(a.zl_extra)
     if a.client_cpu is None:
         a.client_cpu = a.sender_cpu
+    if a.ping_cpu is None:
+        a.ping_cpu = a.server_cpu
     for v, allowed, what in ((a.paths, PATHS, "path"), (a.classes, packets.CLASSES, "class"),
                              (a.sources, ("one", "spoofed"), "sources")):
         bad = set(v) - set(allowed)

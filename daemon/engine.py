@@ -484,8 +484,11 @@ class Engine:
         us = lambda s: max(0, int(s * 1e6))  # noqa: E731
         decode = (r.t_last or first) - first
         # total_us and ingress_us are the I/O side's: it alone sees receive to DONE sent
+        # queue: admitted (body complete) -> first scheduled, less the tokenization in it, so
+        # that ingress, queue, tokenize, prefill and decode are disjoint stages
         t = Timings(
-            queue_us=us((r.t_admit or end) - r.received_at),
+            queue_us=max(0, us((r.t_admit or end) - r.received_at) - r.ingress_us
+                         - r.tokenize_us),
             prefill_us=us(first - (r.t_admit or end)),
             decode_per_token_us=us(decode / (n - 1)) if n > 1 else 0,
             tokenize_us=r.tokenize_us,

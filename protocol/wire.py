@@ -248,7 +248,7 @@ class Usage:
 @dataclass(frozen=True, slots=True)
 class Timings:
     """Per-request latency breakdown in microseconds, as the daemon measured it."""
-    queue_us: int = 0              # admitted → first scheduled
+    queue_us: int = 0              # admitted → first scheduled, tokenization excluded
     prefill_us: int = 0            # prompt forward pass
     decode_per_token_us: int = 0   # mean decode step per generated token
     total_us: int = 0              # first datagram received → DONE sent

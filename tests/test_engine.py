@@ -190,3 +190,20 @@ def test_cancel_in_the_middle_of_a_prefill_keeps_what_was_prefilled(engine, gene
     engine.submit(b)
     run(engine)
     assert engine.rec.done["b"][1].cached_prompt_tokens == 128
+
+
+def test_timings_are_disjoint_stages(engine, generator):
+    """queue_us is admission (body complete) to first scheduled: the first datagram's arrival
+    less the body's reassembly (ingress_us) and the tokenization (tokenize_us), both their
+    own stages."""
+    ids = np.array(generator.tokenizer.encode_chat(FRANCE), np.int32)
+    r = req("t", ids, SamplingParams(max_tokens=2))
+    r.received_at -= 1.0           # its first datagram came a second ago,
+    r.ingress_us = 400_000         # its body was complete 0.6 s ago,
+    r.tokenize_us = 300_000        # and tokenizing it took 0.3 s of what followed
+    engine.submit(r)
+    run(engine)
+    _, _, t = engine.rec.done["t"]
+    since_first = int((r.t_admit - r.received_at) * 1e6)
+    assert t.queue_us == since_first - 400_000 - 300_000 >= 300_000
+    assert t.ingress_us == 0 and t.tokenize_us == 300_000   # ingress_us: the I/O side's to fill

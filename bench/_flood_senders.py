@@ -93,22 +93,24 @@ def parents() -> dict[int, int]:
     return out
 
 
-def descendants(pid: int) -> list[int]:
-    ppid = parents()
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        kids = [c for c, pp in ppid.items() if pp == p]
-        out += kids
-        todo += kids
-    return out
-
-
 def proc_name(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def workers_of(root: int, name: str) -> list[int]:
+    """The processes called `name` below `root` whose parent is called `name` too: a
+    generator's forked workers, not the generator itself."""
+    ppid = parents()
+    below, todo = [], [root]
+    while todo:
+        parent = todo.pop()
+        kids = [c for c, pp in ppid.items() if pp == parent]
+        below += kids
+        todo += kids
+    return [p for p in below if proc_name(p) == name and proc_name(ppid.get(p, 0)) == name]
 
 
 def pin_workers(root: subprocess.Popen, name: str, workers: int, cpu: int,
@@ -119,9 +121,7 @@ def pin_workers(root: subprocess.Popen, name: str, workers: int, cpu: int,
     nothing."""
     deadline = time.monotonic() + wait_s
     while True:
-        ppid = parents()
-        mine = [p for p in descendants(root.pid)
-                if proc_name(p) == name and proc_name(ppid.get(p, 0)) == name]
+        mine = workers_of(root.pid, name)
         if len(mine) >= workers:
             break
         if root.poll() is not None:

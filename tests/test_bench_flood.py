@@ -120,10 +120,7 @@ def test_a_bounded_flood_reaches_the_server_and_the_testbed_goes_away(tmp_path) 
         cpu = max(os.sched_getaffinity(0))
         s = senders.trafgen(bed.fld, tb.FLD_IF, cpu, cfg, "1000", 20, tmp_path / "trafgen.log",
                             count=1500)
-        ppid = senders.parents()
-        workers = [p for p in senders.descendants(s.proc.pid)
-                   if senders.proc_name(p) == "trafgen"
-                   and senders.proc_name(ppid[p]) == "trafgen"]
+        workers = senders.workers_of(s.proc.pid, "trafgen")
         assert len(workers) == 1 and os.sched_getaffinity(workers[0]) == {cpu}
         assert os.getpriority(os.PRIO_PROCESS, workers[0]) == 19
         s.proc.wait(30)

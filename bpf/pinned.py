@@ -1,10 +1,12 @@
 """Ops view of a running daemon's XDP program through its pinned maps (network.xdp_pin_dir):
 read the drop counters, the invoke ports, the rate limit and which authentication checks are
-on (with the key ids held, never their keys), and change the rate limit live, without BCC and
+on (with the key ids held, never their keys), and change the budgets live, without BCC and
 without restarting the daemon.
 
     python -m zerolayer.bpf.pinned [--dir /sys/fs/bpf/zerolayer] show
     python -m zerolayer.bpf.pinned [--dir ...] rate PPS [BURST]     # 0 turns the limit off
+    python -m zerolayer.bpf.pinned [--dir ...] untagged-rate PPS [BURST]   # requests without
+                                                   # the XDP tag, per receiving CPU; 0: no limit
     python -m zerolayer.bpf.pinned [--dir ...] reset-rate-state     # every source starts full
 
 `show --json` prints the same as JSON. Exit status 2 when the pins can't be opened.
@@ -24,9 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     show = sub.add_parser("show")
     show.add_argument("--json", action="store_true")
-    rate = sub.add_parser("rate")
-    rate.add_argument("pps", type=int)
-    rate.add_argument("burst", type=int, nargs="?", default=0)
+    for name in ("rate", "untagged-rate"):
+        rate = sub.add_parser(name)
+        rate.add_argument("pps", type=int)
+        rate.add_argument("burst", type=int, nargs="?", default=0)
     sub.add_parser("reset-rate-state")
     a = ap.parse_args(argv)
     try:
@@ -37,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.cmd == "rate":
             prog.set_rate(a.pps, a.burst)
+        elif a.cmd == "untagged-rate":
+            prog.set_untagged_rate(a.pps, a.burst)
         elif a.cmd == "reset-rate-state":
             prog.reset_rate_state()
         stats = prog.stats()

@@ -5,9 +5,11 @@
 #   scripts/zl-xdp.sh attach | detach       # attach/detach on [network] interface, no restart
 #   scripts/zl-xdp.sh status                # attached?, queues, ports, rate, counters (JSON)
 #   scripts/zl-xdp.sh rate PPS [BURST]      # the per-source limit, live (0: off)
+#   scripts/zl-xdp.sh untagged-rate PPS [BURST]   # requests without the XDP tag, per CPU
 # Through the maps it pinned ([network] xdp_pin_dir), with no daemon to ask:
 #   scripts/zl-xdp.sh [--dir /sys/fs/bpf/zerolayer] show [--json]   # ports, rate limit, counters
 #   scripts/zl-xdp.sh [--dir ...] rate PPS [BURST]                   # when no control socket
+#   scripts/zl-xdp.sh [--dir ...] untagged-rate PPS [BURST]          # the same
 #   scripts/zl-xdp.sh [--dir ...] reset-rate-state                   # every source starts full
 #
 # The pins need root (or CAP_BPF); exit status 2 when they can't be opened. Environment:
@@ -23,9 +25,11 @@ sock=${ZEROLAYER_CONTROL_SOCKET:-/run/zerolayer/control.sock}
 case ${1:-} in
   attach | detach) exec "$zerolayer" ctl "xdp-$1" --socket "$sock" ;;
   status) exec "$zerolayer" ctl xdp-status --socket "$sock" ;;
-  rate)
+  rate | untagged-rate)
     if [[ -S $sock ]]; then
-      exec "$zerolayer" ctl rate-limit "rate_pps=${2:?rate needs PPS}" "burst=${3:-0}" \
+      cmd=rate-limit
+      [[ $1 == rate ]] || cmd=untagged-rate
+      exec "$zerolayer" ctl "$cmd" "rate_pps=${2:?$1 needs PPS}" "burst=${3:-0}" \
         --socket "$sock"
     fi
     ;;

@@ -80,7 +80,15 @@ def test_status_config_kv_and_xdp(ctl_daemon):
     kv = ok(path, "kv-stats")
     assert kv["blocks"] > 0 and 0 <= kv["free_blocks"] <= kv["blocks"]
     assert ok(path, "xdp-status") == {"attached": False, "ingress": "udp"}
-    assert ctl(path, "rate-limit", rate_pps=5)["error"]["code"] == "UNAVAILABLE"
+    for budget in ("rate-limit", "untagged-rate"):
+        assert ctl(path, budget, rate_pps=5)["error"]["code"] == "UNAVAILABLE"
+
+
+def test_the_wire_names_every_command_the_daemon_runs():
+    """control.py refuses a name it doesn't list before the I/O thread sees the call: the
+    list and the handlers are the same set."""
+    from zerolayer.daemon.ops import control_commands
+    assert set(control.COMMANDS) == set(control_commands.COMMANDS)
 
 
 def test_errors_have_closed_codes(ctl_daemon):

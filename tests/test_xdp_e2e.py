@@ -84,6 +84,16 @@ def test_xdp_status_and_rate_limit_through_the_control_socket(daemon, bed):
     assert bad["error"]["code"] == "BAD_ARGUMENT"
     r = control.request(daemon.control, "rate-limit", {"rate_pps": "0"})
     assert r["result"] == {"rate_pps": 0, "burst": 0}
+    # the untagged requests' budget: its own command, the same arguments, the config's default
+    # until set
+    assert st["untagged_rate"] == {"rate_pps": 500, "burst": 2000}
+    r = control.request(daemon.control, "untagged-rate", {"rate_pps": "40", "burst": "8"})
+    assert r["result"] == {"rate_pps": 40, "burst": 8}
+    st = control.request(daemon.control, "xdp-status")["result"]
+    assert st["untagged_rate"] == r["result"] and st["rate"] == {"rate_pps": 0, "burst": 0}
+    bad = control.request(daemon.control, "untagged-rate", {"burst": "x"})
+    assert bad["error"]["code"] == "BAD_ARGUMENT"
+    control.request(daemon.control, "untagged-rate", {"rate_pps": "500", "burst": "2000"})
     assert in_netns(bed[1], lambda: client(daemon).ping()) > 0
 
 

@@ -193,6 +193,9 @@ def test_ops_tool_reads_counters_and_sets_the_rate_through_the_pins(tmp_path):
                 assert out["packets"]["redirect"] == io.packet_counts()["redirect"] >= 1
                 subprocess.run(tool + ["rate", "500", "20"], check=True, capture_output=True)
                 assert io.prog.rate() == (500, 20)  # the running program sees it at once
+                subprocess.run(tool + ["untagged-rate", "70", "9"], check=True,
+                               capture_output=True)
+                assert io.prog.untagged_rate() == (70, 9) and io.prog.rate() == (500, 20)
             finally:
                 io.close()
         bad = subprocess.run([sys.executable, "-m", "zerolayer.bpf.pinned", "--dir",

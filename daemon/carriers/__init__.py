@@ -176,13 +176,15 @@ class XdpCarrier:
                 "untagged_rate": dict(zip(("rate_pps", "burst"), io.prog.untagged_rate())),
                 "packets": io.packet_counts(), "pins": io.pins}
 
-    def rate(self) -> tuple[int, int]:
-        """The XDP program's per-source token bucket: (packets a second, 0 = off; burst)."""
-        return self.io.prog.rate()
+    def rate(self, untagged: bool = False) -> tuple[int, int]:
+        """One of the XDP program's budgets: (packets a second, 0 = off; burst). The
+        per-source token bucket, or with untagged, the budget of requests without the XDP
+        tag (per receiving CPU, all sources together)."""
+        return self.io.prog.untagged_rate() if untagged else self.io.prog.rate()
 
-    def set_rate(self, rate_pps: int, burst: int) -> None:
-        """Set it, at once (sources keep their state); ValueError for a negative value."""
-        self.io.prog.set_rate(rate_pps, burst)
+    def set_rate(self, rate_pps: int, burst: int, untagged: bool = False) -> None:
+        """Set it, at once (buckets keep their state); ValueError for a negative value."""
+        (self.io.prog.set_untagged_rate if untagged else self.io.prog.set_rate)(rate_pps, burst)
 
     def close(self) -> None:
         """Detach: invoke traffic goes to the kernel's UDP path from here on. Replies

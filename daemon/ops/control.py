@@ -49,7 +49,7 @@ ERROR_CODES = ("BAD_REQUEST", "UNKNOWN_COMMAND", "BAD_ARGUMENT", "UNAVAILABLE", 
                "TIMEOUT", "INTERNAL")
 COMMANDS = ("status", "drain", "undrain", "reload-keys", "config", "cache-stats",
             "cache-flush", "kv-stats", "xdp-status", "xdp-attach", "xdp-detach", "rate-limit",
-            "log-level")
+            "untagged-rate", "log-level")
 
 
 class ControlError(Exception):

@@ -246,21 +246,32 @@ def rate_limit(d: Operated, call: ControlCall) -> JSONObject:
     """The XDP program's per-source token bucket, in the kernel: with args rate_pps (0 =
     off) and optionally burst, set it first (at once, no restart; sources keep their
     state). UNAVAILABLE without the XDP fast path."""
+    return _xdp_budget(d, call, untagged=False)
+
+
+def untagged_rate(d: Operated, call: ControlCall) -> JSONObject:
+    """The XDP program's budget of requests without the XDP tag (per receiving CPU, all
+    sources together; [network] xdp_untagged_pps / xdp_untagged_burst at start): read or
+    set as rate-limit."""
+    return _xdp_budget(d, call, untagged=True)
+
+
+def _xdp_budget(d: Operated, call: ControlCall, untagged: bool) -> JSONObject:
     if d.carriers.xdp is None:
         raise ControlError("UNAVAILABLE", "the XDP fast path is not attached (ingress udp)")
     xdp = d.carriers.xdp
     args = call.args
     if "rate_pps" in args or "burst" in args:
         try:
-            rate = _int_arg(args.get("rate_pps", xdp.rate()[0]))
+            rate = _int_arg(args.get("rate_pps", xdp.rate(untagged)[0]))
             burst = _int_arg(args.get("burst", 0))
-            xdp.set_rate(rate, burst)
+            xdp.set_rate(rate, burst, untagged)
         except ValueError as e:
             raise ControlError("BAD_ARGUMENT", f"rate_pps and burst: integers >= 0 ({e})") \
                 from None
-        d.log(f"XDP rate limit set to {rate}/s, burst {burst} (by the operator)",
-              logging.WARNING)
-    rate, burst = xdp.rate()
+        what = "budget of untagged requests" if untagged else "rate limit"
+        d.log(f"XDP {what} set to {rate}/s, burst {burst} (by the operator)", logging.WARNING)
+    rate, burst = xdp.rate(untagged)
     return {"rate_pps": rate, "burst": burst}
 
 
@@ -287,6 +298,6 @@ COMMANDS: dict[str, Callable[[Operated, ControlCall], JSONObject]] = {
     "status": status, "drain": drain, "undrain": undrain, "reload-keys": reload_keys,
     "config": config, "cache-stats": cache_stats, "cache-flush": cache_flush,
     "kv-stats": kv_stats, "xdp-status": xdp_status, "xdp-attach": xdp_attach,
-    "xdp-detach": xdp_detach, "rate-limit": rate_limit,
+    "xdp-detach": xdp_detach, "rate-limit": rate_limit, "untagged-rate": untagged_rate,
     "log-level": log_level,
 }

@@ -12,6 +12,7 @@
                                          cache-stats, cache-flush, kv-stats, xdp-status,
                                          xdp-attach, xdp-detach,
                                          rate-limit [rate_pps=N burst=M],
+                                         untagged-rate [rate_pps=N burst=M],
                                          log-level [level=debug|info|warning|error]
 
 Where invoke and ping find the daemon and their key (flags win over the environment):

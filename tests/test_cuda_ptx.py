@@ -112,15 +112,9 @@ def test_fused_step_loads_are_as_wide_as_its_geometry_says(ptx_results):
         assert max(_load_bytes(op) for op in loads) == KERNEL.load_bytes, (name, loads)
 
 
-@pytest.mark.xfail(strict=True, reason="the matmul loops load one 32-bit word per thread "
-                   "and K block (4 in flight). A 16-byte load is possible: an intrinsic with "
-                   "inline ld.global.nc.v4.u32 (LLVM scalarises a plain <4 x i32> load whose "
-                   "lanes are extracted) over a copy of the bytes with each block's (byte, row) "
-                   "axes swapped compiled to 253 registers, no spill, for one token, but 680 "
-                   "spilled bytes for 4-token tiles (392 with 2 loads in flight) on a kernel of "
-                   "243/255 registers; on this one (128/168, see the 128-register test) the "
-                   "16-byte loads are not yet rebuilt and measured")
 def test_fused_step_matmul_loops_load_16_bytes(ptx_results):
+    """The weights stream in 16-byte loads (_cuda_shim.load16: LLVM splits a plain
+    <4 x i32> load whose lanes are used apart into four 32-bit ones)."""
     for name in STEP_KERNELS:
         loads = ptx_results["kernels"][name]["ld_global"]
         assert any(_load_bytes(op) == 16 for op in loads), (name, loads)

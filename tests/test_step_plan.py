@@ -203,7 +203,7 @@ def test_more_bytes_in_flight_more_items_and_fewer_barriers_predict_less_time():
     def total(g):
         return step_plan.predict(cfg, w, 1, 128, dev, g).total_s
     base = total(KERNEL)
-    assert total(replace(KERNEL, load_bytes=16)) < base          # 4x the bytes in flight
+    assert total(replace(KERNEL, loads_in_flight=4)) < base      # 4x the bytes in flight
     assert total(replace(KERNEL, rows_per_item=64, k_splits=1)) > base  # a 4th of the items
     assert total(replace(KERNEL, grid_syncs_per_layer=5, barrier_after=(True,) * 5)) > base
     # and a faster memory never predicts a slower step

@@ -268,6 +268,41 @@ else:
         return _tid_x()  # type: ignore[call-arg]  # the compiler passes typingctx
 
 
+if SIM:
+    def load16(words, i):
+        """words[i : i + 4] (a uint32 array, i a multiple of 4) as four values."""
+        return words[i], words[i + 1], words[i + 2], words[i + 3]
+else:
+    from numba.core import cgutils as _cgutils
+
+    @_intrinsic
+    def _ldg_v4(typingctx, words, i):
+        """One 16-byte load through the read-only data cache: ld.global.nc.v4.u32. LLVM
+        splits a plain <4 x i32> load into four 32-bit ones when its lanes are used apart."""
+        def codegen(context, builder, sig, args):
+            aryty = sig.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            ptr = _cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]],
+                                            wraparound=False)
+            addr = builder.ptrtoint(ptr, _ir.IntType(64))
+            u32 = _ir.IntType(32)
+            asm = _ir.InlineAsm(
+                _ir.FunctionType(_ir.LiteralStructType([u32] * 4), [_ir.IntType(64)]),
+                "{\n\t.reg .u64 %gp;\n\tcvta.to.global.u64 %gp, $4;\n\t"
+                "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [%gp];\n\t}",
+                "=r,=r,=r,=r,l")
+            out = builder.call(asm, [addr])
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(out, k) for k in range(4)])
+        return _types.UniTuple(_types.uint32, 4)(words, _types.uint64), codegen
+
+    @device
+    def load16(words, i):
+        """words[i : i + 4] of a uint32 array in one 16-byte load; i (uint64) a multiple of
+        4 and the array's data 16-byte aligned (a device allocation is 256-byte aligned)."""
+        return _ldg_v4(words, i)  # type: ignore[call-arg]  # the compiler passes typingctx
+
+
 @device
 def warp_sum(v):
     """Sum over the 32 lanes of a warp, returned to every lane (butterfly)."""

@@ -56,7 +56,10 @@ def k_splits_for(row_items: int, k_blocks: int, target: int, most: int) -> int:
 # Ready counters instead of grid barriers after A and D: an attention item waits for its KV
 # head's Q, K and V row groups, a down-projection slice for the gate|up groups of its h
 # columns (and its residual write for every gate|up item of its tile, readers of x).
-KERNEL = Geometry(rows_per_item=16, k_splits=8, grid_syncs_per_layer=3,
+# A thread's weight bytes: four byte positions of its row quad in one 16-byte load, one in
+# flight (the same 16 bytes a thread as four 4-byte loads, in a quarter of the instructions).
+KERNEL = Geometry(rows_per_item=16, k_splits=8, grid_syncs_per_layer=3, load_bytes=16,
+                  loads_in_flight=1,
                   barrier_after=(False, True, True, False, True))
 
 

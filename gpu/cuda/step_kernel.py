@@ -45,12 +45,14 @@ fusions need no extra pass:
     as numpy); the sampler reads it for greedy rows instead of scanning the vocabulary.
 
 Thread layout of a matmul item (256 threads): thread (kp = tid // 4, quad = tid % 4) owns
-rows 4*quad .. 4*quad + 3 of the item and every 64th (block, byte) position of its K slice
-from kp: the weights are read as 32-bit words, ``qs32[layer, g64, b, j, lq]`` (the quant
-layout's bytes, 4 rows per word; lq the quad within the 64-row group), so a warp reads 8
-runs of 16 contiguous bytes (the other 48 bytes of each 64 are the 3 sibling items', read
-in the same stage, from L2). Each (block, row)'s scale and offset (d, m) are read as float16
-where every one of the model's is a float16 value (the file's own, for Q4_0, Q4_1, Q8_0:
+rows 4*quad .. 4*quad + 3 of the item and bytes j4 .. j4 + 3 of every (KPOS / JQ)-th block
+of its K slice (JQ = bytes a block / 4; j4 = 4 * (kp % JQ), the first block kp // JQ): the
+weights are read as 32-bit words, 4 rows' bytes each, laid out ``qs32[layer, g64, b, lq, j]``
+(step_launch.fused_words; lq the row quad within the 64-row group), so a thread's four
+words are one 16-byte load and a warp's 512 bytes are whole runs: its item's 4 quads of a
+block lie side by side (the rest of the block is the 3 sibling items', read in the same
+stage). Each (block, row)'s scale and offset (d, m) are read as float16 where every one of
+the model's is a float16 value (the file's own, for Q4_0, Q4_1, Q8_0:
 step_geometry.scale_type), so a Q4_1 weight costs the kernel the file's 20 bytes a block,
 not 24; as float32 otherwise (the K-quants). Partial sums meet in shared memory, in a fixed order.
 TT (tokens per item) is a compile-time constant: 1 for a step of one token, 4 otherwise.
@@ -72,7 +74,7 @@ from numba import float32, int32, int64, uint32, uint64
 
 from ..ops.attention import BLOCK_TOKENS
 from ..quant import FMT_F32, FMT_Q4, LANES
-from ._cuda_shim import cuda, device, float_bits, kernel, shfl_xor, thread_index, warp_max, warp_sum
+from ._cuda_shim import cuda, device, float_bits, kernel, load16, shfl_xor, thread_index, warp_max, warp_sum
 from .grid_sync import count_ready, grid_sync, wait_at_least
 from .step_geometry import KERNEL, k_splits_for
 
@@ -168,55 +170,53 @@ def _make(TT):
                         acc[q * TT + tt] += wv * xa[tt]
         else:
             # Q4: a (block, byte) position holds elements j and j + 16 of 4 rows; the byte
-            # formats: element j alone. Four positions' words loaded before any is used:
-            # loads in flight are what a latency-bound stream needs (clamped repeats hit L1).
+            # formats: element j alone. A thread takes bytes j4 .. j4 + 3 of its row quad in
+            # one 16-byte load (step_launch.fused_words lays them side by side), so JQ
+            # threads cover a block and KPOS // JQ blocks are read at a time.
             BS = dims[2]
-            j = kp % BS                 # BS (16 or 32) divides KPOS: the thread's byte is fixed
-            step = KPOS // BS           # and it takes every step-th block of the slice
+            JQ = BS >> 2                # 4-byte groups a block (BS: 16 or 32)
+            j4 = (kp % JQ) * 4          # BS divides KPOS * 4: the thread's bytes are fixed
+            step = KPOS // JQ           # and it takes every step-th block of the slice
             gb = (layer * dims[0] + g64) * nb  # the group's first block
-            b0 = kb0 + kp // BS
-            while b0 < kb1:     # not range(): its trip count is a 64-bit division
-                w0 = qs[U(((gb + b0) * BS + j) * QW + lq)]
-                w1 = qs[U(((gb + min(b0 + step, kb1 - 1)) * BS + j) * QW + lq)]
-                w2 = qs[U(((gb + min(b0 + 2 * step, kb1 - 1)) * BS + j) * QW + lq)]
-                w3 = qs[U(((gb + min(b0 + 3 * step, kb1 - 1)) * BS + j) * QW + lq)]
+            b = kb0 + kp // JQ
+            while b < kb1:      # not range(): its trip count is a 64-bit division
+                words = load16(qs, U(((gb + b) * QW + lq) * BS + j4))
                 for u in range(4):
-                    b = b0 + u * step
-                    if b < kb1:
-                        word = w0 if u == 0 else (w1 if u == 1 else (w2 if u == 2 else w3))
-                        if fmt == FMT_Q4:
-                            e = b * 32 + j
-                            sa = norms[U(nrow), U(e)] if use_norm else float32(1.0)
-                            sb = norms[U(nrow), U(e + 16)] if use_norm else float32(1.0)
+                    word = words[u]
+                    j = j4 + u
+                    if fmt == FMT_Q4:
+                        e = b * 32 + j
+                        sa = norms[U(nrow), U(e)] if use_norm else float32(1.0)
+                        sb = norms[U(nrow), U(e + 16)] if use_norm else float32(1.0)
+                        for tt in range(TT):
+                            va = src[U(trow[tt]), U(e)]
+                            vb = src[U(trow[tt]), U(e + 16)]
+                            ss[tt] += va * va + vb * vb
+                            xa[tt] = va * sa
+                            xb[tt] = vb * sb
+                        for q in range(4):
+                            byte = (word >> uint32(8 * q)) & uint32(255)
+                            lo = float32(int32(byte & uint32(15)))
+                            hi = float32(int32(byte >> uint32(4)))
+                            dq = float32(d[U((gb + b) * LANES + 4 * lq + q)])
+                            mq = float32(m[U((gb + b) * LANES + 4 * lq + q)])
                             for tt in range(TT):
-                                va = src[U(trow[tt]), U(e)]
-                                vb = src[U(trow[tt]), U(e + 16)]
-                                ss[tt] += va * va + vb * vb
-                                xa[tt] = va * sa
-                                xb[tt] = vb * sb
-                            for q in range(4):
-                                byte = (word >> uint32(8 * q)) & uint32(255)
-                                lo = float32(int32(byte & uint32(15)))
-                                hi = float32(int32(byte >> uint32(4)))
-                                dq = float32(d[U((gb + b) * LANES + 4 * lq + q)])
-                                mq = float32(m[U((gb + b) * LANES + 4 * lq + q)])
-                                for tt in range(TT):
-                                    acc[q * TT + tt] += (dq * (lo * xa[tt] + hi * xb[tt])
-                                                         + mq * (xa[tt] + xb[tt]))
-                        else:
-                            e = b * BS + j
-                            sa = norms[U(nrow), U(e)] if use_norm else float32(1.0)
+                                acc[q * TT + tt] += (dq * (lo * xa[tt] + hi * xb[tt])
+                                                     + mq * (xa[tt] + xb[tt]))
+                    else:
+                        e = b * BS + j
+                        sa = norms[U(nrow), U(e)] if use_norm else float32(1.0)
+                        for tt in range(TT):
+                            va = src[U(trow[tt]), U(e)]
+                            ss[tt] += va * va
+                            xa[tt] = va * sa
+                        for q in range(4):
+                            qv = float32(int32((word >> uint32(8 * q)) & uint32(255)))
+                            dq = float32(d[U((gb + b) * LANES + 4 * lq + q)])
+                            mq = float32(m[U((gb + b) * LANES + 4 * lq + q)])
                             for tt in range(TT):
-                                va = src[U(trow[tt]), U(e)]
-                                ss[tt] += va * va
-                                xa[tt] = va * sa
-                            for q in range(4):
-                                qv = float32(int32((word >> uint32(8 * q)) & uint32(255)))
-                                dq = float32(d[U((gb + b) * LANES + 4 * lq + q)])
-                                mq = float32(m[U((gb + b) * LANES + 4 * lq + q)])
-                                for tt in range(TT):
-                                    acc[q * TT + tt] += (dq * qv + mq) * xa[tt]
-                b0 += 4 * step
+                                acc[q * TT + tt] += (dq * qv + mq) * xa[tt]
+                b += step
         # the KPOS positions' partial sums meet in shared memory in a fixed order (the result
         # is the same whichever block runs the item), in two rounds of RED8 terms: column
         # r * TT + tt for row r, ROWS * TT + tt for the sum of squares (each element passed
@@ -323,7 +323,7 @@ def _make(TT):
                         bs = wdim[4, 2]
                         b = k // 32 if fe == FMT_Q4 else k // bs
                         jb = k % 32 if fe == FMT_Q4 else k % bs
-                        word = eq[((gb + b) * bs + jb % bs) * QW + l // 4]
+                        word = eq[((gb + b) * QW + l // 4) * bs + jb % bs]
                         byte = (word >> uint32(8 * (l % 4))) & uint32(255)
                         if fe == FMT_Q4:
                             nib = byte >> uint32(4) if jb >= 16 else byte & uint32(15)

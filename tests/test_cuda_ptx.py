@@ -120,6 +120,13 @@ def test_fused_step_matmul_loops_load_16_bytes(ptx_results):
         assert any(_load_bytes(op) == 16 for op in loads), (name, loads)
 
 
+def test_fused_step_prefetches_the_next_stages_weights_before_its_barriers(ptx_results):
+    """Before each grid barrier a block warms L2 with its first item of the next matmul
+    stage (step_kernel.prefetch_first_item): the weight word and its scales and offsets."""
+    for name in STEP_KERNELS:
+        assert ptx_results["kernels"][name]["prefetch_l2"] >= 3, name
+
+
 TT4_REGS = (
     "168 registers a thread for 4-token tiles; ptxas -maxrregcount=128 spills 136 bytes "
     "(stores), with float16 or float32 scales alike. The Q4 dot loop sets the peak (96 "
@@ -214,6 +221,7 @@ def _child() -> None:
             loads = sorted({m.group(0) for m in re.finditer(r"ld\.global[.\w]*", ptx)})
             out["kernels"][key] = {
                 "ld_global": loads,
+                "prefetch_l2": ptx.count("prefetch.global.L2"),
                 "sig": sig,
                 "target": next((ln.strip() for ln in lines if ln.startswith(".target")), "?"),
                 "f64": [ln.strip() for ln in lines if ".f64" in ln][:5],

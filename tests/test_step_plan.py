@@ -204,6 +204,7 @@ def test_more_bytes_in_flight_more_items_and_fewer_barriers_predict_less_time():
         return step_plan.predict(cfg, w, 1, 128, dev, g).total_s
     base = total(KERNEL)
     assert total(replace(KERNEL, loads_in_flight=4)) < base      # 4x the bytes in flight
+    assert total(replace(KERNEL, prefetch_bytes=0)) > base       # nothing warmed in L2
     assert total(replace(KERNEL, rows_per_item=64, k_splits=1)) > base  # a 4th of the items
     assert total(replace(KERNEL, grid_syncs_per_layer=5, barrier_after=(True,) * 5)) > base
     # and a faster memory never predicts a slower step
@@ -216,3 +217,15 @@ def test_the_printout_says_it_is_a_model(capsys):
     out = capsys.readouterr().out
     assert "a model, not a measurement" in out and "H200" in out
     assert "| **step** |" in out and out.count("\n| ") >= 9
+
+
+def test_the_stages_after_a_grid_barrier_are_the_ones_the_kernel_warms():
+    """step_kernel warms L2 before each grid barrier with the next matmul stage's first
+    items: A (after the embedding and each E), C, D and the LM head; B and E follow ready
+    counters."""
+    cfg, w = step_shapes.synthetic("smollm2-135m")
+    stages = step_plan.plan(cfg, w, 1, 128)
+    warmed = {_kind(s.name) for s in stages if s.after_barrier}
+    assert warmed == {"A qkv+rope+kv", "C o-proj+residual", "D gate|up+swiglu",
+                      "lm head+argmax"}, warmed
+    assert all(s.after_barrier for s in stages if _kind(s.name) == "A qkv+rope+kv")

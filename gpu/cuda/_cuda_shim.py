@@ -303,6 +303,32 @@ else:
         return _ldg_v4(words, i)  # type: ignore[call-arg]  # the compiler passes typingctx
 
 
+if SIM:
+    def prefetch_l2(ary, i):
+        """Nothing to warm in the simulator."""
+else:
+    @_intrinsic
+    def _prefetch_l2(typingctx, ary, i):
+        """prefetch.global.L2 of the line holding ary[i]: the load that follows finds it in L2."""
+        def codegen(context, builder, sig, args):
+            aryty = sig.args[0]
+            arr = context.make_array(aryty)(context, builder, args[0])
+            ptr = _cgutils.get_item_pointer(context, builder, aryty, arr, [args[1]],
+                                            wraparound=False)
+            asm = _ir.InlineAsm(
+                _ir.FunctionType(_ir.VoidType(), [_ir.IntType(64)]),
+                "{\n\t.reg .u64 %gp;\n\tcvta.to.global.u64 %gp, $0;\n\t"
+                "prefetch.global.L2 [%gp];\n\t}", "l", side_effect=True)
+            builder.call(asm, [builder.ptrtoint(ptr, _ir.IntType(64))])
+            return context.get_dummy_value()
+        return _types.void(ary, _types.uint64), codegen
+
+    @device
+    def prefetch_l2(ary, i):
+        """Warm L2 with the line of ary[i] (i uint64), without waiting for it."""
+        _prefetch_l2(ary, i)  # type: ignore[call-arg]  # the compiler passes typingctx
+
+
 @device
 def warp_sum(v):
     """Sum over the 32 lanes of a warp, returned to every lane (butterfly)."""

@@ -27,6 +27,9 @@ class Geometry:
     loads_in_flight: int = 4        # weight loads a thread issues before using any
     # attention's K and V reads: one 4-byte value per thread and load; the head-dim loop's
     # loads are independent, so some are in flight together (an assumption: 4)
+    # weight bytes a thread warms in L2, before a grid barrier, of its block's first item of
+    # the matmul stage after it (0: none): weights do not depend on activations
+    prefetch_bytes: int = 0
     attention_loads_in_flight: int = 4
     # flash-decoding splits aim at this many items per SM (two, as the per-op path: a block
     # that finishes its split early takes another instead of idling at the barrier)
@@ -58,8 +61,9 @@ def k_splits_for(row_items: int, k_blocks: int, target: int, most: int) -> int:
 # columns (and its residual write for every gate|up item of its tile, readers of x).
 # A thread's weight bytes: four byte positions of its row quad in one 16-byte load, one in
 # flight (the same 16 bytes a thread as four 4-byte loads, in a quarter of the instructions).
+# Before each grid barrier a thread warms L2 with the 16 bytes it loads first after it.
 KERNEL = Geometry(rows_per_item=16, k_splits=8, grid_syncs_per_layer=3, load_bytes=16,
-                  loads_in_flight=1,
+                  loads_in_flight=1, prefetch_bytes=16,
                   barrier_after=(False, True, True, False, True))
 
 

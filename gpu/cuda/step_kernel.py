@@ -21,7 +21,10 @@ projection reads every head). After A, an attention item waits for the count of 
 head's Q|K|V row groups of its token tile; after D, a down-projection item waits for the
 gate|up groups of its K slice of h, and the one that adds into x waits first for every
 gate|up item of the tile, since those read x. The counters are per (layer, token tile), so
-no stage's counter is reused within a step.
+no stage's counter is reused within a step. Before each grid barrier every thread warms L2
+with what it loads first in its block's first item of the matmul stage after it
+(``prefetch_first_item``): weights do not depend on activations, so their DRAM round trip
+overlaps the wait.
 
 A stage is a list of work items taken grid-stride by the blocks: for the matmul stages a
 *row group* (16 output rows, four row quads of one gpu/quant.py LANES group) times a slice of
@@ -74,7 +77,18 @@ from numba import float32, int32, int64, uint32, uint64
 
 from ..ops.attention import BLOCK_TOKENS
 from ..quant import FMT_F32, FMT_Q4, LANES
-from ._cuda_shim import cuda, device, float_bits, kernel, load16, shfl_xor, thread_index, warp_max, warp_sum
+from ._cuda_shim import (
+    cuda,
+    device,
+    float_bits,
+    kernel,
+    load16,
+    prefetch_l2,
+    shfl_xor,
+    thread_index,
+    warp_max,
+    warp_sum,
+)
 from .grid_sync import count_ready, grid_sync, wait_at_least
 from .step_geometry import KERNEL, k_splits_for
 
@@ -245,6 +259,34 @@ def _make(TT):
             else:
                 ssr[tid - ROWS * TT] = v
         cuda.syncthreads()
+
+    @device
+    def prefetch_first_item(fmt, qs, d, m, dims, layer, R, Tn, bid, split_target):
+        """Warm L2 with what this thread loads first in the block's first item of the matmul
+        stage over R rows that comes next (its 16 bytes, and its rows' scales and offsets):
+        called before a grid barrier, so that the item's loads after it hit L2. Weights do
+        not depend on activations."""
+        if fmt == FMT_F32:
+            return
+        ng = (R + ROWS - 1) // ROWS
+        nb = dims[1]
+        S = k_splits_dev(ng * ((Tn + TT - 1) // TT), nb, split_target, K_SPLITS)
+        if bid >= ng * ((Tn + TT - 1) // TT) * S:
+            return
+        g = bid % ng
+        sk = (bid // ng) % S
+        kb0 = sk * nb // S
+        tid = thread_index()
+        kp = tid >> 2
+        lq = (g % SUBS) * QUADS + (tid & 3)
+        JQ = dims[2] >> 2
+        b = kb0 + kp // JQ
+        if b < (sk + 1) * nb // S:
+            gb = (layer * dims[0] + g // SUBS) * nb
+            prefetch_l2(qs, U(((gb + b) * QW + lq) * dims[2] + (kp % JQ) * 4))
+            if kp % JQ == 0:
+                prefetch_l2(d, U((gb + b) * LANES + 4 * lq))
+                prefetch_l2(m, U((gb + b) * LANES + 4 * lq))
 
     @device
     def inv_rms(ss, D, eps):
@@ -628,6 +670,26 @@ def _make(TT):
                             count_ready(rdy, rbase + n_kv + ngd, tid)
                         cuda.syncthreads()
             if st + 1 < stage_hi and (st == 0 or BARRIER_AFTER[(st - 1) % STAGES_PER_LAYER]):
+                # the next stage's weights on their way to L2 while the grid gathers; what
+                # it needs is derived again here (kernel arguments, shared memory), not
+                # held through the stage (one call site: each inlined copy costs registers)
+                nk = st % STAGES_PER_LAYER       # the next stage's kind
+                nl = st // STAGES_PER_LAYER      # and layer
+                if st + 1 == stage_count_dev(cst[0]) - 1:
+                    nk, nl = HEAD, 0
+                pq, pd, pm, pf, pi = qq, qd, qm, fq, 0
+                pR, pT = n_head * hd + 2 * n_kv * hd, tok.shape[0]
+                if nk == 2:
+                    pq, pd, pm, pf, pi, pR = oq, od, om, fo, 1, x.shape[1]
+                elif nk == 3:
+                    pq, pd, pm, pf, pi, pR = gq, gd, gm, fg, 2, n_ff
+                elif nk == HEAD:
+                    pq, pd, pm, pf, pi = lq, ld, lm, fl, 5
+                    pR, pT = logits.shape[1], logit_rows.shape[0]
+                if nk != 1 and nk != 4:   # (B and E follow a ready counter, not a barrier)
+                    prefetch_first_item(pf, pq, pd, pm, wdim[pi], nl, pR, pT, bid,
+                                        split_target)
+                tid = thread_index()
                 grid_sync(bar, tid)
 
     return step

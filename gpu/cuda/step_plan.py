@@ -20,6 +20,9 @@ The model of a stage (``predict``), with the constants of ``Device``:
   * a stage whose K is split (step_geometry.k_splits_for) pays, after its last wave, two
     L2 round trips more: the counter's atomic, then the other slices' partial sums, read by
     the row group's last item before it finishes the rows (L2_LATENCY_S);
+  * a matmul stage after a grid barrier: each thread warmed L2 with its first 16 bytes
+    before the barrier (step_geometry's prefetch_bytes), so the first wave costs an L2
+    round trip where that was all its bytes, else a wave's time for the rest;
   * grid barriers are a separate line: their count times BARRIER_S;
   * so are the stage boundaries a layer crosses on ready counters instead of a barrier
     (step_geometry.barrier_after): each costs two L2 round trips, the writer's count
@@ -92,6 +95,7 @@ class Stage:
     kind: str = "matmul"   # "embed", "matmul" or "attention": what streams the bytes
     k_splits: int = 1      # slices of K per row group (matmul stages)
     split_bytes: int = 0   # split-K partial sums, written and read back (from L2)
+    after_barrier: bool = False  # a grid barrier before it (its first items' weights warmed)
 
     @property
     def bytes(self) -> int:
@@ -167,10 +171,16 @@ def plan(cfg, w, tokens: int, context: int, prefill: bool = False, sms: int = H1
                        T * (D + cfg.n_ff) * f32, g, sms, sb, passes=2),
                _matmul(f"L{layer}.E down+residual", w.wdown, _rows(w.wdown), tiles,
                        T * (cfg.n_ff + 2 * D) * f32, g, sms, sb)]
+    # which stages follow a grid barrier: A after the embedding or the last E, the others
+    # after the stage before them, the LM head after the last E
+    kinds = [s for s in st if s.name.startswith("L")]
+    for i, s in enumerate(kinds):
+        s.after_barrier = i == 0 or g.barrier_after[(i - 1) % g.stages_per_layer]
     rows = 1 if prefill else T
     head_tiles = -(-rows // (1 if rows == 1 else TOKEN_TILE))
     st.append(_matmul("lm head+argmax", w.output, _rows(w.output), head_tiles,
                       rows * (D + cfg.vocab) * f32, g, sms, sb))
+    st[-1].after_barrier = g.barrier_after[-1]
     return st
 
 
@@ -185,7 +195,15 @@ def predict_stage(s: Stage, dev: Device, g: Geometry = KERNEL) -> float:
                  else g.threads * 4 * g.attention_loads_in_flight)
     waves = math.ceil(s.items / dev.sms)
     per_item = streamed / max(s.items, 1)
-    t = waves * (dev.dram_latency_s + per_item / dev.sm_bytes_s(in_flight))
+    rate = dev.sm_bytes_s(in_flight)
+    t = waves * (dev.dram_latency_s + per_item / rate)
+    if s.kind == "matmul" and s.after_barrier and g.prefetch_bytes:
+        # the first wave's first bytes were requested before the barrier (which lasts
+        # longer than their round trip): from L2 if that was all of them, else the rest
+        # streams as any wave's
+        rest = per_item - g.threads * g.prefetch_bytes
+        t -= (dev.dram_latency_s + per_item / rate
+              - (dev.l2_latency_s if rest <= 0 else dev.dram_latency_s + rest / rate))
     t = max(t, dev.dram_latency_s + streamed / dev.hbm_bytes_s)
     return t + (2 * dev.l2_latency_s if s.k_splits > 1 else 0.0)
 

@@ -99,6 +99,7 @@ class CpuSection:
     io_cpu: str = ""               # the I/O thread's CPU, e.g. "2"; "" = any of cpus
     engine_cpus: str = ""          # the engine thread and its kernel threads, e.g. "3-5"; "" = any
     sched_fifo: int = 0            # SCHED_FIFO priority 1-99 for the I/O thread; 0 = normal scheduling
+    io_runtime_us: int = 0         # SCHED_DEADLINE for the I/O thread: this many µs of CPU each ms ahead of every other thread, then none until the next ms (a flood gets no more); for an I/O thread that shares its CPUs with an engine; 0 = normal scheduling
     switch_interval_us: int = 5000  # the GIL switch interval (sys.setswitchinterval), µs; 5000 = CPython's own: the longest a woken I/O thread waits while the engine thread runs Python between kernels
     activations: str = ""          # the integer CPU kernels' activations: int16 (the F32 model's answers), int8-qkv16 or int8 (faster prefill, llama.cpp's precision: ~97% top-1); "" = the runtime's default, int16
 
@@ -271,6 +272,7 @@ RULES: dict[str, tuple[Any, str]] = {
     "cpu.io_cpu": (_cpus, "a CPU list like \"2\""),
     "cpu.engine_cpus": (_cpus, "a CPU list like \"3-5\""),
     "cpu.sched_fifo": _between(0, 99),
+    "cpu.io_runtime_us": _between(0, 900),
     "cpu.switch_interval_us": _between(50, 100_000),
     "cpu.activations": _one_of("", *CPU_ACTIVATIONS),
     "control.events_hwm": _between(1),
@@ -377,6 +379,12 @@ def load(args: argparse.Namespace | None = None,
     if cfg.engines and cfg.cpu.engine_cpus:
         problems.append("cpu.engine_cpus and [[engines]] are both set: give each engine its "
                         "own cpus instead")
+    if cfg.cpu.io_runtime_us and cfg.cpu.sched_fifo:
+        problems.append("cpu.io_runtime_us and cpu.sched_fifo are both set: one scheduling "
+                        "policy for the I/O thread")
+    if cfg.cpu.io_runtime_us and cfg.network.busy_poll:
+        problems.append("cpu.io_runtime_us with network.busy_poll: a spinning I/O thread "
+                        "spends its runtime every period and waits out the rest")
     if problems:
         raise ConfigError(problems)
     return cfg

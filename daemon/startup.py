@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, NoReturn
 
 from . import config as config_mod
-from . import fault_hooks, test_hooks
+from . import fault_hooks, sched_deadline, test_hooks
 from .carriers import xdp_setup
 from .config import DaemonConfig
 from .engine import Engine
@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 class LoadTimeoutError(TimeoutError):
     """The engine thread's load and warm-up outlived [model] load_timeout_s."""
 
+
+# SCHED_DEADLINE's period for the I/O thread ([cpu] io_runtime_us of each): a throttled
+# thread waits at most this long for its next budget
+IO_PERIOD_US = 1000
 
 def apply_switch_interval(cfg: DaemonConfig, log: Log) -> float:
     """[cpu] switch_interval_us: how long a thread that wants the GIL waits before it asks the
@@ -80,6 +84,14 @@ def pin_io(cfg: DaemonConfig, engines: list[EngineSlot], io_cpus: set[int] | Non
             + "; ".join(f"engine {s.index} on "
                         f"{sorted(s.cpus) if s.cpus else 'the same'} ({s.threads} threads)"
                         for s in engines))
+    if c.io_runtime_us:
+        try:
+            sched_deadline.set_deadline(c.io_runtime_us, IO_PERIOD_US)
+            log(f"SCHED_DEADLINE {c.io_runtime_us} µs every {IO_PERIOD_US} µs (I/O thread)")
+        except OSError as e:
+            log(f"SCHED_DEADLINE refused ({e.strerror or e}: it needs CAP_SYS_NICE and an I/O "
+                f"thread on every CPU of its domain); running with normal scheduling",
+                logging.WARNING)
     if c.sched_fifo:
         try:  # the I/O thread's latency is the one that real-time priority buys
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(c.sched_fifo))

@@ -48,6 +48,7 @@ Results: JSON under bench/results/ (gitignored) with every sample, and a markdow
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import http.client
 import json
@@ -208,6 +209,21 @@ class ZlSide:
 
     def prep(self):
         return None
+
+
+@contextlib.contextmanager
+def pinger_priority(runtime_us: int):
+    """This thread under SCHED_DEADLINE (runtime_us of each ms) for the block, then normal
+    scheduling again; nothing when runtime_us is 0."""
+    if not runtime_us:
+        yield
+        return
+    from zerolayer.daemon.sched_deadline import set_deadline
+    set_deadline(runtime_us, 1000)
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
 def hard_close(conn: http.client.HTTPConnection) -> None:
@@ -570,9 +586,10 @@ class Bench:
 
             def pings():
                 out = []
-                for _ in range(a.pings_per_round):
-                    out.append(side.ping())
-                    time.sleep(a.ping_gap_ms / 1e3)
+                with pinger_priority(a.pinger_runtime_us):
+                    for _ in range(a.pings_per_round):
+                        out.append(side.ping())
+                        time.sleep(a.ping_gap_ms / 1e3)
                 return out
 
             def probes(cancel: bool, n: int):
@@ -1133,6 +1150,10 @@ def main() -> int:
                     help="llama-server -np for the probes under load (> --load-streams)")
     ap.add_argument("--pings", type=int, default=300, help="pings per side, idle and under load each")
     ap.add_argument("--ping-gap-ms", type=float, default=5.0, help="between pings under load")
+    ap.add_argument("--pinger-runtime-us", type=int, default=0,
+                    help="the pinger under load runs with SCHED_DEADLINE, this many µs a ms "
+                         "(root): as a client on a host of its own would, never waiting for a "
+                         "CPU behind either server's compute threads; the same for both sides")
     ap.add_argument("--ttft", type=int, default=30, help="TTFT requests per side, idle and under load each")
     ap.add_argument("--ttft-tokens", type=int, default=16)
     ap.add_argument("--cancels", type=int, default=30, help="cancel probes per side")

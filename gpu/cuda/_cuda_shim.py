@@ -275,16 +275,21 @@ if SIM:
 else:
     from numba.core import cgutils as _cgutils
 
+    def _item_address(context, builder, sig, args):
+        """The 64-bit (generic) address of ary[i] for an intrinsic called (ary, i); the
+        inline PTX converts it to the global space."""
+        aryty = sig.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = _cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]],
+                                        wraparound=False)
+        return builder.ptrtoint(ptr, _ir.IntType(64))
+
     @_intrinsic
     def _ldg_v4(typingctx, words, i):
         """One 16-byte load through the read-only data cache: ld.global.nc.v4.u32. LLVM
         splits a plain <4 x i32> load into four 32-bit ones when its lanes are used apart."""
         def codegen(context, builder, sig, args):
-            aryty = sig.args[0]
-            ary = context.make_array(aryty)(context, builder, args[0])
-            ptr = _cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]],
-                                            wraparound=False)
-            addr = builder.ptrtoint(ptr, _ir.IntType(64))
+            addr = _item_address(context, builder, sig, args)
             u32 = _ir.IntType(32)
             asm = _ir.InlineAsm(
                 _ir.FunctionType(_ir.LiteralStructType([u32] * 4), [_ir.IntType(64)]),
@@ -311,15 +316,11 @@ else:
     def _prefetch_l2(typingctx, ary, i):
         """prefetch.global.L2 of the line holding ary[i]: the load that follows finds it in L2."""
         def codegen(context, builder, sig, args):
-            aryty = sig.args[0]
-            arr = context.make_array(aryty)(context, builder, args[0])
-            ptr = _cgutils.get_item_pointer(context, builder, aryty, arr, [args[1]],
-                                            wraparound=False)
             asm = _ir.InlineAsm(
                 _ir.FunctionType(_ir.VoidType(), [_ir.IntType(64)]),
                 "{\n\t.reg .u64 %gp;\n\tcvta.to.global.u64 %gp, $0;\n\t"
                 "prefetch.global.L2 [%gp];\n\t}", "l", side_effect=True)
-            builder.call(asm, [builder.ptrtoint(ptr, _ir.IntType(64))])
+            builder.call(asm, [_item_address(context, builder, sig, args)])
             return context.get_dummy_value()
         return _types.void(ary, _types.uint64), codegen
 

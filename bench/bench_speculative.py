@@ -74,7 +74,7 @@ def tasks() -> dict[str, str]:
 
 def run_ours(gen, ids, n_tokens: int, speculative: bool, drafter=None) -> dict:
     from zerolayer.daemon.engine import Engine
-    from zerolayer.daemon.request import DoneEvent, Request, TextEvent
+    from zerolayer.daemon.request import Admitted, DoneEvent, TextEvent
     from zerolayer.protocol.sampling_params import SamplingParams
 
     stamps: list[float] = []
@@ -88,8 +88,7 @@ def run_ours(gen, ids, n_tokens: int, speculative: bool, drafter=None) -> dict:
 
     eng = Engine(gen.model, gen.tokenizer, emit=emit, max_running=1, step_tokens=512,
                  speculative=speculative, drafter=drafter)
-    r = Request.for_ids(0, ids, SamplingParams(max_tokens=n_tokens))
-    eng.submit(r)
+    r = eng.submit(Admitted(0, SamplingParams(max_tokens=n_tokens)), ids)
     first = None
     while eng.has_work:
         eng.step()

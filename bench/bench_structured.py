@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from _harness import bench_lock, git_head  # noqa: E402
 
 from zerolayer.daemon.engine import Engine  # noqa: E402
-from zerolayer.daemon.request import DoneEvent, Request  # noqa: E402
+from zerolayer.daemon.request import Admitted, DoneEvent  # noqa: E402
 from zerolayer.gpu.generate import Generator  # noqa: E402
 from zerolayer.protocol.constraint import from_response_format  # noqa: E402
 from zerolayer.protocol.sampling_params import SamplingParams  # noqa: E402
@@ -87,9 +87,8 @@ def one(gen: Generator, eng: Engine, batch: int, masked: bool, tokens: int,
     reqs = []
     for _ in range(batch):
         key[0] += 1
-        r = Request.for_ids(key[0], ids, SamplingParams(max_tokens=tokens,
-                                                        constraint=c if masked else None))
-        eng.submit(r)
+        r = eng.submit(Admitted(key[0], SamplingParams(max_tokens=tokens,
+                                                        constraint=c if masked else None)), ids)
         reqs.append(r)
     while not all(r.tokens or r.done for r in reqs):
         eng.step()

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from zerolayer.protocol.errors import ErrorCode, OverloadedError
-from zerolayer.protocol.wire import NO_SEQ, InvokeBody, MsgType, RunState, ServerState
+from zerolayer.protocol.wire import NO_SEQ, MsgType, RunState, ServerState
 
 from . import engine_capacity, memory_bounds
 from .carriers import Address
@@ -26,7 +26,7 @@ from .engines import EngineSlot
 from .in_flight import InFlight
 from .ingress import ControlRequest, Ingress, InvokeRequest, Rejected
 from .ops.metrics import Metrics
-from .request import CancelReason, Request
+from .request import Admitted, CancelReason, Request, Submission
 from .result_cache import EntryStatus
 from .routing import Router, boundary_hashes
 from .streams import Send, Streams, ids
@@ -82,11 +82,10 @@ class Admission:
             self.metrics.errors.labels(ErrorCode.OVERLOADED.name).inc()
             self.send(inv.signer.error(ErrorCode.OVERLOADED, str(ex)), addr)
             return
-        req = Request(key, inv.body.params, inv.body, inv.signer, entry.run_id, inv.received_at,
-                      addr=addr)
-        req.ingress_us = int((now - inv.received_at) * 1e6)
-        req.body_bytes = memory_bounds.body_bytes(inv.body)
-        slot = self._route(req, inv.body)
+        adm = Admitted(key, inv.body.params, inv.received_at,
+                       int((now - inv.received_at) * 1e6), memory_bounds.body_bytes(inv.body))
+        req = Request(adm, inv.signer, entry.run_id, addr=addr)
+        slot = self._route(req, Submission(adm, inv.body))
         if isinstance(slot, str):  # the engine is that far behind: say so, drop nothing
             self.metrics.errors.labels(ErrorCode.OVERLOADED.name).inc()
             self.cache.finish(key, cacheable=False)
@@ -99,7 +98,7 @@ class Admission:
         # engine may still refuse it as never started (a text over the context)
         self.send(inv.signer.ack(0, req.run_id, RunState.QUEUED, self.lease_ms), addr)
 
-    def _route(self, req: Request, body: InvokeBody) -> EngineSlot | str:
+    def _route(self, req: Request, sub: Submission) -> EngineSlot | str:
         """Hand the request to an engine: the router's choice (several engines), else the
         next least loaded with room; when every live one is full, why (the OVERLOADED
         message)."""
@@ -110,11 +109,11 @@ class Admission:
             if self.in_flight.on_engine(0) >= cap:
                 slot.refused_full += 1
                 return engine_capacity.full_text(cap, e.max_running, e.max_waiting)
-            if not slot.admissions.put(req):
+            if not slot.admissions.put(sub):
                 return self._handoff_full()
             self.metrics.engine_routed.labels("0", "load").inc()
             return slot
-        hashes = boundary_hashes(body.payload)
+        hashes = boundary_hashes(sub.body.payload)
         load = self.in_flight.load()
         alive = [not s.dead for s in self.engines]
         i, why = self.router.choose(hashes, load, alive)
@@ -128,7 +127,7 @@ class Admission:
         for j in roomy:
             slot = self.engines[j]
             req.engine = j
-            if slot.admissions.put(req):
+            if slot.admissions.put(sub):
                 self.router.record(j, hashes)
                 self.metrics.engine_routed.labels(str(j), why if j == i else "load").inc()
                 return slot

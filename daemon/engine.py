@@ -5,7 +5,8 @@ Each ``step()`` makes one forward pass over
   * prompt chunks of newly admitted requests (chunked prefill), up to a token budget,
 so new requests join between decode steps without stalling the others for a whole prompt,
 and tokens stream out as soon as they are sampled. No scheduler process: the engine thread
-(engine_thread.py) calls submit/step; the I/O thread only ever sets `Request.cancel`.
+(engine_thread.py) calls submit/step; the I/O thread only ever sets a request's
+`CancelFlag`.
 
 What happens to a request is reported as typed events (request.py) through `emit`: text,
 done (FinishReason, Usage, Timings) or failed (ErrorCode). The engine never touches sockets.
@@ -49,7 +50,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -67,33 +68,64 @@ from zerolayer.gpu.stopping import StopChecker
 from zerolayer.gpu.tokenizer import IncrementalDetokenizer, Tokenizer
 from zerolayer.protocol.errors import ErrorCode, OverloadedError
 from zerolayer.protocol.logprobs import encode_position
+from zerolayer.protocol.sampling_params import SamplingParams
 from zerolayer.protocol.wire import FinishReason, Timings, Usage
 
 from . import engine_capacity
-from .request import CancelReason, DoneEvent, EngineEvent, FailedEvent, Request, TextEvent
+from .request import Admitted, CancelReason, DoneEvent, EngineEvent, FailedEvent, TextEvent
 
 if TYPE_CHECKING:
     from zerolayer.gpu.draft_model import DraftModel, DraftSeq
+    from zerolayer.gpu.grammar import Matcher
+    from zerolayer.gpu.kv_cache import Sequence
 
 Emit = Callable[[EngineEvent], None]
 
 
-@dataclass(slots=True)
-class Decoding:
-    """What the engine alone reads and writes about a request while it decodes: made when
-    the request is accepted, dropped when it ends, kept here in the engine (never on the
-    Request, which the I/O thread also holds)."""
+@dataclass(eq=False)
+class Run:
+    """The engine's record of one request, from submit to its end: made when the engine
+    takes it (tokenized, within the context), dropped when it ends. Only the engine thread
+    reads or writes it; the I/O side hears of it through events. Its KV sequence `seq`
+    holds no blocks while it waits, and belongs to the prefix cache or the arena once it is
+    `done` (nothing reads it then). `matcher`, `spec`, `draft` and `draft_seq` are None
+    where the request has no constraint, does not draft, or drafted nothing this step."""
+    req: Admitted
+    prompt_ids: npt.NDArray[np.int32]
+    tokenize_us: int
+    seq: Sequence
     detok: IncrementalDetokenizer
     stops: StopChecker
     rng: np.random.Generator
     penalty: PenaltyState
+    matcher: Matcher | None = None        # its constraint's state (structured output)
+    spec: DraftLength | None = None       # speculative decoding's draft length
+    prefilled: int = 0
+    cached: int = 0                       # prompt positions reused from the prefix cache
+    tokens: list[int] = field(default_factory=list)
+    pending_row: int = -1                 # its token's row in the step in flight (overlap)
+    pending_step: int = 0                 # ... and that step's number
+    kv_step: int = 0                      # the last step that wrote its KV (prefix entries)
+    lp_held: list[tuple[bytes, ...]] = field(default_factory=list)  # logprob entries of
+                                          # tokens whose text is not out yet
+    draft: npt.NDArray[np.int32] | None = None  # the tokens guessed in the step in flight
+    draft_seq: DraftSeq | None = None     # its sequence in the draft model's KV (if one)
+    t_admit: float = 0.0
+    t_first: float = 0.0
+    t_last: float = 0.0
+    step_max: float = 0.0                 # slowest gap between two tokens (jitter)
+    done: bool = False
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.req.params
 
 
 @dataclass(eq=False)
 class Batch:
     """One launched step: its requests (one per input) and which had a logit row."""
-    owners: list[Request]
-    with_logits: list[Request]
+    owners: list[Run]
+    with_logits: list[Run]
     pending: PendingTokens
     n_tokens: int
     step: int
@@ -123,9 +155,8 @@ class Engine:
         self.prefix = PrefixCache(model.arena, max_entries=prefix_entries)
         self.vocab: int = model.cfg.vocab  # type: ignore[attr-defined]  # (Model.cfg: object)
         self.grammars = Grammars(tokenizer, self.vocab)  # grammars compiled on first use
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self._decoding: dict[Request, Decoding] = {}  # every request accepted and not ended
+        self.waiting: deque[Run] = deque()
+        self.running: list[Run] = []
         self._inflight: Batch | None = None
         self.steps = 0
         self.forward_passes_tokens = 0  # tokens run through the model, for tests and metrics
@@ -139,9 +170,10 @@ class Engine:
         """Requests this engine holds at most, running and waiting together."""
         return engine_capacity.capacity(self.max_running, self.max_waiting)
 
-    def submit(self, req: Request) -> None:
-        """Queue a request whose prompt_ids are set. Raises ContextOverflowError or
-        OverloadedError (nothing queued).
+    def submit(self, req: Admitted, prompt_ids: npt.ArrayLike, tokenize_us: int = 0) -> Run:
+        """Queue a request, its prompt tokenized; returns its run record. Raises
+        ContextOverflowError, OverloadedError or (a constraint that cannot be compiled)
+        SchemaError, nothing queued.
 
         The daemon's I/O thread hands an engine a request only while fewer than `capacity`
         of the requests it handed are unfinished on its side. Every request held here that
@@ -149,23 +181,25 @@ class Engine:
         before the I/O thread hears of it; one the I/O thread ended early was cancelled
         first), so once the cancelled ones are reaped the OverloadedError below cannot
         happen under the daemon. It stays for the engine's other callers."""
-        if len(req.prompt_ids) == 0:
+        ids = np.asarray(prompt_ids, np.int32)
+        if len(ids) == 0:
             raise ValueError("empty prompt (a request is submitted tokenized)")
-        check_context(len(req.prompt_ids), req.params.max_tokens, self.model.max_seq_len)
+        p = req.params
+        check_context(len(ids), p.max_tokens, self.model.max_seq_len)
         if len(self.waiting) + len(self.running) >= self.capacity:
             self._reap_cancelled()  # what the next step would free anyway
         held = len(self.waiting) + len(self.running)
         if held >= self.capacity:
             raise OverloadedError(engine_capacity.full_text(held, self.max_running,
                                                             self.max_waiting))
-        if req.params.constraint is not None:  # SchemaError: the daemon's MALFORMED
-            req.matcher = self.grammars.matcher(req.params.constraint)
-        if self.speculative and speculates(req.params):
-            req.spec = DraftLength()
-        self._decoding[req] = Decoding(self.tok.detokenizer(), StopChecker(req.params.stop),
-                                       np.random.default_rng(req.params.seed),
-                                       PenaltyState.of(req.params, req.prompt_ids))
-        self.waiting.append(req)
+        run = Run(req, ids, tokenize_us, self.model.new_sequence(), self.tok.detokenizer(),
+                  StopChecker(p.stop),
+                  np.random.default_rng(p.seed), PenaltyState.of(p, ids),
+                  matcher=(self.grammars.matcher(p.constraint) if p.constraint is not None
+                           else None),
+                  spec=DraftLength() if self.speculative and speculates(p) else None)
+        self.waiting.append(run)
+        return run
 
     @property
     def has_work(self) -> bool:
@@ -184,14 +218,14 @@ class Engine:
     # ---- internals -----------------------------------------------------------------------
     def _launch(self) -> Batch | None:
         inputs: list[StepInput] = []
-        owners: list[Request] = []
+        owners: list[Run] = []
         budget = self.step_tokens
         if self.drafter is not None:
             self._draft_with_model(budget)
         for r in self.running:  # decodes first: they are what users are waiting on
             if r.prefilled == len(r.prompt_ids):
                 if r.pending_row >= 0:  # its last token is still on the device (overlap)
-                    if self._decoding[r].penalty.active or r.matcher is not None:
+                    if r.penalty.active or r.matcher is not None:
                         continue  # its penalties, its mask, depend on that token: a step later
                     inputs.append(StepInput(r.seq, np.zeros(1, np.int32), from_prev=r.pending_row))
                 else:
@@ -219,12 +253,11 @@ class Engine:
         rows = [r for inp, r in zip(inputs, owners) if inp.logits
                 for _ in range(len(inp.tokens) if inp.every_logit else 1)]
         # one draw per logit row, from each request's own seeded generator
-        dec = self._decoding
-        draws = [Draw(r.params.temperature, r.params.top_k, r.params.top_p, dec[r].rng.random())
+        draws = [Draw(r.params.temperature, r.params.top_k, r.params.top_p, r.rng.random())
                  for r in rows]
         # (a request with penalties, a mask or logprobs never drafts: one row each)
-        penalties = ([dec[r].penalty.spec() for r in rows]
-                     if any(dec[r].penalty.active for r in with_logits) else None)
+        penalties = ([r.penalty.spec() for r in rows]
+                     if any(r.penalty.active for r in with_logits) else None)
         lps = ([r.params.top_logprobs if r.params.logprobs else -1 for r in rows]
                if any(r.params.logprobs for r in with_logits) else None)
         masks = self._masks(rows)
@@ -244,7 +277,7 @@ class Engine:
         self.forward_passes_tokens += n_tokens
         return Batch(owners, with_logits, pending, n_tokens, self.steps, lps is not None)
 
-    def _masks(self, rows: list[Request]) -> list | None:
+    def _masks(self, rows: list[Run]) -> list | None:
         """The constrained rows' allowed next tokens (None for the others); None when no
         row is constrained."""
         if all(r.matcher is None for r in rows):
@@ -290,7 +323,7 @@ class Engine:
             row += 1
 
     # ---- speculative decoding (gpu/drafting.py) --------------------------------------------
-    def _draft_len(self, r: Request, budget: int) -> int:
+    def _draft_len(self, r: Run, budget: int) -> int:
         """How many tokens r may guess this step: what its DraftLength wants, short enough
         that every position it writes lies inside r's KV reservation (prompt + max_tokens:
         at most max_tokens - len(tokens) - 1 guesses) and the step's budget."""
@@ -299,12 +332,12 @@ class Engine:
         return min(r.spec.want(), r.params.max_tokens - len(r.tokens) - 1, budget - 1)
 
     @staticmethod
-    def _text(r: Request) -> npt.NDArray[np.int32]:
+    def _text(r: Run) -> npt.NDArray[np.int32]:
         prompt = r.prompt_ids
         assert prompt is not None
         return np.concatenate((prompt, np.asarray(r.tokens, np.int32))).astype(np.int32)
 
-    def _draft(self, r: Request, budget: int) -> npt.NDArray[np.int32]:
+    def _draft(self, r: Run, budget: int) -> npt.NDArray[np.int32]:
         """The tokens to check after r's last one this step: a guess from its own text."""
         k = self._draft_len(r, budget)
         if k <= 0:
@@ -323,7 +356,7 @@ class Engine:
         as if every earlier request's draft were full, so the step's budget holds."""
         drafter = self.drafter
         assert drafter is not None
-        owners: list[Request] = []
+        owners: list[Run] = []
         jobs: list[tuple[DraftSeq, npt.NDArray[np.int32], int]] = []
         for r in self.running:
             prompt = r.prompt_ids
@@ -351,12 +384,12 @@ class Engine:
             r.draft = d
 
     @staticmethod
-    def _drop_draft_seq(r: Request) -> None:
+    def _drop_draft_seq(r: Run) -> None:
         if r.draft_seq is not None:
             r.draft_seq.release()
             r.draft_seq = None
 
-    def _verified(self, r: Request, draft: npt.NDArray[np.int32],
+    def _verified(self, r: Run, draft: npt.NDArray[np.int32],
                   tokens: npt.NDArray[np.int32], row: int, now: float) -> int:
         """Emit what a drafted step decided for r; returns its next row.
 
@@ -370,7 +403,7 @@ class Engine:
         positions lie past its length, so nothing reads them before they are overwritten,
         and the prefix cache stores only positions below the length."""
         k = len(draft)
-        if r.done or r.seq is None or r.spec is None:  # cancelled meanwhile: nothing to keep
+        if r.done or r.spec is None:  # cancelled meanwhile: nothing to keep
             return row + k + 1
         got = tokens[row:row + k + 1]
         a = int(np.argmin(np.append(got[:k] == draft, False)))  # guesses kept
@@ -385,33 +418,30 @@ class Engine:
         return row + k + 1
 
     def _reap_cancelled(self) -> None:
-        for r in [r for r in self.waiting if r.cancel is not None]:
+        for r in [r for r in self.waiting if r.req.cancel.reason is not None]:
             self.waiting.remove(r)
             self._finish(r, FinishReason.CANCELLED)
         for r in self.running:
-            if r.cancel is not None and not r.done:
+            if r.req.cancel.reason is not None and not r.done:
                 self._finish(r, FinishReason.CANCELLED)
         self.running = [r for r in self.running if not r.done]
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:
             r = self.waiting[0]
-            seq = self.model.new_sequence()
             while True:
-                try:
-                    seq.reserve(len(r.prompt_ids) + r.params.max_tokens)
+                try:  # (all or nothing: a refused reserve takes no block)
+                    r.seq.reserve(len(r.prompt_ids) + r.params.max_tokens)
                     break
                 except KVCacheFullError:
                     if not self.prefix.evict_one():  # cached prefixes go first
-                        seq.release()
                         return  # wait for a running request to free its blocks
             self.waiting.popleft()
-            r.cached = r.prefilled = self.prefix.reuse(r.prompt_ids, seq)
-            r.seq = seq
+            r.cached = r.prefilled = self.prefix.reuse(r.prompt_ids, r.seq)
             r.t_admit = time.monotonic()
             self.running.append(r)
 
-    def _emit_token(self, r: Request, tok: int, now: float,
+    def _emit_token(self, r: Run, tok: int, now: float,
                     lp: RowLogprobs | None = None) -> None:
         p = r.params
         if not r.tokens:
@@ -422,8 +452,7 @@ class Engine:
         if tok in self.tok.eos_ids:
             return self._finish(r, FinishReason.STOP)
         r.tokens.append(tok)
-        d = self._decoding[r]
-        d.penalty.push(tok)
+        r.penalty.push(tok)
         if r.matcher is not None and not r.matcher.advance(tok):
             if r.matcher.gave_up:  # a limit of the grammar engine, reached by this schema
                 return self._finish_error(r, ErrorCode.MALFORMED,
@@ -434,10 +463,10 @@ class Engine:
                                       detail=r.matcher.error)
         if lp is not None:
             r.lp_held.append(self._position(tok, lp))
-        text = d.stops.push(d.detok.push(tok))
+        text = r.stops.push(r.detok.push(tok))
         if text:
-            self.emit(TextEvent(r, text, 1, self._take_held(r), r.cached))
-        if d.stops.stopped or (r.matcher is not None and r.matcher.stopped):
+            self.emit(TextEvent(r.req, text, 1, self._take_held(r), r.cached))
+        if r.stops.stopped or (r.matcher is not None and r.matcher.stopped):
             return self._finish(r, FinishReason.STOP)
         if len(r.tokens) >= p.max_tokens:
             return self._finish(r, FinishReason.LENGTH)
@@ -450,34 +479,28 @@ class Engine:
                                 for i, v in zip(lp.top_ids, lp.top_logprobs)])
 
     @staticmethod
-    def _take_held(r: Request) -> tuple[tuple[bytes, ...], ...]:
+    def _take_held(r: Run) -> tuple[tuple[bytes, ...], ...]:
         held = tuple(r.lp_held)
         r.lp_held.clear()
         return held
 
-    def _release(self, r: Request, keep_prefix: bool) -> None:
+    def _release(self, r: Run) -> None:
+        """It ended: its KV goes to the prefix cache, which may serve the next prompt that
+        starts the same way (the positions written: the prompt as far as prefilled, then the
+        tokens fed back; a cancelled or speculative step's extra slot is past these)."""
         r.done = True
-        self._decoding.pop(r, None)
         self._drop_draft_seq(r)
-        if r.seq is not None:
-            if keep_prefix:  # its KV may serve the next prompt that starts the same way
-                # (the positions written: the prompt as far as prefilled, then the tokens fed
-                # back; a cancelled or speculative step's extra slot is past these)
-                fed = np.concatenate([r.prompt_ids[:r.prefilled], np.asarray(r.tokens, np.int32)])
-                self.prefix.store(r.seq, fed, written_by=r.kv_step)
-            else:
-                r.seq.release()
-            r.seq = None
+        fed = np.concatenate([r.prompt_ids[:r.prefilled], np.asarray(r.tokens, np.int32)])
+        self.prefix.store(r.seq, fed, written_by=r.kv_step)
 
-    def _finish(self, r: Request, reason: FinishReason) -> None:
-        d = self._decoding[r]
+    def _finish(self, r: Run, reason: FinishReason) -> None:
         if reason is not FinishReason.CANCELLED:
-            tail = d.stops.push(d.detok.flush()) + d.stops.flush()
+            tail = r.stops.push(r.detok.flush()) + r.stops.flush()
             if tail or r.lp_held:
-                self.emit(TextEvent(r, tail, 0, self._take_held(r), r.cached))
+                self.emit(TextEvent(r.req, tail, 0, self._take_held(r), r.cached))
         # A cancelled or closed-early stream keeps its prompt's KV too: the same prompt
         # again (a client retrying, or coming back) skips its prefill.
-        self._release(r, keep_prefix=True)
+        self._release(r)
         end = time.monotonic()
         first = r.t_first or end
         n = len(r.tokens)
@@ -487,7 +510,7 @@ class Engine:
         # queue: admitted (body complete) -> first scheduled, less the tokenization in it, so
         # that ingress, queue, tokenize, prefill and decode are disjoint stages
         t = Timings(
-            queue_us=max(0, us((r.t_admit or end) - r.received_at) - r.ingress_us
+            queue_us=max(0, us((r.t_admit or end) - r.req.received_at) - r.req.ingress_us
                          - r.tokenize_us),
             prefill_us=us(first - (r.t_admit or end)),
             decode_per_token_us=us(decode / (n - 1)) if n > 1 else 0,
@@ -496,23 +519,20 @@ class Engine:
             decode_step_max_us=us(r.step_max),
         )
         spec = r.spec
-        stopped_by = d.stops.matched if reason is FinishReason.STOP else None
-        self.emit(DoneEvent(r, reason, Usage(len(r.prompt_ids), r.cached, n), t,
+        stopped_by = r.stops.matched if reason is FinishReason.STOP else None
+        self.emit(DoneEvent(r.req, reason, Usage(len(r.prompt_ids), r.cached, n), t,
                             spec.drafted if spec else 0, spec.accepted if spec else 0,
                             r.params.stop.index(stopped_by) + 1 if stopped_by is not None else 0))
 
-    def _finish_error(self, r: Request, code: ErrorCode, msg: str, detail: str = "") -> None:
+    def _finish_error(self, r: Run, code: ErrorCode, msg: str, detail: str = "") -> None:
         if r.done:
             return
         r.done = True
-        self._decoding.pop(r, None)
         self._drop_draft_seq(r)
-        if r.seq is not None:
-            r.seq.release()
-            r.seq = None
+        r.seq.release()
         if r in self.waiting:
             self.waiting.remove(r)
-        self.emit(FailedEvent(r, code, msg, detail=detail))
+        self.emit(FailedEvent(r.req, code, msg, detail=detail))
 
 
-__all__ = ["Engine", "Batch", "CancelReason"]  # CancelReason: what the I/O thread sets
+__all__ = ["Engine", "Batch", "Run", "CancelReason"]  # CancelReason: what the I/O thread sets

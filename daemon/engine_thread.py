@@ -1,7 +1,7 @@
 """The engine thread: takes admitted requests from the I/O thread, tokenizes them, runs the
 engine's steps, and hands typed events back. It never touches a socket.
 
-    I/O thread ──admissions (Handoff[Request])──► engine thread
+    I/O thread ──admissions (Handoff[Submission])──► engine thread
     I/O thread ◄──events (Handoff[EngineEvent])── engine thread
 
 The forward pass runs with the GIL released (every Numba kernel is nogil; on a GPU the
@@ -44,7 +44,7 @@ from zerolayer.protocol.errors import ErrorCode, OverloadedError, ZerolayerError
 from . import test_hooks
 from .engine import Engine
 from .handoff import Handoff
-from .request import AcceptedEvent, EngineDied, EngineEvent, FailedEvent, Request
+from .request import AcceptedEvent, Admitted, EngineDied, EngineEvent, FailedEvent, Submission
 
 IDLE_WAIT_S = 0.5      # an idle engine sleeps on the admissions fd this long at most
 FULL_WAIT_S = 0.0005   # back-off while the events queue is full
@@ -55,7 +55,7 @@ class EngineThread(threading.Thread):
     and warm). Until `ready` is set, `engine` is None; if loading fails, `start_error` holds
     the exception and the thread ends."""
 
-    def __init__(self, load: Callable[[], Engine], admissions: Handoff[Request],
+    def __init__(self, load: Callable[[], Engine], admissions: Handoff[Submission],
                  events: Handoff[EngineEvent], *, cpus: set[int] | None = None,
                  log: Callable[[str], None] = print,
                  index: int = 0, name: str = "zerolayer-engine"):
@@ -109,9 +109,7 @@ class EngineThread(threading.Thread):
     def _loop(self, eng: Engine) -> None:
         while not self._stopping:
             self.beat = time.monotonic()
-            taken = self.admissions.drain()
-            for req in taken:
-                self._admit(eng, req)
+            taken = self._take_admissions(eng)
             self._flush()
             if taken:  # the gauges show what was just accepted, before a step (or a hold)
                 self._publish(eng)
@@ -124,23 +122,27 @@ class EngineThread(threading.Thread):
                 self._publish(eng)
                 self.admissions.wait(IDLE_WAIT_S)
 
-    def _admit(self, eng: Engine, req: Request) -> None:
+    def _take_admissions(self, eng: Engine) -> bool:
+        """Submit what the I/O thread handed over; whether there was any. The bodies go
+        with this call's locals: the ids are all the engine keeps (a body may be 3 MiB)."""
+        taken = self.admissions.drain()
+        for sub in taken:
+            self._admit(eng, sub)
+        return bool(taken)
+
+    def _admit(self, eng: Engine, sub: Submission) -> None:
+        req, b = sub.admitted, sub.body
         self.taken_bytes += req.body_bytes  # written by this thread only (memory_bounds.py)
-        if req.cancel is not None:
+        if req.cancel.reason is not None:
             return  # cancelled (and answered) before it got here
         t0 = time.monotonic()
         try:
-            b = req.body
-            if b is None:  # the daemon's requests carry their body until they get here
-                raise ValueError("a request with no body (prompt, messages or token ids)")
             messages = None if b.messages is None else [{"role": m.role, "content": m.content}
                                                         for m in b.messages]
-            req.prompt_ids = encode_prompt(eng.tok, eng.vocab, b.prompt, messages, b.token_ids,
-                                           max_tokens=req.params.max_tokens,
-                                           max_seq_len=eng.model.max_seq_len)
-            req.tokenize_us = int((time.monotonic() - t0) * 1e6)
-            req.body = None  # the ids are all the engine needs: don't hold up to 3 MiB per request
-            eng.submit(req)
+            ids = encode_prompt(eng.tok, eng.vocab, b.prompt, messages, b.token_ids,
+                                max_tokens=req.params.max_tokens,
+                                max_seq_len=eng.model.max_seq_len)
+            run = eng.submit(req, ids, int((time.monotonic() - t0) * 1e6))
         except ZerolayerError as ex:  # the runtime's refusals are the wire's errors
             if isinstance(ex, OverloadedError) and not isinstance(ex, KVCacheFullError):
                 self.waiting_full += 1    # the wait queue was full, not the KV arena
@@ -151,9 +153,9 @@ class EngineThread(threading.Thread):
         except Exception as ex:  # noqa: BLE001 - one request's bug fails that request
             self._refuse(req, ErrorCode.INTERNAL, f"{type(ex).__name__}: {ex}")
         else:
-            self._out.append(AcceptedEvent(req, len(req.prompt_ids), req.tokenize_us))
+            self._out.append(AcceptedEvent(req, len(run.prompt_ids), run.tokenize_us))
 
-    def _refuse(self, req: Request, code: ErrorCode, message: str, detail: str = "") -> None:
+    def _refuse(self, req: Admitted, code: ErrorCode, message: str, detail: str = "") -> None:
         """Refused before the engine accepted it: no step ever saw it, so it never
         started (no model run, no place in a stream)."""
         self._out.append(FailedEvent(req, code, message, started=False, detail=detail))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from .config import DaemonConfig, EngineSpec, parse_cpus
 from .engine_thread import EngineThread
 from .handoff import Handoff
-from .request import EngineEvent, Request
+from .request import EngineEvent, Submission
 
 if TYPE_CHECKING:
     from zerolayer.gpu.generate import Generator
@@ -34,7 +34,7 @@ class EngineSlot:
     The requests it holds are counted in the in-flight record (in_flight.py), not here."""
     index: int
     spec: EngineSpec | None                 # None: the single engine of [cpu]/[engine]
-    admissions: Handoff[Request]
+    admissions: Handoff[Submission]
     events: Handoff[EngineEvent]
     cpus: set[int] | None = None
     thread: EngineThread | None = None

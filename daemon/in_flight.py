@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .request import Request
+from .request import Admitted, Request
 from .result_cache import CacheKey, ResultCache
 
 
@@ -40,6 +40,12 @@ class InFlight:
     def get(self, key: CacheKey) -> Request | None:
         return self._by_key.get(key)
 
+    def record(self, req: Admitted) -> Request | None:
+        """The I/O side's record of the request an engine's event names; None once it is
+        closed (its last frame sent), and for an earlier run under the same key."""
+        r = self._by_key.get(req.key)
+        return r if r is not None and r.admitted is req else None
+
     def load(self) -> list[int]:
         """Requests held by each engine: handed to it, not yet closed (routing.py's load)."""
         return list(self._per_engine)
@@ -54,7 +60,7 @@ class InFlight:
         """The request was handed to engine `req.engine`."""
         self._by_key[req.key] = req
         self._per_engine[req.engine] += 1
-        self.admitted_bytes += req.body_bytes
+        self.admitted_bytes += req.admitted.body_bytes
 
     def close(self, req: Request, cacheable: bool) -> None:
         """Its last frame (DONE or ERROR) is stored: no longer in flight, its cache entry

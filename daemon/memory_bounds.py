@@ -29,7 +29,7 @@ NONCE_ENTRY_BYTES = 160
 REASSEMBLY_MESSAGE_BYTES = 1024
 # A decoded chat message (object, role and content string headers, tuple slot).
 CHAT_MESSAGE_BYTES = 256
-# A Request, its InvokeRequest, signer and sampling parameters, without the body.
+# A Request, its Admitted, the InvokeRequest, signer and sampling parameters, without the body.
 REQUEST_BYTES = 2048
 # Per prompt or generated token held by a request in the engine: 4 B of prompt ids, or a
 # list slot and an int object of the sampled tokens, plus the detokenizer's text.

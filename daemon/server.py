@@ -2,8 +2,8 @@
 
     I/O thread (this one, the main thread):
         carriers (carriers/: AF_XDP rings, recvmmsg, shm rings) → Front (front.py): Ingress
-        (verify, reassemble) → Admission (result cache, in-flight record, routing) → one Request
-        → admissions hand-off ────────────────────────────────────────────────────────┐
+        (verify, reassemble) → Admission (result cache, in-flight record, routing) → Admitted
+        + body → admissions hand-off ─────────────────────────────────────────────────┐
         PING, ACK, RESEND, CANCEL, lease and drain answered here, at once             │
         engine events → Streams: TOKEN / DONE / ERROR frames → result cache → back    │
         through the carrier that owns the request's address                           │

@@ -6,7 +6,9 @@ Every frame of a request goes through `emit`, which numbers it, stores it and qu
 the carrier that owns the request's address, in that order: a RESEND or a duplicate can then
 only ever be answered with frames that exist. A request's last frame (DONE or ERROR) closes
 it in the in-flight record in the same call, so a late event for it (the engine a step
-behind a CANCEL, a lease or a drain) finds it `closed` and is dropped, never sent.
+behind a CANCEL, a lease or a drain) finds no record and is dropped, never sent. Events name
+their request by what the engine was given (request.Admitted); the record is looked up from
+that, so nothing here reads the engine's state.
 """
 from __future__ import annotations
 
@@ -45,12 +47,12 @@ class Streams:
         at monotonic time `now`."""
         if isinstance(ev, AcceptedEvent):  # the engine took it: a model run, even if it was
             self.metrics.model_runs.inc()  # cancelled meanwhile (its DONE is in its stream)
-            ev.req.reported_prompt, ev.req.reported_tokenize_us = ev.prompt_tokens, ev.tokenize_us
-            return
-        r = ev.req  # type: ignore[union-attr]
-        if r.closed:
+        r = self.in_flight.record(ev.req)  # type: ignore[union-attr]
+        if r is None:
             return  # answered already (cancelled, lease, drain): the engine caught up
-        if isinstance(ev, TextEvent):
+        if isinstance(ev, AcceptedEvent):
+            r.reported_prompt, r.reported_tokenize_us = ev.prompt_tokens, ev.tokenize_us
+        elif isinstance(ev, TextEvent):
             self._text(r, ev, now)
         elif isinstance(ev, DoneEvent):
             self.done(r, ev.reason, ev.usage, ev.timings, now, ev.stop_index)
@@ -98,7 +100,7 @@ class Streams:
         reuse). Tokens of a step in flight for it are dropped when they arrive."""
         if r.closed:
             return
-        r.cancel = why
+        r.cancel(why)
         if why is not CancelReason.CLIENT:
             return self.fail(r, ErrorCode.CANCELLED, why.value)
         # what the engine's events said so far: the I/O side never reads the engine's fields
@@ -112,7 +114,7 @@ class Streams:
         (first datagram received -> this DONE sent) and ingress_us are set here, the one side
         that sees both ends of the request."""
         t = dataclasses.replace(t, total_us=int((now - r.received_at) * 1e6),
-                                ingress_us=r.ingress_us)
+                                ingress_us=r.admitted.ingress_us)
         self.emit(r, r.signer.done(self._seq(r), r.run_id, fr, usage, t, stop_index))
         self.in_flight.close(r, cacheable=True)
         if self.publisher is not None:

@@ -179,7 +179,7 @@ def _child() -> None:
         at different steps, one with a repetition penalty (its argmax from the sampler, not
         the kernel's keys). Tokens must be equal."""
         from zerolayer.daemon.engine import Engine
-        from zerolayer.daemon.request import Request
+        from zerolayer.daemon.request import Admitted
         from zerolayer.protocol.sampling_params import SamplingParams
 
         cpu, gpu = models("engine", kv_blocks=12, tokenizer=True)
@@ -191,15 +191,14 @@ def _child() -> None:
             tok = model.tokenizer()
             tok._eos_ids = frozenset({-1})
             eng = Engine(model, tok, emit=lambda ev: None, max_running=3, step_tokens=16)
-            reqs = [Request.for_ids(k, p, sp) for k, (p, sp) in enumerate(zip(prompts, params))]
-            eng.submit(reqs[0])
+            runs = [eng.submit(Admitted(0, params[0]), prompts[0])]
             n = 0
             while eng.has_work:
                 eng.step()
                 n += 1
                 if n in (1, 2):
-                    eng.submit(reqs[n])
-            return [list(r.tokens) for r in reqs]
+                    runs.append(eng.submit(Admitted(n, params[n]), prompts[n]))
+            return [list(r.tokens) for r in runs]
 
         a, b = run(cpu), run(gpu)
         return {"err": 0.0, "differs": sum(x != y for x, y in zip(a, b)), "cpu": a, "gpu": b,
@@ -207,7 +206,7 @@ def _child() -> None:
 
     def case_engine_barrier_failure():
         from zerolayer.daemon.engine import Engine
-        from zerolayer.daemon.request import FailedEvent, Request, TextEvent
+        from zerolayer.daemon.request import Admitted, FailedEvent, TextEvent
         from zerolayer.protocol.sampling_params import SamplingParams
 
         FAIL = 3
@@ -223,8 +222,7 @@ def _child() -> None:
             tok._eos_ids = frozenset({-1})
             events: list = []
             eng = Engine(model, tok, emit=events.append, max_running=4, step_tokens=32)
-            reqs = {k: Request.for_ids(k, p, SamplingParams(max_tokens=m))
-                    for k, (_, p, m) in specs.items()}
+            reqs: dict = {}  # the runs submitted so far
             if inject:
                 fused, launch_tokens = gpu.fwd.fused, gpu.launch_tokens
                 queue_flag = fused.queue_flag
@@ -259,7 +257,8 @@ def _child() -> None:
             while n == 0 or eng.has_work or any(w >= n for w, _, _ in specs.values()):
                 for k, (when, _, _) in specs.items():
                     if when == n:
-                        eng.submit(reqs[k])
+                        reqs[k] = eng.submit(Admitted(k, SamplingParams(max_tokens=specs[k][2])),
+                                             specs[k][1])
                 if inject and n == FAIL:  # this call completes the failed step
                     out["done_before"] = sorted(k for k, r in reqs.items() if r.done)
                     out["entries_before"] = len(eng.prefix._entries)

@@ -308,7 +308,7 @@ def _child() -> None:
 
         from tiny_gguf import write_tiny_llama
         from zerolayer.daemon.engine import Engine
-        from zerolayer.daemon.request import CancelReason, Request, TextEvent
+        from zerolayer.daemon.request import Admitted, CancelReason, TextEvent
         from zerolayer.gpu.generate import on_backend
         from zerolayer.gpu.model import LlamaModel
         from zerolayer.protocol.sampling_params import SamplingParams
@@ -336,22 +336,21 @@ def _child() -> None:
             eng = Engine(model, tok, emit=emit, max_running=4, step_tokens=8, overlap=overlap,
                          prefix_entries=8)
             assert eng.overlap is overlap
-            reqs = [Request.for_ids(k, p, sp) for k, (p, sp) in enumerate(zip(prompts, params))]
-            eng.submit(reqs[0])
-            eng.submit(reqs[1])  # 6 + 11 prompt tokens over a budget of 8: chunked prefill
-            eng.submit(reqs[3])
+            adm = [Admitted(k, sp) for k, sp in enumerate(params)]
+            reqs = {k: eng.submit(adm[k], prompts[k]) for k in (0, 1, 3)}
+            # (6 + 11 prompt tokens over a budget of 8: chunked prefill)
             for i in range(100):
                 if i == 1:
-                    eng.submit(reqs[2])
-                if len(reqs[1].tokens) >= 2 and reqs[1].cancel is None:
+                    reqs[2] = eng.submit(adm[2], prompts[2])
+                if len(reqs[1].tokens) >= 2 and adm[1].cancel.reason is None:
                     # by the request's state, not the step count: overlapped, the tokens of
                     # step i are read at step i + 1
-                    reqs[1].cancel = CancelReason.CLIENT
+                    adm[1].cancel.reason = CancelReason.CLIENT
                 if not eng.has_work and i > 1:
                     break
                 eng.step()
             entries = {tuple(t.tolist()): s for t, s in eng.prefix._entries}
-            return [r.tokens for r in reqs], entries, model
+            return [reqs[k].tokens for k in range(len(prompts))], entries, model
 
         plain_tokens, plain_kv, m0 = run(models[0], False)
         over_tokens, over_kv, m1 = run(models[1], True)
@@ -386,7 +385,7 @@ def _child() -> None:
         from tiny_gguf import write_tiny_llama
         from zerolayer.daemon.engine import Engine
         from zerolayer.daemon.engines import sibling_model
-        from zerolayer.daemon.request import Request
+        from zerolayer.daemon.request import Admitted
         from zerolayer.gpu.generate import on_backend
         from zerolayer.gpu.model import LlamaModel
         from zerolayer.protocol.sampling_params import SamplingParams
@@ -403,9 +402,8 @@ def _child() -> None:
 
         def engine(model):
             eng = Engine(model, tok, emit=lambda ev: None, max_running=2, step_tokens=16)
-            reqs = [Request.for_ids(k, p, sp) for k, (p, sp) in enumerate(zip(prompts, params))]
-            for r in reqs:
-                eng.submit(r)
+            reqs = [eng.submit(Admitted(k, sp), p)
+                    for k, (p, sp) in enumerate(zip(prompts, params))]
             return eng, reqs
 
         shim.cuda.select_device(0)
@@ -548,7 +546,7 @@ def _child() -> None:
 
         from tiny_gguf import write_tiny_llama
         from zerolayer.daemon.engine import Engine
-        from zerolayer.daemon.request import FailedEvent, Request
+        from zerolayer.daemon.request import Admitted, FailedEvent
         from zerolayer.gpu.generate import on_backend
         from zerolayer.gpu.model import LlamaModel
         from zerolayer.protocol.constraint import Constraint, ConstraintKind
@@ -577,9 +575,8 @@ def _child() -> None:
                 if isinstance(ev, FailedEvent):
                     failed.append(ev.message)
             eng = Engine(model, tok, emit=emit, max_running=4, step_tokens=16, overlap=overlap)
-            reqs = [Request.for_ids(k, p, sp) for k, (p, sp) in enumerate(zip(prompts, params))]
-            for r in reqs:
-                eng.submit(r)
+            reqs = [eng.submit(Admitted(k, sp), p)
+                    for k, (p, sp) in enumerate(zip(prompts, params))]
             while eng.has_work:
                 eng.step()
             assert not failed, failed
@@ -629,7 +626,7 @@ def _child() -> None:
 
         from tiny_gguf import write_tiny_llama
         from zerolayer.daemon.engine import Engine
-        from zerolayer.daemon.request import Request, TextEvent
+        from zerolayer.daemon.request import Admitted, TextEvent
         from zerolayer.gpu.generate import on_backend
         from zerolayer.gpu.model import LlamaModel
         from zerolayer.protocol import logprobs as lp
@@ -658,9 +655,8 @@ def _child() -> None:
                     for pos in ev.logprobs:
                         p.feed(lp.decode_entries(b"".join(pos)))
             eng = Engine(model, tok, emit=emit, max_running=4, step_tokens=16, overlap=overlap)
-            reqs = [Request.for_ids(k, p, sp) for k, (p, sp) in enumerate(zip(prompts, params))]
-            for r in reqs:
-                eng.submit(r)
+            reqs = [eng.submit(Admitted(k, sp), p)
+                    for k, (p, sp) in enumerate(zip(prompts, params))]
             while eng.has_work:
                 eng.step()
             return [r.tokens for r in reqs], {k: p.done for k, p in got.items()}

@@ -1,12 +1,14 @@
 """The engine's continuous batching on the real model: concurrency, cancel, admission."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from answers import FRANCE_ANSWER, FRANCE_ENDS_TURN, FRANCE_QUESTION
 from zerolayer.daemon.engine import Engine
-from zerolayer.daemon.request import CancelReason, DoneEvent, FailedEvent, Request, TextEvent
+from zerolayer.daemon.request import Admitted, CancelReason, DoneEvent, FailedEvent, TextEvent
 from zerolayer.gpu.context_rule import check_context
 from zerolayer.gpu.errors import ContextOverflowError
 from zerolayer.protocol.errors import OverloadedError
@@ -33,8 +35,9 @@ class Recorder:
             self.errors[k] = (ev.code, ev.message)
 
 
-def req(key, ids, params) -> Request:
-    return Request.for_ids(key, ids, params)
+def req(key, ids, params) -> tuple[Admitted, np.ndarray]:
+    """What Engine.submit takes: the admitted request and its prompt's ids."""
+    return Admitted(key, params), ids
 
 
 @pytest.fixture()
@@ -59,7 +62,7 @@ def test_concurrent_requests_batch_and_match_solo(engine, generator):
     ids = np.array(generator.tokenizer.encode_chat(FRANCE), np.int32)
     solo = generator.complete(messages=FRANCE, params=SamplingParams(max_tokens=20)).text
     for k in range(6):  # 6 prompts of 37 tokens with a 64-token budget: chunked prefill
-        engine.submit(req(k, ids, SamplingParams(max_tokens=20)))
+        engine.submit(*req(k, ids, SamplingParams(max_tokens=20)))
     run(engine)
     assert set(engine.rec.done) == set(range(6))
     for k in range(6):
@@ -81,20 +84,18 @@ def test_penalties_batched_match_solo(engine, generator):
     solo = [generator.complete(LOOP, params=p).text for p in params]
     assert len(set(solo)) == len(solo)  # every penalty changes this answer
     for k, p in enumerate(params):
-        engine.submit(req(k, ids, p))
+        engine.submit(*req(k, ids, p))
     run(engine)
     assert [engine.rec.text[k] for k in range(len(params))] == solo
 
 
 def test_cancel_frees_the_sequence(engine, generator):
     ids = np.array(generator.tokenizer.encode("Count: 1, 2, 3,"), np.int32)
-    a = req("a", ids, SamplingParams(max_tokens=200))
-    b = req("b", ids, SamplingParams(max_tokens=5))
-    engine.submit(a)
-    engine.submit(b)
+    a = engine.submit(*req("a", ids, SamplingParams(max_tokens=200)))
+    engine.submit(*req("b", ids, SamplingParams(max_tokens=5)))
     for _ in range(3):
         engine.step()
-    a.cancel = CancelReason.CLIENT  # what the I/O thread does; the engine sees it next step
+    a.req.cancel.reason = CancelReason.CLIENT  # what the I/O thread does; the engine sees it next step
     run(engine)
     assert engine.rec.done["a"][0] == "cancelled" and engine.rec.done["b"][0] == "length"
     assert engine.rec.done["a"][1].completion_tokens < 10
@@ -105,15 +106,15 @@ def test_admission_errors(engine, generator):
     with pytest.raises(ContextOverflowError):
         check_context(1900, 149, 2048)
     with pytest.raises(ContextOverflowError):
-        engine.submit(req("big", np.zeros(2000, np.int32), SamplingParams(max_tokens=100)))
+        engine.submit(*req("big", np.zeros(2000, np.int32), SamplingParams(max_tokens=100)))
     engine.max_running, engine.max_waiting = 1, 1  # it holds 2 requests, running or not
     for k in range(2):
-        engine.submit(req(k, np.array([1, 2, 3], np.int32), SamplingParams(max_tokens=2)))
+        engine.submit(*req(k, np.array([1, 2, 3], np.int32), SamplingParams(max_tokens=2)))
     with pytest.raises(OverloadedError):
-        engine.submit(req("x", np.array([1], np.int32), SamplingParams(max_tokens=2)))
+        engine.submit(*req("x", np.array([1], np.int32), SamplingParams(max_tokens=2)))
     cancelled = engine.waiting[-1]
-    cancelled.cancel = CancelReason.CLIENT  # a cancelled one does not count against it
-    engine.submit(req("y", np.array([1], np.int32), SamplingParams(max_tokens=2)))
+    cancelled.req.cancel.reason = CancelReason.CLIENT  # a cancelled one does not count against it
+    engine.submit(*req("y", np.array([1], np.int32), SamplingParams(max_tokens=2)))
     run(engine)
     assert set(engine.rec.done) == {0, 1, "y"}
 
@@ -121,14 +122,14 @@ def test_admission_errors(engine, generator):
 def test_prefix_reuse_skips_the_shared_prompt(engine, generator):
     tok = generator.tokenizer
     ids = np.array(tok.encode_chat(FRANCE), np.int32)
-    engine.submit(req("a", ids, SamplingParams(max_tokens=20)))
+    engine.submit(*req("a", ids, SamplingParams(max_tokens=20)))
     run(engine)
     before = engine.forward_passes_tokens
-    engine.submit(req("b", ids, SamplingParams(max_tokens=20)))  # the same question
+    engine.submit(*req("b", ids, SamplingParams(max_tokens=20)))  # the same question
     run(engine)
     italy = [{"role": "user", "content": "What is the capital of Italy?"}]
     other = np.array(tok.encode_chat(italy), np.int32)
-    engine.submit(req("c", other, SamplingParams(max_tokens=20)))  # same system prompt
+    engine.submit(*req("c", other, SamplingParams(max_tokens=20)))  # same system prompt
     run(engine)
     rec = engine.rec
     assert rec.text["b"] == rec.text["a"] and FRANCE_ANSWER in rec.text["b"]
@@ -152,7 +153,7 @@ def test_prefix_cache_gives_way_under_memory_pressure(generator):
         rec = Recorder()
         eng = Engine(m, generator.tokenizer, emit=rec, max_running=4)
         for k in range(4):  # each needs 2 blocks; cached prefixes must be evicted to admit
-            eng.submit(req(k, np.arange(100, 160 + k, dtype=np.int32), SamplingParams(max_tokens=20)))
+            eng.submit(*req(k, np.arange(100, 160 + k, dtype=np.int32), SamplingParams(max_tokens=20)))
             run(eng)
         assert sorted(rec.done) == [0, 1, 2, 3] and not rec.errors
         eng.prefix.clear()
@@ -165,29 +166,26 @@ def test_cancelled_stream_keeps_its_prompt_kv_for_the_next_request(engine, gener
     """A client that leaves after the first tokens (CANCEL, or closing the stream) leaves its
     prompt's KV in the prefix cache: the same prompt again prefills one token, not all."""
     ids = np.array(generator.tokenizer.encode_chat(FRANCE), np.int32)
-    a = req("a", ids, SamplingParams(max_tokens=100))
-    engine.submit(a)
+    a = engine.submit(*req("a", ids, SamplingParams(max_tokens=100)))
     while not a.tokens:
         engine.step()
-    a.cancel = CancelReason.CLIENT
+    a.req.cancel.reason = CancelReason.CLIENT
     run(engine)
     assert engine.rec.done["a"][0] == "cancelled"
-    engine.submit(req("b", ids, SamplingParams(max_tokens=8)))
+    engine.submit(*req("b", ids, SamplingParams(max_tokens=8)))
     run(engine)
     assert engine.rec.done["b"][1].cached_prompt_tokens == len(ids) - 1
 
 
 def test_cancel_in_the_middle_of_a_prefill_keeps_what_was_prefilled(engine, generator):
     ids = np.arange(200, 400, dtype=np.int32)  # 200 tokens: 4 chunks of 64 at step_tokens 64
-    a = req("a", ids, SamplingParams(max_tokens=4))
-    engine.submit(a)
+    a = engine.submit(*req("a", ids, SamplingParams(max_tokens=4)))
     engine.step()
     engine.step()
     assert a.prefilled == 128 and not a.tokens
-    a.cancel = CancelReason.CLIENT
+    a.req.cancel.reason = CancelReason.CLIENT
     run(engine)
-    b = req("b", ids, SamplingParams(max_tokens=4))
-    engine.submit(b)
+    engine.submit(*req("b", ids, SamplingParams(max_tokens=4)))
     run(engine)
     assert engine.rec.done["b"][1].cached_prompt_tokens == 128
 
@@ -197,13 +195,12 @@ def test_timings_are_disjoint_stages(engine, generator):
     less the body's reassembly (ingress_us) and the tokenization (tokenize_us), both their
     own stages."""
     ids = np.array(generator.tokenizer.encode_chat(FRANCE), np.int32)
-    r = req("t", ids, SamplingParams(max_tokens=2))
-    r.received_at -= 1.0           # its first datagram came a second ago,
-    r.ingress_us = 400_000         # its body was complete 0.6 s ago,
-    r.tokenize_us = 300_000        # and tokenizing it took 0.3 s of what followed
-    engine.submit(r)
+    adm = Admitted("t", SamplingParams(max_tokens=2),
+                   received_at=time.monotonic() - 1.0,  # its first datagram came a second ago,
+                   ingress_us=400_000)                  # its body was complete 0.6 s ago,
+    r = engine.submit(adm, ids, tokenize_us=300_000)    # and tokenizing took 0.3 s of what followed
     run(engine)
     _, _, t = engine.rec.done["t"]
-    since_first = int((r.t_admit - r.received_at) * 1e6)
+    since_first = int((r.t_admit - adm.received_at) * 1e6)
     assert t.queue_us == since_first - 400_000 - 300_000 >= 300_000
     assert t.ingress_us == 0 and t.tokenize_us == 300_000   # ingress_us: the I/O side's to fill

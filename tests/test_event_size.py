@@ -10,7 +10,7 @@ import numpy as np
 from zerolayer.daemon.engine import Engine
 from zerolayer.daemon.event_size import EVENT_BYTES, EVENT_LIMIT_BYTES, event_bytes
 from zerolayer.daemon.handoff import Handoff
-from zerolayer.daemon.request import Request, TextEvent
+from zerolayer.daemon.request import Admitted, TextEvent
 from zerolayer.protocol.sampling_params import SamplingParams
 
 
@@ -20,7 +20,7 @@ def _events(generator, top: int | None) -> list:
     ids = np.array(generator.tokenizer.encode("The capital of France is"), np.int32)
     p = (SamplingParams(max_tokens=6) if top is None else
          SamplingParams(max_tokens=6, logprobs=True, top_logprobs=top))
-    eng.submit(Request.for_ids(0, ids, p))
+    eng.submit(Admitted(0, p), ids)
     while eng.has_work:
         eng.step()
     eng.prefix.clear()

@@ -20,7 +20,7 @@ from zerolayer.daemon.in_flight import InFlight
 from zerolayer.daemon.ingress import Ingress
 from zerolayer.daemon.ops.metrics import Metrics
 from zerolayer.daemon.reassembly import Reassembler
-from zerolayer.daemon.request import AcceptedEvent, DoneEvent, Request, TextEvent
+from zerolayer.daemon.request import AcceptedEvent, Admitted, DoneEvent, TextEvent
 from zerolayer.daemon.result_cache import ResultCache
 from zerolayer.protocol import wire
 from zerolayer.protocol.errors import ErrorCode
@@ -76,8 +76,9 @@ class Daemon:
         assert all(a == addr for _, a in out)
         return [wire.decode_response(f, SECRET) for f, _ in out]
 
-    def engine_takes(self) -> list[Request]:
-        return self.slot.admissions.drain()
+    def engine_takes(self) -> list[Admitted]:
+        """What the engine is handed: each admitted request (its body beside it)."""
+        return [sub.admitted for sub in self.slot.admissions.drain()]
 
     def event(self, ev: object) -> list[Response]:
         return [wire.decode_response(f, SECRET)
@@ -188,7 +189,7 @@ def test_cancel_ends_the_stream_at_once_and_drops_the_engines_late_tokens(d: Dae
     (done,) = d.send(control(d, MsgType.CANCEL, rid))
     assert isinstance(done, DoneFrame) and done.finish_reason is FinishReason.CANCELLED
     assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (6, 1)
-    assert req.cancel is not None                    # the engine frees it at its next step
+    assert req.cancelled is not None                    # the engine frees it at its next step
     assert d.event(TextEvent(req, ".", 1)) == []     # a step in flight: never sent
     assert d.event(DoneEvent(req, FinishReason.STOP, Usage(6, 0, 2), Timings())) == []
 
@@ -206,7 +207,7 @@ def test_drain_refuses_new_work_serves_retries_and_tells_the_rest(d: Daemon) -> 
     assert isinstance(pong, PongFrame) and pong.state is ServerState.DRAINING
     (last,) = [wire.decode_response(f, SECRET) for f, _ in d.front.drain(d.clock.mono)]
     assert isinstance(last, ErrorFrame) and last.code == ErrorCode.CANCELLED
-    assert len(d.in_flight) == 0 and req.cancel is not None
+    assert len(d.in_flight) == 0 and req.cancelled is not None
 
 
 def test_a_silent_clients_lease_expires_and_a_keepalive_renews_it(d: Daemon) -> None:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zerolayer.daemon.engine import Engine
-from zerolayer.daemon.request import DoneEvent, Request, TextEvent
+from zerolayer.daemon.request import Admitted, DoneEvent, TextEvent
 from zerolayer.gpu.ops.logprobs import row_logprobs, top_ids
 from zerolayer.gpu.ops.penalties import apply_ref
 from zerolayer.protocol import logprobs as lp
@@ -88,8 +88,7 @@ def run_one(generator, params: SamplingParams):
     events: list = []
     eng = Engine(generator.model, generator.tokenizer, emit=events.append, max_running=2)
     ids = np.array(generator.tokenizer.with_bos(generator.tokenizer.encode(PROMPT)), np.int32)
-    r = Request.for_ids(1, ids, params)
-    eng.submit(r)
+    r = eng.submit(Admitted(1, params), ids)
     while eng.has_work:
         eng.step()
     eng.prefix.clear()
@@ -174,11 +173,9 @@ def test_a_batch_where_one_request_asks(generator):
     events: list = []
     eng = Engine(generator.model, generator.tokenizer, emit=events.append, max_running=4)
     ids = np.array(generator.tokenizer.with_bos(generator.tokenizer.encode(PROMPT)), np.int32)
-    reqs = [Request.for_ids(k, ids, SamplingParams(max_tokens=6, logprobs=(k == 1),
-                                                   top_logprobs=2 if k == 1 else 0))
+    reqs = [eng.submit(Admitted(k, SamplingParams(max_tokens=6, logprobs=(k == 1),
+                                                  top_logprobs=2 if k == 1 else 0)), ids)
             for k in range(3)]
-    for r in reqs:
-        eng.submit(r)
     while eng.has_work:
         eng.step()
     eng.prefix.clear()

@@ -283,7 +283,7 @@ def test_generated_schemas_through_the_engine(generator):
     """A bounded subset through Engine.submit and the bundled model: refused before the
     engine holds it, or no error and an answer that ends validates."""
     from zerolayer.daemon.engine import Engine
-    from zerolayer.daemon.request import Request
+    from zerolayer.daemon.request import Admitted
     from zerolayer.protocol.sampling_params import SamplingParams
     tok = generator.tokenizer
     prompt = np.array(tok.encode_chat([{"role": "user", "content": "Answer in JSON."}]),
@@ -304,8 +304,8 @@ def test_generated_schemas_through_the_engine(generator):
         rec = Recorder()
         eng = Engine(generator.model, tok, emit=rec, max_running=1)
         try:
-            eng.submit(Request.for_ids(0, prompt, SamplingParams(
-                max_tokens=128, temperature=1.0, seed=seed, constraint=c)))
+            eng.submit(Admitted(0, SamplingParams(
+                max_tokens=128, temperature=1.0, seed=seed, constraint=c)), prompt)
         except SchemaError as e:
             assert str(e).startswith("response_format: ") and not eng.has_work
             seen["refused"] += 1

@@ -15,7 +15,7 @@ import pytest
 
 from test_engine import Recorder, run
 from zerolayer.daemon.engine import Engine
-from zerolayer.daemon.request import DoneEvent, Request
+from zerolayer.daemon.request import Admitted, DoneEvent
 from zerolayer.gpu.drafting import MAX_DRAFT, DraftLength, lookup, speculates
 from zerolayer.protocol.constraint import from_response_format
 from zerolayer.protocol.sampling_params import SamplingParams
@@ -62,9 +62,7 @@ def serve(generator, requests, speculative: bool, max_running: int = 16):
     rec = Tally()
     eng = Engine(generator.model, generator.tokenizer, emit=rec, max_running=max_running,
                  max_waiting=max(len(requests), 1), step_tokens=256, speculative=speculative)
-    reqs = {key: Request.for_ids(key, ids, params) for key, ids, params in requests}
-    for r in reqs.values():
-        eng.submit(r)
+    reqs = {key: eng.submit(Admitted(key, params), ids) for key, ids, params in requests}
     run(eng, limit=20000)
     eng.prefix.clear()
     assert generator.model.arena.free_blocks == generator.model.arena.n_blocks  # nothing leaked
@@ -149,13 +147,12 @@ def test_prefix_cache_holds_only_kept_positions(generator):
     first = chat_ids(generator, CHATS[4])
     rec = Tally()
     eng = Engine(generator.model, generator.tokenizer, emit=rec, speculative=True)
-    r0 = Request.for_ids(0, first, SamplingParams(max_tokens=48))
-    eng.submit(r0)
+    r0 = eng.submit(Admitted(0, SamplingParams(max_tokens=48)), first)
     run(eng)
     assert rec.spec[0][1] < rec.spec[0][0]  # some guesses were rejected
     follow = np.concatenate([first, np.asarray(r0.tokens, np.int32),
                              chat_ids(generator, "Again, shorter.")[1:]]).astype(np.int32)
-    eng.submit(Request.for_ids(1, follow, SamplingParams(max_tokens=24)))
+    eng.submit(Admitted(1, SamplingParams(max_tokens=24)), follow)
     run(eng)
     assert rec.done[1][1].cached_prompt_tokens >= len(first) + len(r0.tokens) - 1  # all it wrote
     eng.prefix.clear()

@@ -24,7 +24,7 @@ from test_speculative import CHATS, Tally, _chi2_p, chat_ids
 from tiny_gguf import write_tiny_llama
 from zerolayer.daemon import config, startup
 from zerolayer.daemon.engine import Engine
-from zerolayer.daemon.request import Request
+from zerolayer.daemon.request import Admitted
 from zerolayer.gpu.draft_model import DraftModel, VocabMismatchError, check_vocab
 from zerolayer.protocol.sampling_params import SamplingParams
 
@@ -46,9 +46,7 @@ def serve(generator, requests, drafter: DraftModel | None, speculative: bool = T
     eng = Engine(generator.model, generator.tokenizer, emit=rec, max_running=16,
                  max_waiting=max(len(requests), 1), step_tokens=256, speculative=speculative,
                  drafter=drafter)
-    reqs = {key: Request.for_ids(key, ids, params) for key, ids, params in requests}
-    for r in reqs.values():
-        eng.submit(r)
+    reqs = {key: eng.submit(Admitted(key, params), ids) for key, ids, params in requests}
     run(eng, limit=20000)
     eng.prefix.clear()
     assert generator.model.arena.free_blocks == generator.model.arena.n_blocks
@@ -183,7 +181,7 @@ def test_the_engine_runs_a_named_draft_model(generator, draft_path):
     assert isinstance(d, DraftModel) and "same vocabulary" in logs[-1]
     rec = Recorder()
     eng = Engine(generator.model, generator.tokenizer, emit=rec, drafter=d)
-    eng.submit(Request.for_ids(0, chat_ids(generator, CHATS[3]), SamplingParams(max_tokens=16)))
+    eng.submit(Admitted(0, SamplingParams(max_tokens=16)), chat_ids(generator, CHATS[3]))
     run(eng)
     eng.prefix.clear()
     assert eng.drafted_tokens > 0 and d.forward_tokens > 0 and not rec.errors

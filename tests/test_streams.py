@@ -8,7 +8,7 @@ import pytest
 
 from zerolayer.daemon.in_flight import InFlight
 from zerolayer.daemon.ops.metrics import Metrics
-from zerolayer.daemon.request import AcceptedEvent, CancelReason, DoneEvent, Request, TextEvent
+from zerolayer.daemon.request import AcceptedEvent, Admitted, CancelReason, DoneEvent, Request, TextEvent
 from zerolayer.daemon.result_cache import ResultCache
 from zerolayer.daemon.streams import Streams
 from zerolayer.protocol.sampling_params import SamplingParams
@@ -42,8 +42,8 @@ def setup():
     sent: list[bytes] = []
     metrics = Metrics()
     s = Streams(in_flight, metrics, lambda frame, addr: sent.append(frame))
-    r = Request((7, RID), SamplingParams(), signer=ResponseSigner(7, SECRET, RID),
-                received_at=100.0)
+    r = Request(Admitted((7, RID), SamplingParams(), received_at=100.0, ingress_us=40),
+                ResponseSigner(7, SECRET, RID))
     cache.start(r.key)
     in_flight.admit(r)
     return clock, s, r, metrics, sent
@@ -58,17 +58,15 @@ def ttft_count_and_sum(metrics: Metrics) -> tuple[float, float]:
 def test_ttft_is_first_datagram_to_first_token_frame_once(setup):
     clock, s, r, metrics, sent = setup
     clock.t = 100.125
-    s.on_event(TextEvent(r, "", 0), clock.t)  # text held back, no token yet: not the first
+    s.on_event(TextEvent(r.admitted, "", 0), clock.t)  # text held back, no token yet: not the first
     assert ttft_count_and_sum(metrics) == (0, 0)
     clock.t = 100.25
-    s.on_event(TextEvent(r, "Par", 1), clock.t)
+    s.on_event(TextEvent(r.admitted, "Par", 1), clock.t)
     clock.t = 100.5
-    s.on_event(TextEvent(r, "is", 1), clock.t)
+    s.on_event(TextEvent(r.admitted, "is", 1), clock.t)
     assert ttft_count_and_sum(metrics) == (1, 0.25)
-    # the engine's own first-token time is its business: the metric does not read it
-    r.t_first = 100.0625
     clock.t = 100.75
-    s.on_event(DoneEvent(r, FinishReason.STOP, Usage(3, 0, 2), Timings(prefill_us=5)),
+    s.on_event(DoneEvent(r.admitted, FinishReason.STOP, Usage(3, 0, 2), Timings(prefill_us=5)),
                clock.t)
     assert ttft_count_and_sum(metrics) == (1, 0.25)
     assert sum(isinstance(decode_response(f, SECRET), TokenFrame) for f in sent) == 3
@@ -76,10 +74,9 @@ def test_ttft_is_first_datagram_to_first_token_frame_once(setup):
 
 def test_total_us_is_first_datagram_to_done_sent(setup):
     clock, s, r, metrics, sent = setup
-    r.ingress_us = 40
     clock.t = 100.75
     # whatever total the event carries, the DONE says what the I/O side saw
-    s.on_event(DoneEvent(r, FinishReason.LENGTH, Usage(3, 0, 1),
+    s.on_event(DoneEvent(r.admitted, FinishReason.LENGTH, Usage(3, 0, 1),
                          Timings(queue_us=10, prefill_us=20, total_us=1)), clock.t)
     done = decode_response(sent[-1], SECRET)
     assert isinstance(done, DoneFrame)
@@ -93,7 +90,7 @@ def test_the_stop_index_is_the_engines_event(setup):
     """DONE's stop_index comes in the engine's DoneEvent: the I/O side never reads the
     engine's stop checker (which the engine keeps to itself)."""
     clock, s, r, metrics, sent = setup
-    s.on_event(DoneEvent(r, FinishReason.STOP, Usage(3, 0, 2), Timings(), stop_index=2),
+    s.on_event(DoneEvent(r.admitted, FinishReason.STOP, Usage(3, 0, 2), Timings(), stop_index=2),
                clock.t)
     done = decode_response(sent[-1], SECRET)
     assert isinstance(done, DoneFrame)
@@ -105,11 +102,9 @@ def test_a_cancels_usage_is_what_the_engines_events_reported(setup):
     tokenizing time come from the events the engine sent, never from the engine's own fields
     (which the engine thread may be writing meanwhile)."""
     clock, s, r, metrics, sent = setup
-    s.on_event(AcceptedEvent(r, 37, 512), clock.t)
-    s.on_event(TextEvent(r, "Par", 1, cached=36), clock.t)
-    s.on_event(TextEvent(r, "", 0, cached=36), clock.t)  # held text: no token framed
-    # the engine's side has moved on; the I/O side does not look at it
-    r.prompt_ids, r.cached, r.tokens, r.tokenize_us = None, 0, [1, 2, 3, 4], 9
+    s.on_event(AcceptedEvent(r.admitted, 37, 512), clock.t)
+    s.on_event(TextEvent(r.admitted, "Par", 1, cached=36), clock.t)
+    s.on_event(TextEvent(r.admitted, "", 0, cached=36), clock.t)  # held text: no token framed
     clock.t = 100.5
     s.cancel(r, CancelReason.CLIENT, clock.t)
     done = decode_response(sent[-1], SECRET)

@@ -16,7 +16,7 @@ import pytest
 
 from test_engine import Recorder  # the engine's typed events, by request key
 from zerolayer.daemon.engine import Engine
-from zerolayer.daemon.request import Request
+from zerolayer.daemon.request import Admitted
 from zerolayer.gpu.grammar import Grammars, mask_words
 from zerolayer.gpu.ops.sampling import sample
 from zerolayer.gpu.ops.token_mask import allowed, masked
@@ -203,13 +203,13 @@ def test_engine_outputs_validate_over_seeds_and_temperatures(generator):
     for k in range(16):
         s = k % 3
         ids = np.array(tok.encode_chat([{"role": "user", "content": PROMPTS[s]}]), np.int32)
-        eng.submit(Request.for_ids(k, ids, SamplingParams(
+        eng.submit(Admitted(k, SamplingParams(
             max_tokens=64, temperature=temps[k % 4], seed=100 + k,
-            constraint=constraint(SCHEMAS[s]))))
-    eng.submit(Request.for_ids("free", free_ids, SamplingParams(max_tokens=12)))
-    eng.submit(Request.for_ids("obj", free_ids, SamplingParams(
+            constraint=constraint(SCHEMAS[s]))), ids)
+    eng.submit(Admitted("free", SamplingParams(max_tokens=12)), free_ids)
+    eng.submit(Admitted("obj", SamplingParams(
         max_tokens=64, temperature=1.0, seed=5, constraint=from_response_format(
-            {"type": "json_object"}))))
+            {"type": "json_object"}))), free_ids)
     _run(eng)
     assert not rec.errors
     for k in range(16):
@@ -224,10 +224,9 @@ def test_engine_outputs_validate_over_seeds_and_temperatures(generator):
 def test_engine_refuses_an_unsatisfiable_schema_before_it_starts(generator):
     rec = Recorder()
     eng = Engine(generator.model, generator.tokenizer, emit=rec)
-    r = Request.for_ids(1, [1, 2, 3], SamplingParams(max_tokens=8,
-                                                     constraint=constraint(UNSATISFIABLE)))
+    r = Admitted(1, SamplingParams(max_tokens=8, constraint=constraint(UNSATISFIABLE)))
     with pytest.raises(ValueError, match="response_format: .*Unsatisfiable"):
-        eng.submit(r)
+        eng.submit(r, [1, 2, 3])
     assert not eng.has_work
 
 

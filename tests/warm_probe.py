@@ -30,7 +30,7 @@ def signatures() -> dict[str, int]:
 
 def first_requests(gen) -> None:
     from zerolayer.daemon.engine import Engine
-    from zerolayer.daemon.request import Request
+    from zerolayer.daemon.request import Admitted
     from zerolayer.protocol.sampling_params import SamplingParams
     vocab = gen.model.cfg.vocab
     ids = [int(i) for i in np.arange(3, 3 + 40) % vocab]
@@ -42,7 +42,7 @@ def first_requests(gen) -> None:
               SamplingParams(max_tokens=6, frequency_penalty=0.5, presence_penalty=0.5)]
     for k in range(6):  # prompts of 3..83 tokens: chunked prefill mixed with batched decodes
         n = 3 + 16 * k
-        eng.submit(Request.for_ids(k, np.arange(3, 3 + n) % vocab, params[k % 3]))
+        eng.submit(Admitted(k, params[k % 3]), np.arange(3, 3 + n) % vocab)
     for _ in range(500):
         if not eng.has_work:
             break

@@ -272,6 +272,7 @@ def kernel_checks(c: dict, sim: bool) -> dict:
     from zerolayer.gpu.cuda import rmsnorm as cu_rms
     from zerolayer.gpu.cuda import rope as cu_rope
     from zerolayer.gpu.cuda import swiglu as cu_sw
+    from zerolayer.gpu.cuda.weight_layout import device_layer
     from zerolayer.gpu.ops import attention as att
     from zerolayer.gpu.ops.embedding import embed
     from zerolayer.gpu.ops.matmul import matmul
@@ -293,7 +294,7 @@ def kernel_checks(c: dict, sim: bool) -> dict:
         return cuda.to_device(np.ascontiguousarray(a)) if a.size else None
 
     emb = rand_weight(rng, quant.FMT_Q8, 1, V, D).layer(0)
-    demb = (emb[0],) + tuple(dev(a) for a in emb[1:])
+    demb = tuple(dev(a) if i else a for i, a in enumerate(device_layer(*emb)))
     for T in Ts:
         x = (rng.standard_normal((T, D)) * 3).astype(f32)
         w = rng.standard_normal(D).astype(f32)
@@ -327,7 +328,7 @@ def kernel_checks(c: dict, sim: bool) -> dict:
               "f32": (quant.FMT_F32, D, nh * hd)}
     for name, (fmt, R, K) in shapes.items():
         wt = rand_weight(rng, fmt, 1, R, K).layer(0)
-        dwt = (wt[0],) + tuple(dev(a) for a in wt[1:])
+        dwt = tuple(dev(a) if i else a for i, a in enumerate(device_layer(*wt)))
         for T in Ts:
             x = rng.standard_normal((T, K)).astype(f32)
             y0, y1 = np.empty((T, R), f32), dev(np.zeros((T, R), f32))

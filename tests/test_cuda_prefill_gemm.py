@@ -101,6 +101,7 @@ def _child() -> None:
     from zerolayer.gpu.cuda import prefill_plan, step_plan
     from zerolayer.gpu.cuda import tensor_gemm as tg
     from zerolayer.gpu.cuda.forward import CudaModel
+    from zerolayer.gpu.cuda.weight_layout import device_layer
     from zerolayer.gpu.model import LlamaModel, StepInput
 
     assert shim.SIM
@@ -131,7 +132,7 @@ def _child() -> None:
         want = quant.dequantize(fmt, natural).astype(f16)  # float32 d*q+m, then float16
         wt = quant.stack([(fmt, natural)])
         out = np.full((rows, cols), np.nan, f16)
-        dq.dequantize(wt.fmt, *(a[0] for a in (wt.qs, wt.d, wt.m, wt.w)), out)
+        dq.dequantize(*device_layer(wt.fmt, *(a[0] for a in (wt.qs, wt.d, wt.m, wt.w))), out)
         return {"fmt": int(wt.fmt), **mismatches(out, want)}
 
     def case_to_half() -> dict:

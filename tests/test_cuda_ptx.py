@@ -32,9 +32,9 @@ CUDA_DIR = Path(__file__).resolve().parent.parent / "gpu" / "cuda"
 # cupy_memory.py: the allocator plugin; step_launch.py, step_plan.py, step_geometry.py,
 # step_shapes.py and residency.py: the fused kernel's host side, its cut, its bytes and its
 # co-residency checks; tensor_gemm.py and prefill_plan.py: cuBLAS calls over dequant.py's
-# kernels, and their model).
+# kernels, and their model; weight_layout.py: the weights' device layout, made on the host).
 NO_KERNEL_MODULES = {"graph", "cupy_memory", "step_launch", "step_plan", "step_geometry",
-                     "step_shapes", "residency", "tensor_gemm", "prefill_plan"}
+                     "step_shapes", "residency", "tensor_gemm", "prefill_plan", "weight_layout"}
 OP_MODULES = sorted(p.stem for p in CUDA_DIR.glob("*.py")
                     if not p.stem.startswith("_") and p.stem not in NO_KERNEL_MODULES) + ["_cuda_shim"]
 CHILD_TIMEOUT_S = 600

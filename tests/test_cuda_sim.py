@@ -106,6 +106,7 @@ def _child() -> None:
     from zerolayer.gpu.cuda import rmsnorm as cu_rms
     from zerolayer.gpu.cuda import rope as cu_rope
     from zerolayer.gpu.cuda import swiglu as cu_sw
+    from zerolayer.gpu.cuda.weight_layout import device_layer
     from zerolayer.gpu.ops import attention as cpu_att
     from zerolayer.gpu.ops.embedding import embed
     from zerolayer.gpu.ops.matmul import matmul
@@ -165,7 +166,7 @@ def _child() -> None:
         tokens = np.array([0, 129, 64, 63, 7], np.int32)
         x0, x1 = np.empty((5, 64), f32), np.full((5, 64), np.nan, f32)
         embed(*wt, tokens, x0)
-        cu_emb.embed(*wt, tokens, x1, threads=64)
+        cu_emb.embed(*device_layer(*wt), tokens, x1, threads=64)
         return rel(x1, x0)
 
     def case_matmul(qt, T):
@@ -174,7 +175,7 @@ def _child() -> None:
         x = rng.standard_normal((T, 192)).astype(f32)
         y0, y1 = np.empty((T, 100), f32), np.full((T, 100), np.nan, f32)
         matmul(*wt, x, y0)
-        cu_mm.matmul(*wt, x, y1)
+        cu_mm.matmul(*device_layer(*wt), x, y1)
         return rel(y1, y0)
 
     # attention: two sequences in one step, as the engine lays them out: the last 3 prompt

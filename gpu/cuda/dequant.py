@@ -5,6 +5,8 @@ A weight arrives row-interleaved (gpu/quant.py):
 
     qs[g, b, j, l], d[g, b, l], m[g, b, l]      row g*LANES + l, block b, w = d*q + m
 
+with the bytes in the device layout (weight_layout.py): qs[g, b, l >> 2, j, l & 3].
+
 and leaves as out[r, k] = fp16(d * q + m), row-major, rows past out.shape[0] (the padding
 of the last row group) skipped. A thread owns one (g, b, l): for each byte j the LANES
 threads of a group read LANES contiguous bytes (coalesced), and each thread writes its block
@@ -27,7 +29,7 @@ from numba import float32
 from ..quant import FMT_F32, FMT_Q4, LANES, QK
 from ._cuda_shim import cuda, grid_1d, kernel
 
-_QSIG = "void(uint8[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], float16[:, ::1])"
+_QSIG = "void(uint8[:, :, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], float16[:, ::1])"
 _HSIG = "void(float32[:, ::1], float16[:, ::1])"
 
 
@@ -47,17 +49,17 @@ def _dequant_q4(qs, d, m, out):
             mb = m[g, b, l]
             k0 = b * QK
             for j in range(QK // 2):
-                q = qs[g, b, j, l]
+                q = qs[g, b, l >> 2, j, l & 3]
                 out[r, k0 + j] = db * float32(q & 15) + mb
                 out[r, k0 + QK // 2 + j] = db * float32(q >> 4) + mb
 
 
 @kernel([_QSIG])
 def _dequant_q8(qs, d, m, out):
-    """Bytes, one weight each, in blocks of qs.shape[2] (32: Q8_0, Q5_*; 16: Q6_K)."""
+    """Bytes, one weight each, in blocks of qs.shape[3] (32: Q8_0, Q5_*; 16: Q6_K)."""
     R = out.shape[0]
     nb = d.shape[1]
-    BS = qs.shape[2]
+    BS = qs.shape[3]
     n = d.shape[0] * nb * LANES
     for e in range(cuda.grid(1), n, cuda.gridsize(1)):
         l = e % LANES
@@ -69,7 +71,7 @@ def _dequant_q8(qs, d, m, out):
             mb = m[g, b, l]
             k0 = b * BS
             for j in range(BS):
-                out[r, k0 + j] = db * float32(qs[g, b, j, l]) + mb
+                out[r, k0 + j] = db * float32(qs[g, b, l >> 2, j, l & 3]) + mb
 
 
 @kernel([_HSIG])

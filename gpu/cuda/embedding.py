@@ -1,5 +1,6 @@
 """Token embedding lookup on the GPU: one thread per output element, dequantizing from the
-row-interleaved layout of gpu/quant.py; twin of gpu/ops/embedding.py.
+row-interleaved layout of gpu/quant.py, its bytes as weight_layout.py puts them on the
+device; twin of gpu/ops/embedding.py.
 
 Q4: element 32b + j of a row is the low nibble of byte j (j < 16) or the high nibble of byte
 j - 16; Q8 / Q8_16: byte j of blocks of 32 / 16. w = d * q + m with d, m per (row, block).
@@ -14,7 +15,7 @@ from ._cuda_shim import DeviceArray, StreamArg, cuda, grid_1d, kernel
 THREADS = 256
 
 
-@kernel(["void(uint8[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], int32[::1], float32[:, ::1])"])
+@kernel(["void(uint8[:, :, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], int32[::1], float32[:, ::1])"])
 def _embed_q4(qs, d, m, tokens, x):
     K = x.shape[1]
     n = x.shape[0] * K
@@ -27,13 +28,13 @@ def _embed_q4(qs, d, m, tokens, x):
         b = k // QK
         j = k % QK
         if j < 16:
-            q = float32(qs[g, b, j, l] & 15)
+            q = float32(qs[g, b, l >> 2, j, l & 3] & 15)
         else:
-            q = float32(qs[g, b, j - 16, l] >> 4)
+            q = float32(qs[g, b, l >> 2, j - 16, l & 3] >> 4)
         x[t, k] = q * d[g, b, l] + m[g, b, l]
 
 
-@kernel(["void(uint8[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], int32[::1], float32[:, ::1])"])
+@kernel(["void(uint8[:, :, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], int32[::1], float32[:, ::1])"])
 def _embed_q8(qs, d, m, tokens, x):
     K = x.shape[1]
     n = x.shape[0] * K
@@ -43,9 +44,9 @@ def _embed_q8(qs, d, m, tokens, x):
         r = tokens[t]
         g = r // LANES
         l = r % LANES
-        bs = qs.shape[2]  # 32 (FMT_Q8) or 16 (FMT_Q8_16)
+        bs = qs.shape[3]  # 32 (FMT_Q8) or 16 (FMT_Q8_16)
         b = k // bs
-        x[t, k] = float32(qs[g, b, k % bs, l]) * d[g, b, l] + m[g, b, l]
+        x[t, k] = float32(qs[g, b, l >> 2, k % bs, l & 3]) * d[g, b, l] + m[g, b, l]
 
 
 @kernel(["void(float32[:, ::1], int32[::1], float32[:, ::1])"])

@@ -63,7 +63,8 @@ from . import tensor_gemm as _tg
 from ._cuda_shim import SIM, DeviceArray, Event, StreamArg, cuda, grid_1d, kernel, new_event
 from .staging import Staging, take_prev
 from .step_geometry import scale_type
-from .step_launch import BarrierCheck, FusedRefused, FusedStep, fused_words
+from .step_launch import BarrierCheck, FusedRefused, FusedStep
+from .weight_layout import as_bytes, device_words
 
 if TYPE_CHECKING:
     from ..gguf_loader import ModelConfig, ModelWeights
@@ -108,23 +109,22 @@ def _upload_weight(wt: Weight, stream: StreamArg, full: dict[str, FullWeight] | 
                    name: str = "", scales: type = np.float32) -> tuple[int, list[LayerArrays]]:
     """A quant.Weight -> (fmt, per-layer tuples of device arrays (qs, d, m, w)). The arrays
     a format doesn't use (zero-size) stay behind as None: the launch wrappers never touch them.
-    full[name] receives (fmt, the whole [layer, ...] arrays), for the fused step kernel, with
-    its bytes as step_launch.fused_words lays them out (a copy of its own) and its scales
-    (d, m) as `scales` (a float16 copy of its own where step_geometry.scale_type chose
-    float16)."""
+    The bytes go up once, in weight_layout's device layout: the fused step kernel reads them
+    as words, each layer's per-op launches as bytes (a view). full[name] receives (fmt, the
+    whole [layer, ...] arrays), for the fused step kernel, with its scales (d, m) as
+    `scales` (a float16 copy of its own where step_geometry.scale_type chose float16)."""
+    qs_host = device_words(wt.qs) if wt.qs.size else wt.qs
     arrs = [cuda.to_device(np.ascontiguousarray(a), stream=stream) if a.size else None
-            for a in (wt.qs, wt.d, wt.m, wt.w)]
+            for a in (qs_host, wt.d, wt.m, wt.w)]
     if full is not None:
         fused = list(arrs)
-        if wt.fmt != FMT_F32:   # its own copy of the bytes, laid out for 16-byte loads
-            fused[0] = cuda.to_device(fused_words(wt.qs), stream=stream)
-            if scales != np.float32:
-                fused[1:3] = [cuda.to_device(np.ascontiguousarray(a, scales), stream=stream)
-                              for a in (wt.d, wt.m)]
+        if wt.fmt != FMT_F32 and scales != np.float32:
+            fused[1:3] = [cuda.to_device(np.ascontiguousarray(a, scales), stream=stream)
+                          for a in (wt.d, wt.m)]
         full[name] = (wt.fmt, fused)
     L = wt.d.shape[0]
     qs, d, m, w = arrs
-    return wt.fmt, [(None if qs is None else qs[i], None if d is None else d[i],
+    return wt.fmt, [(None if qs is None else as_bytes(qs[i]), None if d is None else d[i],
                      None if m is None else m[i], None if w is None else w[i]) for i in range(L)]
 
 

@@ -3,9 +3,12 @@ gpu/ops/matmul.py over the same row-interleaved arrays (gpu/quant.py):
 
     qs[g, b, j, l], d[g, b, l], m[g, b, l]      row g*LANES + l, block b, w = d*q + m
 
+with the bytes in the device layout (weight_layout.py): qs[g, b, l >> 2, j, l & 3].
+
 Quantized (Q4, Q8, Q8_16): a block of LANES x KSPLIT threads owns one row group g and TT tokens.
 Thread (l, s) owns row g*LANES + l and the blocks b = s, s + KSPLIT, ...: for a fixed
-(g, b, j) the LANES bytes are contiguous, so a warp's loads are coalesced. Per block b it
+(g, b, j) a row quad's 4 bytes are contiguous and a warp's loads touch 8 of them, which the
+next positions j read again from L1. Per block b it
 accumulates sum_j q_j x_j and sum_j x_j, applies d and m once, and the KSPLIT partial sums
 meet in shared memory. TT (tokens per thread block) is a compile-time constant so the
 per-token accumulators stay in registers: TT=1 for decode, TT=8 otherwise.
@@ -29,7 +32,7 @@ TOKEN_TILES = (1, 8)  # TT variants compiled; a step of T tokens uses 1 if T == 
 F32_ROWS = 8        # rows (warps) per thread block for F32 weights
 _WARP_PAD = WARP + 1  # shared-memory row stride: no bank conflicts (a constant for Numba)
 
-_QSIG = ("void(uint8[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
+_QSIG = ("void(uint8[:, :, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
          "float32[:, ::1], float32[:, ::1])")
 _FSIG = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
 
@@ -37,7 +40,7 @@ _FSIG = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
 def _make_quant(TT, BS):
     """The kernel for TT-token tiles of a quant format: BS 0 for Q4's nibbles (16 bytes a
     32-element block, element j beside j + 16), else a byte a value in BS-byte blocks."""
-    NJ = 16 if BS == 0 else BS   # bytes a row has in one block: qs.shape[2]
+    NJ = 16 if BS == 0 else BS   # bytes a row has in one block: qs.shape[3]
     name = f"matmul._q4_tt{TT}" if BS == 0 else (
         f"matmul._q8_tt{TT}" if BS == QK else f"matmul._q8b{BS}_tt{TT}")
 
@@ -47,6 +50,8 @@ def _make_quant(TT, BS):
         t0 = cuda.blockIdx.y * TT
         l = cuda.threadIdx.x
         s = cuda.threadIdx.y
+        lq = l >> 2  # type: ignore[operator]  # (the stubs type threadIdx.x as a method)
+        li = l & 3  # type: ignore[operator]
         T = x.shape[0]
         R = y.shape[1]
         nb = d.shape[1]
@@ -61,7 +66,7 @@ def _make_quant(TT, BS):
                 xsum[tt] = float32(0.0)
             for j in range(NJ):
                 if BS == 0:
-                    q = qs[g, b, j, l]
+                    q = qs[g, b, lq, j, li]
                     lo = float32(q & 15)
                     hi = float32(q >> 4)
                     for tt in range(TT):
@@ -71,7 +76,7 @@ def _make_quant(TT, BS):
                         qa[tt] += lo * xl + hi * xh
                         xsum[tt] += xl + xh
                 else:
-                    qv = float32(qs[g, b, j, l])
+                    qv = float32(qs[g, b, lq, j, li])
                     for tt in range(TT):
                         t = min(t0 + tt, T - 1)
                         xv = x[t, b * BS + j]
@@ -156,4 +161,4 @@ def matmul(fmt, qs, d, m, w, x, y, stream=0):
     elif fmt == FMT_Q4:
         _Q4[TT][(d.shape[0], nt), (LANES, KSPLIT), stream](qs, d, m, x, y)
     else:
-        _Q8[TT, qs.shape[2]][(d.shape[0], nt), (LANES, KSPLIT), stream](qs, d, m, x, y)
+        _Q8[TT, qs.shape[3]][(d.shape[0], nt), (LANES, KSPLIT), stream](qs, d, m, x, y)

@@ -51,7 +51,7 @@ Thread layout of a matmul item (256 threads): thread (kp = tid // 4, quad = tid 
 rows 4*quad .. 4*quad + 3 of the item and bytes j4 .. j4 + 3 of every (KPOS / JQ)-th block
 of its K slice (JQ = bytes a block / 4; j4 = 4 * (kp % JQ), the first block kp // JQ): the
 weights are read as 32-bit words, 4 rows' bytes each, laid out ``qs32[layer, g64, b, lq, j]``
-(step_launch.fused_words; lq the row quad within the 64-row group), so a thread's four
+(weight_layout.py; lq the row quad within the 64-row group), so a thread's four
 words are one 16-byte load and a warp's 512 bytes are whole runs: its item's 4 quads of a
 block lie side by side (the rest of the block is the 3 sibling items', read in the same
 stage). Each (block, row)'s scale and offset (d, m) are read as float16 where every one of
@@ -185,7 +185,7 @@ def _make(TT):
         else:
             # Q4: a (block, byte) position holds elements j and j + 16 of 4 rows; the byte
             # formats: element j alone. A thread takes bytes j4 .. j4 + 3 of its row quad in
-            # one 16-byte load (step_launch.fused_words lays them side by side), so JQ
+            # one 16-byte load (weight_layout.py lays them side by side), so JQ
             # threads cover a block and KPOS // JQ blocks are read at a time.
             BS = dims[2]
             JQ = BS >> 2                # 4-byte groups a block (BS: 16 or 32)

@@ -44,18 +44,9 @@ SPLITS = ("step", "layer", "stage")
 FLAG_SLOTS = 2
 
 
-def fused_words(qs: Array) -> Array:
-    """The fused kernel's copy of a quantized weight's bytes (quant.py's qs[L, G, nb, bs,
-    LANES]) as uint32 words [L, G, nb, LANES // 4, bs]: word (lq, j) holds byte j of rows
-    4*lq .. 4*lq + 3, and one row quad's words of a block lie side by side, so a thread
-    reads four byte positions in one 16-byte load (step_kernel.py's matmul loop)."""
-    words = np.ascontiguousarray(qs).view(np.uint32)    # [L, G, nb, bs, LANES // 4]
-    return np.ascontiguousarray(np.swapaxes(words, 3, 4))
-
-
 def _words(fmt, qs, d, m, w, L: int, stream, scales: type):
     """A weight's device arrays as the kernel takes them, each flat (a view: no copy), and
-    its dims row [row groups, K blocks, bytes per block, rows, K]: qs as fused_words gave it;
+    its dims row [row groups, K blocks, bytes per block, rows, K]: qs as weight_layout.device_words gave it;
     unused arrays as one-element placeholders (d and m of the kernel's
     scale type). Flat arrays and plain dims keep the kernel from carrying six weights'
     shapes through its stage switch (registers)."""
@@ -64,7 +55,7 @@ def _words(fmt, qs, d, m, w, L: int, stream, scales: type):
         s1 = cuda.to_device(np.zeros(1, scales), stream=stream)
         R, K = int(w.shape[1]), int(w.shape[2])
         return (z1, s1, s1, w.reshape(-1), fmt), [0, -(-K // 32), 0, R, K]
-    G, nb, bs = int(qs.shape[1]), int(qs.shape[2]), int(qs.shape[4])   # fused_words' shape
+    G, nb, bs = int(qs.shape[1]), int(qs.shape[2]), int(qs.shape[4])   # device_words' shape
     f1 = cuda.to_device(np.zeros(1, np.float32), stream=stream)
     return ((qs.reshape(-1), d.reshape(-1), m.reshape(-1), f1, fmt),
             [G, nb, bs, G * LANES, nb * QK])

@@ -139,7 +139,7 @@ def _cols(fmt, w):
     qs, d, m, w32 = w
     if fmt == FMT_F32:
         return int(w32.shape[1])
-    return int(d.shape[1]) * (QK if fmt == FMT_Q4 else int(qs.shape[2]))
+    return int(d.shape[1]) * (QK if fmt == FMT_Q4 else int(qs.shape[3]))
 
 
 class TensorGemm:

@@ -1,29 +1,23 @@
-"""The one-shot GPU check (run by scripts/gpu-check.sh; see bench/README.md): decode / prefill /
-sampler timings at SmolLM2-135M's shapes first, then the checks of tests/gpu_checks.py and TTFT
-through a real zerolayerd. One results file; with the peers' file of the same run
-(bench/gpu_peer.py) a table of measured values beside the targets and the peers' ratios.
+"""The one-shot GPU check, run by scripts/gpu-check.sh (bench/README.md): timings at SmolLM2-135M's
+shapes first (decode, prefill, the device sampler, per op, per stage), then the checks of
+tests/gpu_checks.py and TTFT through a real zerolayerd; with the peers' file of the same run
+(bench/gpu_peer.py) a table of each value beside its target and the peers' ratio.
 
     python bench/gpu_bench.py [--out DIR] [--budget-s 165]
     python bench/gpu_bench.py --table DIR     # the table of DIR's gpu_check.json (+ gpu_peer.json)
     ZEROLAYER_GPU_BACKEND=sim python bench/gpu_bench.py --sim   # logic check, tiny shapes
 
-The model is synthetic: random weights in SmolLM2-135M's shapes and formats (Q4_1 layers, a
-tied Q8_0 embedding / LM head), built in the kernels' layout. Speed depends on the shapes and
-formats, not the values; the real GGUF is more than can be carried to the GPU machine.
+The weights are random, in SmolLM2-135M's shapes and formats (Q4_1 layers, a tied Q8_0
+embedding): speed depends on those, not on the values, and the real GGUF is more than can be
+carried to the GPU machine. The kernels compile first, in worker processes (gpu_warm.py), while
+this process builds the weights and the float64 reference; each section records its compile
+time (under Numba's compiler lock in this process) apart from the rest.
 
-Compilation, the largest item on a cold machine, runs first in worker processes
-(bench/gpu_warm.py) while this process builds the weights and the float64 reference; it then
-loads what they built. Each section records its compile time (under Numba's compiler lock in
-this process: compiling or loading from the cache) apart from the rest.
-
-Timing: wall time per step is the engine's view (``step_tokens``, or ``launch_tokens`` + wait:
-inputs to token ids on the host). Device time comes from CUDA events around separate steps
-whose stream a gate kernel holds until the host has queued the whole step, so the events time
-the device alone (an idle gap while the host stages would otherwise count as device time).
-Host time is wall - device; the share of it spent queueing is reported too (enqueue). Prefill
-is timed on the model's own path ("prefill": cuBLAS on tensor cores at 512 tokens) and with
-that path off ("prefill_tiles"), beside gpu/cuda/prefill_plan.py's prediction (a model).
-Under the simulator the numbers mean nothing: --sim only proves that the script runs.
+Timing: wall time per step is the engine's view (inputs to token ids on the host). Device time
+comes from CUDA events around separate steps whose stream a gate kernel holds until the host has
+queued the whole step, so that an idle gap while the host stages is not counted as device time.
+Host time is wall - device; its share spent queueing is reported too (enqueue). Under the
+simulator the numbers mean nothing: --sim only proves that the script runs.
 """
 from __future__ import annotations
 
@@ -66,11 +60,8 @@ class CompileClock:
     compiled kernel from the cache), from the lock's events; nested acquisitions count once."""
 
     def __init__(self):
+        from numba.core import event
         self.total, self._depth, self._t = 0.0, 0, 0.0
-        try:
-            from numba.core import event
-        except ImportError:  # pragma: no cover
-            return
         self._listen(event, "numba:compiler_lock")
         try:  # numba-cuda's own lock (held together with numba's, or alone)
             from numba.cuda.core import event as cuda_event
@@ -419,7 +410,7 @@ def prefill(model, c: dict, p: dict, sim: bool, path: str = "default") -> dict:
         out = {"tokens": n, "warm_s": round(warm_s, 3), **split(wall, dev, enq, n, gate)}
         print(f"  prefill {n}: {out['tok_s']:.0f} tok/s (wall {out['wall_us']['median']:.0f} us, device "
               f"{_dash(out['device_us']['median'])} us); warm-up {warm_s:.2f} s", flush=True)
-    out["kernel_path"] = str(getattr(gpu.fwd, "last_path", getattr(gpu.fwd, "kernel_path", "?")))
+    out["kernel_path"] = str(gpu.fwd.last_path)
     print(f"  prefill path: {out['kernel_path']}", flush=True)
     return out
 
@@ -498,7 +489,7 @@ def sampler_timings(c: dict, p: dict, sim: bool) -> dict:
 
 def nodes_per_step(gpu, T: int, n_layer: int) -> tuple[int | None, str]:
     """Kernel nodes of a decode step of T sequences: counted in the captured CUDA graph where
-    there is one, else what the forward pass says of itself, else the launch path's count."""
+    there is one, else what the model says of itself."""
     g = getattr(gpu, "_graphs", {}).get(T) if isinstance(getattr(gpu, "_graphs", None), dict) else None
     h = getattr(g, "_graph", None)
     if h is not None and getattr(h, "value", None):
@@ -598,21 +589,15 @@ def _kind(stage) -> str:
 
 
 def stage_timings(model, c: dict, p: dict, sim: bool) -> dict:
-    """Where a fused decode step's device time goes: each stage of the step kernel launched
-    on its own between CUDA events (CudaForward.stage_times), beside the bytes the step's plan
-    says it moves (step_plan.py), at batch 1 and 16 after a prompt of p["prompt"] tokens;
-    bytes / time is each stage's achieved bandwidth (an H200's HBM gives ~4,800 GB/s). The
-    plan alone (host code) is reported under the simulator too."""
+    """Where a fused decode step's device time goes: each stage of the step kernel launched on
+    its own between CUDA events (CudaForward.stage_times) beside the bytes step_plan.py says it
+    moves and its predicted time, at batch 1 and 16; the plan alone under the simulator too."""
+    from zerolayer.gpu.cuda import step_plan
     from zerolayer.gpu.model import StepInput
     from zerolayer.gpu.model_api import Draw, step_arrays
     cfg, w, gpu = model
-    try:
-        from zerolayer.gpu.cuda import step_plan
-    except ImportError:
-        return {"note": "no step plan in this tree"}
-    fwd = getattr(gpu, "fwd", None)
-    stage_times = getattr(fwd, "stage_times", None)
-    out: dict = {"kernel_path": str(getattr(fwd, "kernel_path", "?"))}
+    fwd = gpu.fwd
+    out: dict = {"kernel_path": str(fwd.kernel_path)}
     rng = np.random.default_rng(12)
     dev_model = predicted_device(sim)
     out["model_device"] = dev_model.name if dev_model else None
@@ -628,7 +613,7 @@ def stage_timings(model, c: dict, p: dict, sim: bool) -> dict:
                 predicted[_kind(st)] = predicted.get(_kind(st), 0.0) + t * 1e6
             rec["predicted_us"] = {"model": True, "total_us": pred.total_s * 1e6,
                                    "barriers_us": pred.barriers * pred.barrier_s * 1e6, "kinds": predicted}
-        if sim or stage_times is None or getattr(fwd, "fused", None) is None:
+        if sim or fwd.fused is None:
             rec["note"] = "simulator: no device times" if sim else "no fused step kernel here: no stage times"
             continue
         seqs = [gpu.new_sequence() for _ in range(batch)]
@@ -636,8 +621,8 @@ def stage_timings(model, c: dict, p: dict, sim: bool) -> dict:
             gpu.step_tokens([StepInput(s, rng.integers(0, c["vocab"], p["prompt"])) for s in seqs],
                             [Draw(0.0, 0, 1.0, 0.5)] * batch)
             a = step_arrays([StepInput(s, rng.integers(0, c["vocab"], 1)) for s in seqs], cfg.vocab)
-            stage_times(a)  # warm-up (the same KV slot is written again below)
-            us = stage_times(a)
+            fwd.stage_times(a)  # warm-up (the same KV slot is written again below)
+            us = fwd.stage_times(a)
         finally:
             for s in seqs:
                 s.release()
@@ -661,22 +646,20 @@ def stage_timings(model, c: dict, p: dict, sim: bool) -> dict:
 
 
 def step_cut_timings(model, c: dict, p: dict, sim: bool) -> dict:
-    """Decode at batch 1 with the fused kernel's step cut three ways in turn
-    (ZEROLAYER_CUDA_STEP_LAUNCH's values, set on the live kernel rather than by restarting:
-    "step", one launch and grid barriers; "layer", a launch per layer; "stage", a launch per
-    stage and no barrier), graphs re-captured for each: barriers weighed against launch
-    gaps. Each cut's record names the kernel path it ran on."""
+    """Decode at batch 1 with the fused kernel's step cut each of ZEROLAYER_CUDA_STEP_LAUNCH's
+    ways in turn, set on the live kernel ("step": one launch and grid barriers; "layer": a
+    launch per layer; "stage": a launch per stage, no barrier), graphs re-captured for each:
+    barriers weighed against launch gaps."""
     gpu = model[2]
-    fwd = getattr(gpu, "fwd", None)
-    fused = getattr(fwd, "fused", None)
+    fwd, fused = gpu.fwd, gpu.fwd.fused
     if fused is None:
-        return {"note": f"no fused step kernel: {getattr(fwd, 'kernel_path', '?')}"}
+        return {"note": f"no fused step kernel: {fwd.kernel_path}"}
     from zerolayer.gpu.cuda import step_kernel as sk
 
     def drop_graphs():
-        for g in getattr(gpu, "_graphs", {}).values():
+        for g in gpu._graphs.values():
             g.close()
-        getattr(gpu, "_graphs", {}).clear()
+        gpu._graphs.clear()
     out: dict = {}
     first = fused.split
     try:
@@ -690,7 +673,7 @@ def step_cut_timings(model, c: dict, p: dict, sim: bool) -> dict:
             print(f"  cut {cut}: {out[cut]['launches']} launches, {r['us_per_token']:.0f} us/token "
                   f"({out[cut]['kernel_path']})", flush=True)
     finally:
-        if getattr(fwd, "fused", None) is not None:
+        if fwd.fused is not None:
             fused.split = first
         drop_graphs()
     return out
@@ -1017,8 +1000,7 @@ def main(argv=None) -> int:
         gpu_warm.enable_caching()
     model = run.section("build", build_model, c, p)
     if model:
-        fwd = getattr(model[2], "fwd", None)
-        run.kernel_path = lambda: str(getattr(fwd, "kernel_path", "?"))
+        run.kernel_path = lambda: str(model[2].fwd.kernel_path)
     run.section("grid_barrier", checks.grid_barrier_check, model, a.sim)
     ref = run.section("reference", checks.reference_logits, model, c, a.sim) if model else None
     # Under the simulator the daemon serves a model of per-op launches (n_ff 96), which answered
@@ -1056,15 +1038,14 @@ def main(argv=None) -> int:
     run.section("kernels", checks.kernel_checks, c, a.sim)
     run.section("sampler_check", checks.sampling_check, c, a.sim)
     run.section("mapped", checks.mapped_ring, c, a.sim)
-    fused = getattr(getattr(model[2], "fwd", None), "fused", None) if model else None
+    fused = model[2].fwd.fused if model else None
     if fused is not None and fused.claim is not None:
         # this process launches nothing more: zerolayerd's own fused kernel may claim the
         # device (gpu/cuda/residency.py refuses a second one while this one holds it)
         fused.claim.release()
     run.section("ttft", daemon_ttft, c_ttft, a.sim, max(5.0, min(60.0 if not a.sim else 240.0, run.left())),
                 ttft_files)
-    if run.clock:
-        run.results["compile_s_main"] = round(run.clock.total, 2)
+    run.results["compile_s_main"] = round(run.clock.total, 2)
     try:
         run.results["main_cache"] = gpu_warm.cache_counts()
         run.results["cache_errors"] = gpu_warm.CACHE_ERRORS[:10]

@@ -1,19 +1,17 @@
-"""The peers of the GPU check, written here, measured in the same run as bench/gpu_bench.py:
+"""The GPU check's peers (bench/README.md), in gpu_bench.py's shapes and in the same run:
 
-(a) a plain PyTorch Llama in SmolLM2-135M's shapes (30 layers, d 576, ffn 1536, 9 heads / 3 KV
-    heads of 64, vocabulary 49152, RoPE base 100000, tied LM head), random bf16 weights, a
-    static KV cache, SDPA, nothing fused; one decode step captured as a CUDA graph
-    (torch.cuda.CUDAGraph) and replayed, greedy token on the device, ids to the host each step
-    (as our engine takes them). Decode at batch 1 / 16 / 64, prefill of 512 tokens (eager).
-(b) HF transformers' eager ``generate`` with a LlamaConfig of the same shapes (random init),
-    greedy, batch 1 and 16: per-token time from two lengths of generation (prefill cancels).
-
-Both models are checked before they are timed: the plain model's logits equal HF's
-LlamaForCausalLM with the same weights, and a decode step through the static cache equals
-the prefill of the same tokens. Writes gpu_peer.json.
+(a) a plain PyTorch Llama (random bf16 weights, static KV cache, SDPA, nothing fused), one
+    decode step captured as a CUDA graph and replayed, greedy token on the device, ids to the
+    host each step (as our engine takes them): decode at batch 1 / 16 / 64, prefill of 512
+    tokens (eager);
+(b) HF transformers' eager ``generate`` (LlamaConfig of the same shapes, random init), greedy,
+    batch 1 and 16: per-token time from two lengths of generation (prefill cancels).
+Both are checked before they are timed (agree): the plain model's logits equal HF's with the
+same weights, and a decode step through the static cache equals the prefill of the same
+tokens. Writes gpu_peer.json.
 
     python bench/gpu_peer.py [--out DIR] [--budget-s 60]
-    python bench/gpu_peer.py --device cpu --tiny     # logic check without a GPU (minutes: none)
+    python bench/gpu_peer.py --device cpu --tiny     # logic check without a GPU
 """
 from __future__ import annotations
 
@@ -148,10 +146,10 @@ def hf_model(c: dict, device, dtype):
     return m.to(dtype=dtype).eval()
 
 
-def _sync(device) -> None:
-    if device.type == "cuda":
-        import torch
-        torch.cuda.synchronize()
+def _syncer(device):
+    """torch.cuda.synchronize on a GPU, else nothing."""
+    import torch
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
 
 def _median_s(fn, n: int) -> float:
@@ -200,7 +198,7 @@ def agreement(c: dict, device, dtype) -> dict:
 def torch_graph(c: dict, p: dict, device, dtype) -> dict:
     """(a): decode steps replayed as a CUDA graph (eager on the CPU), prefill eager."""
     import torch
-    graphs = device.type == "cuda"
+    graphs, sync = device.type == "cuda", _syncer(device)
     out: dict = {"graphs": graphs}
     with torch.no_grad():
         pm = PlainLlama(c, device, dtype)
@@ -241,7 +239,7 @@ def torch_graph(c: dict, p: dict, device, dtype) -> dict:
                     static_pos.add_(1)
                     return static_tok.cpu()
             step()
-            _sync(device)
+            sync()
             warm_s = time.perf_counter() - t
             med = _median_s(step, p["steps"])
             out[f"b{batch}"] = {"batch": batch, "step_us": med * 1e6, "us_per_token": med * 1e6 / batch,
@@ -253,7 +251,7 @@ def torch_graph(c: dict, p: dict, device, dtype) -> dict:
         pm.alloc_cache(1, n)
         toks = torch.randint(3, c["vocab"], (1, n), generator=gen).to(device)
         pm.forward(toks, pos0=0)
-        _sync(device)
+        sync()
         med = _median_s(lambda: pm.forward(toks, pos0=0).argmax(-1).cpu(), 3)
         out["prefill"] = {"tokens": n, "s": med, "tok_s": n / med}
         print(f"  plain torch prefill {n}: {n / med:,.0f} tok/s", flush=True)
@@ -263,7 +261,7 @@ def torch_graph(c: dict, p: dict, device, dtype) -> dict:
 def hf_eager(c: dict, p: dict, device, dtype) -> dict:
     """(b): HF generate, greedy, eager. Per token: (t(n2) - t(n1)) / (n2 - n1) new tokens."""
     import torch
-    m = hf_model(c, device, dtype)
+    m, sync = hf_model(c, device, dtype), _syncer(device)
     gen = torch.Generator(device="cpu").manual_seed(4)
     out: dict = {"attn_implementation": str(getattr(m.config, "_attn_implementation", "?"))}
     n1, n2 = p["hf_new"]
@@ -273,11 +271,11 @@ def hf_eager(c: dict, p: dict, device, dtype) -> dict:
             att = torch.ones_like(ids)
 
             def gen_n(n):
-                _sync(device)
+                sync()
                 t = time.perf_counter()
                 r = m.generate(input_ids=ids, attention_mask=att, max_new_tokens=n, min_new_tokens=n,
                                do_sample=False, pad_token_id=0)
-                _sync(device)
+                sync()
                 assert r.shape[1] == 32 + n, r.shape
                 return time.perf_counter() - t
             gen_n(2)  # warm-up

@@ -1,7 +1,9 @@
-"""The one-shot GPU check, run by scripts/gpu-check.sh (bench/README.md): timings at SmolLM2-135M's
-shapes first (decode, prefill, the device sampler, per op, per stage), then the checks of
-tests/gpu_checks.py and TTFT through a real zerolayerd; with the peers' file of the same run
-(bench/gpu_peer.py) a table of each value beside its target and the peers' ratio.
+"""The one-shot GPU check, run by scripts/gpu-check.sh (bench/README.md).
+
+Timings at SmolLM2-135M's shapes first (decode, prefill, the device sampler, per op, per
+stage), then the checks of tests/gpu_checks.py and TTFT through a real zerolayerd; with the
+peers' file of the same run (bench/gpu_peer.py) a table of each value beside its target and
+the peers' ratio.
 
     python bench/gpu_bench.py [--out DIR] [--budget-s 165]
     python bench/gpu_bench.py --table DIR     # the table of DIR's gpu_check.json (+ gpu_peer.json)

@@ -1,4 +1,5 @@
-"""The GPU check's peers (bench/README.md), in gpu_bench.py's shapes and in the same run:
+"""The GPU check's peers (bench/README.md), in gpu_bench.py's shapes and in the same run.
+
 
 (a) a plain PyTorch Llama (random bf16 weights, static KV cache, SDPA, nothing fused), one
     decode step captured as a CUDA graph and replayed, greedy token on the device, ids to the

@@ -1,6 +1,7 @@
-"""The GPU check's compile pool: worker processes compile the CUDA kernels, and the CPU twins
-the check compares them with, before the check needs them; Numba's on-disk cache carries the
-results over (bench/README.md).
+"""The GPU check's compile pool (bench/README.md).
+
+Worker processes compile the CUDA kernels, and the CPU twins the check compares them with,
+before the check needs them; Numba's on-disk cache carries the results over.
 
 Why: on a cold GPU machine, compiling took most of the check's time (the CUDA kernels 96 s, one
 after another, at their first launches). Numba compiles under a process-wide lock, so threads

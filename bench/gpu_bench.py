@@ -1,39 +1,25 @@
-"""The one-shot GPU check: decode / prefill / sampler timings at SmolLM2-135M's shapes first,
-then the checks (tests/gpu_checks.py: the forward pass against a float64 reference, CUDA
-graph replays against the launch path, every kernel against its CPU twin, the device sampler,
-the mapped UMEM; then TTFT through a real zerolayerd). One results file; with the peers' file
-of the same run (bench/gpu_peer.py) a table of measured values beside the targets and the
-peers' ratios. Run it through scripts/gpu-check.sh on a GPU machine.
+"""The one-shot GPU check, run by scripts/gpu-check.sh (bench/README.md).
+
+Timings at SmolLM2-135M's shapes first (decode, prefill, the device sampler, per op, per
+stage), then the checks of tests/gpu_checks.py and TTFT through a real zerolayerd; with the
+peers' file of the same run (bench/gpu_peer.py) a table of each value beside its target and
+the peers' ratio.
 
     python bench/gpu_bench.py [--out DIR] [--budget-s 165]
     python bench/gpu_bench.py --table DIR     # the table of DIR's gpu_check.json (+ gpu_peer.json)
     ZEROLAYER_GPU_BACKEND=sim python bench/gpu_bench.py --sim   # logic check, tiny shapes
 
-The model is *synthetic*: random weights in SmolLM2-135M's shapes and formats (Q4_1 layers,
-a tied Q8_0 embedding / LM head), built directly in the kernels' layout. Speed depends on the
-shapes and formats, not the values; the real GGUF (98 MB) is more than can be carried to the
-GPU machine. The golden test against llama.cpp stays with the CPU suite.
+The weights are random, in SmolLM2-135M's shapes and formats (Q4_1 layers, a tied Q8_0
+embedding): speed depends on those, not on the values, and the real GGUF is more than can be
+carried to the GPU machine. The kernels compile first, in worker processes (gpu_warm.py), while
+this process builds the weights and the float64 reference; each section records its compile
+time (under Numba's compiler lock in this process) apart from the rest.
 
-Compilation, the budget's largest item on a cold machine, runs first and in parallel: worker
-processes compile every registered kernel (and the CPU twins of the kernel checks) into
-Numba's on-disk cache (bench/gpu_warm.py) while this process builds the weights and the
-float64 reference; it then loads what they built. Each section records its compile time
-(time under Numba's compiler lock in this process: compiling or loading from the cache) apart
-from the rest.
-
-Timing method. Wall time per step is the engine's view: ``step_tokens`` (or ``launch_tokens``
-+ wait), inputs to token ids on the host. Device time comes from CUDA events around the
-step on the model's stream, taken in separate steps whose stream is first held by a gate
-kernel until the host has queued the whole step, so the events time the device alone (an
-idle gap while the host stages would otherwise count as device time). Host time is the rest:
-wall - device (Python staging, launches or the graph launch, copies, the wait). The host's
-share of it that is spent queueing is reported too (enqueue).
-Under the simulator the numbers mean nothing; --sim only proves that the script runs.
-
-Prefill is timed on both of its paths: "prefill" on the model's own choice (cuBLAS on tensor
-cores at 512 tokens, gpu/cuda/tensor_gemm.py), "prefill_tiles" with that path off (the fused
-kernel's token tiles); "prefill_paths" checks that their logits agree, and
-"prefill_predicted" prints gpu/cuda/prefill_plan.py's prediction beside them (a model).
+Timing: wall time per step is the engine's view (inputs to token ids on the host). Device time
+comes from CUDA events around separate steps whose stream a gate kernel holds until the host has
+queued the whole step, so that an idle gap while the host stages is not counted as device time.
+Host time is wall - device; its share spent queueing is reported too (enqueue). Under the
+simulator the numbers mean nothing: --sim only proves that the script runs.
 """
 from __future__ import annotations
 
@@ -53,16 +39,15 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 import gpu_warm  # noqa: E402
 from _harness import ZeroLayerDaemon, pct  # noqa: E402
-from gpu_warm import TINY, rand_weight  # noqa: E402
+from gpu_warm import SMOL, TINY, rand_weight  # noqa: E402
 
 # the correctness checks are tests (tests/gpu_checks.py); this script runs them after its timings
 sys.path.append(str(BENCH.parent / "tests"))  # after everything else: nothing there shadows a module
 import gpu_checks as checks  # noqa: E402
 
-SMOL = dict(n_layer=30, d=576, ff=1536, n_head=9, n_kv=3, hd=64, vocab=49152, ctx=2048)
 GATE_MAX_POLLS = 1_000_000   # ~1 s of ~1 us polls: a gate that is never opened gives up
 
-# The issue's targets (H200, SmolLM2-135M Q4_1 shapes); "peer" rows need the peers' file.
+# The targets (H200, SmolLM2-135M Q4_1 shapes); "peer" rows need the peers' file.
 TARGETS = {
     "decode_b1_us": ("<=", 250.0), "decode_b1_x_peer": (">=", 12.0),
     "decode_b16_tok_s": (">=", 40000.0), "decode_b16_x_peer": (">=", 8.0),
@@ -77,35 +62,30 @@ class CompileClock:
     compiled kernel from the cache), from the lock's events; nested acquisitions count once."""
 
     def __init__(self):
-        self.total = 0.0
-        self._depth = 0
-        self._t = 0.0
-        try:
-            from numba.core import event
-        except ImportError:  # pragma: no cover
-            return
-        clock = self
-
-        def listener(module):
-            class _L(module.Listener):
-                def on_start(self, ev):
-                    if clock._depth == 0:
-                        clock._t = time.perf_counter()
-                    clock._depth += 1
-
-                def on_end(self, ev):
-                    clock._depth -= 1
-                    if clock._depth == 0:
-                        clock.total += time.perf_counter() - clock._t
-            return _L()
-
-        event.register("numba:compiler_lock", listener(event))
+        from numba.core import event
+        self.total, self._depth, self._t = 0.0, 0, 0.0
+        self._listen(event, "numba:compiler_lock")
         try:  # numba-cuda's own lock (held together with numba's, or alone)
             from numba.cuda.core import event as cuda_event
             if cuda_event is not event:
-                cuda_event.register("numba-cuda:compiler_lock", listener(cuda_event))
+                self._listen(cuda_event, "numba-cuda:compiler_lock")
         except ImportError:
             pass
+
+    def _listen(self, module, kind: str) -> None:
+        clock = self
+
+        class _L(module.Listener):
+            def on_start(self, ev):
+                if clock._depth == 0:
+                    clock._t = time.perf_counter()
+                clock._depth += 1
+
+            def on_end(self, ev):
+                clock._depth -= 1
+                if clock._depth == 0:
+                    clock.total += time.perf_counter() - clock._t
+        module.register(kind, _L())
 
 
 class Run:
@@ -142,8 +122,7 @@ class Run:
         path0 = self.kernel_path() if self.kernel_path else None
         try:
             out = fn(*args)
-            extra = out if isinstance(out, dict) else {}
-            rec = {"ok": True, **extra}
+            rec = {"ok": True, **(out if isinstance(out, dict) else {})}
         except SystemExit:  # SIGTERM (the script's time limit): say where, keep what ran
             self.results["sections"][name] = {"ok": False, "error": "killed during this section",
                                               "s": round(time.monotonic() - t, 2)}
@@ -166,8 +145,6 @@ class Run:
         self.save()
         print(f"[{name}] done in {s:.1f} s (compile {comp:.1f} s)", flush=True)
         return out
-
-
 
 
 def stats(xs: list[float]) -> dict:
@@ -215,23 +192,28 @@ def kv_blocks_needed(c: dict, p: dict) -> int:
 
 # ------------------------------------------------------------------------------ set-up
 
+def _gpu_name(dev) -> str:
+    return dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+
+
 def env_info(sim: bool) -> dict:
+    import importlib.metadata as md
+
     import numba
     from numba import cuda
+
+    from zerolayer.gpu.cuda import _cuda_shim
     out = {"python": platform.python_version(), "numba": numba.__version__, "numpy": np.__version__,
            "sim": sim, "host": platform.node(), "cpus": os.cpu_count()}
     for dist in ("numba-cuda", "cupy-cuda12x", "cupy-cuda13x", "torch", "transformers"):
         try:
-            import importlib.metadata as md
             out[dist] = md.version(dist)
         except Exception:
             pass
-    from zerolayer.gpu.cuda import _cuda_shim
     out["device_memory"] = _cuda_shim.MEMORY
     if not sim:
         dev = cuda.get_current_device()
-        out.update(gpu=dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name),
-                   cc=list(dev.compute_capability), sms=dev.MULTIPROCESSOR_COUNT)
+        out.update(gpu=_gpu_name(dev), cc=list(dev.compute_capability), sms=dev.MULTIPROCESSOR_COUNT)
         try:
             out["driver"] = ".".join(map(str, cuda.cudadrv.driver.driver.get_version()))
             out["runtime"] = ".".join(map(str, cuda.runtime.get_version()))
@@ -241,15 +223,13 @@ def env_info(sim: bool) -> dict:
 
 
 def start_compile_pool(sim: bool, workers: int | None):
-    """Worker processes compiling every kernel into the on-disk cache (gpu_warm.py); this
-    process turns its own kernels' cache on before its first launch. Under the simulator
-    there is nothing to build for CUDA: the pool builds the CPU twins and, as PTX, the
-    check's own kernels, which exercises the same machinery."""
+    """Worker processes compiling every kernel into the on-disk cache (gpu_warm.py). Under the
+    simulator there is nothing to build for CUDA: the pool builds the CPU twins and, as PTX,
+    the check's own kernels, which exercises the same machinery."""
     if sim:
         only = ["bench.gate", "bench.empty", *gpu_warm.CPU_TWIN_JOBS]
         return gpu_warm.Pool.start(workers or 2, "ptx", only)
-    pool = gpu_warm.Pool.start(workers, "cubin")
-    return pool
+    return gpu_warm.Pool.start(workers, "cubin")
 
 
 def wait_compile_pool(pool, timeout_s: float) -> dict:
@@ -269,10 +249,6 @@ def build_model(c: dict, p: dict):
     cfg, w = synthetic_model(c)
     gpu = CudaModel(LlamaModel(cfg, w, max_seq_len=c["ctx"], kv_blocks=kv_blocks_needed(c, p)))
     return cfg, w, gpu
-
-
-
-
 
 
 # ------------------------------------------------------------------------------ timings
@@ -299,25 +275,26 @@ class Gate:
         self.side = cuda.stream()
         self.reset = cuda.event(timing=False)
 
-    def close(self):
-        """Queue the gate on the stream; returns the start event (recorded behind it)."""
+    def timed(self, queue, *args) -> tuple:
+        """(result, device us, enqueue us) of queue(*args) queued behind the gate; a pending
+        result (launch_tokens') is waited for; device None when the gate did not hold."""
         from numba import cuda
         self.flag.copy_to_device(self.zero, stream=self.stream)
         self.reset.record(self.stream)
         self.kernel[1, 1, self.stream](self.flag, self.status, GATE_MAX_POLLS)
         e0 = cuda.event()
         e0.record(self.stream)
-        return e0
-
-    def end(self):
-        from numba import cuda
+        t = time.perf_counter()
+        r = queue(*args)
         e1 = cuda.event()
         e1.record(self.stream)
-        return e1
-
-    def open(self) -> None:
-        self.reset.wait(self.side)  # never before the flag's reset
+        enq = (time.perf_counter() - t) * 1e6
+        self.reset.wait(self.side)  # open the gate, never before the flag's reset
         self.flag.copy_to_device(self.one, stream=self.side)
+        if r is not None:
+            r = r.wait()
+        e1.synchronize()
+        return r, (e0.elapsed_time(e1) * 1e3 if self.held() else None), enq
 
     def held(self) -> bool:
         """After the step: did the gate hold until it was opened?"""
@@ -342,20 +319,26 @@ def split(wall: list[float], dev: list[float], enq: list[float], per: int, gate:
     return out
 
 
+def _dash(v, nd: int = 0) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
 def decode(model, c: dict, p: dict, sim: bool, batch: int, draw=(0.0, 0, 1.0)) -> dict:
     """The engine's decode step at `batch` sequences: step_tokens (graph replay unless graphs
     are off, sampling on the device, ids back), each sequence feeding back its own token.
     Warm-up steps first (compiling or loading kernels, capturing the graph), timed apart."""
     from zerolayer.gpu.model import StepInput
     from zerolayer.gpu.model_api import Draw
-    _, _, gpu = model
+    gpu = model[2]
     rng = np.random.default_rng(3 + batch)
     gate = Gate(gpu.stream, sim)
+    seqs = [gpu.new_sequence() for _ in range(batch)]
 
     def draws():
         return [Draw(*draw, float(u)) for u in rng.random(batch)]
 
-    seqs = [gpu.new_sequence() for _ in range(batch)]
+    def step_args(toks):
+        return [StepInput(s, toks[j:j + 1]) for j, s in enumerate(seqs)], draws()
     try:
         t = time.perf_counter()
         toks = gpu.step_tokens([StepInput(s, rng.integers(0, c["vocab"], p["prompt"])) for s in seqs],
@@ -363,55 +346,75 @@ def decode(model, c: dict, p: dict, sim: bool, batch: int, draw=(0.0, 0, 1.0)) -
         prompt_s = time.perf_counter() - t
         t = time.perf_counter()
         for _ in range(p["warm"]):
-            toks = gpu.step_tokens([StepInput(s, toks[j:j + 1]) for j, s in enumerate(seqs)], draws())
+            toks = gpu.step_tokens(*step_args(toks))
         warm_s = time.perf_counter() - t
         wall, dev, enq = [], [], []
         for _ in range(p["n_wall"]):
-            inputs, dr = [StepInput(s, toks[j:j + 1]) for j, s in enumerate(seqs)], draws()
+            args = step_args(toks)
             t = time.perf_counter()
-            toks = gpu.step_tokens(inputs, dr)
+            toks = gpu.step_tokens(*args)
             wall.append((time.perf_counter() - t) * 1e6)
         for _ in range(p["n_dev"] if gate.ok else 0):
-            inputs, dr = [StepInput(s, toks[j:j + 1]) for j, s in enumerate(seqs)], draws()
-            e0 = gate.close()
-            t = time.perf_counter()
-            pending = gpu.launch_tokens(inputs, dr)
-            e1 = gate.end()
-            enq.append((time.perf_counter() - t) * 1e6)
-            gate.open()
-            toks = pending.wait()
-            e1.synchronize()
-            if not gate.held():
-                enq.pop()
+            toks, d, e = gate.timed(gpu.launch_tokens, *step_args(toks))
+            if d is None:
                 break
-            dev.append(e0.elapsed_time(e1) * 1e3)
+            dev.append(d)
+            enq.append(e)
     finally:
         for s in seqs:
             s.release()
     out = {"batch": batch, "sampling": list(draw), "graphs": str(getattr(gpu, "graphs", "?")),
            "prompt_step_s": round(prompt_s, 3), "warm_steps": p["warm"], "warm_s": round(warm_s, 3),
            **split(wall, dev, enq, batch, gate)}
-    dv = out["device_us"]["median"]
     print(f"  b{batch} {'greedy' if draw[0] == 0 else 'top-k/top-p'}: {out['us_per_token']:.0f} us/token, "
           f"{out['tok_s']:.0f} tok/s (step wall {out['wall_us']['median']:.0f} us, device "
-          f"{'-' if dv is None else f'{dv:.0f}'} us); warm-up {warm_s:.2f} s, graphs {out['graphs']}",
+          f"{_dash(out['device_us']['median'])} us); warm-up {warm_s:.2f} s, graphs {out['graphs']}",
           flush=True)
     return out
 
 
-
-
 def prefill(model, c: dict, p: dict, sim: bool, path: str = "default") -> dict:
-    """One step of a `prefill`-token prompt, its last token's id drawn on the device, on the
+    """One step of a p["prefill"]-token prompt, its last token's id drawn on the device, on the
     prefill path `path` (checks.prefill_path); the record names the path the steps took."""
-    _, _, gpu = model
-    with checks.prefill_path(gpu, path, p["prefill"]):
-        out = _prefill(model, c, p, sim)
-    out["kernel_path"] = str(getattr(gpu.fwd, "last_path", getattr(gpu.fwd, "kernel_path", "?")))
+    from zerolayer.gpu.model import StepInput
+    from zerolayer.gpu.model_api import Draw
+    gpu = model[2]
+    rng = np.random.default_rng(9)
+    gate = Gate(gpu.stream, sim)
+    n = p["prefill"]
+    draw = [Draw(0.0, 0, 1.0, 0.5)]
+
+    def one(gated: bool):
+        """Wall us of one prefill step; gated: (device us, enqueue us) behind the gate."""
+        s = gpu.new_sequence()
+        try:
+            inp = [StepInput(s, rng.integers(0, c["vocab"], n))]
+            if gated:
+                return gate.timed(gpu.launch_tokens, inp, draw)[1:]
+            t = time.perf_counter()
+            gpu.step_tokens(inp, draw)
+            return (time.perf_counter() - t) * 1e6
+        finally:
+            s.release()
+
+    with checks.prefill_path(gpu, path, n):
+        t = time.perf_counter()
+        one(False)  # warm-up at this size: compiles or loads the prefill shapes' kernels
+        warm_s = time.perf_counter() - t
+        wall = [one(False) for _ in range(p["n_prefill"])]
+        dev, enq = [], []
+        for _ in range(p["n_prefill"] if gate.ok else 0):
+            d, e = one(True)
+            if d is None:
+                break
+            dev.append(d)
+            enq.append(e)
+        out = {"tokens": n, "warm_s": round(warm_s, 3), **split(wall, dev, enq, n, gate)}
+        print(f"  prefill {n}: {out['tok_s']:.0f} tok/s (wall {out['wall_us']['median']:.0f} us, device "
+              f"{_dash(out['device_us']['median'])} us); warm-up {warm_s:.2f} s", flush=True)
+    out["kernel_path"] = str(gpu.fwd.last_path)
     print(f"  prefill path: {out['kernel_path']}", flush=True)
     return out
-
-
 
 
 def prefill_prediction(model, p: dict, sim: bool) -> dict:
@@ -420,62 +423,14 @@ def prefill_prediction(model, p: dict, sim: bool) -> dict:
     on other GPUs, for an H100 SXM."""
     from zerolayer.gpu.cuda import prefill_plan, step_plan
     cfg, w, _ = model
-    dev = predicted_device(sim) or step_plan.H100_SXM
-    dev = step_plan.H200 if dev.name == "H200" else step_plan.H100_SXM  # the plan's constants
+    # the plan's constants are those of the two devices
+    h200 = getattr(predicted_device(sim), "name", None) == "H200"
+    dev = step_plan.H200 if h200 else step_plan.H100_SXM
     pr = prefill_plan.predict_prefill(cfg, w, p["prefill"], dev)
     print(prefill_plan.table(pr, f"prefill of {p['prefill']} tokens"), flush=True)
     return {"device": dev.name, "tokens": p["prefill"], "predicted_device_us": pr.device_s * 1e6,
             "predicted_host_us": pr.host_s * 1e6, "predicted_tok_s": pr.tok_s,
             "lines": {ln.name: round(ln.seconds * 1e6, 1) for ln in pr.lines}}
-
-
-def _prefill(model, c: dict, p: dict, sim: bool) -> dict:
-    from zerolayer.gpu.model import StepInput
-    from zerolayer.gpu.model_api import Draw
-    _, _, gpu = model
-    rng = np.random.default_rng(9)
-    gate = Gate(gpu.stream, sim)
-    n = p["prefill"]
-    draw = [Draw(0.0, 0, 1.0, 0.5)]
-
-    def one(gated: bool):
-        s = gpu.new_sequence()
-        try:
-            inp = [StepInput(s, rng.integers(0, c["vocab"], n))]
-            if not gated:
-                t = time.perf_counter()
-                gpu.step_tokens(inp, draw)
-                return (time.perf_counter() - t) * 1e6, None, None
-            e0 = gate.close()
-            t = time.perf_counter()
-            pending = gpu.launch_tokens(inp, draw)
-            e1 = gate.end()
-            enq = (time.perf_counter() - t) * 1e6
-            gate.open()
-            pending.wait()
-            e1.synchronize()
-            if not gate.held():
-                return None, None, None
-            return None, e0.elapsed_time(e1) * 1e3, enq
-        finally:
-            s.release()
-
-    t = time.perf_counter()
-    one(False)  # warm-up at this size: compiles or loads the prefill shapes' kernels
-    warm_s = time.perf_counter() - t
-    wall = [one(False)[0] for _ in range(p["n_prefill"])]
-    dev, enq = [], []
-    for _ in range(p["n_prefill"] if gate.ok else 0):
-        _, d, e = one(True)
-        if d is None:
-            break
-        dev.append(d)
-        enq.append(e)
-    out = {"tokens": n, "warm_s": round(warm_s, 3), **split(wall, dev, enq, n, gate)}
-    print(f"  prefill {n}: {out['tok_s']:.0f} tok/s (wall {out['wall_us']['median']:.0f} us, device "
-          f"{'-' if out['device_us']['median'] is None else round(out['device_us']['median'])} us); "
-          f"warm-up {warm_s:.2f} s", flush=True)
-    return out
 
 
 def device_us_per_call(fn, n: int, stream, gate: Gate) -> float | None:
@@ -486,17 +441,12 @@ def device_us_per_call(fn, n: int, stream, gate: Gate) -> float | None:
         return None
     fn(stream)
     stream.synchronize()
-    e0 = gate.close()
-    for _ in range(n):
-        fn(stream)
-    e1 = gate.end()
-    gate.open()
-    e1.synchronize()
-    if not gate.held():
-        return None
-    return e0.elapsed_time(e1) * 1e3 / n
 
-
+    def calls():
+        for _ in range(n):
+            fn(stream)
+    d = gate.timed(calls)[1]
+    return None if d is None else d / n
 
 
 def sampler_timings(c: dict, p: dict, sim: bool) -> dict:
@@ -507,48 +457,41 @@ def sampler_timings(c: dict, p: dict, sim: bool) -> dict:
 
     from zerolayer.gpu.cuda import sampling as smp
     rng = np.random.default_rng(8)
-    V = c["vocab"]
     stream = cuda.stream()
     gate = Gate(stream, sim)
+    n = p["n_calls"]
     out: dict = {}
     t = time.perf_counter()
     for batch in p["sampler_batches"]:
-        lg = cuda.to_device((rng.standard_normal((batch, V)) * 2.5).astype(np.float32))
+        lg = cuda.to_device((rng.standard_normal((batch, c["vocab"])) * 2.5).astype(np.float32))
         params = cuda.to_device(smp.pack_params([(0.8, 40, 0.9, 0.5)] * batch))
         o = cuda.device_array(batch, np.int32)
         host = cuda.pinned_array(batch, np.int32)
-
-        def topk(s):
-            smp.sample_rows(lg, params, o, stream=s)
-
-        def greedy(s):
-            smp.argmax_rows(lg, o, stream=s)
+        fns = {"topk": lambda s: smp.sample_rows(lg, params, o, stream=s),
+               "greedy": lambda s: smp.argmax_rows(lg, o, stream=s)}
 
         def with_ids(f):
             def g(s):
                 f(s)
                 o.copy_to_host(host, stream=s)
             return g
-        n = p["n_calls"]
-        out[f"b{batch}"] = {
-            "topk_device_us": device_us_per_call(topk, n, stream, gate),
-            "greedy_device_us": device_us_per_call(greedy, n, stream, gate),
-            "topk_wall_us": checks.wall_us_per_call(with_ids(topk), n, stream),
-            "greedy_wall_us": checks.wall_us_per_call(with_ids(greedy), n, stream)}
+        out[f"b{batch}"] = {f"{k}_device_us": device_us_per_call(f, n, stream, gate) for k, f in fns.items()}
+        out[f"b{batch}"].update({f"{k}_wall_us": checks.wall_us_per_call(with_ids(f), n, stream)
+                                 for k, f in fns.items()})
         if batch == p["sampler_batches"][0]:
             out["warm_s"] = round(time.perf_counter() - t, 3)
     if not gate.ok:
         out["device_note"] = gate.why
     b1 = out[f"b{p['sampler_batches'][0]}"]
-    f = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-    print(f"  sampler b1: top-k/top-p device {f(b1['topk_device_us'])} us (wall {b1['topk_wall_us']:.1f}), "
-          f"greedy device {f(b1['greedy_device_us'])} us (wall {b1['greedy_wall_us']:.1f})", flush=True)
+    print(f"  sampler b1: top-k/top-p device {_dash(b1['topk_device_us'], 1)} us (wall "
+          f"{b1['topk_wall_us']:.1f}), greedy device {_dash(b1['greedy_device_us'], 1)} us (wall "
+          f"{b1['greedy_wall_us']:.1f})", flush=True)
     return out
 
 
 def nodes_per_step(gpu, T: int, n_layer: int) -> tuple[int | None, str]:
     """Kernel nodes of a decode step of T sequences: counted in the captured CUDA graph where
-    there is one, else what the forward pass says of itself, else the launch path's count."""
+    there is one, else what the model says of itself."""
     g = getattr(gpu, "_graphs", {}).get(T) if isinstance(getattr(gpu, "_graphs", None), dict) else None
     h = getattr(g, "_graph", None)
     if h is not None and getattr(h, "value", None):
@@ -584,7 +527,7 @@ def op_timings(model, c: dict, p: dict, sim: bool) -> dict:
 
     from zerolayer.gpu import quant
     from zerolayer.gpu.cuda import matmul as cu_mm
-    _, _, gpu = model
+    gpu = model[2]
     rng = np.random.default_rng(4)
     D, F, nh, nkv, hd, V = c["d"], c["ff"], c["n_head"], c["n_kv"], c["hd"], c["vocab"]
     n = p["n_calls"]
@@ -637,33 +580,31 @@ def predicted_device(sim: bool):
 
     from zerolayer.gpu.cuda import step_plan
     dev = cuda.get_current_device()
-    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    name = _gpu_name(dev)
     base = step_plan.H200 if "H200" in name else step_plan.H100_SXM if "H100" in name else None
     return None if base is None else dataclasses.replace(base, sms=dev.MULTIPROCESSOR_COUNT)
 
 
+def _kind(stage) -> str:
+    """A stage's kind: its name without the layer ("L3.A qkv" -> "A qkv")."""
+    return stage.name.split(".", 1)[-1] if stage.name.startswith("L") else stage.name
+
+
 def stage_timings(model, c: dict, p: dict, sim: bool) -> dict:
-    """Where a fused decode step's device time goes: each stage of the step kernel launched
-    on its own between CUDA events (CudaForward.stage_times), beside the bytes the step's plan
-    says it moves (step_plan.py), at batch 1 and 16 after a prompt of p["prompt"] tokens;
-    bytes / time is each stage's achieved bandwidth (an H200's HBM gives ~4,800 GB/s). The
-    plan alone (host code) is reported under the simulator too."""
+    """Where a fused decode step's device time goes: each stage of the step kernel launched on
+    its own between CUDA events (CudaForward.stage_times) beside the bytes step_plan.py says it
+    moves and its predicted time, at batch 1 and 16; the plan alone under the simulator too."""
+    from zerolayer.gpu.cuda import step_plan
     from zerolayer.gpu.model import StepInput
     from zerolayer.gpu.model_api import Draw, step_arrays
     cfg, w, gpu = model
-    try:
-        from zerolayer.gpu.cuda import step_plan
-    except ImportError:
-        return {"note": "no step plan in this tree"}
-    fwd = getattr(gpu, "fwd", None)
-    stage_times = getattr(fwd, "stage_times", None)
-    out: dict = {"kernel_path": str(getattr(fwd, "kernel_path", "?"))}
+    fwd = gpu.fwd
+    out: dict = {"kernel_path": str(fwd.kernel_path)}
     rng = np.random.default_rng(12)
     dev_model = predicted_device(sim)
     out["model_device"] = dev_model.name if dev_model else None
     for batch in (1, 16 if not sim else 2):
-        stages = step_plan.plan(cfg, w, batch, p["prompt"],
-                                **({"sms": dev_model.sms} if dev_model else {}))
+        stages = step_plan.plan(cfg, w, batch, p["prompt"], **({"sms": dev_model.sms} if dev_model else {}))
         rec: dict = {"plan_weight_bytes": sum(st.weight_bytes for st in stages),
                      "plan_bytes": sum(st.bytes for st in stages), "stages": len(stages)}
         out[f"b{batch}"] = rec
@@ -671,22 +612,19 @@ def stage_timings(model, c: dict, p: dict, sim: bool) -> dict:
         if dev_model is not None:  # the model's figure for each stage (a model, not measured)
             pred = step_plan.predict(cfg, w, batch, p["prompt"], dev_model)
             for st, t in pred.stages:
-                k = st.name.split(".", 1)[-1] if st.name.startswith("L") else st.name
-                predicted[k] = predicted.get(k, 0.0) + t * 1e6
+                predicted[_kind(st)] = predicted.get(_kind(st), 0.0) + t * 1e6
             rec["predicted_us"] = {"model": True, "total_us": pred.total_s * 1e6,
-                                   "barriers_us": pred.barriers * pred.barrier_s * 1e6,
-                                   "kinds": predicted}
-        if sim or stage_times is None or getattr(fwd, "fused", None) is None:
-            rec["note"] = ("simulator: no device times" if sim else
-                           "no fused step kernel here: no stage times")
+                                   "barriers_us": pred.barriers * pred.barrier_s * 1e6, "kinds": predicted}
+        if sim or fwd.fused is None:
+            rec["note"] = "simulator: no device times" if sim else "no fused step kernel here: no stage times"
             continue
         seqs = [gpu.new_sequence() for _ in range(batch)]
         try:
             gpu.step_tokens([StepInput(s, rng.integers(0, c["vocab"], p["prompt"])) for s in seqs],
                             [Draw(0.0, 0, 1.0, 0.5)] * batch)
             a = step_arrays([StepInput(s, rng.integers(0, c["vocab"], 1)) for s in seqs], cfg.vocab)
-            stage_times(a)  # warm-up (the same KV slot is written again below)
-            us = stage_times(a)
+            fwd.stage_times(a)  # warm-up (the same KV slot is written again below)
+            us = fwd.stage_times(a)
         finally:
             for s in seqs:
                 s.release()
@@ -695,8 +633,7 @@ def stage_timings(model, c: dict, p: dict, sim: bool) -> dict:
             continue
         kinds: dict = {}
         for st, t in zip(stages, us):
-            k = st.name.split(".", 1)[-1] if st.name.startswith("L") else st.name
-            agg = kinds.setdefault(k, {"us": 0.0, "bytes": 0})
+            agg = kinds.setdefault(_kind(st), {"us": 0.0, "bytes": 0})
             agg["us"] += t
             agg["bytes"] += st.bytes
         for k, agg in kinds.items():
@@ -704,32 +641,27 @@ def stage_timings(model, c: dict, p: dict, sim: bool) -> dict:
             agg["predicted_us"] = predicted.get(k)  # the model's (step_plan.predict)
         rec.update(stage_us_sum=float(sum(us)), kinds=kinds,
                    GB_s=rec["plan_bytes"] / sum(us) / 1e3 if sum(us) > 0 else None)
-        def pair(v: dict) -> str:
-            pr = v["predicted_us"]
-            return f"{v['us']:.0f} us ({'-' if pr is None else f'{pr:.0f}'})"
         print(f"  b{batch}: stages {sum(us):.0f} us for {rec['plan_bytes'] / 1e6:.1f} MB "
               f"({rec['GB_s']:.0f} GB/s); measured (predicted by the model): " + ", ".join(
-                  f"{k} {pair(v)}" for k, v in kinds.items()), flush=True)
+                  f"{k} {v['us']:.0f} us ({_dash(v['predicted_us'])})" for k, v in kinds.items()), flush=True)
     return out
 
 
 def step_cut_timings(model, c: dict, p: dict, sim: bool) -> dict:
-    """Decode at batch 1 with the fused kernel's step cut three ways in turn
-    (ZEROLAYER_CUDA_STEP_LAUNCH's values, set on the live kernel rather than by restarting:
-    "step", one launch and grid barriers; "layer", a launch per layer; "stage", a launch per
-    stage and no barrier), graphs re-captured for each: barriers weighed against launch
-    gaps. Each cut's record names the kernel path it ran on."""
-    _, _, gpu = model
-    fwd = getattr(gpu, "fwd", None)
-    fused = getattr(fwd, "fused", None)
+    """Decode at batch 1 with the fused kernel's step cut each of ZEROLAYER_CUDA_STEP_LAUNCH's
+    ways in turn, set on the live kernel ("step": one launch and grid barriers; "layer": a
+    launch per layer; "stage": a launch per stage, no barrier), graphs re-captured for each:
+    barriers weighed against launch gaps."""
+    gpu = model[2]
+    fwd, fused = gpu.fwd, gpu.fwd.fused
     if fused is None:
-        return {"note": f"no fused step kernel: {getattr(fwd, 'kernel_path', '?')}"}
+        return {"note": f"no fused step kernel: {fwd.kernel_path}"}
     from zerolayer.gpu.cuda import step_kernel as sk
 
     def drop_graphs():
-        for g in getattr(gpu, "_graphs", {}).values():
+        for g in gpu._graphs.values():
             g.close()
-        getattr(gpu, "_graphs", {}).clear()
+        gpu._graphs.clear()
     out: dict = {}
     first = fused.split
     try:
@@ -739,34 +671,17 @@ def step_cut_timings(model, c: dict, p: dict, sim: bool) -> dict:
             r = decode(model, c, p, sim, 1)
             out[cut] = {"launches": len(fused.launches(sk.stage_count(c["n_layer"]))),
                         "kernel_path": str(fwd.kernel_path), "us_per_token": r["us_per_token"],
-                        "device_us": r["device_us"], "wall_us": r["wall_us"],
-                        "graphs": r["graphs"]}
+                        "device_us": r["device_us"], "wall_us": r["wall_us"], "graphs": r["graphs"]}
             print(f"  cut {cut}: {out[cut]['launches']} launches, {r['us_per_token']:.0f} us/token "
                   f"({out[cut]['kernel_path']})", flush=True)
     finally:
-        if getattr(fwd, "fused", None) is not None:
+        if fwd.fused is not None:
             fused.split = first
         drop_graphs()
     return out
 
 
-
-
-# ------------------------------------------------------------------------------ checks
-
-
-
-
-
-
-
-
-
-
-
-
-
-
+# ------------------------------------------------------------------------------ TTFT
 
 def ttft_model(c: dict) -> dict:
     """The TTFT section's synthetic GGUF (Q4_1 layers, tied Q8_0 embedding, a byte-level
@@ -779,22 +694,20 @@ def ttft_model(c: dict) -> dict:
     from tiny_gguf import write_tiny_llama
     tmp = Path(tempfile.mkdtemp(prefix="zl-gpu-ttft-"))
     model = tmp / "synthetic.gguf"
-    layers = {k: QT.Q4_1 for k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
-                                   "ffn_up", "ffn_down")}
+    layers = dict.fromkeys(("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                            "ffn_down"), QT.Q4_1)
     write_tiny_llama(str(model), config=c, override=layers, tokenizer=True, tied=True)
     return {"dir": str(tmp), "model": str(model), "bytes": model.stat().st_size}
 
 
 def daemon_ttft(c: dict, sim: bool, bound_s: float, prepared: dict | None = None) -> dict:
     """TTFT from packet to first response frame: a real zerolayerd subprocess on this machine's
-    backend (the GPU; the simulator with --sim) serving a synthetic GGUF in the model's shapes
-    and formats (Q4_1 layers, tied Q8_0 embedding, a byte-level vocabulary of the same size),
-    and the project's SDK over UDP on loopback. A request is 32 random token ids, greedy,
-    2 tokens; TTFT = just before the INVOKE is sent -> the first TOKEN frame's text.
-
-    The daemon loads its kernels from the cache the compile workers filled (gpu_warm.py
-    --daemon). It fails fast: the section ends as soon as the daemon exits, or after bound_s
-    without "ready", with the daemon's log tail."""
+    backend (the GPU; the simulator with --sim) serving ttft_model's GGUF, and the project's
+    SDK over UDP on loopback. A request is random token ids, greedy, 2 tokens; TTFT = just
+    before the INVOKE is sent -> the first TOKEN frame's text. The daemon loads its kernels
+    from the cache the compile workers filled (gpu_warm.py --daemon). It fails fast: the
+    section ends as soon as the daemon exits, or after bound_s without "ready", with the
+    daemon's log tail."""
     prepared = prepared or ttft_model(c)
     tmp, model = Path(prepared["dir"]), Path(prepared["model"])
     env = dict(ZEROLAYER_CACHE_DIR=str(tmp / "cache"), PYTHONUNBUFFERED="1")
@@ -803,9 +716,6 @@ def daemon_ttft(c: dict, sim: bool, bound_s: float, prepared: dict | None = None
     d = ZeroLayerDaemon(sys.executable, str(model), None, 256, tmp, tmp / "zerolayerd.log",
                         ["--engine-kv-blocks", "16", "--cache-lease-s", "120"], env=env,
                         metrics_port=0, entry=[str(BENCH / "gpu_warm.py"), "--daemon"])
-
-    def tail() -> str:
-        return "".join(d.log_path.read_text().splitlines(True)[-25:])
     try:
         d.wait_ready(bound_s)
         start_s = d.ready_s
@@ -816,7 +726,8 @@ def daemon_ttft(c: dict, sim: bool, bound_s: float, prepared: dict | None = None
         ttft, server = [], []
         for i in range(n + 1):
             if d.proc.poll() is not None:
-                raise RuntimeError(f"zerolayerd exited with status {d.proc.returncode}:\n{tail()}")
+                tail = "".join(d.log_path.read_text().splitlines(True)[-25:])
+                raise RuntimeError(f"zerolayerd exited with status {d.proc.returncode}:\n{tail}")
             ids = rng.integers(3, c["vocab"], plen).tolist()
             t = time.perf_counter()
             with cl.stream(token_ids=ids, max_tokens=2) as s:
@@ -828,8 +739,7 @@ def daemon_ttft(c: dict, sim: bool, bound_s: float, prepared: dict | None = None
                 ttft.append(first * 1e3)
                 tm = s.result.timings
                 server.append((tm.ingress_us, tm.queue_us, tm.prefill_us))
-        backend = next((ln.strip() for ln in d.log_path.read_text().splitlines() if "loaded" in ln),
-                       "?")
+        backend = next((ln.strip() for ln in d.log_path.read_text().splitlines() if "loaded" in ln), "?")
         out = {"requests": len(ttft), "prompt_tokens": plen, "ttft_ms_p50": float(np.median(ttft)),
                "ttft_ms_p90": pct(ttft, 90), "daemon_start_s": round(start_s, 2),
                "server_us_median": dict(zip(("ingress", "queue", "prefill"),
@@ -857,14 +767,34 @@ def _met(value, target) -> str:
     if value is None or target is None:
         return "-"
     op, bound = target
-    ok = value <= bound if op == "<=" else value >= bound
-    return "yes" if ok else "NO"
+    return "yes" if (value <= bound if op == "<=" else value >= bound) else "NO"
 
 
 def _fmt(v, unit: str = "", nd: int = 0) -> str:
-    if v is None:
-        return "-"
-    return f"{v:,.{nd}f}{unit}"
+    return "-" if v is None else f"{v:,.{nd}f}{unit}"
+
+
+def _div(a, b):
+    return None if not (a and b) else a / b
+
+
+def _state(sec: dict) -> str:
+    if sec.get("skipped"):
+        return f"skipped ({sec['skipped']})"
+    return "ERROR (see results file)" if sec.get("ok") is False else "-"
+
+
+def _if(sec: dict, key: str, fmt) -> str:
+    """fmt(sec) when the section recorded `key`, else what became of it."""
+    return fmt(sec) if key in sec else _state(sec)
+
+
+def _dec_txt(d: dict, per_token: bool) -> str:
+    if "wall_us" not in d:
+        return _state(d)
+    head = f"{d['us_per_token']:,.0f} us/token" if per_token else f"{d['tok_s']:,.0f} tok/s"
+    return (head + f" (step {d['wall_us']['median']:,.0f} us: device "
+            f"{_fmt(_get(d, 'device_us', 'median'))}, host {_fmt(d.get('host_us'))})")
 
 
 def report(res: dict, peer: dict | None, total_s: float | None = None) -> list[dict]:
@@ -874,85 +804,66 @@ def report(res: dict, peer: dict | None, total_s: float | None = None) -> list[d
     rows: list[dict] = []
 
     def row(metric, ours, ours_txt, target_key=None, peer_val=None, peer_txt="-", ratio=None,
-            ratio_key=None, note=""):
-        tgt = TARGETS.get(target_key) if target_key else None
-        rtgt = TARGETS.get(ratio_key) if ratio_key else None
+            ratio_key=None):
+        tgt, rtgt = TARGETS.get(target_key), TARGETS.get(ratio_key)
         target_txt = "-" if tgt is None else f"{tgt[0]} {tgt[1]:,g}"
         if rtgt is not None:
             target_txt += f" (>= {rtgt[1]:g}x peer)"
         mets = [m for m in (_met(ours, tgt), _met(ratio, rtgt)) if m != "-"]
         rows.append({"metric": metric, "ours": ours, "ours_txt": ours_txt, "target": target_txt,
-                     "peer": peer_val, "peer_txt": peer_txt,
-                     "x_peer": ratio, "met": ("NO" if "NO" in mets else "yes") if mets else "-",
-                     "note": note})
+                     "peer": peer_val, "peer_txt": peer_txt, "x_peer": ratio,
+                     "met": ("NO" if "NO" in mets else "yes") if mets else "-", "note": ""})
 
-    def dec(name):
-        return s.get(name, {})
-
-    def dec_txt(d, per_token: bool):
-        if "wall_us" not in d:
-            return _state(d)
-        dv, hv = _get(d, "device_us", "median"), d.get("host_us")
-        head = (f"{d['us_per_token']:,.0f} us/token" if per_token else f"{d['tok_s']:,.0f} tok/s")
-        split_txt = (f" (step {d['wall_us']['median']:,.0f} us: device {_fmt(dv)}, host {_fmt(hv)})")
-        return head + split_txt
-
-    tg = ps.get("torch_graph", {})
-    hf = ps.get("hf_eager", {})
-    d1 = dec("decode_b1")
-    p1 = _get(tg, "b1", "us_per_token")
-    ours1 = d1.get("us_per_token")
-    row("decode b1 (us/token)", ours1, dec_txt(d1, True), "decode_b1_us", p1, _fmt(p1, " us"),
-        None if not (p1 and ours1) else p1 / ours1, "decode_b1_x_peer")
-    dk = dec("decode_b1_topk")
-    row("decode b1 top-k/top-p (us/token)", dk.get("us_per_token"), dec_txt(dk, True))
-    for b, key in ((16, "decode_b16"), (64, "decode_b64")):
-        d = dec(key)
-        pv = _get(tg, f"b{b}", "tok_s")
-        ov = d.get("tok_s")
-        row(f"decode b{d.get('batch', b)} (tok/s)", ov, dec_txt(d, False),
-            "decode_b16_tok_s" if b == 16 else None, pv, _fmt(pv, " tok/s"),
-            None if not (pv and ov) else ov / pv, "decode_b16_x_peer" if b == 16 else None)
-    pf = dec("prefill")
+    tg, hf = ps.get("torch_graph", {}), ps.get("hf_eager", {})
+    d1 = s.get("decode_b1", {})
+    p1, ours1 = _get(tg, "b1", "us_per_token"), d1.get("us_per_token")
+    row("decode b1 (us/token)", ours1, _dec_txt(d1, True), "decode_b1_us", p1, _fmt(p1, " us"),
+        _div(p1, ours1), "decode_b1_x_peer")
+    dk = s.get("decode_b1_topk", {})
+    row("decode b1 top-k/top-p (us/token)", dk.get("us_per_token"), _dec_txt(dk, True))
+    for b in (16, 64):
+        d = s.get(f"decode_b{b}", {})
+        pv, ov = _get(tg, f"b{b}", "tok_s"), d.get("tok_s")
+        row(f"decode b{d.get('batch', b)} (tok/s)", ov, _dec_txt(d, False),
+            "decode_b16_tok_s" if b == 16 else None, pv, _fmt(pv, " tok/s"), _div(ov, pv),
+            "decode_b16_x_peer" if b == 16 else None)
+    pf = s.get("prefill", {})
     pv = _get(tg, "prefill", "tok_s")
-    row(f"prefill {pf.get('tokens', 512)} (tok/s)", pf.get("tok_s"), dec_txt(pf, False), "prefill_tok_s",
-        pv, _fmt(pv, " tok/s"), None if not (pv and pf.get("tok_s")) else pf["tok_s"] / pv)
-    pt = dec("prefill_tiles")
-    row(f"prefill {pt.get('tokens', 512)} on token tiles (tok/s)", pt.get("tok_s"), dec_txt(pt, False))
-    pp = dec("prefill_predicted")
-    row(f"prefill {pp.get('tokens', 512)} cuBLAS, a model's prediction (tok/s)",
-        pp.get("predicted_tok_s"),
-        f"{pp['predicted_tok_s']:,.0f} tok/s predicted on {pp['device']} (device "
-        f"{pp['predicted_device_us']:,.0f} us, host {pp['predicted_host_us']:,.0f} us)"
-        if "predicted_tok_s" in pp else _state(pp))
-    sg1 = _get(s, "stages", "b1") or {}
+    row(f"prefill {pf.get('tokens', 512)} (tok/s)", pf.get("tok_s"), _dec_txt(pf, False), "prefill_tok_s",
+        pv, _fmt(pv, " tok/s"), _div(pf.get("tok_s"), pv))
+    pt = s.get("prefill_tiles", {})
+    row(f"prefill {pt.get('tokens', 512)} on token tiles (tok/s)", pt.get("tok_s"), _dec_txt(pt, False))
+    pp = s.get("prefill_predicted", {})
+    row(f"prefill {pp.get('tokens', 512)} cuBLAS, a model's prediction (tok/s)", pp.get("predicted_tok_s"),
+        _if(pp, "predicted_tok_s", lambda pp: (
+            f"{pp['predicted_tok_s']:,.0f} tok/s predicted on {pp['device']} (device "
+            f"{pp['predicted_device_us']:,.0f} us, host {pp['predicted_host_us']:,.0f} us)")))
+    mb = _get(s, "stages", "b1", "plan_bytes")
     dv1 = _get(d1, "device_us", "median")
-    bw = sg1["plan_bytes"] / dv1 / 1e3 if sg1.get("plan_bytes") and dv1 else None
+    bw = _div(mb, dv1) and mb / dv1 / 1e3
     row("decode b1 bytes moved / device time (GB/s)", bw,
-        f"{_fmt(bw, ' GB/s')} ({sg1['plan_bytes'] / 1e6:.1f} MB a step by the plan; HBM ~4,800)"
-        if bw else (f"- ({sg1['plan_bytes'] / 1e6:.1f} MB a step by the plan)" if sg1.get("plan_bytes")
-                    else "-"))
+        f"{_fmt(bw, ' GB/s')} ({mb / 1e6:.1f} MB a step by the plan; HBM ~4,800)" if bw else
+        (f"- ({mb / 1e6:.1f} MB a step by the plan)" if mb else "-"))
     ops = s.get("ops", {})
     row("kernel nodes per decode step", ops.get("nodes_per_step"),
         f"{ops['nodes_per_step']} ({ops.get('nodes_source')})" if ops.get("nodes_per_step") else _state(ops),
         "nodes_per_step")
     sm = s.get("sampler", {})
     b1 = sm.get("b1", {})
-    for kind, key in (("top-k/top-p", "sampler_topk_b1_us"), ("greedy", "sampler_greedy_b1_us")):
-        k = "topk" if kind != "greedy" else "greedy"
+    for kind, k, key in (("top-k/top-p", "topk", "sampler_topk_b1_us"),
+                         ("greedy", "greedy", "sampler_greedy_b1_us")):
         dv = b1.get(f"{k}_device_us")
         row(f"device sampler {kind}, b1 (us)", dv,
             f"{_fmt(dv, ' us', 1)} device, {_fmt(b1.get(f'{k}_wall_us'), ' us', 1)} wall with ids back"
             if b1 else _state(sm), key)
     for b in ("b1", "b16"):
-        hv = _get(hf, b, "tok_s")
-        ours = dec("decode_b1" if b == "b1" else "decode_b16").get("tok_s")
+        hv, ours = _get(hf, b, "tok_s"), s.get(f"decode_{b}", {}).get("tok_s")
         row(f"vs HF eager generate, {b} (tok/s)", ours, _fmt(ours, " tok/s"), None, hv,
-            _fmt(hv, " tok/s"), None if not (hv and ours) else ours / hv)
+            _fmt(hv, " tok/s"), _div(ours, hv))
     t = s.get("ttft", {})
-    row("TTFT packet->first frame (ms)", t.get("ttft_ms_p50"),
-        f"{t['ttft_ms_p50']:.2f} ms p50, {t['ttft_ms_p90']:.2f} p90 ({t['prompt_tokens']}-token prompt)"
-        if "ttft_ms_p50" in t else _state(t), "ttft_ms")
+    row("TTFT packet->first frame (ms)", t.get("ttft_ms_p50"), _if(t, "ttft_ms_p50", lambda t: (
+        f"{t['ttft_ms_p50']:.2f} ms p50, {t['ttft_ms_p90']:.2f} p90 ({t['prompt_tokens']}-token prompt)")),
+        "ttft_ms")
     row("one-shot check (s)", total_s, _fmt(total_s, " s", 0) + ("" if total_s else " (not given)"),
         "check_s")
     return rows
@@ -960,44 +871,38 @@ def report(res: dict, peer: dict | None, total_s: float | None = None) -> list[d
 
 def checks_summary(res: dict) -> list[tuple[str, str]]:
     s = res.get("sections", {})
-    out = []
-    c = s.get("compile", {})
-    out.append(("compile", f"{c['workers']} workers, {c['done']}/{c['jobs']} jobs in {c['wall_s']:.0f} s "
-                           f"(sum {c['job_s_sum']:.0f} s; failed: {', '.join(c['failed']) or 'none'})"
-                if "jobs" in c else _state(c)))
+    sec = lambda k: s.get(k, {})  # noqa: E731
+    out = [("compile", _if(sec("compile"), "jobs", lambda c: (
+        f"{c['workers']} workers, {c['done']}/{c['jobs']} jobs in {c['wall_s']:.0f} s "
+        f"(sum {c['job_s_sum']:.0f} s; failed: {', '.join(c['failed']) or 'none'})")))]
     for key, label in (("forward", "forward vs float64"), ("forward_cublas", "forward cuBLAS/fp64")):
-        f = s.get(key, {})
-        out.append((label, f"max rel err {f['err']:.1e} (tol {f['tol']:g}), per step "
-                           f"{', '.join(f'{e:.1e}' for e in f['per_step_err'])}"
-                    if "err" in f else _state(f)))
-    k = s.get("kernels", {})
-    out.append(("kernels vs CPU twins", f"{k['passed']} passed, {k['failed']} failed"
-                if "passed" in k else _state(k)))
-    g = s.get("graph", {})
+        out.append((label, _if(sec(key), "err", lambda f: (
+            f"max rel err {f['err']:.1e} (tol {f['tol']:g}), per step "
+            f"{', '.join(f'{e:.1e}' for e in f['per_step_err'])}"))))
+    out.append(("kernels vs CPU twins", _if(sec("kernels"), "passed",
+                                            lambda k: f"{k['passed']} passed, {k['failed']} failed")))
+    g = sec("graph")
     out.append(("graph vs launch path", "; ".join(
         f"{b}: {g[b]['graph_step_us']:.0f} vs {g[b]['launch_step_us']:.0f} us/step, err {g[b]['rel_err']:.0e}"
         for b in ("b1", "b16") if b in g) or g.get("note") or _state(g)))
-    pc = s.get("prefill_paths", {})
-    out.append(("prefill cuBLAS/tiles", f"{pc['tokens']} tokens: rel err {pc['rel_err']:.1e} "
-                                        f"(tol {pc['tol']:g}), same token {pc['same_token']}"
-                if "rel_err" in pc else _state(pc)))
-    sc = s.get("sampler_check", {})
-    out.append(("device sampler", f"prob err {sc['prob_err']:.1e}, {sc['same_token_as_cpu']}/{sc['rows']} "
-                                  "tokens as the CPU twin" if "prob_err" in sc else _state(sc)))
-    m = s.get("mapped", {})
-    out.append(("mapped UMEM", f"ids in/out OK; gather of 64 ids {m['gather_64_us']:.1f} us"
-                if "gather_64_us" in m else _state(m)))
-    gb = s.get("grid_barrier", {})
-    out.append(("grid barrier test", f"OK over {gb['blocks']} blocks (cooperative launch, at "
-                                         f"most {gb['max_cooperative_blocks']})"
-                if "blocks" in gb else gb.get("note") or _state(gb)))
-    cuts = s.get("step_cuts", {})
+    out.append(("prefill cuBLAS/tiles", _if(sec("prefill_paths"), "rel_err", lambda pc: (
+        f"{pc['tokens']} tokens: rel err {pc['rel_err']:.1e} (tol {pc['tol']:g}), "
+        f"same token {pc['same_token']}"))))
+    out.append(("device sampler", _if(sec("sampler_check"), "prob_err", lambda sc: (
+        f"prob err {sc['prob_err']:.1e}, {sc['same_token_as_cpu']}/{sc['rows']} tokens as the CPU twin"))))
+    out.append(("mapped UMEM", _if(sec("mapped"), "gather_64_us",
+                                   lambda m: f"ids in/out OK; gather of 64 ids {m['gather_64_us']:.1f} us")))
+    gb = sec("grid_barrier")
+    out.append(("grid barrier test", f"OK over {gb['blocks']} blocks (cooperative launch, at most "
+                                     f"{gb['max_cooperative_blocks']})" if "blocks" in gb
+                else gb.get("note") or _state(gb)))
+    cuts = sec("step_cuts")
     out.append(("step cuts, b1", "; ".join(
         f"{k} ({v['launches']} launches): {v['us_per_token']:.0f} us/token"
         + ("" if v["kernel_path"] == "fused step kernel" else f" [{v['kernel_path']}]")
         for k, v in cuts.items() if isinstance(v, dict) and "launches" in v)
         or cuts.get("note") or _state(cuts)))
-    st = s.get("stages", {}).get("b1", {})
+    st = sec("stages").get("b1", {})
     out.append(("stages b1 vs model", ", ".join(
         f"{k} {v['us']:.0f} ({'-' if v.get('predicted_us') is None else round(v['predicted_us'])})"
         for k, v in st.get("kinds", {}).items()) or st.get("note") or "-"))
@@ -1005,21 +910,10 @@ def checks_summary(res: dict) -> list[tuple[str, str]]:
     off = {k: p for k, p in paths.items() if p != "fused step kernel"}
     out.append(("kernel path", "fused step kernel in every section" if paths and not off
                 else "; ".join(f"{k}: {p}" for k, p in off.items()) or "-"))
-    mem = s.get("memory", {})
-    out.append(("device memory", f"{mem['device_memory']}: weights {mem['weight_bytes'] / 1e6:.0f} MB, "
-                                 f"pool {mem.get('pool_used_bytes', 0) / 1e6:.0f} MB"
-                if "weight_bytes" in mem else _state(mem)))
+    out.append(("device memory", _if(sec("memory"), "weight_bytes", lambda m: (
+        f"{m['device_memory']}: weights {m['weight_bytes'] / 1e6:.0f} MB, "
+        f"pool {m.get('pool_used_bytes', 0) / 1e6:.0f} MB"))))
     return out
-
-
-def _state(sec: dict) -> str:
-    if not sec:
-        return "-"
-    if sec.get("skipped"):
-        return f"skipped ({sec['skipped']})"
-    if sec.get("ok") is False:
-        return "ERROR (see results file)"
-    return "-"
 
 
 def table(res: dict, peer: dict | None = None, total_s: float | None = None) -> str:
@@ -1108,8 +1002,7 @@ def main(argv=None) -> int:
         gpu_warm.enable_caching()
     model = run.section("build", build_model, c, p)
     if model:
-        fwd = getattr(model[2], "fwd", None)
-        run.kernel_path = lambda: str(getattr(fwd, "kernel_path", "?"))
+        run.kernel_path = lambda: str(model[2].fwd.kernel_path)
     run.section("grid_barrier", checks.grid_barrier_check, model, a.sim)
     ref = run.section("reference", checks.reference_logits, model, c, a.sim) if model else None
     # Under the simulator the daemon serves a model of per-op launches (n_ff 96), which answered
@@ -1147,15 +1040,14 @@ def main(argv=None) -> int:
     run.section("kernels", checks.kernel_checks, c, a.sim)
     run.section("sampler_check", checks.sampling_check, c, a.sim)
     run.section("mapped", checks.mapped_ring, c, a.sim)
-    fused = getattr(getattr(model[2], "fwd", None), "fused", None) if model else None
+    fused = model[2].fwd.fused if model else None
     if fused is not None and fused.claim is not None:
         # this process launches nothing more: zerolayerd's own fused kernel may claim the
         # device (gpu/cuda/residency.py refuses a second one while this one holds it)
         fused.claim.release()
     run.section("ttft", daemon_ttft, c_ttft, a.sim, max(5.0, min(60.0 if not a.sim else 240.0, run.left())),
                 ttft_files)
-    if run.clock:
-        run.results["compile_s_main"] = round(run.clock.total, 2)
+    run.results["compile_s_main"] = round(run.clock.total, 2)
     try:
         run.results["main_cache"] = gpu_warm.cache_counts()
         run.results["cache_errors"] = gpu_warm.CACHE_ERRORS[:10]

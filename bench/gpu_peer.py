@@ -1,19 +1,18 @@
-"""The peers of the GPU check, written here, measured in the same run as bench/gpu_bench.py:
+"""The GPU check's peers (bench/README.md), in gpu_bench.py's shapes and in the same run.
 
-(a) a plain PyTorch Llama in SmolLM2-135M's shapes (30 layers, d 576, ffn 1536, 9 heads / 3 KV
-    heads of 64, vocabulary 49152, RoPE base 100000, tied LM head), random bf16 weights, a
-    static KV cache, SDPA, nothing fused; one decode step captured as a CUDA graph
-    (torch.cuda.CUDAGraph) and replayed, greedy token on the device, ids to the host each step
-    (as our engine takes them). Decode at batch 1 / 16 / 64, prefill of 512 tokens (eager).
-(b) HF transformers' eager ``generate`` with a LlamaConfig of the same shapes (random init),
-    greedy, batch 1 and 16: per-token time from two lengths of generation (prefill cancels).
 
-Both models are checked before they are timed: the plain model's logits equal HF's
-LlamaForCausalLM with the same weights, and a decode step through the static cache equals
-the prefill of the same tokens. Writes gpu_peer.json.
+(a) a plain PyTorch Llama (random bf16 weights, static KV cache, SDPA, nothing fused), one
+    decode step captured as a CUDA graph and replayed, greedy token on the device, ids to the
+    host each step (as our engine takes them): decode at batch 1 / 16 / 64, prefill of 512
+    tokens (eager);
+(b) HF transformers' eager ``generate`` (LlamaConfig of the same shapes, random init), greedy,
+    batch 1 and 16: per-token time from two lengths of generation (prefill cancels).
+Both are checked before they are timed (agree): the plain model's logits equal HF's with the
+same weights, and a decode step through the static cache equals the prefill of the same
+tokens. Writes gpu_peer.json.
 
     python bench/gpu_peer.py [--out DIR] [--budget-s 60]
-    python bench/gpu_peer.py --device cpu --tiny     # logic check without a GPU (minutes: none)
+    python bench/gpu_peer.py --device cpu --tiny     # logic check without a GPU
 """
 from __future__ import annotations
 
@@ -26,10 +25,11 @@ import time
 import traceback
 from pathlib import Path
 
-SMOL = dict(n_layer=30, d=576, ff=1536, n_head=9, n_kv=3, hd=64, vocab=49152, ctx=2048,
-            rope_base=100000.0, eps=1e-5)
-TINY = dict(n_layer=2, d=64, ff=96, n_head=4, n_kv=2, hd=16, vocab=200, ctx=256,
-            rope_base=100000.0, eps=1e-5)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_warm  # noqa: E402  (the shapes only: it imports nothing heavy)
+
+SMOL = dict(gpu_warm.SMOL, rope_base=100000.0, eps=1e-5)
+TINY = dict(gpu_warm.TINY, ff=96, rope_base=100000.0, eps=1e-5)
 
 
 class PlainLlama:
@@ -147,15 +147,20 @@ def hf_model(c: dict, device, dtype):
     return m.to(dtype=dtype).eval()
 
 
-class Clock:
-    def __init__(self, device):
-        import torch
-        self.cuda = device.type == "cuda"
-        self.torch = torch
+def _syncer(device):
+    """torch.cuda.synchronize on a GPU, else nothing."""
+    import torch
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def sync(self):
-        if self.cuda:
-            self.torch.cuda.synchronize()
+
+def _median_s(fn, n: int) -> float:
+    """The median wall seconds of n calls of fn."""
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return sorted(ts)[n // 2]
 
 
 def agreement(c: dict, device, dtype) -> dict:
@@ -194,8 +199,8 @@ def agreement(c: dict, device, dtype) -> dict:
 def torch_graph(c: dict, p: dict, device, dtype) -> dict:
     """(a): decode steps replayed as a CUDA graph (eager on the CPU), prefill eager."""
     import torch
-    clock = Clock(device)
-    out: dict = {"graphs": clock.cuda}
+    graphs, sync = device.type == "cuda", _syncer(device)
+    out: dict = {"graphs": graphs}
     with torch.no_grad():
         pm = PlainLlama(c, device, dtype)
         gen = torch.Generator(device="cpu").manual_seed(3)
@@ -207,7 +212,7 @@ def torch_graph(c: dict, p: dict, device, dtype) -> dict:
             tok = logits.argmax(-1, keepdim=True)
             pos = torch.tensor(p["prompt"], device=device)
             t = time.perf_counter()
-            if clock.cuda:
+            if graphs:
                 static_tok, static_pos = tok.clone(), pos.clone()
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
@@ -235,42 +240,29 @@ def torch_graph(c: dict, p: dict, device, dtype) -> dict:
                     static_pos.add_(1)
                     return static_tok.cpu()
             step()
-            clock.sync()
+            sync()
             warm_s = time.perf_counter() - t
-            ts = []
-            for _ in range(p["steps"]):
-                t = time.perf_counter()
-                step()
-                ts.append(time.perf_counter() - t)
-            ts.sort()
-            med = ts[len(ts) // 2]
+            med = _median_s(step, p["steps"])
             out[f"b{batch}"] = {"batch": batch, "step_us": med * 1e6, "us_per_token": med * 1e6 / batch,
                                 "tok_s": batch / med, "steps": p["steps"], "warm_s": round(warm_s, 3),
                                 "cache_len": length}
-            mode = " graph" if clock.cuda else ""
-            print(f"  plain torch{mode} b{batch}: {med * 1e6 / batch:,.0f} us/token, "
+            print(f"  plain torch{' graph' if graphs else ''} b{batch}: {med * 1e6 / batch:,.0f} us/token, "
                   f"{batch / med:,.0f} tok/s", flush=True)
         n = p["prefill"]
         pm.alloc_cache(1, n)
         toks = torch.randint(3, c["vocab"], (1, n), generator=gen).to(device)
         pm.forward(toks, pos0=0)
-        clock.sync()
-        ts = []
-        for _ in range(3):
-            t = time.perf_counter()
-            pm.forward(toks, pos0=0).argmax(-1).cpu()
-            ts.append(time.perf_counter() - t)
-        ts.sort()
-        out["prefill"] = {"tokens": n, "s": ts[1], "tok_s": n / ts[1]}
-        print(f"  plain torch prefill {n}: {n / ts[1]:,.0f} tok/s", flush=True)
+        sync()
+        med = _median_s(lambda: pm.forward(toks, pos0=0).argmax(-1).cpu(), 3)
+        out["prefill"] = {"tokens": n, "s": med, "tok_s": n / med}
+        print(f"  plain torch prefill {n}: {n / med:,.0f} tok/s", flush=True)
     return out
 
 
 def hf_eager(c: dict, p: dict, device, dtype) -> dict:
     """(b): HF generate, greedy, eager. Per token: (t(n2) - t(n1)) / (n2 - n1) new tokens."""
     import torch
-    clock = Clock(device)
-    m = hf_model(c, device, dtype)
+    m, sync = hf_model(c, device, dtype), _syncer(device)
     gen = torch.Generator(device="cpu").manual_seed(4)
     out: dict = {"attn_implementation": str(getattr(m.config, "_attn_implementation", "?"))}
     n1, n2 = p["hf_new"]
@@ -280,11 +272,11 @@ def hf_eager(c: dict, p: dict, device, dtype) -> dict:
             att = torch.ones_like(ids)
 
             def gen_n(n):
-                clock.sync()
+                sync()
                 t = time.perf_counter()
                 r = m.generate(input_ids=ids, attention_mask=att, max_new_tokens=n, min_new_tokens=n,
                                do_sample=False, pad_token_id=0)
-                clock.sync()
+                sync()
                 assert r.shape[1] == 32 + n, r.shape
                 return time.perf_counter() - t
             gen_n(2)  # warm-up

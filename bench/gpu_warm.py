@@ -1,24 +1,23 @@
-"""Compile the CUDA kernels, and the CPU twins the GPU check compares them with, in parallel
-worker processes before the check needs them; Numba's on-disk cache carries the results over.
+"""The GPU check's compile pool (bench/README.md).
 
-Why: on a cold GPU machine, compiling took most of the check's time (the CUDA kernels 96 s,
-one after another, at their first launches). Numba compiles under a process-wide lock, so a
-thread pool gains nothing; processes do. A worker enables caching on the kernels'
-dispatchers (they are declared without cache=True, and a kernel module is not ours to
-change here), compiles every registered signature of a kernel (``_cuda_shim.KERNELS``) and
-saves it: numba-cuda binds a kernel before caching it, so the cache holds the cubin, and a
-process that loads it neither compiles nor runs ptxas. All the signatures of one kernel go
-to one worker, so no two processes write one kernel's cache index at once. Workers take jobs
-in order of size, each claiming the next free one (a file created exclusively), so a long
-kernel doesn't hold up a whole share. numba-cuda's ``cache=True`` alone would not help a
-cold machine: the first process still compiles everything serially.
+Worker processes compile the CUDA kernels, and the CPU twins the check compares them with,
+before the check needs them; Numba's on-disk cache carries the results over.
 
-    pool = Pool.start(workers=n)   # main process: at once, then host work meanwhile
-    report = pool.wait(timeout_s)  # every job's seconds, errors; the main process then calls
-    enable_caching()               # ... before its first launch, and loads what they built
+Why: on a cold GPU machine, compiling took most of the check's time (the CUDA kernels 96 s, one
+after another, at their first launches). Numba compiles under a process-wide lock, so threads
+gain nothing; processes do. A worker enables caching on the kernels' dispatchers (declared
+without cache=True), compiles every registered signature (``_cuda_shim.KERNELS``) and saves
+it: numba-cuda binds a kernel before caching it, so the cache holds the cubin and a process
+that loads it neither compiles nor runs ptxas. All the signatures of one kernel go to one
+worker, so no two processes write one kernel's cache index at once. Workers take jobs largest
+first, each claiming the next free one (a file created exclusively), so a long kernel doesn't
+hold up a whole share. numba-cuda's ``cache=True`` alone would not help a cold machine: the
+first process still compiles everything serially.
 
+    pool = Pool.start(workers=n)   # at once; host work meanwhile
+    report = pool.wait(timeout_s)  # then enable_caching() before the first launch
     python bench/gpu_warm.py --ptx [--workers N] [--only a,b]   # no GPU needed: sm_90 PTX
-        of the same jobs, in the same pool, timed (what can be measured without a GPU)
+        of the same jobs, in the same pool, timed
     python bench/gpu_warm.py --daemon ARGS...   # zerolayerd (ARGS are its own), its kernels
         loaded from the same cache (the check's TTFT section)
 """
@@ -37,8 +36,10 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 CPU_TWIN_JOBS = ("cpu:matmul", "cpu:attention", "cpu:elementwise")
 CC = (9, 0)  # PTX mode: the H100/H200 target, as tests/test_cuda_ptx.py
-# The check's small shapes (gpu_bench.py --sim, and the CPU twins compiled here); n_ff a
-# multiple of 64: the fused step kernel runs under the simulator too, as on a GPU
+# The check's shapes: SmolLM2-135M's (the GPU check and its peers), and small ones (--sim, the
+# CPU twins compiled here); n_ff a multiple of 64: the fused step kernel runs under the
+# simulator too, as on a GPU
+SMOL = dict(n_layer=30, d=576, ff=1536, n_head=9, n_kv=3, hd=64, vocab=49152, ctx=2048)
 TINY = dict(n_layer=2, d=64, ff=128, n_head=4, n_kv=2, hd=16, vocab=200, ctx=256)
 
 
@@ -48,10 +49,7 @@ def registry() -> dict:
     """name -> (dispatcher, [signature]) of every registered kernel, the check's own included."""
     import zerolayer.gpu.cuda  # noqa: F401  (each module registers its kernels)
     from zerolayer.gpu.cuda import _cuda_shim as shim
-    reg = {name: (k, list(sigs)) for name, k, sigs in shim.KERNELS}
-    for name, k, sigs in bench_kernels():
-        reg[name] = (k, sigs)
-    return reg
+    return {name: (k, list(sigs)) for name, k, sigs in [*shim.KERNELS, *bench_kernels()]}
 
 
 _BENCH_KERNELS: list | None = None
@@ -123,11 +121,9 @@ def enable_caching() -> int:
 
 def cache_counts() -> dict:
     """Loaded-from-cache and compiled signatures so far in this process, over every kernel."""
-    hits = misses = 0
-    for k, _ in registry().values():
-        hits += sum(getattr(k, "_cache_hits", {}).values())
-        misses += sum(getattr(k, "_cache_misses", {}).values())
-    return {"cache_hits": hits, "cache_misses": misses}
+    ks = [k for k, _ in registry().values()]
+    return {f"cache_{n}": sum(sum(getattr(k, f"_cache_{n}", {}).values()) for k in ks)
+            for n in ("hits", "misses")}
 
 
 def launch_key(sig: str) -> tuple:
@@ -176,10 +172,8 @@ def rand_weight(rng, fmt: int, L: int, rows: int, cols: int):
 
 
 def _cpu_twins(group: str) -> None:
-    """Compile (and cache) the CPU twins that the kernel checks (tests/gpu_checks.py) call, with the same
-    argument types, by calling them once on tiny arrays."""
-    import math
-
+    """Compile (and cache) the CPU twins that the kernel checks (tests/gpu_checks.py) call, with
+    the same argument types, by calling them once on tiny arrays."""
     import numpy as np
 
     from zerolayer.gpu import quant
@@ -217,7 +211,6 @@ def _cpu_twins(group: str) -> None:
         att.attention(qkv, kp, vp, 0, seq, pos, tab, nh, nkv, hd, 1, np.empty((1, nh * hd), f32))
     else:
         raise ValueError(group)
-    del math
 
 
 def _worker(job_dir: str, mode: str) -> None:
@@ -306,21 +299,14 @@ class Pool:
             try:
                 p.wait(max(0.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        results, missing = [], []
-        for i, name in enumerate(self.names):
-            f = self.dir / f"result.{i}.json"
-            if f.exists():
-                results.append(json.loads(f.read_text()))
-            else:
-                missing.append(name)
+                pass
+        self.kill()
+        files = [self.dir / f"result.{i}.json" for i in range(len(self.names))]
+        results = [json.loads(f.read_text()) for f in files if f.exists()]
+        missing = [n for n, f in zip(self.names, files) if not f.exists()]
         errors = [r for r in results if "error" in r]
-        logs = {}
-        for i, p in enumerate(self.procs):
-            if p.returncode not in (0, None):
-                logs[f"worker {i} exit {p.returncode}"] = (
-                    (self.dir / f"worker.{i}.log").read_text()[-1500:])
+        logs = {f"worker {i} exit {p.returncode}": (self.dir / f"worker.{i}.log").read_text()[-1500:]
+                for i, p in enumerate(self.procs) if p.returncode not in (0, None)}
         busy: dict[int, float] = {}
         for r in results:
             busy[r["pid"]] = busy.get(r["pid"], 0.0) + r["s"]

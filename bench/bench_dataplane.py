@@ -93,7 +93,7 @@ def scrape(port: int) -> dict[str, float]:
 
 class ZlSide:
     def __init__(self, daemon: ZeroLayerDaemon, name: str = "zl"):
-        self.name, self.d, self.pids = name, daemon, {name: daemon.pid}
+        self.name, self.pids = name, {name: daemon.pid}
         self.client = daemon.client(timeout=60)
         self.loadgen_spec = {"side": "zl", "port": daemon.port, "key_id": daemon.key_id,
                              "secret": daemon.secret.hex()}
@@ -851,13 +851,12 @@ def render(r: dict) -> str:
             if f"tok_s_{n}" in d]
     if toks:
         lines.append("- Tokens per round: " + "; ".join(toks) + ".")
-    if "idle_answers" in Z or "idle_answers" in L:
-        lines.append(f"- Greedy answers to the question: ours {Z.get('idle_answers')}, theirs "
-                     f"{L.get('idle_answers')}.")
-    if "ttft_idle_prompt_and_cached_tokens" in Z or "ttft_idle_prompt_and_cached_tokens" in L:
-        lines.append(f"- Idle TTFT, (prompt tokens, of which reused from an earlier request's KV): "
-                     f"ours {Z.get('ttft_idle_prompt_and_cached_tokens')}, theirs "
-                     f"{L.get('ttft_idle_prompt_and_cached_tokens')} (the same question every time).")
+    for k, what, tail in (
+            ("idle_answers", "Greedy answers to the question", ""),
+            ("ttft_idle_prompt_and_cached_tokens", "Idle TTFT, (prompt tokens, of which reused from "
+             "an earlier request's KV)", " (the same question every time)")):
+        if k in Z or k in L:
+            lines.append(f"- {what}: ours {Z.get(k)}, theirs {L.get(k)}{tail}.")
     if r.get("baseline"):
         b = r["baseline"]
         lines.append(f"- Baseline: {b['path']} at {b['git']} ({b['subject']}).")

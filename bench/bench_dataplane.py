@@ -240,12 +240,10 @@ class LlamaSide:
                      if s.get("is_processing") and (s.get("params") or {}).get("seed") == seed), None)
         t1 = time.perf_counter()
         hard_close(conn)
-        res["close_s"] = time.perf_counter() - t1
-        res["slot_free_s"] = None
+        res.update(close_s=time.perf_counter() - t1, slot_free_s=None,
+                   slot="not found" if slot is None else slot["id"])
         if slot is None:
-            res["slot"] = "not found"
             return res
-        res["slot"] = slot["id"]
         polls = 0
         while time.perf_counter() - t1 < 10 and polls < 5000:
             polls += 1

@@ -79,12 +79,6 @@ def pinger_main(spec: dict) -> int:
 # ------------------------------------------------------------------ the parent
 
 
-def sdk_stats(rtts: list[float]) -> dict:
-    if not rtts:
-        return {}
-    return {"sdk_n": len(rtts), "sdk_p50_ms": pct(rtts, 50) * 1e3, "sdk_p99_ms": pct(rtts, 99) * 1e3}
-
-
 def one(a, name: str, extra: list[str], model: str, tmp: Path) -> dict:
     d = tmp / f"{name.replace(' ', '_')}-{time.monotonic_ns()}"
     d.mkdir()
@@ -108,13 +102,13 @@ def one(a, name: str, extra: list[str], model: str, tmp: Path) -> dict:
             load.kill()
         log_text = (d / "zerolayerd.log").read_text()
         said = [ln.strip() for ln in log_text.splitlines() if "GIL switch interval" in ln]
-        rtts = pings["rtts"]
+        rtts, sdk = pings["rtts"], pings["sdk_rtts"]
         return {"variant": name, "flags": extra, "n": len(rtts), "lost": pings["lost"],
                 "bad": pings["bad"], "p50_ms": pct(rtts, 50) * 1e3, "p99_ms": pct(rtts, 99) * 1e3,
                 "mean_ms": statistics.fmean(rtts) * 1e3, "max_ms": max(rtts) * 1e3,
                 "chunks_s": summary["chunks_s"], "load": summary, "daemon_said": said[:1],
-                "loadavg": os.getloadavg(),
-                **sdk_stats(pings["sdk_rtts"])}
+                "loadavg": os.getloadavg(), **({"sdk_n": len(sdk), "sdk_p50_ms": pct(sdk, 50) * 1e3,
+                                                "sdk_p99_ms": pct(sdk, 99) * 1e3} if sdk else {})}
     finally:
         zl.stop()
 

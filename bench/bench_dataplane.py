@@ -1,49 +1,11 @@
 #!/usr/bin/env python
-"""zerolayerd vs llama.cpp's native `llama-server`, in one run, on the same GGUF, 2 threads each.
+"""zerolayerd vs llama.cpp's native `llama-server`, in one run, on the same GGUF, 2 threads each:
+PING, TTFT and CANCEL idle and while 8 streams decode, and aggregate tok/s of 8 and 16 streams.
 
     .venv/bin/python bench/bench_dataplane.py [--quick] [--baseline-repo PATH] [--out PATH]
 
-llama-server is llama.cpp's own C++ server (bench/setup_llamacpp.sh builds it into
-.bench-llamacpp/bin), run with continuous batching over N parallel slots:
-`llama-server -m MODEL -np N -c 2048*N -t 2 -tb 2 --host 127.0.0.1 --port P`, N = 8 for the
-8-stream metrics and N = 16 for the 16-stream ones and for the probes under load (those need a
-free slot beside the 8 loading streams, or a probe would queue for a whole 200-token stream).
-The two llama-server instances never run at the same time: each is started for its block and
-stopped after it. zerolayerd (`--engine-max-running 16`, 2 model threads) stays up all run and
-is idle while llama-server is measured. Only one server ever has requests in flight.
-
-Metrics (each side in turn; with --rounds > 1 the order alternates A B / B A per round):
-1. PING round trip, idle and while 8 streams x 200 tokens decode. Ours: Client.ping() timed
-   around the call (fresh UDP socket, signed PING, signed PONG). Theirs: GET /health on one
-   keep-alive http.client connection. Under load the pings are spaced --ping-gap-ms apart.
-2. TTFT of the chat question "What is the capital of France?", greedy: sequential on an idle
-   server (max_tokens 16, run to completion), and for new requests while 8 streams decode
-   (the stream is closed after the first chunk). TTFT = just before the request is sent ->
-   first non-empty content chunk. Theirs: POST /v1/chat/completions, stream=true.
-3. CANCEL under load: ours starts a stream, and after its first chunk times s.cancel() until
-   it returns (the daemon's DONE "cancelled"). llama-server has no cancel in its protocol;
-   closing the connection is all a client can do, so the ratio is n/a. As an extra, the time
-   from that close until /slots shows the request's slot free is recorded (polling /slots,
-   which the server answers between decode steps).
-4. Aggregate tok/s, 8 and 16 concurrent streams x --tokens (200) tokens, distinct prompts
-   ("Write a long story about TOPIC."), greedy; completion TOKENS (ours: usage from DONE;
-   theirs: usage of the final SSE chunk, "stream_options": {"include_usage": true}, else
-   timings.predicted_n) / wall time from a common start line to the last stream's end.
-5. Datagrams lost in the kernel (ours only; llama-server has no UDP path): --flood-rate
-   datagrams/s (half signed PINGs from zerolayer.protocol.wire.encode_control, half garbage) for
-   --flood-s seconds while 8 streams decode. lost = datagrams sent to the daemon (the flood,
-   plus every datagram the SDK sent, counted by wrapping the SDK's send) - the delta of the
-   daemon's zerolayer_ingress_datagrams_total. Also the delta of Udp RcvbufErrors in
-   /proc/net/snmp (system-wide).
-6. --baseline-repo PATH: metric 4 again against a zerolayerd started from another checkout
-   (imported through a temp dir of symlinks zerolayer/{daemon,gpu,bpf} -> PATH/..., put on
-   PYTHONPATH), alternating with this checkout's daemon; ratio new/baseline.
-
-The load for metrics 1-3 and 5 comes from a separate process (this script, --loadgen), so its
-threads never hold the probe thread's GIL; it keeps 8 streams decoding (a finished stream is
-replaced at once) until told to stop. The whole measurement holds an exclusive flock on
-/tmp/zl-bench.lock, so other benchmark runs that take it wait. All traffic goes to 127.0.0.1.
-Results: JSON under bench/results/ (gitignored) with every sample, and a markdown table on stdout.
+The metrics, the method (one server under load at a time, slots, the load generator in its
+own process, rounds alternating A B / B A, the lock) and the output: bench/README.md.
 """
 from __future__ import annotations
 
@@ -54,8 +16,6 @@ import http.client
 import json
 import os
 import platform
-import random
-import secrets
 import select
 import shlex
 import shutil
@@ -80,11 +40,13 @@ from _harness import (  # noqa: E402
     NativeLlamaServer,
     ZeroLayerDaemon,
     chat_body,
+    command_line,
     default_model,
     free_port,
     git_head,
     http_get_timed,
     http_stream_chat,
+    llama_server_that_serves,
     log,
     machine_info,
     sh,
@@ -102,22 +64,11 @@ TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess
 STREAM_OPTS = {"stream_options": {"include_usage": True}}
 QUIET_LIMIT = 0.10        # a block whose foreign CPU share is over this is counted as noisy
 PROBE_GAP_S = 0.05        # between TTFT / cancel probes under load
-FLOOD_VALID = 0.5         # share of signed PINGs in the datagram flood
 LOAD_TIME_LIMIT_S = 600.0  # the load generator stops itself after this long
 
 
 def story(i: int, tag: str = "") -> str:
     return f"{tag}Write a long story about {TOPICS[i % len(TOPICS)]}."
-
-
-# ================================================================ small helpers
-
-
-def udp_snmp() -> dict:
-    """The Udp: counters of /proc/net/snmp (system-wide)."""
-    with open("/proc/net/snmp") as f:
-        rows = [line.split() for line in f if line.startswith("Udp:")]
-    return {k: int(v) for k, v in zip(rows[0][1:], rows[1][1:])}
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -135,40 +86,17 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-class SendCounter:
-    """Counts every datagram the SDK sends over UDP in this process: wraps the UDP channel's
-    send (client/udp_transport.py), the one every Client(address) opens per call."""
-
-    def __init__(self):
-        from zerolayer.client import udp_transport
-        self.n = 0
-        self._lock = threading.Lock()
-        orig = udp_transport.UdpChannel.send
-        self.ok = True
-
-        def counted(ch, dg, _orig=orig):
-            with self._lock:
-                self.n += 1
-            return _orig(ch, dg)
-        udp_transport.UdpChannel.send = counted  # type: ignore[method-assign]
-
-
 # ================================================================ the two sides
+# Each side: name, pids, loadgen_spec, ping(), ttft_full(), probe(), and prep() (untimed,
+# before the common start line) + stream_tokens(prep's result, ...) for the tok/s blocks.
 
 
 class ZlSide:
     def __init__(self, daemon: ZeroLayerDaemon, name: str = "zl"):
-        from zerolayer.client import Client
-        self.name = name
-        self.d = daemon
-        self.client = Client(daemon.addr, daemon.key_id, daemon.secret, timeout=60)
-
-    def loadgen_spec(self) -> dict:
-        return {"side": "zl", "port": self.d.port, "key_id": self.d.key_id,
-                "secret": self.d.secret.hex()}
-
-    def pids(self) -> dict:
-        return {self.name: self.d.pid}
+        self.name, self.pids = name, {name: daemon.pid}
+        self.client = daemon.client(timeout=60)
+        self.loadgen_spec = {"side": "zl", "port": daemon.port, "key_id": daemon.key_id,
+                             "secret": daemon.secret.hex()}
 
     def ping(self) -> dict:
         t0 = time.perf_counter()
@@ -201,14 +129,13 @@ class ZlSide:
             s.close()       # an unfinished stream: one best-effort CANCEL, no wait
         return out
 
-    def stream_tokens(self, content: str, max_tokens: int) -> dict:
-        r = zl_stream_chat(self.client, content, max_tokens)
-        return {"ttft_s": r["ttft_s"], "e2e_s": r["e2e_s"], "tokens": r["usage"]["completion_tokens"],
-                "token_source": "usage", "chunks": r["content_chunks"],
-                "finish_reason": r["finish_reason"]}
-
     def prep(self):
         return None
+
+    def stream_tokens(self, _prep, content: str, max_tokens: int) -> dict:
+        r = self.ttft_full(content, max_tokens)
+        return {"tokens": r["completion_tokens"], "token_source": "usage",
+                "chunks": r["content_chunks"], **{k: r[k] for k in ("ttft_s", "e2e_s", "finish_reason")}}
 
 
 @contextlib.contextmanager
@@ -240,11 +167,11 @@ class LlamaSide:
     name = "llama"
 
     def __init__(self, server: NativeLlamaServer):
-        self.s = server
-        self.port = server.port
-        self.ping_conn = self._conn(10)
-        self.slots_conn = self._conn(30)
+        self.port, self.pids = server.port, {"llama": server.pid}
+        self.loadgen_spec = {"side": "llama", "port": server.port}
+        self.ping_conn, self.slots_conn = self._conn(10), self._conn(30)
         self.reconnects = 0
+        self.probe_seed = 7_000_000
 
     def _conn(self, timeout: float) -> http.client.HTTPConnection:
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -256,25 +183,25 @@ class LlamaSide:
         for c in (self.ping_conn, self.slots_conn):
             c.close()
 
-    def loadgen_spec(self) -> dict:
-        return {"side": "llama", "port": self.port}
-
-    def pids(self) -> dict:
-        return {"llama": self.s.pid}
+    def _keepalive(self, conn: http.client.HTTPConnection, fn):
+        """(fn(conn), retries) on a keep-alive connection. The server closes one after 100
+        requests or 5 s idle (cpp-httplib's defaults): the reconnect is made before fn starts
+        its clock, and a request that finds the connection closed is redone once."""
+        for attempt in range(2):
+            if conn.sock is None:
+                conn.connect()
+            try:
+                return fn(conn), attempt
+            except (http.client.HTTPException, ConnectionError):
+                conn.close()
+                self.reconnects += 1
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
 
     def ping(self) -> dict:
-        """GET /health on the keep-alive connection. The server closes a keep-alive connection
-        after 100 requests or 5 s idle (cpp-httplib's defaults): the reconnect is made before
-        the clock starts, and a request that finds the connection closed is redone."""
-        for attempt in range(2):
-            if self.ping_conn.sock is None:
-                self.ping_conn.connect()
-            try:
-                return {"rtt_s": http_get_timed(self.ping_conn, "/health"), "retried": attempt}
-            except (http.client.HTTPException, ConnectionError):
-                self.ping_conn.close()
-                self.reconnects += 1
-        raise RuntimeError("GET /health failed twice")
+        rtt, retried = self._keepalive(self.ping_conn, lambda c: http_get_timed(c, "/health"))
+        return {"rtt_s": rtt, "retried": retried}
 
     def ttft_full(self, content: str, max_tokens: int) -> dict:
         # llama-server closes the connection after a streamed response, so every stream gets
@@ -288,28 +215,20 @@ class LlamaSide:
         return r
 
     def _slots(self) -> list[dict]:
-        for attempt in range(2):
-            if self.slots_conn.sock is None:
-                self.slots_conn.connect()
-            try:
-                self.slots_conn.request("GET", "/slots")
-                r = self.slots_conn.getresponse()
-                data = r.read()
-                break
-            except (http.client.HTTPException, ConnectionError):
-                self.slots_conn.close()
-                self.reconnects += 1
-                if attempt:
-                    raise
-        if r.status != 200:
-            raise RuntimeError(f"/slots: HTTP {r.status}: {data[:200]!r}")
+        def get(c):
+            c.request("GET", "/slots")
+            r = c.getresponse()
+            return r.status, r.read()
+        (status, data), _ = self._keepalive(self.slots_conn, get)
+        if status != 200:
+            raise RuntimeError(f"/slots: HTTP {status}: {data[:200]!r}")
         return json.loads(data)
 
     def probe(self, content: str, max_tokens: int, cancel: bool) -> dict:
         conn = self._conn(60)
         # /slots shows no prompt text outside its debug mode, but it shows each slot's sampling
         # parameters: a unique seed (inert under greedy decoding) tells our slot apart
-        self.probe_seed = getattr(self, "probe_seed", 7_000_000) + 1
+        self.probe_seed += 1
         seed = self.probe_seed
         out = http_stream_chat(conn, chat_body(content, max_tokens,
                                                extra={**STREAM_OPTS, "seed": seed}), first_only=True)
@@ -317,19 +236,14 @@ class LlamaSide:
         if not cancel:
             hard_close(conn)
             return res
-        slot = None
-        for s in self._slots():
-            if s.get("is_processing") and (s.get("params") or {}).get("seed") == seed:
-                slot = s
-                break
+        slot = next((s for s in self._slots()
+                     if s.get("is_processing") and (s.get("params") or {}).get("seed") == seed), None)
         t1 = time.perf_counter()
         hard_close(conn)
-        res["close_s"] = time.perf_counter() - t1
-        res["slot_free_s"] = None
+        res.update(close_s=time.perf_counter() - t1, slot_free_s=None,
+                   slot="not found" if slot is None else slot["id"])
         if slot is None:
-            res["slot"] = "not found"
             return res
-        res["slot"] = slot["id"]
         polls = 0
         while time.perf_counter() - t1 < 10 and polls < 5000:
             polls += 1
@@ -343,7 +257,7 @@ class LlamaSide:
     def prep(self):
         return self._conn(600)
 
-    def stream_tokens_on(self, conn, content: str, max_tokens: int) -> dict:
+    def stream_tokens(self, conn, content: str, max_tokens: int) -> dict:
         r = http_stream_chat(conn, chat_body(content, max_tokens, extra=STREAM_OPTS))
         conn.close()
         return {"chunks": r["content_chunks"], **{k: r[k] for k in (
@@ -362,11 +276,15 @@ def loadgen_main(spec: dict) -> int:
     started = [threading.Event() for _ in range(n)]
     lock = threading.Lock()
     tot = {"tokens": 0, "finished": 0, "stopped": 0, "errors": [], "chunks": 0}
-    counter = None
+
+    def count(**d) -> None:
+        with lock:
+            for k, v in d.items():
+                tot[k] += v
+
     if spec["side"] == "zl":
         from zerolayer.client import Client
         from zerolayer.protocol.wire import ChatMessage
-        counter = SendCounter()
         client = Client(("127.0.0.1", spec["port"]), spec["key_id"], bytes.fromhex(spec["secret"]),
                         timeout=60)
 
@@ -376,40 +294,32 @@ def loadgen_main(spec: dict) -> int:
             for chunk in s:
                 if chunk:
                     started[i].set()
-                    with lock:
-                        tot["chunks"] += 1
+                    count(chunks=1)
                 if stop.is_set():
                     s.cancel()
-                    with lock:
-                        tot["stopped"] += 1
+                    count(stopped=1)
                     break
         if s.result is not None:
-            with lock:
-                tot["tokens"] += s.result.usage.completion_tokens
-                tot["finished"] += s.result.finish_reason != "cancelled"
+            count(tokens=s.result.usage.completion_tokens,
+                  finished=s.result.finish_reason != "cancelled")
 
     def one_llama(i: int, k: int) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", spec["port"], timeout=120)
         body = chat_body(story(i + k * n, f"[load {i}.{k}] "), mt, extra=STREAM_OPTS)
         conn.request("POST", "/v1/chat/completions", body=body, headers=HEADERS)
-        r = conn.getresponse()
         done = True
-        for ev in sse_events(r):
+        for ev in sse_events(conn.getresponse()):
             if ev.get("usage"):
-                with lock:
-                    tot["tokens"] += ev["usage"].get("completion_tokens", 0)
+                count(tokens=ev["usage"].get("completion_tokens", 0))
             if any((c.get("delta") or {}).get("content") for c in ev.get("choices", ())):
                 started[i].set()
-                with lock:
-                    tot["chunks"] += 1
+                count(chunks=1)
             if stop.is_set():
                 done = False
-                with lock:
-                    tot["stopped"] += 1
+                count(stopped=1)
                 break
         hard_close(conn)
-        with lock:
-            tot["finished"] += done
+        count(finished=done)
 
     one = one_zl if spec["side"] == "zl" else one_llama
     t_end = time.monotonic() + limit
@@ -445,30 +355,38 @@ def loadgen_main(spec: dict) -> int:
     for t in threads:
         t.join(60)
     tot["chunks_s"] = (tot["chunks"] - chunks0) / (time.perf_counter() - t_ready)
-    tot["sdk_datagrams"] = counter.n if counter and counter.ok else None
     tot["hung_threads"] = sum(t.is_alive() for t in threads)
     print(json.dumps(tot), flush=True)
     return 0
 
 
-class LoadGen:
-    def __init__(self, side, streams: int, max_tokens: int, time_limit: float):
-        spec = {**side.loadgen_spec(), "streams": streams, "max_tokens": max_tokens,
-                "time_limit": time_limit}
-        self.spec = spec
-        self.proc = subprocess.Popen([sys.executable, __file__, "--loadgen", json.dumps(spec)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.pid = self.proc.pid
-        self.t0 = time.perf_counter()
+class Child:
+    """`python SCRIPT MODE JSON` in a child process, answering on stdout line by line."""
 
-    def _line(self, timeout: float) -> str:
+    def __init__(self, script: str, mode: str, spec: dict):
+        self.proc = subprocess.Popen([sys.executable, script, mode, json.dumps(spec)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid, self.t0 = self.proc.pid, time.perf_counter()
+
+    def line(self, timeout: float) -> str:
         r, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not r:
-            raise RuntimeError(f"load generator silent for {timeout} s")
+            raise RuntimeError(f"{self.proc.args[2]} child silent for {timeout} s")
         return self.proc.stdout.readline().strip()
 
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class LoadGen(Child):
+    def __init__(self, side, streams: int, max_tokens: int, time_limit: float):
+        super().__init__(__file__, "--loadgen", {**side.loadgen_spec, "streams": streams,
+                                                 "max_tokens": max_tokens, "time_limit": time_limit})
+
     def wait_ready(self, timeout: float = 150) -> int:
-        line = self._line(timeout)
+        line = self.line(timeout)
         if not line.startswith("ready"):
             raise RuntimeError(f"load generator: {line!r}")
         self.ready_s = time.perf_counter() - self.t0
@@ -478,21 +396,15 @@ class LoadGen:
         try:
             self.proc.stdin.write("stop\n")
             self.proc.stdin.flush()
-            summary = json.loads(self._line(90) or "{}")
+            summary = json.loads(self.line(90) or "{}")
         except (OSError, RuntimeError, ValueError) as e:
             summary = {"error": repr(e)}
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            self.kill()
         summary["duration_s"] = time.perf_counter() - self.t0
         return summary
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 # ================================================================ the benchmark
@@ -505,16 +417,13 @@ class Bench:
         self.tmp = Path(tempfile.mkdtemp(prefix="zl-bench-dataplane-"))
         self.zl_side = self.bside = None
 
-    # -- a block: CPU split of the machine, samples kept --------------------------------------
-
     def block(self, kind: str, side, fn, extra_pids: dict | None = None, **meta) -> dict:
+        """fn()'s samples, kept with the CPU split of the machine while it ran."""
         pids = {}
-        for other in (self.zl_side, self.bside):      # every server that is up, busy or idle
+        for other in (self.zl_side, self.bside, side):      # every server that is up, busy or idle
             if other is not None:
-                pids.update(other.pids())
-        pids.update(side.pids())
-        pids.update(extra_pids or {})
-        w = CpuWatch(pids)
+                pids.update(other.pids)
+        w = CpuWatch({**pids, **(extra_pids or {})})
         a = w.snap()
         t0 = time.perf_counter()
         samples = fn()
@@ -547,11 +456,7 @@ class Bench:
             try:
                 prep = side.prep()
                 barrier.wait(120)
-                if isinstance(side, ZlSide):
-                    results[i] = side.stream_tokens(story(i, f"[{kind} r{rnd}] "), max_tokens)
-                else:
-                    results[i] = side.stream_tokens_on(prep, story(i, f"[{kind} r{rnd}] "),
-                                                       max_tokens)
+                results[i] = side.stream_tokens(prep, story(i, f"[{kind} r{rnd}] "), max_tokens)
             except Exception as e:  # noqa: BLE001 - recorded
                 errors.append(f"{i}: {e!r}"[:300])
             ends[i] = time.perf_counter()
@@ -582,7 +487,6 @@ class Bench:
         try:
             active = lg.wait_ready()
             log(f"  load: {active}/{a.load_streams} streams decoding after {lg.ready_s:.1f} s")
-            pids = {"loadgen": lg.pid}
 
             def pings():
                 out = []
@@ -592,22 +496,17 @@ class Bench:
                         time.sleep(a.ping_gap_ms / 1e3)
                 return out
 
-            def probes(cancel: bool, n: int):
+            def probes(cancel: bool):
                 out = []
-                for k in range(n):
-                    if cancel:
-                        content = story(k, f"(cancel probe r{rnd}.{k}) ")
-                        out.append(side.probe(content, a.load_tokens, cancel=True))
-                    else:
-                        out.append(side.probe(QUESTION, a.ttft_tokens, cancel=False))
+                for k in range(a.cancel_per_round if cancel else a.ttft_per_round):
+                    out.append(side.probe(story(k, f"(cancel probe r{rnd}.{k}) "), a.load_tokens, True)
+                               if cancel else side.probe(QUESTION, a.ttft_tokens, False))
                     time.sleep(PROBE_GAP_S)
                 return out
 
-            self.block("ping_load", side, pings, pids, round=rnd, load_active=active)
-            self.block("ttft_load", side, lambda: probes(False, a.ttft_per_round), pids, round=rnd,
-                       load_active=active)
-            self.block("cancel_load", side, lambda: probes(True, a.cancel_per_round), pids,
-                       round=rnd, load_active=active)
+            for kind, fn in (("ping_load", pings), ("ttft_load", lambda: probes(False)),
+                             ("cancel_load", lambda: probes(True))):
+                self.block(kind, side, fn, {"loadgen": lg.pid}, round=rnd, load_active=active)
         finally:
             summary = lg.stop()
             self.blocks.append({"kind": "load_summary", "side": side.name, "round": rnd,
@@ -639,13 +538,13 @@ class Bench:
         out_path = Path(a.out) if a.out else RESULTS / f"dataplane-{time.strftime('%Y%m%d-%H%M%S')}.json"
         if not a.only_ours and not (LLAMA_BIN / "llama-server").exists():
             raise SystemExit(f"{LLAMA_BIN}/llama-server missing: run bash bench/setup_llamacpp.sh")
-        command = shlex.join([sys.executable, *sys.argv])
+        command = command_line()
         lock, lock_wait = take_lock(a.lock_wait, command)
         started = _dt.datetime.now().astimezone()
         r: dict = {"bench": "dataplane", "date": started.isoformat(timespec="seconds"),
                    "command": command, "args": vars(a),
                    "lock": {"path": LOCK_PATH, "waited_s": round(lock_wait, 1)},
-                   "machine": machine_info(), "versions": versions(a)}
+                   "machine": machine_info(), "versions": versions()}
         r["machine"]["uptime_before"] = sh("uptime")
         log(f"uptime: {r['machine']['uptime_before']}")
         r["preflight"] = CpuWatch({}).wait_quiet(QUIET_LIMIT, a.max_wait, poll=10, window=3.0)
@@ -656,7 +555,6 @@ class Bench:
         self.model = a.model or default_model()
         r["model"] = {"path": self.model, "bytes": os.path.getsize(self.model)}
         self.llama = LlamaPeer(a, self.model, self.tmp)
-        self.sdk_counter = SendCounter()
         self.zl = self.base = None
         try:
             log("starting zerolayerd")
@@ -666,9 +564,6 @@ class Bench:
             self.warm_zl(self.zl_side)
             for rnd in range(a.rounds):
                 self.round(rnd)
-            if a.flood_s > 0:
-                log(f"flood: {a.flood_rate}/s for {a.flood_s} s while {a.load_streams} streams decode")
-                r["flood"] = flood(self)
             if a.baseline_repo:
                 self.against_baseline(r)
         finally:
@@ -695,41 +590,28 @@ class Bench:
         return r
 
     def round(self, rnd: int) -> None:
-        """Idle and the first concurrency, then under load and the second; the side going
-        first alternates from round to round."""
+        """Idle and the first concurrency, then under load and the second; llama-server goes
+        first in the first half of even rounds and in the second half of odd ones. Its probes
+        under load need --load-slots (a free slot beside the load), its tok/s blocks as many
+        slots as streams: a server of another -np is started for those."""
         a = self.a
-        first_llama = rnd % 2 == 0
-        log(f"round {rnd + 1}/{a.rounds}: idle + {a.conc[0]} streams")
-        for who in (("llama", "zl") if first_llama else ("zl", "llama")):
-            if who == "llama" and a.only_ours:
-                continue
-            if who == "llama":
-                srv, side = self.llama.start(a.conc[0])
-                try:
-                    self.idle(side, rnd)
-                    self.concurrent(side, a.conc[0], a.tokens, f"tok_s_{a.conc[0]}", rnd)
-                finally:
-                    self.llama.stop(srv, side)
-            else:
-                self.idle(self.zl_side, rnd)
-                self.concurrent(self.zl_side, a.conc[0], a.tokens, f"tok_s_{a.conc[0]}", rnd)
-        log(f"round {rnd + 1}/{a.rounds}: under load + {a.conc[1]} streams")
-        for who in (("zl", "llama") if first_llama else ("llama", "zl")):
-            if who == "llama" and a.only_ours:
-                continue
-            if who == "llama":
-                srv, side = self.llama.start(a.load_slots)
-                try:
-                    self.under_load(side, rnd)
-                    if a.load_slots != a.conc[1]:
-                        self.llama.stop(srv, side)
-                        srv, side = self.llama.start(a.conc[1])
-                    self.concurrent(side, a.conc[1], a.tokens, f"tok_s_{a.conc[1]}", rnd)
-                finally:
-                    self.llama.stop(srv, side)
-            else:
-                self.under_load(self.zl_side, rnd)
-                self.concurrent(self.zl_side, a.conc[1], a.tokens, f"tok_s_{a.conc[1]}", rnd)
+        for h, (probes, slots) in enumerate(((self.idle, a.conc[0]), (self.under_load, a.load_slots))):
+            n = a.conc[h]
+            log(f"round {rnd + 1}/{a.rounds}: {'under load' if h else 'idle'} + {n} streams")
+            for who in (("llama", "zl") if (rnd + h) % 2 == 0 else ("zl", "llama")):
+                if who == "zl":
+                    probes(self.zl_side, rnd)
+                    self.concurrent(self.zl_side, n, a.tokens, f"tok_s_{n}", rnd)
+                    continue
+                if a.only_ours:
+                    continue
+                with self.llama.serving(slots) as side:
+                    probes(side, rnd)
+                    if slots == n:
+                        self.concurrent(side, n, a.tokens, f"tok_s_{n}", rnd)
+                if slots != n:
+                    with self.llama.serving(n) as side:
+                        self.concurrent(side, n, a.tokens, f"tok_s_{n}", rnd)
 
     def against_baseline(self, r: dict) -> None:
         """tok/s of a zerolayerd from --baseline-repo against ours, interleaved."""
@@ -748,106 +630,6 @@ class Bench:
                     self.concurrent(side, n, a.tokens, f"base_tok_s_{n}", rnd)
 
 
-def flood(b: Bench) -> dict:
-    """Metric 5: datagrams to the daemon while 8 streams decode; lost in the kernel."""
-    from zerolayer.protocol.wire import Mac, MsgType, encode_control
-    a, d = b.a, b.zl
-    n = int(a.flood_rate * a.flood_s)
-    mac = Mac(d.secret)
-    ts = time.time_ns() // 1000
-    rng = random.Random(20240611)
-    junk = [b"JUNK" + rng.randbytes(rng.randint(0, 1396)) for _ in range(512)]
-    dgs = []
-    n_valid = 0
-    for i in range(n):
-        if int((i + 1) * FLOOD_VALID) > int(i * FLOOD_VALID):
-            dgs.append(encode_control(MsgType.PING, d.key_id, mac, secrets.token_bytes(16), ts,
-                                      secrets.token_bytes(32)))
-            n_valid += 1
-        else:
-            dgs.append(junk[i % len(junk)])
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-    sock.connect(d.addr)
-    sock.setblocking(False)
-    pongs = 0
-
-    def drain():
-        nonlocal pongs
-        for _ in range(100_000):
-            try:
-                sock.recv(2048)
-                pongs += 1
-            except (BlockingIOError, InterruptedError):
-                return
-            except ConnectionRefusedError:
-                continue
-
-    key = "zerolayer_ingress_datagrams_total"
-    m0 = scrape(d.metrics_port)
-    snmp0 = udp_snmp()
-    sdk0 = b.sdk_counter.n
-    lg = LoadGen(b.zl_side, a.load_streams, a.load_tokens, a.flood_s + 120)
-    res: dict = {"rate": a.flood_rate, "duration_s": a.flood_s, "planned": n,
-                 "valid_planned": n_valid}
-    try:
-        res["load_active"] = lg.wait_ready()
-
-        def go():
-            sent = errs = 0
-            max_lag = 0
-            t0 = time.perf_counter()
-            while sent < n and time.perf_counter() - t0 < a.flood_s + 10:
-                due = min(n, int((time.perf_counter() - t0) * a.flood_rate) + 1)
-                max_lag = max(max_lag, due - sent)
-                while sent < due:
-                    try:
-                        sock.send(dgs[sent])
-                    except (BlockingIOError, ConnectionRefusedError):
-                        errs += 1
-                    sent += 1
-                drain()
-                time.sleep(0.001)
-            wall = time.perf_counter() - t0
-            return {"sent": sent - errs, "send_errors": errs, "wall_s": wall,
-                    "achieved_rate": (sent - errs) / wall, "max_lag_datagrams": max_lag}
-        res.update(b.block("flood", b.zl_side, go, {"loadgen": lg.pid})["samples"])
-    finally:
-        res["load"] = lg.stop()
-    # settle: every datagram queued has been read when the counter stops moving
-    last, t_settle = None, time.monotonic()
-    while time.monotonic() - t_settle < 15:
-        drain()
-        cur = scrape(d.metrics_port).get(key)
-        if cur is not None and cur == last:
-            break
-        last = cur
-        time.sleep(0.5)
-    drain()
-    m1 = scrape(d.metrics_port)
-    snmp1 = udp_snmp()
-    sock.close()
-    res["pongs_received"] = pongs
-    res["sdk_datagrams_bench"] = b.sdk_counter.n - sdk0 if b.sdk_counter.ok else None
-    res["sdk_datagrams_loadgen"] = res["load"].get("sdk_datagrams")
-    res["daemon_counter"] = key if key in m1 else None
-    if key in m0 and key in m1:
-        res["daemon_received"] = int(m1[key] - m0[key])
-        if res["sdk_datagrams_loadgen"] is not None and res["sdk_datagrams_bench"] is not None:
-            res["sent_total"] = res["sent"] + res["sdk_datagrams_loadgen"] + res["sdk_datagrams_bench"]
-            res["lost"] = res["sent_total"] - res["daemon_received"]
-    res["udp_snmp_delta"] = {k: snmp1[k] - snmp0.get(k, 0) for k in snmp1}
-    res["rcvbuf_errors_delta"] = res["udp_snmp_delta"].get("RcvbufErrors")
-    res["daemon_error_deltas"] = {k: m1[k] - m0.get(k, 0) for k in m1
-                                  if k.startswith("zerolayer_request_errors_total")
-                                  and m1[k] - m0.get(k, 0)}
-    b.blocks[-1]["samples"] = res
-    log(f"  flood: sent {res['sent']} (+SDK {res['sdk_datagrams_loadgen']}), daemon read "
-        f"{res.get('daemon_received')}, lost {res.get('lost')}, RcvbufErrors "
-        f"+{res['rcvbuf_errors_delta']}, pongs {pongs}/{n_valid}")
-    return res
-
-
 class LlamaPeer:
     """llama-server started for a block and stopped after it, with what the JSON records of
     its runs: the commands, the crashes, keep-alive reconnects and its log's tail."""
@@ -855,50 +637,45 @@ class LlamaPeer:
     def __init__(self, a, model: str, tmp: Path):
         self.a, self.model, self.tmp = a, model, tmp
         self.cmds: list[str] = []
-        self.fallback: list[str] = []  # flags added after a crash (start)
+        self.fallback: list[str] = []  # the flags a crash of the default needed: kept from then on
         self.crashes: list[str] = []
         self.reconnects = 0
         self.log_tail: str | None = None
 
-    def start(self, parallel: int):
-        srv = NativeLlamaServer(str(LLAMA_BIN / "llama-server"), self.model, self.a.threads,
-                                parallel, free_port(), self.tmp / f"llama-np{parallel}.log",
-                                extra=self.fallback)
+    @contextlib.contextmanager
+    def serving(self, parallel: int):
+        """A warmed-up LlamaSide on a fresh `-np parallel` server, stopped on exit."""
+        servers: list[NativeLlamaServer] = []
+
+        def start(extra: list[str]) -> NativeLlamaServer:
+            servers.append(NativeLlamaServer(str(LLAMA_BIN / "llama-server"), self.model, self.a.threads,
+                                             parallel, free_port(), self.tmp / f"llama-np{parallel}.log",
+                                             extra=self.fallback or extra))
+            return servers[-1]
+        side = None
         try:
-            try:
-                srv.wait_ready()
-            except RuntimeError as e:
-                # llama.cpp 0c1e570's weight repacking for AMX dies of SIGSEGV on prompts
-                # (its warm-up is one): the peer is then its fastest mode that serves,
-                # --no-repack (a mode that crashes on prompts is no peer), and the JSON says so
-                if "--no-repack" in self.fallback or "exited with status -11" not in str(e):
-                    raise
-                log("  llama-server crashed (SIGSEGV) with its default weight repacking; "
-                    "measuring it with --no-repack from here on")
-                self.fallback = ["--no-repack"]
-                self.crashes.append(f"{shlex.join(srv.cmd)}: {str(e).splitlines()[0]}")
-                srv.stop()
-                return self.start(parallel)
+            srv, extra = llama_server_that_serves(start, lambda s: s.wait_ready())
+            if extra and not self.fallback:
+                self.fallback = extra
+                crashed = servers[0]
+                self.crashes.append(f"{shlex.join(crashed.cmd)}: {crashed.name} exited with status "
+                                    f"{crashed.proc.returncode} before it was ready")
             self.cmds.append(shlex.join(srv.cmd))
             side = LlamaSide(srv)
-            # warm-up: the question twice, one short story
-            side.ttft_full(QUESTION, self.a.ttft_tokens)
-            side.ttft_full(QUESTION, self.a.ttft_tokens)
-            side.ttft_full(story(0, "[warm] "), 16)
-        except BaseException:
-            srv.stop()
-            self.log_tail = srv.log_path.read_text(errors="replace")[-3000:]
-            raise
-        log(f"  llama-server -np {parallel} ready in {srv.ready_s:.1f} s (pid {srv.pid})")
-        return srv, side
-
-    def stop(self, srv, side) -> None:
-        if side.reconnects:
-            log(f"  llama-server keep-alive reconnects: {side.reconnects}")
-        self.reconnects += side.reconnects
-        side.close()
-        srv.stop()
-        self.log_tail = srv.log_path.read_text(errors="replace")[-3000:]
+            for content, max_tokens in ((QUESTION, self.a.ttft_tokens), (QUESTION, self.a.ttft_tokens),
+                                        (story(0, "[warm] "), 16)):
+                side.ttft_full(content, max_tokens)
+            log(f"  llama-server -np {parallel} ready in {srv.ready_s:.1f} s (pid {srv.pid})")
+            yield side
+        finally:
+            if side is not None:
+                if side.reconnects:
+                    log(f"  llama-server keep-alive reconnects: {side.reconnects}")
+                self.reconnects += side.reconnects
+                side.close()
+            if servers:
+                servers[-1].stop()
+                self.log_tail = servers[-1].log_path.read_text(errors="replace")[-3000:]
 
 
 def baseline_pkg(repo: str, tmp: Path) -> tuple[dict, dict]:
@@ -927,7 +704,7 @@ def baseline_pkg(repo: str, tmp: Path) -> tuple[dict, dict]:
     return env, info
 
 
-def versions(a) -> dict:
+def versions() -> dict:
     return {"python": platform.python_version(),
             "zerolayer_git": git_head(),
             "zerolayer_dirty_paths": sh(f"git -C {REPO} status --porcelain -- daemon gpu bpf"),
@@ -948,11 +725,8 @@ def summarise(r: dict, a) -> None:
 
     s: dict = {}
     for side in ("zl", "llama", "base"):
-        d: dict = {}
-        for kind in ("ping_idle", "ping_load"):
-            d[kind] = stats([x["rtt_s"] for x in samples(kind, side)])
-        d["ttft_idle"] = stats([x["ttft_s"] for x in samples("ttft_idle", side)])
-        d["ttft_load"] = stats([x["ttft_s"] for x in samples("ttft_load", side)])
+        d: dict = {kind: stats([x[field] for x in samples(kind, side)]) for kind, field in (
+            ("ping_idle", "rtt_s"), ("ping_load", "rtt_s"), ("ttft_idle", "ttft_s"), ("ttft_load", "ttft_s"))}
         c = samples("cancel_load", side)
         d["cancel"] = stats([x.get("cancel_s") for x in c])
         d["cancel_finish"] = sorted({str(x.get("finish_reason")) for x in c if "cancel_s" in x})
@@ -966,21 +740,19 @@ def summarise(r: dict, a) -> None:
             cached = u.get("cached_prompt_tokens", details.get("cached_tokens"))
             prompt_use.add((u.get("prompt_tokens"), cached))
         d["ttft_idle_prompt_and_cached_tokens"] = sorted(prompt_use, key=str)
-        idle_texts = {x.get("text") for x in samples("ttft_idle", side)}
-        d["idle_answers"] = sorted(t for t in idle_texts if t is not None)[:3]
+        texts = {x.get("text") for x in samples("ttft_idle", side)}
+        d["idle_answers"] = sorted(t for t in texts if t is not None)[:3]
         for n in a.conc:
-            for prefix in ("tok_s", "base_tok_s"):
-                rounds = samples(f"{prefix}_{n}", side)
-                if rounds:
-                    d[f"{prefix}_{n}"] = {
+            for kind in (f"tok_s_{n}", f"base_tok_s_{n}"):
+                if rounds := samples(kind, side):
+                    d[kind] = {
                         "rounds": [x["tok_s"] for x in rounds],
                         "median": statistics.median([x["tok_s"] for x in rounds if x["tok_s"]] or [0]),
                         "tokens": [x["tokens"] for x in rounds],
                         "wall_s": [x["wall_s"] for x in rounds],
                         "errors": sum(len(x["errors"]) for x in rounds),
                         "token_sources": sorted({t for x in rounds for t in x["token_sources"]})}
-        d = {k: v for k, v in d.items() if v not in (None, [], {})}
-        if d:
+        if d := {k: v for k, v in d.items() if v not in (None, [], {})}:
             s[side] = d
     # CPU time is counted in jiffies (10 ms): only blocks of >= 1 s say anything
     foreign = [b["cpu_share"]["foreign"] for b in r["blocks"]
@@ -992,69 +764,47 @@ def summarise(r: dict, a) -> None:
     r["table"] = table_rows(r, a)
 
 
-def _ratio(x, y):
-    return None if x is None or y in (None, 0) else x / y
-
-
 def table_rows(r: dict, a) -> list[dict]:
+    """The table's rows: ours, theirs (a number, or a string saying why there is none), the
+    ratio ours / theirs where both are numbers, the target, and met: ok(ours, ratio), None
+    where a value it needs is missing."""
     s = r["summary"]
-    Z, L, B = s.get("zl", {}), s.get("llama", {}), s.get("base", {})
+    Z, L, B = (s.get(k, {}) for k in ("zl", "llama", "base"))
     rows = []
 
-    def g(d, k, q):
-        return (d.get(k) or {}).get(q)
-
-    def add(metric, ours, theirs, unit, target, met, ratio="auto"):
-        if ratio == "auto":
-            ratio = _ratio(ours, theirs) if isinstance(theirs, (int, float)) else None
-        rows.append({"metric": metric, "ours": ours, "theirs": theirs, "unit": unit,
-                     "ratio": ratio, "target": target, "met": met})
+    def add(metric, key, q, unit, target="", ok=None, theirs=None, peer=L):
+        z = (Z.get(key) or {}).get(q)
+        t = (peer.get(key) or {}).get(q) if theirs is None else theirs
+        rt = None if not isinstance(t, (int, float)) or z is None or t == 0 else z / t
+        met = None if ok is None or z is None or (rt is None and not isinstance(t, str)) else ok(z, rt)
+        rows.append({"metric": metric, "ours": z, "theirs": t, "unit": unit, "ratio": rt,
+                     "target": target, "met": met})
 
     n_ld = a.load_streams
     for q in ("p50", "p99"):
-        z, l_ = g(Z, "ping_idle", q), g(L, "ping_idle", q)
-        add(f"PING {q}, idle", z, l_, "ms", "", None)
+        add(f"PING {q}, idle", "ping_idle", q, "ms")
     for q, lim in (("p50", 1e-3), ("p99", 5e-3)):
-        z, l_ = g(Z, "ping_load", q), g(L, "ping_load", q)
-        rt = _ratio(z, l_)
-        add(f"PING {q}, {n_ld} streams decoding", z, l_, "ms",
-            f"≤ {lim * 1e3:g} ms and ratio ≤ 1.0",
-            None if z is None or rt is None else (z <= lim and rt <= 1.0))
-    for k, label in (("ttft_idle", "TTFT p50, idle (sequential)"),
-                     ("ttft_load", f"TTFT p50, new request while {n_ld} streams decode")):
-        z, l_ = g(Z, k, "p50"), g(L, k, "p50")
-        rt = _ratio(z, l_)
-        add(label, z, l_, "ms", "ratio ≤ 0.75", None if rt is None else rt <= 0.75)
-    for k, label in (("ttft_idle", "TTFT p99, idle"), ("ttft_load", f"TTFT p99, {n_ld} streams decoding")):
-        add(label, g(Z, k, "p99"), g(L, k, "p99"), "ms", "", None)
+        add(f"PING {q}, {n_ld} streams decoding", "ping_load", q, "ms",
+            f"≤ {lim * 1e3:g} ms and ratio ≤ 1.0", lambda z, rt, lim=lim: z <= lim and rt <= 1.0)
+    for key, label in (("ttft_idle", "TTFT p50, idle (sequential)"),
+                       ("ttft_load", f"TTFT p50, new request while {n_ld} streams decode")):
+        add(label, key, "p50", "ms", "ratio ≤ 0.75", lambda z, rt: rt <= 0.75)
+    add("TTFT p99, idle", "ttft_idle", "p99", "ms")
+    add(f"TTFT p99, {n_ld} streams decoding", "ttft_load", "p99", "ms")
     sf = L.get("slot_free")
     theirs_c = ("n/a: no protocol cancel" + (
         f" (close → slot free p50 {sf['p50'] * 1e3:.1f} / p99 {sf['p99'] * 1e3:.1f} ms)" if sf else ""))
-    add(f"CANCEL p50, {n_ld} streams decoding", g(Z, "cancel", "p50"), theirs_c, "ms", "", None)
-    z = g(Z, "cancel", "p99")
-    add(f"CANCEL p99, {n_ld} streams decoding", z, theirs_c, "ms", "≤ 5 ms",
-        None if z is None else z <= 5e-3)
+    add(f"CANCEL p50, {n_ld} streams decoding", "cancel", "p50", "ms", theirs=theirs_c)
+    add(f"CANCEL p99, {n_ld} streams decoding", "cancel", "p99", "ms", "≤ 5 ms", lambda z, rt: z <= 5e-3,
+        theirs=theirs_c)
     for n in a.conc:
-        z, l_ = g(Z, f"tok_s_{n}", "median"), g(L, f"tok_s_{n}", "median")
-        rt = _ratio(z, l_)
-        add(f"aggregate tok/s, {n} streams × {a.tokens} tok (median of {a.rounds})", z, l_,
-            "tok/s", "ratio ≥ 1.5", None if rt is None else rt >= 1.5)
-    f = r.get("flood")
-    if f:
-        lost = f.get("lost")
-        add(f"datagrams lost, {f['rate']}/s × {f['duration_s']} s while {n_ld} streams decode "
-            f"(of {f.get('sent_total', f['sent'])} sent)", lost, "n/a: no UDP path", "datagrams",
-            "0", None if lost is None else lost <= 0, ratio=None)
-        rb = f.get("rcvbuf_errors_delta")
-        add("Udp RcvbufErrors delta (system-wide)", rb, "n/a", "", "0",
-            None if rb is None else rb == 0, ratio=None)
+        add(f"aggregate tok/s, {n} streams × {a.tokens} tok (median of {a.rounds})", f"tok_s_{n}",
+            "median", "tok/s", "ratio ≥ 1.5", lambda z, rt: rt >= 1.5)
     if B and r.get("baseline"):
         for n in a.conc:
-            z, b = g(Z, f"base_tok_s_{n}", "median"), g(B, f"base_tok_s_{n}", "median")
-            rt = _ratio(z, b)
-            add(f"aggregate tok/s, {n} streams: this checkout vs baseline "
-                f"{r['baseline']['git']} (theirs column = baseline)", z, b, "tok/s",
-                "ratio ≥ 0.95", None if rt is None else rt >= 0.95)
+            add(f"aggregate tok/s, {n} streams: this checkout vs baseline {r['baseline']['git']} "
+                "(theirs column = baseline)", f"base_tok_s_{n}", "median", "tok/s", "ratio ≥ 0.95",
+                lambda z, rt: rt >= 0.95, peer=B)
     return rows
 
 
@@ -1099,21 +849,12 @@ def render(r: dict) -> str:
             if f"tok_s_{n}" in d]
     if toks:
         lines.append("- Tokens per round: " + "; ".join(toks) + ".")
-    if "idle_answers" in Z or "idle_answers" in L:
-        lines.append(f"- Greedy answers to the question: ours {Z.get('idle_answers')}, theirs "
-                     f"{L.get('idle_answers')}.")
-    if "ttft_idle_prompt_and_cached_tokens" in Z or "ttft_idle_prompt_and_cached_tokens" in L:
-        lines.append(f"- Idle TTFT, (prompt tokens, of which reused from an earlier request's KV): "
-                     f"ours {Z.get('ttft_idle_prompt_and_cached_tokens')}, theirs "
-                     f"{L.get('ttft_idle_prompt_and_cached_tokens')} (the same question every time).")
-    f = r.get("flood")
-    if f:
-        lines.append(f"- Flood: {f['sent']} datagrams at {f.get('achieved_rate', 0):.0f}/s "
-                     f"({f['valid_planned']} signed PINGs, rest garbage) + SDK "
-                     f"{f.get('sdk_datagrams_loadgen')} (load) / {f.get('sdk_datagrams_bench')} "
-                     f"(bench); daemon counted {f.get('daemon_received')}; PONGs back "
-                     f"{f['pongs_received']}; load streams active {f.get('load_active')}; "
-                     f"Udp deltas {f['udp_snmp_delta']}.")
+    for k, what, tail in (
+            ("idle_answers", "Greedy answers to the question", ""),
+            ("ttft_idle_prompt_and_cached_tokens", "Idle TTFT, (prompt tokens, of which reused from "
+             "an earlier request's KV)", " (the same question every time)")):
+        if k in Z or k in L:
+            lines.append(f"- {what}: ours {Z.get(k)}, theirs {L.get(k)}{tail}.")
     if r.get("baseline"):
         b = r["baseline"]
         lines.append(f"- Baseline: {b['path']} at {b['git']} ({b['subject']}).")
@@ -1121,8 +862,7 @@ def render(r: dict) -> str:
     if n["foreign_share_max"] is not None:
         lines.append(f"- Noise: other processes took at most {n['foreign_share_max']:.0%} of the "
                      f"machine during a block (median {n['foreign_share_median']:.0%}; "
-                     f"{n['blocks_over_limit']} blocks over "
-                     f"{r['args'].get('quiet_limit', QUIET_LIMIT):.0%}). "
+                     f"{n['blocks_over_limit']} blocks over {QUIET_LIMIT:.0%}). "
                      f"Preflight: {r['preflight']['foreign_share']:.0%} busy after "
                      f"{r['preflight']['waited_s']:.0f} s.")
     lines += [f"- Load: before `{r['machine']['uptime_before']}`; after "
@@ -1157,8 +897,8 @@ def main() -> int:
     ap.add_argument("--ttft", type=int, default=30, help="TTFT requests per side, idle and under load each")
     ap.add_argument("--ttft-tokens", type=int, default=16)
     ap.add_argument("--cancels", type=int, default=30, help="cancel probes per side")
-    ap.add_argument("--flood-rate", type=int, default=5000)
-    ap.add_argument("--flood-s", type=float, default=20.0, help="0 = no flood")
+    ap.add_argument("--flood-s", type=float, default=0.0,
+                    help="ignored: the datagram flood moved to bench/bench_flood.py")
     ap.add_argument("--baseline-repo", default="", help="also measure tok/s of a zerolayerd "
                     "from this checkout (e.g. a git worktree of the old commit)")
     ap.add_argument("--zl-extra", default="--engine-max-running 16", help="zerolayerd flags")
@@ -1178,7 +918,7 @@ def main() -> int:
         print(render(r))
         return 0
     if a.quick:
-        a.rounds, a.tokens, a.pings, a.ttft, a.cancels, a.flood_s, a.max_wait = 1, 32, 20, 3, 3, 3.0, 0
+        a.rounds, a.tokens, a.pings, a.ttft, a.cancels, a.max_wait = 1, 32, 20, 3, 3, 0
     if a.load_slots <= a.load_streams:
         ap.error("--load-slots must exceed --load-streams (a probe needs a free slot)")
     a.pings_per_round = max(1, a.pings // a.rounds)

@@ -6,17 +6,12 @@ against zerolayerd daemons that differ in one setting, interleaved (A, B, A, B .
         --variant 'gil 5 ms=--cpu-switch-interval-us 5000' \
         --variant 'gil 0.5 ms=--cpu-switch-interval-us 500' --rounds 2
 
-Per daemon (a fresh one per variant and round, the bundled model unless --model):
-1. the load: bench_dataplane.py's load generator in a child process, `--streams` SDK
-   streams of `--tokens` tokens, a finished stream replaced at once, until told to stop;
-   it says when every stream produced a chunk, and at the end the text chunks all streams
-   received from ready to stop, per second (about one per token).
-2. the pings: this script with --pinger in another child process. One connected UDP socket,
-   blocking; each PING is signed before the clock starts, and the time is send() -> recv() of
-   its PONG; the PONG is verified after the clock stops. `--gap-ms` apart.
-So neither the load's threads nor the SDK's per-call work (a socket per ping, signing,
-retry machinery) share the timed path or its GIL. Loopback only; bounded by --pings, and
-each child by a time limit. Prints a markdown table and one JSON line per daemon.
+Per daemon (a fresh one per variant and round): bench_dataplane.py's load generator in a child
+process (`--streams` SDK streams of `--tokens` tokens, a finished one replaced at once), and
+this script with --pinger in another: one connected blocking UDP socket, each PING signed
+before the clock starts, the time send() -> recv() of its PONG, the PONG verified after the
+clock stops, `--gap-ms` apart. So neither the load's threads nor the SDK's per-call work share
+the timed path or its GIL. Prints a markdown table and one JSON line per daemon.
 """
 from __future__ import annotations
 
@@ -24,11 +19,9 @@ import argparse
 import json
 import os
 import secrets
-import select
 import shlex
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import ZeroLayerDaemon, default_model, pct  # noqa: E402
-from bench_dataplane import LoadGen, ZlSide  # noqa: E402
+from bench_dataplane import Child, LoadGen, ZlSide  # noqa: E402
 
 # ------------------------------------------------------------------ child: the pinger
 
@@ -86,24 +79,6 @@ def pinger_main(spec: dict) -> int:
 # ------------------------------------------------------------------ the parent
 
 
-def child(mode: str, spec: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, __file__, mode, json.dumps(spec)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-
-def line(p: subprocess.Popen, timeout: float) -> str:
-    r, _, _ = select.select([p.stdout], [], [], timeout)
-    if not r:
-        raise RuntimeError(f"child silent for {timeout} s")
-    return p.stdout.readline().strip()
-
-
-def sdk_stats(rtts: list[float]) -> dict:
-    if not rtts:
-        return {}
-    return {"sdk_n": len(rtts), "sdk_p50_ms": pct(rtts, 50) * 1e3, "sdk_p99_ms": pct(rtts, 99) * 1e3}
-
-
 def one(a, name: str, extra: list[str], model: str, tmp: Path) -> dict:
     d = tmp / f"{name.replace(' ', '_')}-{time.monotonic_ns()}"
     d.mkdir()
@@ -118,22 +93,22 @@ def one(a, name: str, extra: list[str], model: str, tmp: Path) -> dict:
         load = LoadGen(ZlSide(zl), a.streams, a.tokens, 300)
         try:
             load.wait_ready()
-            pinger = child("--pinger", {**spec, "pings": a.pings, "gap_ms": a.gap_ms,
-                                          "sdk": a.sdk_too})
-            pings = json.loads(line(pinger, 60 + a.pings * (2 + a.gap_ms / 1e3)))
-            pinger.wait(10)
+            pinger = Child(__file__, "--pinger", {**spec, "pings": a.pings, "gap_ms": a.gap_ms,
+                                                   "sdk": a.sdk_too})
+            pings = json.loads(pinger.line(60 + a.pings * (2 + a.gap_ms / 1e3)))
+            pinger.proc.wait(10)
             summary = load.stop()
         finally:
             load.kill()
         log_text = (d / "zerolayerd.log").read_text()
         said = [ln.strip() for ln in log_text.splitlines() if "GIL switch interval" in ln]
-        rtts = pings["rtts"]
+        rtts, sdk = pings["rtts"], pings["sdk_rtts"]
         return {"variant": name, "flags": extra, "n": len(rtts), "lost": pings["lost"],
                 "bad": pings["bad"], "p50_ms": pct(rtts, 50) * 1e3, "p99_ms": pct(rtts, 99) * 1e3,
                 "mean_ms": statistics.fmean(rtts) * 1e3, "max_ms": max(rtts) * 1e3,
                 "chunks_s": summary["chunks_s"], "load": summary, "daemon_said": said[:1],
-                "loadavg": os.getloadavg(),
-                **sdk_stats(pings["sdk_rtts"])}
+                "loadavg": os.getloadavg(), **({"sdk_n": len(sdk), "sdk_p50_ms": pct(sdk, 50) * 1e3,
+                                                "sdk_p99_ms": pct(sdk, 99) * 1e3} if sdk else {})}
     finally:
         zl.stop()
 

@@ -209,6 +209,7 @@ def kernel_times(model, path: str, depths: list[int], runs: int, tokens: int, sp
     fbytes = file_bytes(path)
     ws = {cls: model._wargs[WARGS.index(name)] for cls, name in MATMULS.items()}
     rng = np.random.default_rng(0)
+    log(f"kernels: {path}")
     res = {"model": path, "config": {k: getattr(model.cfg, k) for k in
                                      ("n_layer", "d_model", "n_ff", "n_head", "n_kv", "head_dim",
                                       "vocab")},
@@ -280,7 +281,7 @@ def depth_times(model, depth: int, rng, weights: dict, runs: int, tokens: int, s
             "bytes": int(sum(r.get("bytes", 0) for r in rows.values()))}
 
 
-def activation_ab(model, runs: int, tokens: int, spt: float, noise: Noise,
+def activation_ab(model, path: str, runs: int, tokens: int, spt: float, noise: Noise,
                   streamer: Streamer) -> dict:
     """The selected activations against int16 (int16: against int8) on the same model,
     interleaved run by run, one token at position 0. Both read the same weight bytes
@@ -289,6 +290,7 @@ def activation_ab(model, runs: int, tokens: int, spt: float, noise: Noise,
     from zerolayer.gpu.model import KERNEL_CLASSES as CLASSES
     from zerolayer.gpu.model import forward_timed
     from zerolayer.gpu.ops import cpu_features, int8_matmul
+    log(f"activation modes A/B: {path}")
     if not cpu_features.ISA:
         return {}
     now = cpu_features.ACTIVATIONS
@@ -566,11 +568,7 @@ def main() -> int:
         r["loadavg_before"] = " ".join(open("/proc/loadavg").read().split()[:3])
         spt = tick_seconds()
         set_threads(THREADS)
-        models = {}
-        for p in paths:
-            t0 = time.perf_counter()
-            models[p] = LlamaModel.load(p, max_seq_len=max(depths) + 64)
-            log(f"loaded {p} in {time.perf_counter() - t0:.1f} s")
+        models = {p: LlamaModel.load(p, max_seq_len=max(depths) + 64) for p in paths}
         log("read bandwidth")
         set_threads(1)
         bw1 = read_bandwidth(args.bw_mib, args.bw_runs, noise)
@@ -580,17 +578,11 @@ def main() -> int:
         log(f"  {r['bandwidth']['dram']['gb_s']:.1f} GB/s ({args.bw_mib} MiB), "
             f"{r['bandwidth']['l3']['gb_s']:.1f} GB/s (128 MiB), 1 thread {bw1['gb_s']:.1f}")
         streamer = Streamer(args.bw_mib)
-        r["kernels"] = []
-        for p in paths:
-            log(f"kernels: {p}")
-            r["kernels"].append(kernel_times(models[p], p, depths, args.runs, args.tokens, spt,
-                                             noise, streamer))
+        r["kernels"] = [kernel_times(models[p], p, depths, args.runs, args.tokens, spt, noise,
+                                     streamer) for p in paths]
         if args.activations_ab:
-            r["activations_ab"] = {}
-            for p in paths:
-                log(f"activation modes A/B: {p}")
-                r["activations_ab"][p] = activation_ab(models[p], args.runs, args.tokens, spt,
-                                                       noise, streamer)
+            r["activations_ab"] = {p: activation_ab(models[p], p, args.runs, args.tokens, spt, noise,
+                                                    streamer) for p in paths}
         r["bandwidth"]["dram_after"] = read_bandwidth(args.bw_mib, args.bw_runs, noise)
         if args.peer:
             log("llama-bench tg32 vs our decode")

@@ -104,52 +104,41 @@ print(json.dumps({"token": tok, "prompt_tokens": len(ids), "import_s": t_import 
 """
 
 
-# ---------------------------------------------------------------- our runtime
+# ---------------------------------------------------------------- ours
 
 
-class ZeroLayer:
-    def __init__(self, path: str):
+def decode(model, prompts: list[list[int]], steps: int) -> dict:
+    """`steps` greedy steps of each prompt's sequence after its prefill, one step() for all."""
+    from zerolayer.gpu.model import StepInput
+    seqs = [model.new_sequence() for _ in prompts]
+    try:
+        toks = np.array([int(model.step([StepInput(s, np.asarray(p, np.int32))])[0].argmax())
+                         for s, p in zip(seqs, prompts)], np.int32)
         t0 = time.perf_counter()
-        from zerolayer.gpu.model import LlamaModel, StepInput, set_threads
-        self.StepInput = StepInput
-        set_threads(THREADS)
-        self.model = LlamaModel.load(path, max_seq_len=N_CTX)
-        self.tokenizer = self.model.tokenizer()
-        self.load_s = time.perf_counter() - t0
+        for _ in range(steps):
+            logits = model.step([StepInput(s, toks[i:i + 1]) for i, s in enumerate(seqs)])
+            toks = logits.argmax(axis=1).astype(np.int32)
+        dt = time.perf_counter() - t0
+    finally:
+        for s in seqs:
+            s.release()
+    return {"seconds": dt, "steps": steps, "batch": len(prompts), "value": len(prompts) * steps / dt}
 
-    def _step(self, seq, tokens) -> np.ndarray:
-        return self.model.step([self.StepInput(seq, np.asarray(tokens, np.int32))])
 
-    def decode(self, prompts: list[list[int]], steps: int) -> dict:
-        """`steps` greedy steps of each prompt's sequence after its prefill, one step() for all."""
-        seqs = [self.model.new_sequence() for _ in prompts]
-        try:
-            toks = np.array([int(self._step(s, p)[0].argmax()) for s, p in zip(seqs, prompts)],
-                            np.int32)
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                logits = self.model.step([self.StepInput(s, toks[i:i + 1])
-                                          for i, s in enumerate(seqs)])
-                toks = logits.argmax(axis=1).astype(np.int32)
-            dt = time.perf_counter() - t0
-        finally:
-            for s in seqs:
-                s.release()
-        return {"seconds": dt, "steps": steps, "batch": len(prompts)}
-
-    def prefill(self, prompt: list[int], context: list[int] | None = None) -> dict:
-        """One step of the whole prompt; with `context`, on a sequence that already holds it
-        (appended untimed first: llama-bench's pp at depth)."""
-        seq = self.model.new_sequence()
-        try:
-            if context:
-                self._step(seq, context)
-            t0 = time.perf_counter()
-            tok = int(self._step(seq, prompt)[0].argmax())
-            dt = time.perf_counter() - t0
-        finally:
-            seq.release()
-        return {"seconds": dt, "tokens": len(prompt), "first_token": tok}
+def prefill(model, prompt: list[int], context: list[int] | None = None) -> dict:
+    """One step of the whole prompt; with `context`, on a sequence that already holds it
+    (appended untimed first: llama-bench's pp at depth)."""
+    from zerolayer.gpu.model import StepInput
+    seq = model.new_sequence()
+    try:
+        if context:
+            model.step([StepInput(seq, np.asarray(context, np.int32))])
+        t0 = time.perf_counter()
+        tok = int(model.step([StepInput(seq, np.asarray(prompt, np.int32))])[0].argmax())
+        dt = time.perf_counter() - t0
+    finally:
+        seq.release()
+    return {"seconds": dt, "tokens": len(prompt), "first_token": tok, "value": len(prompt) / dt}
 
 
 def cold_start(cmd: list[str]) -> dict:
@@ -165,7 +154,7 @@ def cold_start(cmd: list[str]) -> dict:
             errf.seek(0)
             raise RuntimeError(f"cold-start process failed (rc={p.returncode}): "
                                f"{errf.read().strip()[-2000:]}")
-    res = {"seconds": t1 - t0, "token": int(first)}
+    res = {"seconds": t1 - t0, "token": int(first), "value": t1 - t0}
     for line in rest.splitlines():
         if line.startswith("{"):
             res["breakdown"] = json.loads(line)
@@ -248,9 +237,7 @@ class Comparison:
             + (f", in each of --repack {', '.join(self.repacks)}" if self.repacks else ""))
         self.watch = CpuWatch(children=True)  # the cold-start probes are ours
         self.samples: dict[str, dict[str, list[float]]] = {}
-        self.raw_lb: list[dict] = []
-        self.raw_zl: list[dict] = []
-        self.lb_runs: list[dict] = []
+        self.raw_lb, self.raw_zl, self.lb_runs = [], [], []
         self.lb_keys_expected: set[tuple[str, str]] = set()
         self.excluded = {"llama_bench_rows": 0, "zerolayer_samples": 0}
         self.crashed: dict[str, dict] = {}  # "<test> repack <r>" -> the crash, once seen
@@ -268,20 +255,24 @@ class Comparison:
 
     def load_ours(self) -> None:
         """Our runtime loaded, its kernels compiled (or loaded from the JIT cache) and each
-        measurement run once; self.ours: key -> (thunk, kind), kind turning a result into a
-        value (tok/s; cold: seconds)."""
+        measurement run once; self.ours: key -> a thunk whose result's value is tok/s (cold
+        start: seconds)."""
         log(f"loading zerolayer ({self.model_path})")
-        zl = self.zl = ZeroLayer(self.model_path)
-        pool = zl.tokenizer.encode(CORPUS)
+        t0 = time.perf_counter()
+        from zerolayer.gpu.model import LlamaModel, set_threads
+        set_threads(THREADS)
+        m = LlamaModel.load(self.model_path, max_seq_len=N_CTX)
+        tokenizer = m.tokenizer()
+        self.load_s = time.perf_counter() - t0
+        pool = tokenizer.encode(CORPUS)
         while len(pool) < 1000 + 8 * 64:
             pool = pool + pool
         pr = self.prompts = {"ctx50": pool[:50], "ctx1000": pool[:1000], "p100": pool[100:200],
                              "p500": pool[200:700]}
         batch = [pool[37 * i: 37 * i + 50] for i in range(8)]
         t0 = time.perf_counter()
-        zl.decode([pr["ctx50"]], 2)
-        zl.decode(batch[:2], 1)
-        zl.decode(batch, 1)
+        for prompts, steps in (([pr["ctx50"]], 2), (batch[:2], 1), (batch, 1)):
+            decode(m, prompts, steps)
         self.jit_s = time.perf_counter() - t0
         log(f"zerolayer first steps (JIT compile or cache load): {self.jit_s:.1f} s")
         import numba
@@ -295,14 +286,14 @@ class Comparison:
                            "numba_cpu_name": numba.config.CPU_NAME,
                            "numba_cpu_features": numba.config.CPU_FEATURES}
         self.ours = {
-            TG0: (lambda: zl.decode([pr["ctx50"]], STEPS), "decode"),
-            TG1000: (lambda: zl.decode([pr["ctx1000"]], STEPS), "decode"),
-            "pp100_d0": (lambda: zl.prefill(pr["p100"]), "prefill"),
-            "pp500_d0": (lambda: zl.prefill(pr["p500"]), "prefill"),
-            "pp100_d1000": (lambda: zl.prefill(pr["p100"], context=pr["ctx1000"]), "prefill"),
-            "pp500_d1000": (lambda: zl.prefill(pr["p500"], context=pr["ctx1000"]), "prefill"),
-            "batch8": (lambda: zl.decode(batch, STEPS), "decode"),
-            "cold_start": (self.zl_cold, "cold"),
+            TG0: lambda: decode(m, [pr["ctx50"]], STEPS),
+            TG1000: lambda: decode(m, [pr["ctx1000"]], STEPS),
+            "pp100_d0": lambda: prefill(m, pr["p100"]),
+            "pp500_d0": lambda: prefill(m, pr["p500"]),
+            "pp100_d1000": lambda: prefill(m, pr["p100"], pr["ctx1000"]),
+            "pp500_d1000": lambda: prefill(m, pr["p500"], pr["ctx1000"]),
+            "batch8": lambda: decode(m, batch, STEPS),
+            "cold_start": self.zl_cold,
         }
         if 1000 not in self.depths:
             for k in (TG1000, "pp100_d1000", "pp500_d1000"):
@@ -310,7 +301,7 @@ class Comparison:
         if self.args.no_cold_start:
             self.ours.pop("cold_start")
         log("warm-up: each of our measurements once (llama-bench warms up each test itself)")
-        for fn, _ in self.ours.values():
+        for fn in self.ours.values():
             fn()
 
     def zl_cold(self) -> dict:
@@ -328,13 +319,6 @@ class Comparison:
         self.seen_cache = cache
         return r
 
-    @staticmethod
-    def value(kind: str, r: dict) -> float:
-        """tok/s (decode: every sequence's steps), or seconds for a cold start."""
-        if kind == "cold":
-            return r["seconds"]
-        return (r["tokens"] if kind == "prefill" else r["batch"] * r["steps"]) / r["seconds"]
-
     def add(self, key: str, side: str, v: float) -> None:
         self.samples.setdefault(key, {}).setdefault(side, []).append(v)
 
@@ -344,9 +328,9 @@ class Comparison:
     def zl_round(self, rnd: int, keys: list[str]) -> None:
         a_ = self.args
         for key in keys:
-            fn, kind = self.ours[key]
+            fn = self.ours[key]
             waited = self.quiet()
-            n_s = 1 if kind == "cold" else self.reps  # one cold start per round: it takes seconds
+            n_s = 1 if key == "cold_start" else self.reps  # one cold start a round: it takes seconds
             good = []
             for s in range(n_s):
                 for attempt in range(a_.retries + 1):
@@ -361,7 +345,6 @@ class Comparison:
                         f"{r['foreign_share']:.0%} of the machine); rerun")
                 spoiled = r["foreign_share"] > a_.max_foreign
                 self.excluded["zerolayer_samples"] += spoiled
-                r["value"] = self.value(kind, r)
                 self.raw_zl.append({"round": rnd, "metric": key, "sample": s,
                                     "attempts": attempt + 1, "waited_s": waited,
                                     "used": not spoiled, **r})
@@ -570,7 +553,7 @@ def run(args, command: str, started: _dt.datetime, out_path: Path) -> int:
                      "git_head_at_start": head_at_start, "git_dirty_gpu_at_start": git_dirty_gpu,
                      "gpu_source_hash_start": src_hash0, "gpu_source_hash_end": src_hash1},
         "zerolayer_jit_first_steps_s": c.jit_s,
-        "zerolayer_load_s": c.zl.load_s,
+        "zerolayer_load_s": c.load_s,
         **compared,
         "llama_bench_rows": c.raw_lb,
         "zerolayer_samples": c.raw_zl,

@@ -1,18 +1,10 @@
 """Decode and prefill speed of each CPU activation mode, on the same model and KV, interleaved.
 
-The accuracy rule (bench/accuracy_metrics.py) makes the default the fastest mode that passes
-it; this is the measurement its speed order rests on. Each mode's weights are prepared from
-the same loaded model (gpu/ops/int8_matmul.py ``prepare_model``) and swapped into the one
-model's forward arguments, so only the activation width differs. A round times every mode in
-turn (the order rotating from round to round); a round's value is the median of its samples.
-
-    .venv/bin/python bench/bench_activations.py [--rounds 5] [--tokens 8] MODEL.gguf ...
-
-- decode: one token at depth 50 (its KV slot rewritten each sample), greedy, via model.step;
-- pp100 / pp500: one batched forward of that many tokens into a fresh sequence.
-
-Holds /tmp/zl-bench.lock (_harness.bench_lock). Prints a markdown table; --out writes
-the samples as JSON.
+Each mode's weights are prepared from the one loaded model (gpu/ops/int8_matmul.py
+``prepare_model``) and swapped into its forward arguments, so only the activation width
+differs; rounds rotate the order, a round's value is the median of its samples. Decode: one
+token at depth 50 (its KV slot rewritten) via model.step; pp100 / pp500: one batched forward
+into a fresh sequence. Usage and what rests on it: bench/README.md ("bench_activations.py").
 """
 from __future__ import annotations
 
@@ -50,25 +42,9 @@ def variants(m: LlamaModel, modes: list[str]) -> dict[str, tuple]:
     return out
 
 
-def decode_ms(m: LlamaModel, seq, n: int) -> float:
-    ts = []
-    for _ in range(n):
-        seq.length = 50
-        t = time.perf_counter()
-        m.step([StepInput(seq, np.array([5], np.int32))])
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e3
-
-
-def prefill_ms(m: LlamaModel, prompt: np.ndarray, n: int) -> float:
-    ts = []
-    for _ in range(n):
-        seq = m.new_sequence()
-        t = time.perf_counter()
-        m.step([StepInput(seq, prompt)])
-        ts.append(time.perf_counter() - t)
-        seq.release()
-    return statistics.median(ts) * 1e3
+def median_ms(n: int, once) -> float:
+    """The median of n calls of once(), each returning the seconds it timed, in ms."""
+    return statistics.median(once() for _ in range(n)) * 1e3
 
 
 def one(path: str, modes: list[str], rounds: int, tokens: int) -> dict:
@@ -80,19 +56,31 @@ def one(path: str, modes: list[str], rounds: int, tokens: int) -> dict:
     prompts = {n: rng.integers(1, m.cfg.vocab, n).astype(np.int32) for n in PREFILLS}
     reps = {"decode": tokens, **{f"pp{n}": max(1, tokens // (n // 100)) for n in PREFILLS}}
 
+    def decode() -> float:
+        seq.length = 50
+        t = time.perf_counter()
+        m.step([StepInput(seq, np.array([5], np.int32))])
+        return time.perf_counter() - t
+
+    def prefill(prompt: np.ndarray) -> float:
+        s = m.new_sequence()
+        t = time.perf_counter()
+        m.step([StepInput(s, prompt)])
+        dt = time.perf_counter() - t
+        s.release()
+        return dt
+
     def measure(act: str) -> dict[str, float]:
         m._wargs = sides[act]
-        r = {"decode": decode_ms(m, seq, reps["decode"])}
-        for n in PREFILLS:
-            r[f"pp{n}"] = prefill_ms(m, prompts[n], reps[f"pp{n}"])
-        return r
+        return {"decode": median_ms(reps["decode"], decode),
+                **{f"pp{n}": median_ms(reps[f"pp{n}"], lambda n=n: prefill(prompts[n]))
+                   for n in PREFILLS}}
 
     for act in modes:  # warm: compile and fault in every variant
         measure(act)
     samples: dict[str, dict[str, list[float]]] = {a: {k: [] for k in reps} for a in modes}
     for r in range(rounds):
-        order = modes[r % len(modes):] + modes[:r % len(modes)]
-        for act in order:
+        for act in modes[r % len(modes):] + modes[:r % len(modes)]:
             for k, v in measure(act).items():
                 samples[act][k].append(v)
     med = {a: {k: statistics.median(v) for k, v in s.items()} for a, s in samples.items()}
@@ -119,7 +107,7 @@ def main() -> int:
     ap.add_argument("--modes", default=",".join(cpu_features.ACT_MODES))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=8)
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="also write the samples as JSON")
     a = ap.parse_args()
     if not cpu_features.ISA:
         print("the float kernels have no activation modes", file=sys.stderr)
@@ -134,11 +122,10 @@ def main() -> int:
     table = render(res)
     print(table)
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"date": _dt.datetime.now(_dt.UTC).isoformat(timespec="minutes"),
-                       "git": git_head(),
-                       "command": command, "machine": machine_info(), "results": res,
-                       "table": table}, f, indent=1)
+        Path(a.out).write_text(json.dumps({
+            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="minutes"), "git": git_head(),
+            "command": command, "machine": machine_info(), "results": res, "table": table},
+            indent=1))
     return 0
 
 

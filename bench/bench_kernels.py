@@ -2,40 +2,9 @@
 """Where one decode token's time goes: per kernel class, against the bytes it reads and the
 machine's measured read bandwidth; and llama.cpp's decode on the same files.
 
-    .venv/bin/python bench/synth_gguf.py                  # once: the synthetic 1.1B files
-    .venv/bin/python bench/bench_kernels.py               # bundled model + synthetic Q4_1, Q4_K_M
-    .venv/bin/python bench/bench_kernels.py --model PATH --depths 0 --runs 3
-    .venv/bin/python bench/bench_kernels.py --peer        # + llama-bench tg32 vs our decode
-    .venv/bin/python bench/bench_kernels.py --render bench/results/kernels-....json
-
-1. Read bandwidth: a plain streaming kernel (a Numba parallel XOR over an array of 64-bit
-   words, one contiguous half per thread), over --bw-mib (default 2048 MiB, several times a 480 MiB L3)
-   and, for a model that sits in the L3, over 128 MiB; median of --bw-runs passes, after one
-   untimed pass (the array is written first, so no page is the shared zero page).
-2. Per kernel: one decode token (batch 1) at each of --depths, run through
-   gpu/model.forward_timed, the forward with a time-stamp counter read between its kernels
-   (an untimed forward passes it no tick array), on the loaded model's own arrays (the int8
-   kernels' layout where the CPU has them). Each class is summed over the layers of a token;
-   the table gives the median over --runs x --tokens tokens, each token at the same position
-   (its KV slot is rewritten).
-   Interleaved with it, the plain compiled forward (same arrays) and model.step (the Python
-   side included) are timed, so the classes' sum can be checked against the real thing.
-   Bytes: each matmul's weight arrays as the kernels read them (their nbytes: packed values,
-   scales, padding), beside the same tensors' bytes in the GGUF file; attention reads the
-   float16 K and V of every position so far. GB/s = bytes / time, and its fraction of the
-   streaming kernel's bandwidth.
-3. --peer: llama.cpp's `llama-bench -t 2 -p 0 -n 32` (tg32) on the same files, in rounds
-   interleaved with our 32-token greedy decode after a 1-token prompt (positions 1-32; theirs
-   0-31), 2 threads each; each round's value is the median of --peer-reps samples, the table
-   the median over --peer-rounds rounds. Per mode (-fa 0/1, --repack 0/1); the ratio is ours
-   / the best mode that serves prompts too: before the rounds, each --repack mode runs a
-   16-token prompt (-p 16 -n 0) on the file, and a mode that dies there is reported beside the
-   baseline, never as it (llama.cpp 0c1e570's AMX repacking crashes on any prompt of more than
-   one token on an AMX host; on a host without AMX its repacking serves prompts).
-
-Holds /tmp/zl-bench.lock (_harness.bench_lock) for all of it; the load average and the
-other processes' CPU share are recorded. Output: a markdown table on stdout, JSON under
-bench/results/kernels-<time>.json (git-ignored).
+The method (streaming bandwidth, gpu/model.forward_timed per kernel class, --activations-ab,
+--peer with its prompt probe per --repack mode) and the usage: bench/README.md
+("bench_kernels.py and synth_gguf.py").
 """
 from __future__ import annotations
 
@@ -47,6 +16,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +39,13 @@ from _harness import (  # noqa: E402
 SYNTH_DIR = Path(os.environ.get("ZEROLAYER_SYNTH_DIR", Path.home() / ".cache" / "zerolayer" / "synth"))
 SYNTH = ("tinyllama-1.1b-synth.Q4_1.gguf", "tinyllama-1.1b-synth.Q4_K_M.gguf")
 THREADS = 2
+# model._wargs, the compiled forward's weight arguments, in order
+WARGS = ("emb", "wqkv", "wo", "wgu", "wdown", "attn_norm", "ffn_norm", "out_norm", "output", "bias")
+# matmul class -> its weights; and its tensors in the GGUF (LM head: output, or token_embd)
+MATMULS = {"qkv matmul": "wqkv", "o matmul": "wo", "gate|up matmul": "wgu",
+           "down matmul": "wdown", "LM head": "output"}
+FILE_TENSORS = {"qkv matmul": ("attn_q", "attn_k", "attn_v"), "o matmul": ("attn_output",),
+                "gate|up matmul": ("ffn_gate", "ffn_up"), "down matmul": ("ffn_down",)}
 
 
 # ---------------------------------------------------------------- read bandwidth
@@ -102,36 +79,11 @@ def stream_xor(a, parts, lanes):
     return parts[0]
 
 
-def read_bandwidth(mib: int, runs: int, noise) -> dict:
-    import numba
-    a = np.ones(mib * (1 << 20) // 8, np.uint64)  # written: every page backed by its own memory
-    parts = np.empty(16 * numba.get_num_threads(), np.uint64)
-    stream_xor(a, parts, LANES)
-    attempts = 0
-    while True:  # measured again (up to noise.retries times) when others took the CPUs
-        attempts += 1
-        noise.watch.wait_quiet(noise.max_foreign, noise.max_wait)
-        ts = []
-        snap = noise.watch.snap()
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            stream_xor(a, parts, LANES)
-            ts.append(time.perf_counter() - t0)
-        share = noise.watch.foreign(snap, noise.watch.snap())
-        if share <= noise.max_foreign or attempts > noise.retries:
-            break
-        log(f"  bandwidth run disturbed ({share:.0%} of the machine taken by others); again")
-    gbs = [a.nbytes / t / 1e9 for t in ts]
-    return {"mib": mib, "threads": numba.get_num_threads(), "runs": runs,
-            "gb_s": statistics.median(gbs), "min": min(gbs), "max": max(gbs),
-            "foreign_share": share, "attempts": attempts}
-
-
 class Streamer:
-    """The streaming kernel on one array, for a bandwidth figure next to each timed run: the
-    host's memory system is shared with other VMs, so its bandwidth moves from minute to
-    minute (17-33 GB/s here), and a fraction is only meaningful against a figure from the
-    same minute."""
+    """The streaming kernel on one array (written first, so no page is the shared zero page;
+    one untimed pass). Also run beside each timed run: the host's memory system is shared with
+    other VMs, so its bandwidth moves from minute to minute (17-33 GB/s here), and a fraction
+    is only meaningful against a figure from the same minute."""
 
     def __init__(self, mib: int):
         import numba
@@ -139,44 +91,66 @@ class Streamer:
         self.parts = np.empty(16 * numba.get_num_threads(), np.uint64)
         stream_xor(self.a, self.parts, LANES)
 
-    def gb_s(self, passes: int = 3) -> float:
+    def times(self, passes: int) -> list[float]:
         ts = []
         for _ in range(passes):
             t0 = time.perf_counter()
             stream_xor(self.a, self.parts, LANES)
             ts.append(time.perf_counter() - t0)
-        return self.a.nbytes / statistics.median(ts) / 1e9
+        return ts
+
+    def gb_s(self, passes: int = 3) -> float:
+        return self.a.nbytes / statistics.median(self.times(passes)) / 1e9
+
+
+class Noise:
+    """Other processes' CPU share (_harness.CpuWatch): wait for quiet before a run,
+    measure a run again when others took more than max_foreign of the machine."""
+
+    def __init__(self, max_foreign: float, max_wait: float, retries: int):
+        self.watch = CpuWatch(children=True)  # the reaped llama-bench runs are ours
+        self.max_foreign, self.max_wait, self.retries = max_foreign, max_wait, retries
+
+    def wait(self) -> None:
+        self.watch.wait_quiet(self.max_foreign, self.max_wait)
+
+    def run(self, fn, what: str) -> tuple:
+        """fn() after a quiet wait, again (up to retries times) while others took more than
+        max_foreign: (fn's result, others' share, attempts)."""
+        for attempt in range(self.retries + 1):
+            self.wait()
+            a = self.watch.snap()
+            out = fn()
+            share = self.watch.foreign(a, self.watch.snap())
+            if share <= self.max_foreign or attempt == self.retries:
+                return out, share, attempt + 1
+            log(f"  {what} disturbed ({share:.0%} of the machine taken by others); again")
+
+
+def read_bandwidth(mib: int, runs: int, noise: Noise) -> dict:
+    import numba
+    s = Streamer(mib)
+    ts, share, attempts = noise.run(lambda: s.times(runs), "bandwidth run")
+    gbs = [s.a.nbytes / t / 1e9 for t in ts]
+    return {"mib": mib, "threads": numba.get_num_threads(), "runs": runs,
+            "gb_s": statistics.median(gbs), "min": min(gbs), "max": max(gbs),
+            "foreign_share": share, "attempts": attempts}
 
 
 # ---------------------------------------------------------------- bytes per kernel class
-
-MATMULS = {"qkv matmul": "wqkv", "o matmul": "wo", "gate|up matmul": "wgu",
-           "down matmul": "wdown", "LM head": "output"}
-FILE_TENSORS = {"qkv matmul": ("attn_q", "attn_k", "attn_v"), "o matmul": ("attn_output",),
-                "gate|up matmul": ("ffn_gate", "ffn_up"), "down matmul": ("ffn_down",)}
-
-
 
 
 def file_bytes(path: str) -> dict:
     """Per matmul class: bytes in the GGUF, weights, and the tensor types with their counts."""
     from gguf import GGUFReader
-    r = GGUFReader(path, "r")
-    names = {t.name: t for t in r.tensors}
-    out = {}
-    for cls, parts in FILE_TENSORS.items():
-        ts = [t for n, t in names.items() if n.startswith("blk.") and n.split(".")[2] in parts
-              and n.endswith(".weight")]
-        out[cls] = ts
-    out["LM head"] = [names.get("output.weight") or names["token_embd.weight"]]
-    res = {}
-    for cls, ts in out.items():
-        types: dict[str, int] = {}
-        for t in ts:
-            types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-        res[cls] = {"bytes": int(sum(int(t.n_bytes) for t in ts)),
-                    "weights": int(sum(int(t.n_elements) for t in ts)), "types": types}
-    return res
+    names = {t.name: t for t in GGUFReader(path, "r").tensors}
+    groups = {cls: [t for n, t in names.items() if n.startswith("blk.") and n.endswith(".weight")
+                    and n.split(".")[2] in parts] for cls, parts in FILE_TENSORS.items()}
+    groups["LM head"] = [names.get("output.weight") or names["token_embd.weight"]]
+    return {cls: {"bytes": int(sum(int(t.n_bytes) for t in ts)),
+                  "weights": int(sum(int(t.n_elements) for t in ts)),
+                  "types": dict(Counter(t.tensor_type.name for t in ts))}
+            for cls, ts in groups.items()}
 
 
 def fmt_name(fmt: int) -> str:
@@ -211,175 +185,143 @@ def tick_seconds() -> float:
     return (t1 - t0) / (c1 - c0)
 
 
-def load_model(path: str, max_seq: int):
-    from zerolayer.gpu.model import LlamaModel, set_threads
-    set_threads(THREADS)
-    t0 = time.perf_counter()
-    m = LlamaModel.load(path, max_seq_len=max_seq)
-    log(f"loaded {path} in {time.perf_counter() - t0:.1f} s")
-    return m
+def forward_args(model, seq, tok: np.ndarray, depth: int) -> tuple[tuple, tuple, int]:
+    """The compiled forward's arguments for token `tok` of `seq` at position `depth`: those
+    before the weights (model._wargs), those after them, and the attention splits."""
+    import numba
 
-
-class Noise:
-    """Other processes' CPU share (_harness.CpuWatch): wait for quiet before a run,
-    measure a run again when others took more than max_foreign of the machine."""
-
-    def __init__(self, max_foreign: float, max_wait: float, retries: int):
-        self.watch = CpuWatch(children=True)  # the reaped llama-bench runs are ours
-        self.max_foreign, self.max_wait, self.retries = max_foreign, max_wait, retries
+    from zerolayer.gpu.model import StepInput
+    from zerolayer.gpu.model_api import step_arrays
+    from zerolayer.gpu.ops.attention import BLOCK_TOKENS
+    cfg, a = model.cfg, model.arena
+    arr = step_arrays([StepInput(seq, tok)], cfg.vocab)
+    blocks = -(-(depth + 1) // BLOCK_TOKENS)
+    splits = max(1, min((4 * numba.get_num_threads()) // cfg.n_kv, blocks))
+    head = (arr.tokens, arr.tok_seq, arr.tok_pos, arr.logit_rows, arr.tables, a.k_pool, a.v_pool)
+    tail = (model.cos, model.sin, cfg.n_head, cfg.n_kv, cfg.head_dim, cfg.n_ff,
+            np.float32(cfg.eps), splits, np.empty((1, cfg.vocab), np.float32))
+    return head, tail, splits
 
 
 def kernel_times(model, path: str, depths: list[int], runs: int, tokens: int, spt: float,
                  noise: Noise, streamer: Streamer) -> dict:
-    import numba
-
-    from zerolayer.gpu.model import KERNEL_CLASSES as CLASSES
-    from zerolayer.gpu.model import StepInput, forward
-    from zerolayer.gpu.model import forward_timed as timed_forward
-    from zerolayer.gpu.model_api import step_arrays
-    from zerolayer.gpu.ops.attention import BLOCK_TOKENS
     from zerolayer.gpu.ops.int8_matmul import read_nbytes
-    cfg = model.cfg
-    rng = np.random.default_rng(0)
     fbytes = file_bytes(path)
-    wargs = model._wargs  # (emb, wqkv, wo, wgu, wdown, attn_norm, ffn_norm, out_norm, output, bias)
-    mats = dict(zip(("wqkv", "wo", "wgu", "wdown", "output"), wargs[1:5] + (wargs[8],)))
-    res = {"model": path, "config": {k: getattr(cfg, k) for k in
+    ws = {cls: model._wargs[WARGS.index(name)] for cls, name in MATMULS.items()}
+    rng = np.random.default_rng(0)
+    log(f"kernels: {path}")
+    res = {"model": path, "config": {k: getattr(model.cfg, k) for k in
                                      ("n_layer", "d_model", "n_ff", "n_head", "n_kv", "head_dim",
                                       "vocab")},
-           "weights": {}, "depths": {}}
-    for cls, key in MATMULS.items():
-        w = mats[key]
-        res["weights"][cls] = {"bytes": read_nbytes(w), "format": formats_read(w),
-                               "file": fbytes[cls]}
-    kv_item = model.arena.k_pool.itemsize
+           "weights": {cls: {"bytes": read_nbytes(w), "format": formats_read(w),
+                             "file": fbytes[cls]} for cls, w in ws.items()}, "depths": {}}
     for depth in depths:
-        seq = model.new_sequence()
-        done = 0
-        while done < depth:  # real KV to read (an untouched pool page reads as the zero page)
-            n = min(512, depth - done)
-            model.step([StepInput(seq, rng.integers(0, cfg.vocab, n).astype(np.int32),
-                                  logits=False)])
-            done += n
-        tok = np.array([int(rng.integers(0, cfg.vocab))], np.int32)
-        arr = step_arrays([StepInput(seq, tok)], cfg.vocab)
-        blocks = -(-(depth + 1) // BLOCK_TOKENS)
-        splits = max(1, min((4 * numba.get_num_threads()) // cfg.n_kv, blocks))
-        logits = np.empty((1, cfg.vocab), np.float32)
-        a = model.arena
-        head = (arr.tokens, arr.tok_seq, arr.tok_pos, arr.logit_rows, arr.tables, a.k_pool, a.v_pool,
-                *wargs)
-        tail = (model.cos, model.sin, cfg.n_head, cfg.n_kv, cfg.head_dim, cfg.n_ff,
-                np.float32(cfg.eps), splits, logits)
-        acc = np.zeros(len(CLASSES), np.int64)
-        for _ in range(3):  # warm: compiled (or loaded from the JIT cache), caches filled
-            forward(*head, *tail)
-            timed_forward(*head, *tail, acc)
-        per_token, totals, fwd, step, shares, bws = [], [], [], [], [], []
-        for _ in range(runs):
-            for attempt in range(noise.retries + 1):  # a disturbed run is measured again
-                noise.watch.wait_quiet(noise.max_foreign, noise.max_wait)
-                a = noise.watch.snap()
-                run = ([], [], [], [])
-                for _ in range(tokens):
-                    acc[:] = 0
-                    run[0].append(timed_forward(*head, *tail, acc) * spt)
-                    run[1].append(acc * spt)
-                    t0 = time.perf_counter()
-                    forward(*head, *tail)
-                    run[2].append(time.perf_counter() - t0)
-                    t0 = time.perf_counter()
-                    model.step([StepInput(seq, tok)])
-                    run[3].append(time.perf_counter() - t0)
-                    seq.length = depth  # the same position again
-                bw = streamer.gb_s()
-                share = noise.watch.foreign(a, noise.watch.snap())
-                if share <= noise.max_foreign or attempt == noise.retries:
-                    break
-                log(f"  run disturbed ({share:.0%} of the machine taken by others); again")
-            shares.append(share)
-            bws.append(bw)
-            for dst, src in zip((totals, per_token, fwd, step), run):
-                dst += src
-        seq.release()
-        pt = np.array(per_token)
-        kv_bytes = 2 * cfg.n_layer * cfg.n_kv * cfg.head_dim * (depth + 1) * kv_item
-        rows = {}
-        for i, cls in enumerate(CLASSES):
-            rows[cls] = {"s": float(np.median(pt[:, i])), "min": float(pt[:, i].min())}
-            if cls in MATMULS:
-                rows[cls]["bytes"] = res["weights"][cls]["bytes"]
-            elif cls == "attention":
-                rows[cls]["bytes"] = kv_bytes
-        res["depths"][str(depth)] = {
-            "position": depth, "splits": splits, "samples": len(fwd), "classes": rows,
+        d = res["depths"][str(depth)] = depth_times(model, depth, rng, res["weights"], runs,
+                                                    tokens, spt, noise, streamer)
+        log(f"  depth {depth}: forward {d['forward_s'] * 1e3:.2f} ms, classes sum "
+            f"{d['sum_of_medians_s'] * 1e3:.2f} ms")
+    return res
+
+
+def depth_times(model, depth: int, rng, weights: dict, runs: int, tokens: int, spt: float,
+                noise: Noise, streamer: Streamer) -> dict:
+    """One token at position `depth`, `runs` x `tokens` times (its KV slot rewritten): per
+    kernel class, the plain forward and model.step."""
+    from zerolayer.gpu.model import KERNEL_CLASSES as CLASSES
+    from zerolayer.gpu.model import StepInput, forward, forward_timed
+    cfg, wargs = model.cfg, model._wargs
+    seq = model.new_sequence()
+    for done in range(0, depth, 512):  # real KV to read (an untouched page reads as zeros)
+        model.step([StepInput(seq, rng.integers(0, cfg.vocab, min(512, depth - done))
+                              .astype(np.int32), logits=False)])
+    tok = np.array([int(rng.integers(0, cfg.vocab))], np.int32)
+    head, tail, splits = forward_args(model, seq, tok, depth)
+    acc = np.zeros(len(CLASSES), np.int64)
+    for _ in range(3):  # warm: compiled (or loaded from the JIT cache), caches filled
+        forward(*head, *wargs, *tail)
+        forward_timed(*head, *wargs, *tail, acc)
+
+    def one_run():
+        run = ([], [], [], [])  # the timed forward, per class, the plain forward, model.step
+        for _ in range(tokens):
+            acc[:] = 0
+            run[0].append(forward_timed(*head, *wargs, *tail, acc) * spt)
+            run[1].append(acc * spt)
+            t0 = time.perf_counter()
+            forward(*head, *wargs, *tail)
+            run[2].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            model.step([StepInput(seq, tok)])
+            run[3].append(time.perf_counter() - t0)
+            seq.length = depth  # the same position again
+        return run, streamer.gb_s()
+    totals, per_token, fwd, step, shares, bws = [], [], [], [], [], []
+    for _ in range(runs):
+        (run, bw), share, _ = noise.run(one_run, "run")
+        shares.append(share)
+        bws.append(bw)
+        for dst, src in zip((totals, per_token, fwd, step), run):
+            dst += src
+    seq.release()
+    pt = np.array(per_token)
+    kv_bytes = 2 * cfg.n_layer * cfg.n_kv * cfg.head_dim * (depth + 1) * model.arena.k_pool.itemsize
+    rows = {}
+    for i, cls in enumerate(CLASSES):
+        rows[cls] = {"s": float(np.median(pt[:, i])), "min": float(pt[:, i].min())}
+        if cls in MATMULS:
+            rows[cls]["bytes"] = weights[cls]["bytes"]
+        elif cls == "attention":
+            rows[cls]["bytes"] = kv_bytes
+    return {"position": depth, "splits": splits, "samples": len(fwd), "classes": rows,
             "sum_of_medians_s": float(sum(r["s"] for r in rows.values())),
             "timed_forward_s": statistics.median(totals),
             "forward_s": statistics.median(fwd), "forward_min_s": min(fwd),
             "step_s": statistics.median(step), "foreign_share_per_run": shares,
             "bw_gb_s": statistics.median(bws), "bw_gb_s_per_run": bws,
-            "bytes": int(sum(r.get("bytes", 0) for r in rows.values())),
-        }
-        log(f"  depth {depth}: forward {statistics.median(fwd) * 1e3:.2f} ms, classes sum "
-            f"{res['depths'][str(depth)]['sum_of_medians_s'] * 1e3:.2f} ms")
-    return res
+            "bytes": int(sum(r.get("bytes", 0) for r in rows.values()))}
 
 
-def activation_ab(model, runs: int, tokens: int, spt: float, noise: Noise,
+def activation_ab(model, path: str, runs: int, tokens: int, spt: float, noise: Noise,
                   streamer: Streamer) -> dict:
     """The selected activations against int16 (int16: against int8) on the same model,
     interleaved run by run, one token at position 0. Both read the same weight bytes
     (gpu/ops/int8_matmul.py); int8 does half the multiply-adds a byte, so a faster int8 run
     means the matmuls do not only wait on memory."""
-    import numba
-
     from zerolayer.gpu.model import KERNEL_CLASSES as CLASSES
-    from zerolayer.gpu.model import StepInput
-    from zerolayer.gpu.model import forward_timed as timed_forward
-    from zerolayer.gpu.model_api import step_arrays
+    from zerolayer.gpu.model import forward_timed
     from zerolayer.gpu.ops import cpu_features, int8_matmul
+    log(f"activation modes A/B: {path}")
     if not cpu_features.ISA:
         return {}
-    cfg = model.cfg
-    w = model._wargs
     now = cpu_features.ACTIVATIONS
     then = "int8" if now == "int16" else "int16"
     mw = int8_matmul.prepare_model(model.w, cpu_features.ISA, then)
-    ff = int8_matmul.for_forward
-    other = (w[0], ff(mw.wqkv), ff(mw.wo), ff(mw.wgu), ff(mw.wdown), w[5], w[6], w[7],
-             ff(mw.output), w[9])
-    variants = {now: w, then: other}
+    other = list(model._wargs)
+    for name in MATMULS.values():
+        other[WARGS.index(name)] = int8_matmul.for_forward(getattr(mw, name))
+    variants = {now: model._wargs, then: tuple(other)}
     seq = model.new_sequence()
-    arr = step_arrays([StepInput(seq, np.array([7], np.int32))], cfg.vocab)
-    logits = np.empty((1, cfg.vocab), np.float32)
-    a = model.arena
-    tail = (model.cos, model.sin, cfg.n_head, cfg.n_kv, cfg.head_dim, cfg.n_ff,
-            np.float32(cfg.eps), max(1, min((4 * numba.get_num_threads()) // cfg.n_kv, 1)), logits)
+    head, tail, _ = forward_args(model, seq, np.array([7], np.int32), 0)
     mm = [CLASSES.index(c) for c in MATMULS]
     acc = np.zeros(len(CLASSES), np.int64)
     out: dict = {k: {"forward_s": [], "matmul_s": [], "bytes": sum(
-        int8_matmul.read_nbytes(x) for x in (v[1], v[2], v[3], v[4], v[8]))} for k, v in variants.items()}
+        int8_matmul.read_nbytes(v[WARGS.index(n)]) for n in MATMULS.values())} for k, v in variants.items()}
     bws, shares = [], []
-
-    def one(v):
-        return (arr.tokens, arr.tok_seq, arr.tok_pos, arr.logit_rows, arr.tables, a.k_pool,
-                a.v_pool, *v, *tail, acc)
     for v in variants.values():  # warm
-        timed_forward(*one(v))
+        forward_timed(*head, *v, *tail, acc)
     for r in range(runs):
-        noise.watch.wait_quiet(noise.max_foreign, noise.max_wait)
+        noise.wait()
         snap = noise.watch.snap()
         for k in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
             for _ in range(tokens):
                 acc[:] = 0
-                out[k]["forward_s"].append(timed_forward(*one(variants[k])) * spt)
+                out[k]["forward_s"].append(forward_timed(*head, *variants[k], *tail, acc) * spt)
                 out[k]["matmul_s"].append(float(acc[mm].sum()) * spt)
         bws.append(streamer.gb_s())
         shares.append(noise.watch.foreign(snap, noise.watch.snap()))
     seq.release()
-    for k in variants:
-        out[k]["forward_s"] = statistics.median(out[k]["forward_s"])
-        out[k]["matmul_s"] = statistics.median(out[k]["matmul_s"])
+    for v in out.values():
+        v["forward_s"], v["matmul_s"] = statistics.median(v["forward_s"]), statistics.median(v["matmul_s"])
     return {"variants": out, "bw_gb_s": statistics.median(bws), "foreign_share_per_run": shares}
 
 
@@ -401,30 +343,9 @@ def our_decode(model, steps: int, watch) -> dict:
     return {"tok_s": steps / dt, "foreign_share": share}
 
 
-def _theirs(rec: dict, path: str, first: bool, reps: int, lb: str, noise: Noise) -> None:
-    """One llama-bench run per --repack mode, both flash-attention modes in each."""
-    for repack in (0, 1):
-        cmd = [lb, "-m", path, "-t", str(THREADS), "-p", "0", "-n", "32", "-fa", "0,1",
-               "--repack", str(repack), "-r", str(reps), "-o", "jsonl"]
-        if first:
-            rec["commands"].append(shlex.join(cmd))
-        noise.watch.wait_quiet(noise.max_foreign, noise.max_wait)
-        try:
-            rows, _ = run_llama_bench(cmd, noise.watch)
-        except LlamaBenchCrash as e:
-            rec["crashed"].append(f"repack {repack}: {str(e)[:200]}")
-            continue
-        for row in rows:
-            key = f"fa {row.get('flash_attn')}, repack {repack}"
-            rec["llama_bench"].setdefault(key, []).append(
-                {"tok_s": row["value"], "foreign_share": row["foreign_share"],
-                 "build": row.get("build_commit")})
-
-
-def _ours(rec: dict, model, reps: int, noise: Noise) -> None:
-    noise.watch.wait_quiet(noise.max_foreign, noise.max_wait)
-    s = [our_decode(model, 32, noise.watch) for _ in range(reps)]
-    rec["ours"].append({"tok_s": statistics.median(x["tok_s"] for x in s), "samples": s})
+def lb_cmd(lb: str, path: str, p: int, n: int, repack: int, reps: int) -> list[str]:
+    return [lb, "-m", path, "-t", str(THREADS), "-p", str(p), "-n", str(n), "-fa", "0,1",
+            "--repack", str(repack), "-r", str(reps), "-o", "jsonl"]
 
 
 def serves_prompts(path: str, lb: str, noise: Noise) -> dict[str, bool]:
@@ -433,11 +354,9 @@ def serves_prompts(path: str, lb: str, noise: Noise) -> dict[str, bool]:
     the fastest mode that serves prompts too."""
     out = {}
     for repack in (0, 1):
-        cmd = [lb, "-m", path, "-t", str(THREADS), "-p", "16", "-n", "0", "-fa", "0,1",
-               "--repack", str(repack), "-r", "1", "-o", "jsonl"]
-        noise.watch.wait_quiet(noise.max_foreign, noise.max_wait)
+        noise.wait()
         try:
-            run_llama_bench(cmd, noise.watch)
+            run_llama_bench(lb_cmd(lb, path, 16, 0, repack, 1), noise.watch)
             out[f"repack {repack}"] = True
         except LlamaBenchCrash:
             out[f"repack {repack}"] = False
@@ -446,18 +365,37 @@ def serves_prompts(path: str, lb: str, noise: Noise) -> dict[str, bool]:
 
 
 def peer(models: dict, paths: list[str], rounds: int, reps: int, lb: str, noise: Noise) -> dict:
+    """Per file, rounds of one llama-bench tg32 run per --repack mode (both -fa modes in each)
+    and `reps` of our 32-step decodes, the side that goes first alternating."""
     out = {}
     for path in paths:
         model = models[path]
         our_decode(model, 4, noise.watch)  # warm
         rec: dict = {"ours": [], "llama_bench": {}, "crashed": [], "commands": [],
                      "serves_prompts": serves_prompts(path, lb, noise)}
-        for r in range(rounds):  # the side that goes first alternates
+        for r in range(rounds):
             for side in (("theirs", "ours") if r % 2 == 0 else ("ours", "theirs")):
                 if side == "ours":
-                    _ours(rec, model, reps, noise)
-                else:
-                    _theirs(rec, path, r == 0, reps, lb, noise)
+                    noise.wait()
+                    s = [our_decode(model, 32, noise.watch) for _ in range(reps)]
+                    rec["ours"].append({"tok_s": statistics.median(x["tok_s"] for x in s),
+                                        "samples": s})
+                    continue
+                for repack in (0, 1):
+                    cmd = lb_cmd(lb, path, 0, 32, repack, reps)
+                    if r == 0:
+                        rec["commands"].append(shlex.join(cmd))
+                    noise.wait()
+                    try:
+                        rows, _ = run_llama_bench(cmd, noise.watch)
+                    except LlamaBenchCrash as e:
+                        rec["crashed"].append(f"repack {repack}: {str(e)[:200]}")
+                        continue
+                    for row in rows:
+                        rec["llama_bench"].setdefault(f"fa {row.get('flash_attn')}, repack {repack}",
+                                                      []).append(
+                            {"tok_s": row["value"], "foreign_share": row["foreign_share"],
+                             "build": row.get("build_commit")})
             log(f"  round {r + 1}/{rounds}: ours {rec['ours'][-1]['tok_s']:.1f} tok/s; "
                 + ", ".join(f"{k} {v[-1]['tok_s']:.1f}" for k, v in rec["llama_bench"].items()))
         out[path] = rec
@@ -471,8 +409,7 @@ def _pct(x: float) -> str:
 
 
 def render(r: dict) -> str:
-    m = r["machine"]
-    bw = r["bandwidth"]
+    m, bw = r["machine"], r["bandwidth"]
     dram = bw["dram"]["gb_s"]
     lines = [f"Host: {m['cpu_model']}, {m['cpus']} CPUs ({m.get('hypervisor') or 'bare metal'}), "
              f"L3 {m.get('l3')}, flags {', '.join(m['simd_flags'])}; kernels: {r['cpu_kernels']}; "
@@ -485,31 +422,28 @@ def render(r: dict) -> str:
              f"{bw['dram_1t']['gb_s']:.1f} GB/s; 2 threads again at the end: "
              f"{bw.get('dram_after', bw['dram'])['gb_s']:.1f} GB/s.", ""]
     for km in r["kernels"]:
-        name = Path(km["model"]).name
         c = km["config"]
-        shares = [x for d in km["depths"].values() for x in d.get("foreign_share_per_run", [])]
+        ds = list(km["depths"].values())
+        shares = [x for d in ds for x in d.get("foreign_share_per_run", [])]
         noise = (f"; other processes took {100 * statistics.median(shares):.0f}% of the machine "
                  f"(median over runs, max {100 * max(shares):.0f}%)") if shares else ""
-        ds = list(km["depths"].values())
         # "of BW": against the streaming kernel run right after each timed run (the host's
         # bandwidth moves); older results have only the run's global figure
         bws = [d.get("bw_gb_s", dram) for d in ds]
-        lines.append(f"**{name}** ({c['n_layer']} layers, d {c['d_model']}, n_ff {c['n_ff']}, "
-                     f"{c['n_head']}/{c['n_kv']} heads, vocab {c['vocab']}){noise}; read bandwidth "
-                     "beside the runs (\"of BW\"): " + ", ".join(
-                         f"pos {d['position']} {b:.1f} GB/s" for d, b in zip(ds, bws)))
-        lines.append("")
-        hdr = ("| kernel class | " + " | ".join(f"pos {d['position']}: ms | GB/s | of BW" for d in ds)
-               + " | MB read | MB in file | format read (file types) |")
-        lines += [hdr, "|---|" + "---|---|---|" * len(ds) + "---|---|---|"]
+        lines += [f"**{Path(km['model']).name}** ({c['n_layer']} layers, d {c['d_model']}, n_ff "
+                  f"{c['n_ff']}, {c['n_head']}/{c['n_kv']} heads, vocab {c['vocab']}){noise}; read "
+                  "bandwidth beside the runs (\"of BW\"): "
+                  + ", ".join(f"pos {d['position']} {b:.1f} GB/s" for d, b in zip(ds, bws)), "",
+                  "| kernel class | " + " | ".join(f"pos {d['position']}: ms | GB/s | of BW" for d in ds)
+                  + " | MB read | MB in file | format read (file types) |",
+                  "|---|" + "---|---|---|" * len(ds) + "---|---|---|"]
         for cls in ds[0]["classes"]:
             cells = []
             for d, bwd in zip(ds, bws):
                 row = d["classes"][cls]
-                b = row.get("bytes")
-                gbs = b / row["s"] / 1e9 if b else None
-                cells.append(f"{row['s'] * 1e3:.3f} | " + (f"{gbs:.1f} | {_pct(gbs / bwd)}"
-                                                           if gbs else "– | –"))
+                gbs = row["bytes"] / row["s"] / 1e9 if row.get("bytes") else None
+                cells.append(f"{row['s'] * 1e3:.3f} | "
+                             + (f"{gbs:.1f} | {_pct(gbs / bwd)}" if gbs else "– | –"))
             w = km["weights"].get(cls)
             if w:
                 types = ", ".join(f"{k}×{v}" for k, v in w["file"]["types"].items())
@@ -520,16 +454,13 @@ def render(r: dict) -> str:
             else:
                 extra = "– | – | –"
             lines.append(f"| {cls} | " + " | ".join(cells) + f" | {extra} |")
-        cells = []
-        for d, bwd in zip(ds, bws):
-            gbs = d["bytes"] / d["forward_s"] / 1e9
-            cells.append(f"**{d['forward_s'] * 1e3:.2f}** | {gbs:.1f} | **{_pct(gbs / bwd)}**")
-        lines.append("| **whole forward** (plain, compiled) | " + " | ".join(cells) +
-                     f" | {ds[-1]['bytes'] / 1e6:.1f} (at pos {ds[-1]['position']}) | – | – |")
-        lines.append("| sum of the classes' medians | " + " | ".join(
-            f"{d['sum_of_medians_s'] * 1e3:.2f} | | " for d in ds) + " | | |")
-        lines.append("| model.step (Python side included) | " + " | ".join(
-            f"{d['step_s'] * 1e3:.2f} | | " for d in ds) + " | | |")
+        fw = [(d, d["bytes"] / d["forward_s"] / 1e9, bwd) for d, bwd in zip(ds, bws)]
+        lines += ["| **whole forward** (plain, compiled) | " + " | ".join(
+                      f"**{d['forward_s'] * 1e3:.2f}** | {g:.1f} | **{_pct(g / b)}**" for d, g, b in fw)
+                  + f" | {ds[-1]['bytes'] / 1e6:.1f} (at pos {ds[-1]['position']}) | – | – |"]
+        for label, k in (("sum of the classes' medians", "sum_of_medians_s"),
+                         ("model.step (Python side included)", "step_s")):
+            lines.append(f"| {label} | " + " | ".join(f"{d[k] * 1e3:.2f} | | " for d in ds) + " | | |")
         lines.append("")
     if r.get("activations_ab"):
         lines += ["two activation modes, interleaved run by run (position 0; the same "
@@ -544,48 +475,49 @@ def render(r: dict) -> str:
                              f"(of {ab['bw_gb_s']:.1f}) |")
         lines.append("")
     if r.get("peer"):
-        lines += ["| model file | ours tok/s | llama-bench tg32, best mode that serves prompts "
-                  "| ratio | best mode that crashes on prompts | ratio | "
-                  "llama-bench, every mode (tok/s) |", "|---|---|---|---|---|---|---|"]
-        lim = r["noise"]["max_foreign"]
-        dropped = 0
-
-        def quiet_median(xs: list[dict]) -> tuple[float, bool]:
-            """Median over the samples others left alone; over all of them, flagged, if none
-            was."""
-            nonlocal dropped
-            ok = [x for x in xs if x["foreign_share"] <= lim]
-            dropped += len(xs) - len(ok) if ok else 0
-            return statistics.median(x["tok_s"] for x in (ok or xs)), not ok
-        for path, p in r["peer"].items():
-            ours, _ = quiet_median([x for rnd in p["ours"] for x in rnd["samples"]])
-            modes, shown = {}, {}
-            for k, v in p["llama_bench"].items():
-                modes[k], disturbed = quiet_median(v)
-                shown[k] = k + (", every sample disturbed" if disturbed else "")
-            # results written before the prompt probe: repack 1 was the AMX mode that crashed
-            serving = p.get("serves_prompts", {"repack 0": True, "repack 1": False})
-            cells = []
-            for serves in (True, False):
-                sub = {k: v for k, v in modes.items()
-                       if serving.get(k.split(", ")[-1], False) == serves}
-                bk = max(sub, key=sub.get) if sub else None
-                cells.append(f"{sub[bk]:.1f} ({shown[bk]}) | {ours / sub[bk]:.2f}×" if bk else "– | –")
-            allm = "; ".join(f"{shown[k]}: {v:.1f}" for k, v in modes.items())
-            lines.append(f"| {Path(path).name} | {ours:.1f} | {' | '.join(cells)} | {allm} |")
-            if p["crashed"]:
-                lines.append(f"| | crashed: {'; '.join(p['crashed'])} | | | | | |")
-        reps = r.get("peer_reps", 3)
-        lines += ["", f"Medians over every sample of every round (ours: {reps} decodes a round; "
-                  f"llama-bench: one row a round per mode, the median of its -r {reps}), leaving "
-                  f"out {dropped} in which other processes took more than {lim:.0%} of the "
-                  "machine.", ""]
+        lines += render_peer(r)
     return "\n".join(lines)
 
 
+def render_peer(r: dict) -> list[str]:
+    lines = ["| model file | ours tok/s | llama-bench tg32, best mode that serves prompts "
+             "| ratio | best mode that crashes on prompts | ratio | "
+             "llama-bench, every mode (tok/s) |", "|---|---|---|---|---|---|---|"]
+    lim = r["noise"]["max_foreign"]
+    dropped = 0
+
+    def quiet_median(xs: list[dict]) -> tuple[float, bool]:
+        """Median over the samples others left alone; over all of them, flagged, if none was."""
+        nonlocal dropped
+        ok = [x for x in xs if x["foreign_share"] <= lim]
+        dropped += len(xs) - len(ok) if ok else 0
+        return statistics.median(x["tok_s"] for x in (ok or xs)), not ok
+    for path, p in r["peer"].items():
+        ours, _ = quiet_median([x for rnd in p["ours"] for x in rnd["samples"]])
+        modes, shown = {}, {}
+        for k, v in p["llama_bench"].items():
+            modes[k], disturbed = quiet_median(v)
+            shown[k] = k + (", every sample disturbed" if disturbed else "")
+        # results written before the prompt probe: repack 1 was the AMX mode that crashed
+        serving = p.get("serves_prompts", {"repack 0": True, "repack 1": False})
+        cells = []
+        for serves in (True, False):
+            sub = {k: v for k, v in modes.items() if serving.get(k.split(", ")[-1], False) == serves}
+            bk = max(sub, key=sub.get) if sub else None
+            cells.append(f"{sub[bk]:.1f} ({shown[bk]}) | {ours / sub[bk]:.2f}×" if bk else "– | –")
+        allm = "; ".join(f"{shown[k]}: {v:.1f}" for k, v in modes.items())
+        lines.append(f"| {Path(path).name} | {ours:.1f} | {' | '.join(cells)} | {allm} |")
+        if p["crashed"]:
+            lines.append(f"| | crashed: {'; '.join(p['crashed'])} | | | | | |")
+    reps = r.get("peer_reps", 3)
+    return lines + ["", f"Medians over every sample of every round (ours: {reps} decodes a round; "
+                    f"llama-bench: one row a round per mode, the median of its -r {reps}), leaving "
+                    f"out {dropped} in which other processes took more than {lim:.0%} of the "
+                    "machine.", ""]
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", action="append", help="GGUF (repeatable; default: the bundled "
                     "model and the synthetic Q4_1 and Q4_K_M files that exist)")
     ap.add_argument("--depths", default="0,1000", help="positions of the timed token (default 0,1000)")
@@ -615,6 +547,8 @@ def main() -> int:
         log(f"missing {args.llama_bench}: build it with bench/setup_llamacpp.sh")
         return 2
     from zerolayer.gpu.gguf_loader import default_model_path
+    from zerolayer.gpu.model import LlamaModel, set_threads
+    from zerolayer.gpu.ops import cpu_features
     paths = args.model or [default_model_path()] + [str(SYNTH_DIR / f) for f in SYNTH
                                                     if (SYNTH_DIR / f).exists()]
     depths = [int(d) for d in args.depths.split(",")]
@@ -624,22 +558,18 @@ def main() -> int:
     machine = machine_info()
     machine["l3"] = machine["l3_cache"] or ""
     machine["simd_flags"] = [f for f in machine["simd"] if f not in ("fma", "f16c")]
-    from zerolayer.gpu.ops import cpu_features
     r = {"command": command, "date": f"{started:%Y-%m-%d %H:%M} UTC", "machine": machine,
-         "git": git_head(),
-         "gpu_source": gpu_source_hash(), "cpu_kernels": cpu_features.describe()}
+         "git": git_head(), "gpu_source": gpu_source_hash(), "cpu_kernels": cpu_features.describe(),
+         "noise": {"max_foreign": args.max_foreign, "max_wait_s": args.max_wait,
+                   "retries": args.retries}}
     noise = Noise(args.max_foreign, args.max_wait, args.retries)
-    r["noise"] = {"max_foreign": args.max_foreign, "max_wait_s": args.max_wait,
-                  "retries": args.retries}
     with bench_lock(command) as waited:
         r["lock_waited_s"] = waited
         r["loadavg_before"] = " ".join(open("/proc/loadavg").read().split()[:3])
         spt = tick_seconds()
-        models = {}
-        for p in paths:
-            models[p] = load_model(p, max(depths) + 64)
+        set_threads(THREADS)
+        models = {p: LlamaModel.load(p, max_seq_len=max(depths) + 64) for p in paths}
         log("read bandwidth")
-        from zerolayer.gpu.model import set_threads
         set_threads(1)
         bw1 = read_bandwidth(args.bw_mib, args.bw_runs, noise)
         set_threads(THREADS)
@@ -647,18 +577,12 @@ def main() -> int:
                           "l3": read_bandwidth(128, args.bw_runs * 4, noise), "dram_1t": bw1}
         log(f"  {r['bandwidth']['dram']['gb_s']:.1f} GB/s ({args.bw_mib} MiB), "
             f"{r['bandwidth']['l3']['gb_s']:.1f} GB/s (128 MiB), 1 thread {bw1['gb_s']:.1f}")
-        r["kernels"] = []
         streamer = Streamer(args.bw_mib)
-        for p in paths:
-            log(f"kernels: {p}")
-            r["kernels"].append(kernel_times(models[p], p, depths, args.runs, args.tokens, spt,
-                                             noise, streamer))
+        r["kernels"] = [kernel_times(models[p], p, depths, args.runs, args.tokens, spt, noise,
+                                     streamer) for p in paths]
         if args.activations_ab:
-            r["activations_ab"] = {}
-            for p in paths:
-                log(f"activation modes A/B: {p}")
-                r["activations_ab"][p] = activation_ab(models[p], args.runs, args.tokens, spt,
-                                                       noise, streamer)
+            r["activations_ab"] = {p: activation_ab(models[p], p, args.runs, args.tokens, spt, noise,
+                                                    streamer) for p in paths}
         r["bandwidth"]["dram_after"] = read_bandwidth(args.bw_mib, args.bw_runs, noise)
         if args.peer:
             log("llama-bench tg32 vs our decode")

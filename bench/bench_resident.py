@@ -1,13 +1,8 @@
 """Decode from the layout cache's file mapping vs from the resident copy the forward uses.
 
-LlamaModel keeps the cache's memory-mapped arrays (``model.prepared``) and runs the forward
-on copies in anonymous memory (gpu/ops/int8_matmul.py ``resident``: transparent huge pages).
-This times one decode token with each, interleaved (the side that goes first alternating),
-at a shallow depth, on the same model and KV: the difference is only where the weights live.
-
-    .venv/bin/python bench/bench_resident.py [--rounds 6] [--tokens 8] MODEL.gguf ...
-
-Load each model once before (a run that builds the layout cache has no mapping to compare).
+LlamaModel keeps the cache's memory-mapped arrays (``model.prepared``) and runs the forward on
+copies in anonymous, huge-page memory (gpu/ops/int8_matmul.py ``resident``); one decode token
+with each, interleaved, at a shallow depth on the same model and KV. Usage: bench/README.md.
 """
 from __future__ import annotations
 

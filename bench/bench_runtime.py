@@ -1,53 +1,8 @@
 #!/usr/bin/env python
 """zerolayer vs llama.cpp's own `llama-bench` on the same GGUF, 2 threads each.
 
-    .venv/bin/python bench/bench_runtime.py [--runs N] [--reps R] [--quick] [--out PATH]
-
-The reference is the native llama-bench built by bench/setup_llamacpp.sh
-(.bench-llamacpp/bin/llama-bench), run as
-
-    llama-bench -m MODEL -t 2 -p 100,500 -n 32 -d 0,1000 -fa 0,1 -o jsonl -r R
-
-(jsonl rather than json: the same fields, one row per line as each test finishes, so every row
-gets its own noise accounting). Each llama-bench row is paired with our measurement of the same
-thing; per row the baseline is the better of the two flash-attention modes:
-
-| llama-bench row      | zerolayer                                                           |
-|----------------------|---------------------------------------------------------------------|
-| tg32, depth 0        | 32 greedy decode steps after a 50-token prompt (the issue's ctx 50) |
-| tg32, depth 1000     | 32 greedy decode steps after a 1000-token prompt                    |
-| pp100 / pp500, d 0   | one batched forward of a 100- / 500-token prompt, fresh sequence    |
-| pp100 / pp500, d 1000| the same prompt appended to a sequence holding 1000 tokens          |
-
-A decode step is one forward of one token plus, on our side, an argmax over the vocab
-(llama-bench feeds random tokens and samples nothing). llama-bench's prompts are random token
-ids, ours the tokenized CORPUS; its batch is one ubatch of <= 512 tokens, like our one step.
-On top, ours only: aggregate decode tok/s at batch 8 (8 sequences with different 50-token
-prompts, one step() for all 8) against our own batch 1, and the cold start to the first token
-with a warm JIT cache (a fresh interpreter imports, loads, tokenizes, prints the first greedy
-token; timed from just before the spawn to that stdout line).
-
-How it keeps the comparison fair:
-
-* llama-bench is a separate native process; ours runs in this one. Both get 2 threads.
-* Rounds, interleaved: a round is one llama-bench invocation with -r R, and R samples of each
-  of our measurements; which side goes first alternates from round to round, so drifting machine
-  noise hits both. A round's value for a row is the median of its R samples (llama-bench's
-  samples_ts; ours likewise); the table shows the medians over --runs rounds.
-* The machine is small and shared. Before each llama-bench run and each of our measurements the
-  script waits for the other processes to go quiet, and it counts the CPU time that processes
-  other than the two runtimes (and steal time) take: per llama-bench row (between the arrival of
-  its jsonl line and the previous one) and per sample of ours. A llama-bench row disturbed by more
-  than --max-foreign of the machine is measured again in a llama-bench run of that row alone, a
-  sample of ours again, up to --retries times; one still disturbed is left out, and a row left
-  without a value for the round gets it in an extra round (at most 2 x --runs rounds).
-* Only one benchmark at a time: the measurement part holds an exclusive lock on
-  /tmp/zl-bench.lock (flock, plus a POSIX lockf on the same file, so a tool using either style
-  excludes us); a run that finds it held waits and says who holds it.
-
-Results: a JSON file (default bench/results/runtime-<timestamp>.json, gitignored) with every
-llama-bench row and every sample, and a markdown table on stdout with the ratios ours /
-llama-bench and which of the targets are met.
+What each row measures, and how the rounds, noise accounting, lock and --repack modes keep the
+comparison fair: bench/README.md ("bench_runtime.py").
 """
 from __future__ import annotations
 
@@ -57,7 +12,9 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -89,16 +46,21 @@ from _harness import (  # noqa: E402
 
 THREADS = 2
 N_CTX = 2048  # room for the 1000-token context plus a 500-token prompt or the decode steps
+STEPS = 32    # decode steps per sample, llama-bench -n
+TG0, TG1000 = f"tg{STEPS}_d0", f"tg{STEPS}_d1000"
+PEER_KEYS = [TG0, TG1000, "pp100_d0", "pp500_d0", "pp100_d1000", "pp500_d1000"]
 
-TARGETS = {  # prefill 1.25x, cold start 1.5 s (the first targets were 1.0x and 3 s)
-    "decode_ctx50": ("decode ctx 50 vs llama.cpp", ">=", 1.25),
-    "decode_ctx1000": ("decode ctx 1000 vs llama.cpp", ">=", 1.25),
-    "prefill_100": ("prefill 100 vs llama.cpp", ">=", 1.25),
-    "prefill_500": ("prefill 500 vs llama.cpp", ">=", 1.25),
-    # "batch 8 >= 4x batch 1" is retired: batching is judged against llama-server's serving
-    # (bench_dataplane.py); the batch-8 row stays as information
-    "cold_start": ("cold start to first token (s)", "<=", 1.5),
-    "attn_scaling": ("decode ctx 50 / ctx 1000 slowdown", "<=", 1.5),
+# target key -> (label, op, target, what it judges: a key of the ratios, or a stat of ours)
+TARGETS = {
+    "decode_ctx50": ("decode ctx 50 vs llama.cpp", ">=", 1.25, TG0),
+    "decode_ctx1000": ("decode ctx 1000 vs llama.cpp", ">=", 1.25, TG1000),
+    "prefill_100": ("prefill 100 vs llama.cpp", ">=", 1.25, "pp100_d0"),
+    "prefill_500": ("prefill 500 vs llama.cpp", ">=", 1.25, "pp500_d0"),
+    # batching is judged against llama-server's serving (bench_dataplane.py): the batch-8 row
+    # is information only
+    "cold_start": ("cold start to first token (s)", "<=", 1.5, "cold_start"),
+    "attn_scaling": ("decode ctx 50 / ctx 1000 slowdown", "<=", 1.5,
+                     "decode_short_over_ctx1000_zerolayer"),
 }
 
 # Natural-ish text for the prompts; tokenized once, repeated to the longest prompt needed.
@@ -125,92 +87,58 @@ t0 = time.perf_counter()
 import json, os, sys
 import numpy as np
 from zerolayer.gpu.model import LlamaModel, StepInput, set_threads
-from zerolayer.gpu.tokenizer import Tokenizer
 t_import = time.perf_counter()
 set_threads(int(sys.argv[3]))
 m = LlamaModel.load(sys.argv[1], max_seq_len=int(sys.argv[4]))
 t_load = time.perf_counter()
-tk = m.tokenizer() if callable(getattr(m, "tokenizer", None)) else None
-ids = (tk or Tokenizer.from_gguf(m.reader)).encode(sys.argv[2])
+ids = m.tokenizer().encode(sys.argv[2])
 t_tok = time.perf_counter()
-seq = m.new_sequence()
-logits = m.step([StepInput(seq, np.array(ids, np.int32))])
+logits = m.step([StepInput(m.new_sequence(), np.array(ids, np.int32))])
 tok = int(logits[0].argmax())
 t_first = time.perf_counter()
 print(tok, flush=True)
 print(json.dumps({"token": tok, "prompt_tokens": len(ids), "import_s": t_import - t0,
                   "load_s": t_load - t_import, "tokenize_s": t_tok - t_load,
                   "first_step_s": t_first - t_tok, "in_process_total_s": t_first - t0,
-                  "numba_cache_dir": os.environ.get("NUMBA_CACHE_DIR"),
-                  "tokenizer_from": "gguf" if tk is None else "model"}), flush=True)
+                  "numba_cache_dir": os.environ.get("NUMBA_CACHE_DIR")}), flush=True)
 """
 
 
-# ---------------------------------------------------------------- the two runtimes
+# ---------------------------------------------------------------- ours
 
 
-class ZeroLayer:
-    def __init__(self, path: str, threads: int):
+def decode(model, prompts: list[list[int]], steps: int) -> dict:
+    """`steps` greedy steps of each prompt's sequence after its prefill, one step() for all."""
+    from zerolayer.gpu.model import StepInput
+    seqs = [model.new_sequence() for _ in prompts]
+    try:
+        toks = np.array([int(model.step([StepInput(s, np.asarray(p, np.int32))])[0].argmax())
+                         for s, p in zip(seqs, prompts)], np.int32)
         t0 = time.perf_counter()
-        from zerolayer.gpu.model import LlamaModel, StepInput, set_threads
-        from zerolayer.gpu.tokenizer import Tokenizer
+        for _ in range(steps):
+            logits = model.step([StepInput(s, toks[i:i + 1]) for i, s in enumerate(seqs)])
+            toks = logits.argmax(axis=1).astype(np.int32)
+        dt = time.perf_counter() - t0
+    finally:
+        for s in seqs:
+            s.release()
+    return {"seconds": dt, "steps": steps, "batch": len(prompts), "value": len(prompts) * steps / dt}
 
-        self.StepInput = StepInput
-        self.threads = set_threads(threads)
-        self.model = LlamaModel.load(path, max_seq_len=N_CTX)
-        if callable(getattr(self.model, "tokenizer", None)):  # from the model's cached metadata
-            self.tokenizer = self.model.tokenizer()
-        else:  # the first API: build it from the GGUF reader
-            self.tokenizer = Tokenizer.from_gguf(self.model.reader)
-        self.load_s = time.perf_counter() - t0
 
-    def _prefill(self, seq, prompt) -> np.ndarray:
-        return self.model.step([self.StepInput(seq, np.asarray(prompt, np.int32))])
-
-    def decode(self, prompt: list[int], steps: int) -> dict:
-        seq = self.model.new_sequence()
-        try:
-            tok = int(self._prefill(seq, prompt)[0].argmax())
-            out = [tok]
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                logits = self.model.step([self.StepInput(seq, np.array([tok], np.int32))])
-                tok = int(logits[0].argmax())
-                out.append(tok)
-            dt = time.perf_counter() - t0
-        finally:
-            seq.release()
-        return {"seconds": dt, "steps": steps, "tokens": out}
-
-    def prefill(self, prompt: list[int], context: list[int] | None = None) -> dict:
-        """One step of the whole prompt; with `context`, on a sequence that already holds it
-        (appended untimed first: llama-bench's pp at depth)."""
-        seq = self.model.new_sequence()
-        try:
-            if context:
-                self._prefill(seq, context)
-            t0 = time.perf_counter()
-            tok = int(self._prefill(seq, prompt)[0].argmax())
-            dt = time.perf_counter() - t0
-        finally:
-            seq.release()
-        return {"seconds": dt, "tokens": len(prompt), "first_token": tok}
-
-    def batch_decode(self, prompts: list[list[int]], steps: int) -> dict:
-        seqs = [self.model.new_sequence() for _ in prompts]
-        try:
-            toks = np.array([int(self._prefill(s, p)[0].argmax()) for s, p in zip(seqs, prompts)],
-                            np.int32)
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                logits = self.model.step([self.StepInput(s, toks[i:i + 1])
-                                          for i, s in enumerate(seqs)])
-                toks = logits.argmax(axis=1).astype(np.int32)
-            dt = time.perf_counter() - t0
-        finally:
-            for s in seqs:
-                s.release()
-        return {"seconds": dt, "steps": steps, "batch": len(prompts)}
+def prefill(model, prompt: list[int], context: list[int] | None = None) -> dict:
+    """One step of the whole prompt; with `context`, on a sequence that already holds it
+    (appended untimed first: llama-bench's pp at depth)."""
+    from zerolayer.gpu.model import StepInput
+    seq = model.new_sequence()
+    try:
+        if context:
+            model.step([StepInput(seq, np.asarray(context, np.int32))])
+        t0 = time.perf_counter()
+        tok = int(model.step([StepInput(seq, np.asarray(prompt, np.int32))])[0].argmax())
+        dt = time.perf_counter() - t0
+    finally:
+        seq.release()
+    return {"seconds": dt, "tokens": len(prompt), "first_token": tok, "value": len(prompt) / dt}
 
 
 def cold_start(cmd: list[str]) -> dict:
@@ -226,22 +154,11 @@ def cold_start(cmd: list[str]) -> dict:
             errf.seek(0)
             raise RuntimeError(f"cold-start process failed (rc={p.returncode}): "
                                f"{errf.read().strip()[-2000:]}")
-    res = {"seconds": t1 - t0, "token": int(first)}
+    res = {"seconds": t1 - t0, "token": int(first), "value": t1 - t0}
     for line in rest.splitlines():
         if line.startswith("{"):
             res["breakdown"] = json.loads(line)
     return res
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def summary(values: list[float]) -> dict:
@@ -251,22 +168,13 @@ def summary(values: list[float]) -> dict:
             "max": max(values), "values": values}
 
 
-def verdict(key: str, value: float | None) -> dict:
-    label, op, target = TARGETS[key]
-    met = None if value is None else (value >= target if op == ">=" else value <= target)
-    return {"label": label, "value": value, "op": op, "target": target, "met": met}
-
-
-# ---------------------------------------------------------------- llama-bench
-
-FA_NAMES = {-1: "auto", 0: "off", 1: "on"}
+# ---------------------------------------------------------------- llama-bench rows
 
 
 def fa_name(v) -> str:
-    if isinstance(v, bool):
-        return "on" if v else "off"
-    if isinstance(v, (int, float)):
-        return FA_NAMES.get(int(v), str(v))
+    """llama-bench's flash_attn field (a bool, -1/0/1 or a word, by build) as off/on/auto."""
+    if isinstance(v, (int, float)):  # bool included
+        return {-1: "auto", 0: "off", 1: "on"}.get(int(v), str(v))
     return {"enabled": "on", "disabled": "off"}.get(str(v), str(v))
 
 
@@ -284,39 +192,14 @@ def lb_side(row: dict) -> str:
     return side
 
 
-def _cpu_kernels() -> str:
-    """The CPU matmul kernel set in use (gpu/ops/cpu_features.py; ZEROLAYER_CPU_KERNELS)."""
-    from zerolayer.gpu.ops import cpu_features
-    return cpu_features.describe()
+def crashed_mode(side: str, crashed: dict) -> bool:
+    """Whether llama-bench side `side` (..._repack_on / _repack_off) is a --repack mode that
+    crashed on some test (crashed's keys end in "repack <0|1>")."""
+    modes = {k.rsplit(" repack ", 1)[1] for k in crashed if " repack " in k}
+    return any(side.endswith(f"_repack_{'on' if r == '1' else 'off'}") for r in modes)
 
 
-def _load_ours(model_path: str):
-    """Our runtime loaded and its kernels compiled (or loaded from the JIT cache), with the
-    prompts every measurement uses: (zl, prompts, batch_prompts, jit_s, numba_info)."""
-    log(f"loading zerolayer ({model_path})")
-    zl = ZeroLayer(model_path, THREADS)
-    pool = zl.tokenizer.encode(CORPUS)
-    while len(pool) < 1000 + 8 * 64:
-        pool = pool + pool
-    prompts = {"ctx50": pool[:50], "ctx1000": pool[:1000], "p100": pool[100:200],
-               "p500": pool[200:700]}
-    batch_prompts = [pool[37 * i: 37 * i + 50] for i in range(8)]
-
-    t0 = time.perf_counter()
-    zl.decode(prompts["ctx50"], 2)
-    zl.batch_decode(batch_prompts[:2], 1)
-    zl.batch_decode(batch_prompts, 1)
-    jit_s = time.perf_counter() - t0
-    log(f"zerolayer first steps (JIT compile or cache load): {jit_s:.1f} s")
-    import numba
-    numba_info = {"numba": numba.__version__, "threading_layer": numba.threading_layer(),
-                  "num_threads": numba.get_num_threads(),
-                  "cache_dir": os.environ.get("NUMBA_CACHE_DIR"),
-                  "cpu_kernels": _cpu_kernels(),
-                  # NUMBA_CPU_NAME / NUMBA_CPU_FEATURES: what Numba compiles for (host if unset)
-                  "numba_cpu_name": numba.config.CPU_NAME,
-                  "numba_cpu_features": numba.config.CPU_FEATURES}
-    return zl, prompts, batch_prompts, jit_s, numba_info
+# ---------------------------------------------------------------- the run
 
 
 class Comparison:
@@ -329,16 +212,13 @@ class Comparison:
         self.args = args
         self.runs = args.runs or (2 if args.quick else 5)
         self.reps = args.reps or (1 if args.quick else 3)
-        self.steps = 32  # decode steps per sample, llama-bench -n
         self.binary = Path(args.llama_bench)
         self.help_text = llama_bench_help(self.binary)
         self.depths = [0, 1000]
         if "--n-depth" not in self.help_text:
             log("WARNING: this llama-bench has no -d/--n-depth; only depth-0 rows are compared")
             self.depths = [0]
-        v = subprocess.run([str(self.binary), "--version"], capture_output=True, text=True,
-                           timeout=60)
-        self.version = (v.stdout + v.stderr).strip()
+        self.version = sh([str(self.binary), "--version"], timeout=60)
         from zerolayer.gpu.gguf_loader import default_model_path
         self.model_path = os.path.abspath(args.model or default_model_path())
         # --repack (llama.cpp's default: on) repacks the weights for the CPU's own kernels (on
@@ -348,19 +228,17 @@ class Comparison:
         # and reported.
         self.repacks = ([r for r in args.repack.split(",") if r]
                         if "--repack" in self.help_text else [])
-        self.full_cmd = self.lb_cmd("100,500", str(self.steps), ",".join(map(str, self.depths)),
+        self.full_cmd = self.lb_cmd("100,500", str(STEPS), ",".join(map(str, self.depths)),
                                     args.fa)
         # one test per command: (p, n, d), for a mode that crashed on some test
-        self.single_tests = [("0", str(self.steps), str(d)) for d in self.depths] + [
+        self.single_tests = [("0", str(STEPS), str(d)) for d in self.depths] + [
             (str(pp), "0", str(d)) for pp in (100, 500) for d in self.depths]
         log(f"llama-bench: {shlex.join(self.full_cmd)}"
             + (f", in each of --repack {', '.join(self.repacks)}" if self.repacks else ""))
-        self.tg0, self.tg1000 = f"tg{self.steps}_d0", f"tg{self.steps}_d1000"
         self.watch = CpuWatch(children=True)  # the cold-start probes are ours
         self.samples: dict[str, dict[str, list[float]]] = {}
-        self.raw_lb: list[dict] = []
-        self.raw_zl: list[dict] = []
-        self.lb_runs: list[dict] = []
+        self.raw_lb, self.raw_zl, self.lb_runs = [], [], []
+        self.lb_keys_expected: set[tuple[str, str]] = set()
         self.excluded = {"llama_bench_rows": 0, "zerolayer_samples": 0}
         self.crashed: dict[str, dict] = {}  # "<test> repack <r>" -> the crash, once seen
         self.seen_cache: str | None = None
@@ -376,27 +254,54 @@ class Comparison:
     # ------------------------------------------------------------ ours
 
     def load_ours(self) -> None:
-        """Our runtime loaded and warm, and self.ours: key -> (thunk, kind), kind turning a
-        result into a value (tok/s; cold: seconds)."""
-        self.zl, self.prompts, batch, self.jit_s, self.numba_info = _load_ours(self.model_path)
-        zl, pr, steps = self.zl, self.prompts, self.steps
+        """Our runtime loaded, its kernels compiled (or loaded from the JIT cache) and each
+        measurement run once; self.ours: key -> a thunk whose result's value is tok/s (cold
+        start: seconds)."""
+        log(f"loading zerolayer ({self.model_path})")
+        t0 = time.perf_counter()
+        from zerolayer.gpu.model import LlamaModel, set_threads
+        set_threads(THREADS)
+        m = LlamaModel.load(self.model_path, max_seq_len=N_CTX)
+        tokenizer = m.tokenizer()
+        self.load_s = time.perf_counter() - t0
+        pool = tokenizer.encode(CORPUS)
+        while len(pool) < 1000 + 8 * 64:
+            pool = pool + pool
+        pr = self.prompts = {"ctx50": pool[:50], "ctx1000": pool[:1000], "p100": pool[100:200],
+                             "p500": pool[200:700]}
+        batch = [pool[37 * i: 37 * i + 50] for i in range(8)]
+        t0 = time.perf_counter()
+        for prompts, steps in (([pr["ctx50"]], 2), (batch[:2], 1), (batch, 1)):
+            decode(m, prompts, steps)
+        self.jit_s = time.perf_counter() - t0
+        log(f"zerolayer first steps (JIT compile or cache load): {self.jit_s:.1f} s")
+        import numba
+
+        from zerolayer.gpu.ops import cpu_features
+        self.numba_info = {"numba": numba.__version__, "threading_layer": numba.threading_layer(),
+                           "num_threads": numba.get_num_threads(),
+                           "cache_dir": os.environ.get("NUMBA_CACHE_DIR"),
+                           "cpu_kernels": cpu_features.describe(),
+                           # NUMBA_CPU_NAME / _FEATURES: what Numba compiles for (host if unset)
+                           "numba_cpu_name": numba.config.CPU_NAME,
+                           "numba_cpu_features": numba.config.CPU_FEATURES}
         self.ours = {
-            self.tg0: (lambda: zl.decode(pr["ctx50"], steps), "decode"),
-            self.tg1000: (lambda: zl.decode(pr["ctx1000"], steps), "decode"),
-            "pp100_d0": (lambda: zl.prefill(pr["p100"]), "prefill"),
-            "pp500_d0": (lambda: zl.prefill(pr["p500"]), "prefill"),
-            "pp100_d1000": (lambda: zl.prefill(pr["p100"], context=pr["ctx1000"]), "prefill"),
-            "pp500_d1000": (lambda: zl.prefill(pr["p500"], context=pr["ctx1000"]), "prefill"),
-            "batch8": (lambda: zl.batch_decode(batch, steps), "batch"),
-            "cold_start": (self.zl_cold, "cold"),
+            TG0: lambda: decode(m, [pr["ctx50"]], STEPS),
+            TG1000: lambda: decode(m, [pr["ctx1000"]], STEPS),
+            "pp100_d0": lambda: prefill(m, pr["p100"]),
+            "pp500_d0": lambda: prefill(m, pr["p500"]),
+            "pp100_d1000": lambda: prefill(m, pr["p100"], pr["ctx1000"]),
+            "pp500_d1000": lambda: prefill(m, pr["p500"], pr["ctx1000"]),
+            "batch8": lambda: decode(m, batch, STEPS),
+            "cold_start": self.zl_cold,
         }
         if 1000 not in self.depths:
-            for k in (self.tg1000, "pp100_d1000", "pp500_d1000"):
+            for k in (TG1000, "pp100_d1000", "pp500_d1000"):
                 self.ours.pop(k)
         if self.args.no_cold_start:
             self.ours.pop("cold_start")
         log("warm-up: each of our measurements once (llama-bench warms up each test itself)")
-        for fn, _ in self.ours.values():
+        for fn in self.ours.values():
             fn()
 
     def zl_cold(self) -> dict:
@@ -414,16 +319,6 @@ class Comparison:
         self.seen_cache = cache
         return r
 
-    @staticmethod
-    def value(kind: str, r: dict) -> float:
-        if kind == "decode":
-            return r["steps"] / r["seconds"]
-        if kind == "prefill":
-            return r["tokens"] / r["seconds"]
-        if kind == "batch":
-            return r["batch"] * r["steps"] / r["seconds"]
-        return r["seconds"]
-
     def add(self, key: str, side: str, v: float) -> None:
         self.samples.setdefault(key, {}).setdefault(side, []).append(v)
 
@@ -433,9 +328,9 @@ class Comparison:
     def zl_round(self, rnd: int, keys: list[str]) -> None:
         a_ = self.args
         for key in keys:
-            fn, kind = self.ours[key]
+            fn = self.ours[key]
             waited = self.quiet()
-            n_s = 1 if kind == "cold" else self.reps  # one cold start per round: it takes seconds
+            n_s = 1 if key == "cold_start" else self.reps  # one cold start a round: it takes seconds
             good = []
             for s in range(n_s):
                 for attempt in range(a_.retries + 1):
@@ -450,9 +345,6 @@ class Comparison:
                         f"{r['foreign_share']:.0%} of the machine); rerun")
                 spoiled = r["foreign_share"] > a_.max_foreign
                 self.excluded["zerolayer_samples"] += spoiled
-                r["value"] = self.value(kind, r)
-                if kind == "decode":
-                    r.pop("tokens")  # the greedy ids: nothing to compare them with here
                 self.raw_zl.append({"round": rnd, "metric": key, "sample": s,
                                     "attempts": attempt + 1, "waited_s": waited,
                                     "used": not spoiled, **r})
@@ -476,9 +368,8 @@ class Comparison:
             if not any(k.endswith(f" repack {r}") for k in self.crashed):
                 out.append((self.full_cmd + ["--repack", r], None))
                 continue
-            for t in self.single_tests:
-                if f"{'/'.join(t)} repack {r}" not in self.crashed:
-                    out.append((self.lb_cmd(*t, self.args.fa, r), t))
+            out += [(self.lb_cmd(*t, self.args.fa, r), t) for t in self.single_tests
+                    if f"{'/'.join(t)} repack {r}" not in self.crashed]
         return out
 
     def lb_run(self, rnd: int, cmd: list[str], test) -> list[dict]:
@@ -494,18 +385,17 @@ class Comparison:
                 self.crashed[f"all repack {r}"] = {"error": str(e).splitlines()[0]}
                 return [row for t in self.single_tests
                         for row in self.lb_run(rnd, self.lb_cmd(*t, self.args.fa, r), t)]
-            key = f"{'/'.join(test)} repack {r}"
             log(f"  llama-bench -p/-n/-d {'/'.join(test)} --repack {r}: crashed "
                 f"({str(e).splitlines()[0][:60]}...); not measured in that mode")
-            self.crashed[key] = {"round": rnd, "cmd": cmd, "error": str(e)[-600:]}
+            self.crashed[f"{'/'.join(test)} repack {r}"] = {"round": rnd, "cmd": cmd,
+                                                            "error": str(e)[-600:]}
             return []
         self.lb_runs.append({"round": rnd, "cmd": cmd, "waited_s": waited, **run})
         return rows
 
     def lb_rerun(self, rnd: int, row: dict) -> dict:
         """A disturbed row measured again in a llama-bench run of that row alone."""
-        cmd = self.lb_cmd(str(int(row["n_prompt"])), str(int(row["n_gen"])),
-                          str(int(row["n_depth"])),
+        cmd = self.lb_cmd(*(str(int(row[k])) for k in ("n_prompt", "n_gen", "n_depth")),
                           {"off": "0", "on": "1", "auto": "auto"}[fa_name(row["flash_attn"])],
                           str(int(row["repack"])) if "repack" in row else None)
         waited = self.quiet()
@@ -540,7 +430,6 @@ class Comparison:
     def run_rounds(self) -> None:
         """Rounds, the side going first alternating, until every row has --runs values (at
         most 2 x --runs rounds)."""
-        self.lb_keys_expected: set[tuple[str, str]] = set()
         rnd = 0
         t0 = time.perf_counter()
         while rnd < 2 * self.runs:
@@ -550,8 +439,8 @@ class Comparison:
                         if len(self.samples.get(k, {}).get("zerolayer", [])) < self.runs]
             if not lb_short and not zl_short:
                 break
-            order = ["llama-bench", "zerolayer"] if rnd % 2 == 0 else ["zerolayer", "llama-bench"]
-            for who in order:
+            for who in (("llama-bench", "zerolayer") if rnd % 2 == 0 else ("zerolayer",
+                                                                           "llama-bench")):
                 if who == "llama-bench" and lb_short:
                     self.lb_round(rnd)
                     if rnd == 0:
@@ -569,39 +458,32 @@ class Comparison:
         lb_sides = sorted({s for d in stats.values() for s in d if s != "zerolayer"})
 
         def med(key, who):
-            s = stats.get(key, {}).get(who)
-            return s["median"] if s else None
+            return stats.get(key, {}).get(who, {}).get("median")
 
-        tg0, tg1000 = self.tg0, self.tg1000
+        def ratio(a, b):
+            return a / b if a and b else None
+
         # a mode that crashed on any test is no peer (it could not serve the prompts), however
         # fast its other rows: the baseline is the best of the modes that completed every test
         serving = [s for s in lb_sides if not crashed_mode(s, self.crashed)]
         best_lb, ratios = {}, {}
-        for key in [tg0, tg1000, "pp100_d0", "pp500_d0", "pp100_d1000", "pp500_d1000"]:
+        for key in PEER_KEYS:
             cands = [(med(key, s), s) for s in serving if med(key, s) is not None]
             if cands:
                 v, s = max(cands)
                 best_lb[key] = {"side": s, "median": v}
-            z, b = med(key, "zerolayer"), best_lb.get(key, {}).get("median")
-            ratios[key] = z / b if z and b else None
+            z = med(key, "zerolayer")
+            ratios[key] = ratio(z, best_lb.get(key, {}).get("median"))
             for s in lb_sides:
-                l_ = med(key, s)
-                ratios[f"{key}_vs_{s}"] = z / l_ if z and l_ else None
-        z8, z1, z1000 = med("batch8", "zerolayer"), med(tg0, "zerolayer"), med(tg1000, "zerolayer")
-        ratios["batch8_vs_own_batch1"] = z8 / z1 if z8 and z1 else None
-        ratios["decode_short_over_ctx1000_zerolayer"] = z1 / z1000 if z1 and z1000 else None
-        for s in lb_sides:
-            l0, l1000 = med(tg0, s), med(tg1000, s)
-            ratios[f"decode_short_over_ctx1000_{s}"] = l0 / l1000 if l0 and l1000 else None
-        targets = {
-            "decode_ctx50": verdict("decode_ctx50", ratios[tg0]),
-            "decode_ctx1000": verdict("decode_ctx1000", ratios[tg1000]),
-            "prefill_100": verdict("prefill_100", ratios["pp100_d0"]),
-            "prefill_500": verdict("prefill_500", ratios["pp500_d0"]),
-            "cold_start": verdict("cold_start", med("cold_start", "zerolayer")),
-            "attn_scaling": verdict("attn_scaling",
-                                    ratios["decode_short_over_ctx1000_zerolayer"]),
-        }
+                ratios[f"{key}_vs_{s}"] = ratio(z, med(key, s))
+        ratios["batch8_vs_own_batch1"] = ratio(med("batch8", "zerolayer"), med(TG0, "zerolayer"))
+        for s in ["zerolayer", *lb_sides]:
+            ratios[f"decode_short_over_ctx1000_{s}"] = ratio(med(TG0, s), med(TG1000, s))
+        targets = {}
+        for k, (label, op, target, src) in TARGETS.items():
+            v = med(src, "zerolayer") if src == "cold_start" else ratios[src]
+            met = None if v is None else (v >= target if op == ">=" else v <= target)
+            targets[k] = {"label": label, "value": v, "op": op, "target": target, "met": met}
         return {"stats": stats, "sides": ["zerolayer", *lb_sides], "best_llama_bench": best_lb,
                 "ratios": ratios, "targets": targets}
 
@@ -625,42 +507,32 @@ class Comparison:
                 "has_n_depth": "--n-depth" in self.help_text, "runs": self.lb_runs}
 
 
-def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path) -> int:
-    loadavg0 = os.getloadavg()
-    uptime0 = sh(["uptime"])
+def run(args, command: str, started: _dt.datetime, out_path: Path) -> int:
+    loadavg0, uptime0 = os.getloadavg(), sh(["uptime"])
     log(f"uptime: {uptime0}")
     if loadavg0[0] > 0.5:
         log(f"WARNING: 1-min load average {loadavg0[0]:.2f} > 0.5; busy processes: {top_processes()}")
     from zerolayer.gpu import __version__ as zl_version
-    src_hash0 = gpu_source_hash()
-    head_at_start = git_head(short=False)
+    src_hash0, head_at_start = gpu_source_hash(), git_head(short=False)
     git_dirty_gpu = sh(["git", "-C", str(REPO), "status", "--porcelain", "gpu"]).splitlines()
 
     c = Comparison(args)
     c.load_ours()
     c.run_rounds()
     short = c.short_of_runs()
-    loadavg1 = os.getloadavg()
-    src_hash1 = gpu_source_hash()
+    loadavg1, src_hash1 = os.getloadavg(), gpu_source_hash()
     if src_hash1 != src_hash0:
         log("WARNING: gpu/ sources changed during the run")
     compared = c.compare()
+    with open(c.model_path, "rb") as f:
+        sha = hashlib.file_digest(f, "sha256").hexdigest()
     result = {
-        "schema": "zerolayer-bench-runtime/3",
-        "reference": "llama-bench",
-        "date": started.isoformat(timespec="seconds"),
-        "command": command,
-        "quick": args.quick,
-        "runs": c.runs,
-        "reps_per_round": c.reps,
-        "rounds_done": c.rounds_done,
-        "rounds_s": c.rounds_s,
-        "decode_steps": c.steps,
-        "threads": THREADS,
-        "n_ctx": N_CTX,
+        "schema": "zerolayer-bench-runtime/3", "reference": "llama-bench",
+        "date": started.isoformat(timespec="seconds"), "command": command, "quick": args.quick,
+        "runs": c.runs, "reps_per_round": c.reps, "rounds_done": c.rounds_done,
+        "rounds_s": c.rounds_s, "decode_steps": STEPS, "threads": THREADS, "n_ctx": N_CTX,
         "llama_bench": c.llama_bench_info(),
-        "model": {"path": c.model_path, "bytes": os.path.getsize(c.model_path),
-                  "sha256": file_sha256(c.model_path)},
+        "model": {"path": c.model_path, "bytes": os.path.getsize(c.model_path), "sha256": sha},
         "zerolayer_prompts": {"decode_short_ctx": len(c.prompts["ctx50"]),
                               "decode_long_ctx": len(c.prompts["ctx1000"]),
                               "depth_context": len(c.prompts["ctx1000"]), "batch8_each": 50},
@@ -681,75 +553,64 @@ def _main_llama_bench(args, command: str, started: _dt.datetime, out_path: Path)
                      "git_head_at_start": head_at_start, "git_dirty_gpu_at_start": git_dirty_gpu,
                      "gpu_source_hash_start": src_hash0, "gpu_source_hash_end": src_hash1},
         "zerolayer_jit_first_steps_s": c.jit_s,
-        "zerolayer_load_s": c.zl.load_s,
+        "zerolayer_load_s": c.load_s,
         **compared,
         "llama_bench_rows": c.raw_lb,
         "zerolayer_samples": c.raw_zl,
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1))
-    print(render_llama_bench(result))
+    print(render(result))
     print(f"\nJSON: {out_path}")
     return 0
 
 
-def crashed_mode(side: str, crashed: dict) -> bool:
-    """Whether llama-bench side `side` (..._repack_on / _repack_off) is a --repack mode that
-    crashed on some test (crashed's keys end in "repack <0|1>")."""
-    modes = {k.rsplit(" repack ", 1)[1] for k in crashed if " repack " in k}
-    return any(side.endswith(f"_repack_{'on' if r == '1' else 'off'}") for r in modes)
+# ---------------------------------------------------------------- the table
 
 
 def _signal_name(error: str) -> str:
     """"llama-bench failed (rc=-11): ..." -> "SIGSEGV"."""
-    import re
-    import signal
     m = re.search(r"rc=(-?\d+)", error)
-    if not m:
-        return "failed"
     try:
-        return signal.Signals(-int(m.group(1))).name
+        return signal.Signals(-int(m.group(1))).name if m else "failed"
     except ValueError:
         return f"rc {m.group(1)}"
 
 
-def render_llama_bench(r: dict) -> str:
-    st, ra, tg, best = r["stats"], r["ratios"], r["targets"], r["best_llama_bench"]
+def side_name(side: str) -> str:
+    """llama_bench_fa_on_repack_off -> llama-bench fa=on repack=off"""
+    rest = side.removeprefix("llama_bench_").replace("_repack", " repack")
+    return "llama-bench " + " ".join(kv.replace("_", "=") for kv in rest.split(" "))
+
+
+def render(r: dict) -> str:
+    st, ra, tg, best, lb = r["stats"], r["ratios"], r["targets"], r["best_llama_bench"], r["llama_bench"]
     lb_sides = [s for s in r["sides"] if s != "zerolayer"]
-    n = r["decode_steps"]
-    tg0, tg1000 = f"tg{n}_d0", f"tg{n}_d1000"
     short = r["zerolayer_prompts"]["decode_short_ctx"]
 
     def cell(key, who, fmt="{:.1f}"):
         s = st.get(key, {}).get(who)
-        if not s:
-            return "–"
-        return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}–{fmt.format(s['max'])})"
+        return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}–{fmt.format(s['max'])})" \
+            if s else "–"
 
-    def rt(x, fmt="{:.2f}×"):
-        return "–" if x is None else fmt.format(x)
+    def rt(x):
+        return "–" if x is None else f"{x:.2f}×"
 
     def mark(key):
-        t = tg[key]
-        return "–" if t["met"] is None else ("met" if t["met"] else "**missed**")
+        return {None: "–", True: "met", False: "**missed**"}[tg[key]["met"]]
 
-    rows = [  # key, label, target text, target key
-        (tg0, f"decode tok/s, batch 1, {n} tokens at ctx 0 (llama-bench tg{n}) / {short} (ours)",
-         "≥ 1.25×", "decode_ctx50"),
-        (tg1000, f"decode tok/s, batch 1, {n} tokens at ctx 1000", "≥ 1.25×", "decode_ctx1000"),
-        ("pp100_d0", "prefill tok/s, 100 tokens", "≥ 1.25×", "prefill_100"),
-        ("pp500_d0", "prefill tok/s, 500 tokens", "≥ 1.25×", "prefill_500"),
-        ("pp100_d1000", "prefill tok/s, 100 tokens after 1000", "", None),
-        ("pp500_d1000", "prefill tok/s, 500 tokens after 1000", "", None),
-    ]
-    lb = r["llama_bench"]
-    def side_name(side: str) -> str:  # llama_bench_fa_on_repack_off -> fa=on repack=off
-        rest = side.removeprefix("llama_bench_")
-        return "llama-bench " + " ".join("=".join(kv.split("_")) for kv in
-                                         rest.replace("_repack", " repack").split(" "))
+    def target(key, unit="×"):
+        t = TARGETS[key]
+        return f"{'≥' if t[1] == '>=' else '≤'} {t[2]}{unit}"
 
-    head = " | ".join(side_name(s) for s in lb_sides)
-    m = r["machine"]
+    rows = [(TG0, f"decode tok/s, batch 1, {STEPS} tokens at ctx 0 (llama-bench tg{STEPS}) / "
+                  f"{short} (ours)", "decode_ctx50"),
+            (TG1000, f"decode tok/s, batch 1, {STEPS} tokens at ctx 1000", "decode_ctx1000"),
+            ("pp100_d0", "prefill tok/s, 100 tokens", "prefill_100"),
+            ("pp500_d0", "prefill tok/s, 500 tokens", "prefill_500"),
+            ("pp100_d1000", "prefill tok/s, 100 tokens after 1000", None),
+            ("pp500_d1000", "prefill tok/s, 500 tokens after 1000", None)]
+    m, v = r["machine"], r["versions"]
     lines = [
         f"zerolayer vs llama.cpp llama-bench (build {lb.get('build_number')}, "
         f"{lb.get('build_commit')}), {r['threads']} threads each, "
@@ -758,24 +619,22 @@ def render_llama_bench(r: dict) -> str:
         f"load avg before {m['loadavg_before'][0]:.2f}, after {m['loadavg_after'][0]:.2f} · "
         f"medians over {r['runs']} interleaved rounds (min–max of the round values), "
         f"each round's value the median of {r['reps_per_round']} samples",
-        f"ours: {r['versions'].get('cpu_kernels', '?')}, compiled for "
-        f"{r['versions'].get('numba_cpu_name') or 'this host'}",
+        f"ours: {v.get('cpu_kernels', '?')}, compiled for {v.get('numba_cpu_name') or 'this host'}",
         f"llama-bench: `{shlex.join(lb['cmd'])}`"
-        + (f", in each of `--repack {','.join(lb['repack_modes'])}`"
-           if lb.get("repack_modes") else ""),
+        + (f", in each of `--repack {','.join(lb['repack_modes'])}`" if lb.get("repack_modes") else ""),
         f"command: `{r['command']}`",
         "",
-        f"| metric | zerolayer | {head} | ours / best llama-bench | target | |",
+        f"| metric | zerolayer | {' | '.join(side_name(s) for s in lb_sides)} | "
+        "ours / best llama-bench | target | |",
         "|---|---|" + "---|" * len(lb_sides) + "---|---|---|",
     ]
-    for key, label, target, tkey in rows:
-        if key not in st:
-            continue
-        b = best.get(key, {}).get("side")
-        lls = " | ".join(cell(key, s) + (" ←" if s == b and len(lb_sides) > 1 else "")
-                         for s in lb_sides)
-        lines.append(f"| {label} | {cell(key, 'zerolayer')} | {lls} | {rt(ra.get(key))} | "
-                     f"{target} | {mark(tkey) if tkey else ''} |")
+    for key, label, tkey in rows:
+        if key in st:
+            b = best.get(key, {}).get("side")
+            lls = " | ".join(cell(key, s) + (" ←" if s == b and len(lb_sides) > 1 else "")
+                             for s in lb_sides)
+            lines.append(f"| {label} | {cell(key, 'zerolayer')} | {lls} | {rt(ra.get(key))} | "
+                         f"{target(tkey) if tkey else ''} | {mark(tkey) if tkey else ''} |")
     dash = " | ".join("–" for _ in lb_sides)
     if "batch8" in st:
         lines.append(f"| aggregate decode tok/s, batch 8, ctx {short} | {cell('batch8', 'zerolayer')} | "
@@ -783,23 +642,22 @@ def render_llama_bench(r: dict) -> str:
                      "aggregate instead) | |")
     if "cold_start" in st:
         lines.append(f"| cold start to first token, s (warm caches) | "
-                     f"{cell('cold_start', 'zerolayer', '{:.2f}')} | {dash} | | ≤ 1.5 s | "
-                     f"{mark('cold_start')} |")
+                     f"{cell('cold_start', 'zerolayer', '{:.2f}')} | {dash} | | "
+                     f"{target('cold_start', ' s')} | {mark('cold_start')} |")
     lls = " | ".join(rt(ra.get(f"decode_short_over_ctx1000_{s}")) for s in lb_sides)
-    lines.append(f"| decode slowdown, short ctx → 1000 | "
-                 f"{rt(ra.get('decode_short_over_ctx1000_zerolayer'))} | {lls} | | "
-                 f"≤ 1.5× | {mark('attn_scaling')} |")
-    lines.append("")
+    lines += [f"| decode slowdown, short ctx → 1000 | "
+              f"{rt(ra.get('decode_short_over_ctx1000_zerolayer'))} | {lls} | | "
+              f"{target('attn_scaling')} | {mark('attn_scaling')} |", ""]
     if len(lb_sides) > 1:
         lines.append("← = llama-bench's best mode for that row that completed every test, "
                      "the one the ratio uses.")
     crashed = [k for k in sorted(lb.get("crashed", {})) if not k.startswith("all ")]
     if crashed:
         why = {_signal_name(lb["crashed"][k]["error"]) for k in crashed}
-        gone = [s for s in lb_sides if crashed_mode(s, lb["crashed"])]
+        gone = [side_name(s) for s in lb_sides if crashed_mode(s, lb["crashed"])]
         lines.append(f"llama-bench died ({', '.join(sorted(why))}) on -p/-n/-d "
                      f"{'; '.join(crashed)}: not measured in those modes, and "
-                     f"{', '.join(side_name(s) for s in gone)} is no baseline for any row "
+                     f"{', '.join(gone)} is no baseline for any row "
                      "(a mode that crashes on prompts cannot serve).")
     met = [t["label"] for t in tg.values() if t["met"]]
     missed = [f"{t['label']}: {t['value']:.2f} (target {t['op']} {t['target']})"
@@ -818,39 +676,27 @@ def render_llama_bench(r: dict) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- main
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=None,
-                    help="interleaved rounds (default 5; --quick: 2)")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=None, help="interleaved rounds (default 5; --quick: 2)")
     ap.add_argument("--reps", type=int, default=None,
                     help="samples per round on each side, llama-bench -r (default 3; --quick: 1)")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: fewer rounds / runs (not for publishing)")
-    ap.add_argument("--out", default=None, help="JSON results path "
-                    "(default bench/results/runtime-<timestamp>.json)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: fewer rounds (not for publishing)")
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/runtime-<time>.json)")
     ap.add_argument("--model", default=None, help="GGUF path (default: the bundled SmolLM2-135M Q4_1)")
     ap.add_argument("--llama-bench", default=str(LLAMA_BENCH),
-                    help="llama-bench binary (default .bench-llamacpp/bin/llama-bench, from "
-                    "bench/setup_llamacpp.sh)")
-    ap.add_argument("--fa", default="0,1",
-                    help="llama-bench -fa: flash-attention modes, each row's baseline is the best "
-                    "of them (default 0,1)")
-    ap.add_argument("--repack", default="0,1",
-                    help="llama-bench --repack modes to measure, best per row (default 0,1; "
-                         "ignored by builds without --repack)")
-    ap.add_argument("--no-cold-start", action="store_true",
-                    help="skip our cold-start measurement")
+                    help="llama-bench binary (default .bench-llamacpp/bin/llama-bench)")
+    ap.add_argument("--fa", default="0,1", help="llama-bench -fa modes, best per row (default 0,1)")
+    ap.add_argument("--repack", default="0,1", help="llama-bench --repack modes, best per row "
+                    "(default 0,1; ignored by builds without --repack)")
+    ap.add_argument("--no-cold-start", action="store_true", help="skip our cold-start measurement")
     ap.add_argument("--max-foreign", type=float, default=0.05,
-                    help="max share of the machine other processes may take during a sample "
-                    "before it is rerun (default 0.05 = 10%% of one of 2 cores)")
+                    help="share of the machine others may take during a sample before it is "
+                    "rerun (default 0.05 = 10%% of one of 2 cores)")
     ap.add_argument("--retries", type=int, default=4, help="reruns of a disturbed sample (default 4)")
     ap.add_argument("--max-wait", type=float, default=None,
-                    help="seconds to wait for a quiet machine before each sample "
-                    "(default 120; --quick: 10)")
+                    help="seconds to wait for a quiet machine before each sample (default 120; "
+                    "--quick: 10)")
     args = ap.parse_args()
     command = command_line()
     if args.max_wait is None:
@@ -858,11 +704,10 @@ def main() -> int:
     started = _dt.datetime.now().astimezone()
     out_path = Path(args.out) if args.out else RESULTS / f"runtime-{started:%Y%m%d-%H%M%S}.json"
     if not os.access(args.llama_bench, os.X_OK):
-        log(f"missing {args.llama_bench}: build it with bench/setup_llamacpp.sh "
-            "(see bench/README.md)")
+        log(f"missing {args.llama_bench}: build it with bench/setup_llamacpp.sh (bench/README.md)")
         return 2
     with bench_lock(command) as args.lock_wait_s:  # the whole run: loads and JIT compiles too
-        return _main_llama_bench(args, command, started, out_path)
+        return run(args, command, started, out_path)
 
 
 if __name__ == "__main__":

@@ -3,29 +3,14 @@
 
     .venv/bin/python bench/synth_gguf.py                 # F16 base, then Q4_1 and Q4_K_M
     .venv/bin/python bench/synth_gguf.py --types Q4_1    # just one quantized file
-    .venv/bin/python bench/synth_gguf.py --out-dir DIR --seed 1
 
-Decode speed depends on the shapes and the formats, not on the values, so a model whose
-weights stream from DRAM (not from a large L3, as the bundled 135M model does on a 480 MiB
-L3) can be made on any host without downloading one. Shapes (TinyLlama-1.1B): 22 layers,
-d_model 2048, n_ff 5632, 32 heads, 4 KV heads, head dim 64, untied LM head. The vocabulary
-is the bundled SmolLM2 model's (49152 tokens, not TinyLlama's 32000): its tokenizer metadata
-is copied so that llama.cpp and our loader both accept the file, and the embedding and LM
-head follow its size (2 x 49152 x 2048 weights instead of 2 x 32000 x 2048).
-
-The F16 base file is written here (1-D norm weights as F32, as llama.cpp's converter does);
-llama.cpp's own `llama-quantize` (bench/setup_llamacpp.sh) makes the quantized files from it,
-so the K-quant mixes are the ones llama.cpp picks (Q4_K_M: Q6_K for the LM head and for some
-layers' attn_v and ffn_down).
-
-Values: normal with std 0.02 (GPT-2's initialisation; about 1/sqrt(d_model)), norm weights
-1. With these the residual stream stays O(1) through 22 layers and the logits are finite
-(checked after writing: one forward through our runtime, --no-check skips it). Larger
-random weights overflow float16 and give NaNs, which may take other code paths.
-
-Output (never committed; *.gguf is git-ignored anywhere, and the default directory is outside
-the repository, beside scripts/make_quants.sh's): ~/.cache/zerolayer/synth/
-tinyllama-1.1b-synth.{F16,Q4_1,Q4_K_M}.gguf. An existing file is kept (--force rewrites).
+What it writes and why (the bundled model's vocabulary and tokenizer, llama.cpp's own
+llama-quantize for the quantized files, ~/.cache/zerolayer/synth/): bench/README.md
+("bench_kernels.py and synth_gguf.py"). Values: normal with std 0.02 (GPT-2's initialisation;
+about 1/sqrt(d_model)), norm weights 1 (F32, as llama.cpp's converter writes them): the
+residual stream stays O(1) through 22 layers and the logits finite (checked after writing by
+one forward, --no-check skips it); larger random weights overflow float16 and give NaNs,
+which may take other code paths. An existing file is kept (--force rewrites).
 """
 from __future__ import annotations
 
@@ -38,8 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-QUANTIZE = REPO / ".bench-llamacpp" / "bin" / "llama-quantize"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import LLAMA_BIN, log  # noqa: E402
+
+QUANTIZE = LLAMA_BIN / "llama-quantize"
 DEFAULT_DIR = Path(os.environ.get("ZEROLAYER_SYNTH_DIR",
                                   Path.home() / ".cache" / "zerolayer" / "synth"))
 NAME = "tinyllama-1.1b-synth"
@@ -48,15 +35,6 @@ NAME = "tinyllama-1.1b-synth"
 SHAPES = {"n_layer": 22, "d_model": 2048, "n_ff": 5632, "n_head": 32, "n_kv": 4,
           "head_dim": 64, "context_length": 2048, "rope_base": 10000.0, "eps": 1e-5}
 STD = 0.02
-
-
-def log(msg: str) -> None:
-    print(f"[synth_gguf] {msg}", file=sys.stderr, flush=True)
-
-
-def bundled_model() -> str:
-    from zerolayer.gpu.gguf_loader import default_model_path
-    return default_model_path()
 
 
 def copy_tokenizer(writer, src: str) -> int:
@@ -79,6 +57,8 @@ def copy_tokenizer(writer, src: str) -> int:
 
 def write_f16(path: Path, seed: int) -> None:
     import gguf
+
+    from zerolayer.gpu.gguf_loader import default_model_path
     s = SHAPES
     D, F, hd = s["d_model"], s["n_ff"], s["head_dim"]
     dq, dkv = s["n_head"] * hd, s["n_kv"] * hd
@@ -95,7 +75,7 @@ def write_f16(path: Path, seed: int) -> None:
     w.add_rope_freq_base(s["rope_base"])
     w.add_layer_norm_rms_eps(s["eps"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    vocab = copy_tokenizer(w, bundled_model())
+    vocab = copy_tokenizer(w, default_model_path())
     w.add_vocab_size(vocab)
     rng = np.random.default_rng(seed)
 
@@ -103,18 +83,13 @@ def write_f16(path: Path, seed: int) -> None:
         return (rng.standard_normal((rows, cols), np.float32) * np.float32(STD)).astype(np.float16)
 
     ones = np.ones(D, np.float32)
+    layer = (("attn_norm", None), ("attn_q", (dq, D)), ("attn_k", (dkv, D)), ("attn_v", (dkv, D)),
+             ("attn_output", (D, dq)), ("ffn_norm", None), ("ffn_gate", (F, D)),
+             ("ffn_up", (F, D)), ("ffn_down", (D, F)))  # in the order the weights are drawn
     w.add_tensor("token_embd.weight", mat(vocab, D))
     for i in range(s["n_layer"]):
-        p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", ones)
-        w.add_tensor(p + "attn_q.weight", mat(dq, D))
-        w.add_tensor(p + "attn_k.weight", mat(dkv, D))
-        w.add_tensor(p + "attn_v.weight", mat(dkv, D))
-        w.add_tensor(p + "attn_output.weight", mat(D, dq))
-        w.add_tensor(p + "ffn_norm.weight", ones)
-        w.add_tensor(p + "ffn_gate.weight", mat(F, D))
-        w.add_tensor(p + "ffn_up.weight", mat(F, D))
-        w.add_tensor(p + "ffn_down.weight", mat(D, F))
+        for name, shape in layer:
+            w.add_tensor(f"blk.{i}.{name}.weight", ones if shape is None else mat(*shape))
     w.add_tensor("output_norm.weight", ones)
     w.add_tensor("output.weight", mat(vocab, D))
     w.write_header_to_file()

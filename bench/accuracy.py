@@ -1,5 +1,5 @@
 """Accuracy of each CPU mode against the F32 model, beside llama.cpp's own on the same file
-(bench/README.md, "accuracy.py"; the rule: bench/accuracy_metrics.py).
+(bench/README.md, "accuracy.py"; the rule: bench/accuracy_py).
 
     .venv/bin/python bench/accuracy.py                      # the bundled model, every mode
     .venv/bin/python bench/accuracy.py --quants             # + scripts/make_quants.sh's files
@@ -30,20 +30,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from _harness import cpu_model, git_head  # noqa: E402
-from accuracy_metrics import (  # noqa: E402
-    KL_MAX,
-    N_CTX,
-    SPEED_ORDER,
-    TOP1_MIN,
-    Mode,
-    acceptable,
-    all_modes,
-    chunks,
-    pick_default,
-    read_kld_base,
-    read_text,
-)
+from _harness import cpu_model, git_head, results_path  # noqa: E402
+from accuracy_metrics import N_CTX, SPEED_ORDER, Mode, apply_rule, chunks, read_kld_base, read_text  # noqa: E402
 from accuracy_runs import PATHS, available, reference_logp, score_mode  # noqa: E402
 
 TEXT = os.path.join(HERE, "accuracy", "alice_ch1.txt")
@@ -170,18 +158,6 @@ def measure_file(path: str, modes: list[Mode], text: str, n_ctx: int, paths, use
     return res
 
 
-def apply_rule(res: dict) -> dict:
-    """Per mode the figures the rule uses (the worse path's KL and top-1) and whether it
-    passes; the pick. llama.cpp's KL rides along as information."""
-    kl = {m: max(r[p]["kl_mean"] for p in r) for m, r in res["modes"].items()}
-    top1 = {m: min(r[p]["top1"] for p in r) for m, r in res["modes"].items()}
-    picked = pick_default(kl, top1)
-    return {"kl": kl, "top1": top1, "bounds": {"kl_max": KL_MAX, "top1_min": TOP1_MIN},
-            "llamacpp_kl": res.get("llamacpp", {}).get("kl_mean"),
-            "acceptable": {m: acceptable(kl[m], top1[m]) for m in kl},
-            "picked": picked.name if picked else None}
-
-
 def table(results: list[dict], paths) -> str:
     lines = []
     for res in results:
@@ -247,9 +223,8 @@ def main(argv=None) -> int:
     if a.quants:
         models += [p for t in ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
                    if os.path.exists(p := os.path.join(QUANT_DIR, f"SmolLM2-135M-Instruct.{t}.gguf"))]
-    modes = (all_modes(("vnni", "avx2")) if a.modes == "all"
-             else [Mode.parse(m) for m in a.modes.split(",")])
-    modes = [m for m in modes if available(m)]
+    modes = [m for m in (SPEED_ORDER if a.modes == "all" else map(Mode.parse, a.modes.split(",")))
+             if available(m)]
     paths = tuple(a.paths.split(","))
     os.makedirs(WORKDIR, exist_ok=True)
     text = read_text(TEXT)
@@ -267,10 +242,8 @@ def main(argv=None) -> int:
            "command": "bench/accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "speed_order": [m.name for m in SPEED_ORDER], "files": results}
     print(table(results, paths))
-    out = a.out or os.path.join(HERE, "results", f"accuracy-{started:%Y%m%d-%H%M%S}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=1)
+    out = results_path(a.out, "accuracy")
+    out.write_text(json.dumps(doc, indent=1))
     log(f"wrote {out}")
     if a.record:
         bundled = results[0]

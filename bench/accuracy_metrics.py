@@ -150,3 +150,15 @@ def pick_default(kl_by_mode: dict[str, float], top1_by_mode: dict[str, float],
     return next((m for m in order if kl_by_mode.get(m.name) is not None
                  and top1_by_mode.get(m.name) is not None
                  and acceptable(kl_by_mode[m.name], top1_by_mode[m.name])), None)
+
+
+def apply_rule(res: dict) -> dict:
+    """Per mode the figures the rule uses (the worse path's KL and top-1) and whether it
+    passes; the pick. llama.cpp's KL rides along as information."""
+    kl = {m: max(r[p]["kl_mean"] for p in r) for m, r in res["modes"].items()}
+    top1 = {m: min(r[p]["top1"] for p in r) for m, r in res["modes"].items()}
+    picked = pick_default(kl, top1)
+    return {"kl": kl, "top1": top1, "bounds": {"kl_max": KL_MAX, "top1_min": TOP1_MIN},
+            "llamacpp_kl": res.get("llamacpp", {}).get("kl_mean"),
+            "acceptable": {m: acceptable(kl[m], top1[m]) for m in kl},
+            "picked": picked.name if picked else None}

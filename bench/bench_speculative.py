@@ -101,8 +101,9 @@ def run_lookup(model: str, prompt: str, n_tokens: int, threads: int) -> dict:
             "accepted": count["n_accept"], "command": " ".join(cmd[:1] + cmd[5:])}
 
 
-def med(xs: list) -> float | None:
-    xs = [x for x in xs if x is not None]
+def med(rows: list[dict], key: str) -> float | None:
+    """The median of rows' `key` where they have one (a failed llama-lookup run has none)."""
+    xs = [x[key] for x in rows if x.get(key) is not None]
     return statistics.median(xs) if xs else None
 
 
@@ -164,10 +165,8 @@ def main(argv=None) -> int:
     lines = ["| task | prompt tokens | plain tok/s | speculative tok/s | speedup | kept / drafted "
              "| llama-lookup tok/s | ours / llama-lookup |", "|---" * 8 + "|"]
     for name, row in results.items():
-        p, s = med([x["decode_tps"] for x in row["plain"]]), med([x["decode_tps"] for x in row["spec"]])
-        lk = med([x.get("decode_tps") for x in row["lookup"]])
-        kept = sum(x["accepted"] for x in row["spec"])
-        drafted = sum(x["drafted"] for x in row["spec"])
+        p, s, lk = (med(row[k], "decode_tps") for k in ("plain", "spec", "lookup"))
+        kept, drafted = (sum(x[f] for x in row["spec"]) for f in ("accepted", "drafted"))
         row["summary"] = {"plain_tps": p, "spec_tps": s, "lookup_tps": lk,
                           "speedup": s / p if p and s else None,
                           "vs_lookup": s / lk if lk and s else None}
@@ -178,8 +177,8 @@ def main(argv=None) -> int:
         lines += ["", "| task | tokens/step plain / lookup / draft model | tok/s plain / lookup / "
                   "draft model | draft model kept / drafted |", "|---" * 4 + "|"]
         for name, row in results.items():
-            tps = [med([x["tokens_per_step"] for x in row[k]]) for k in ("plain", "spec", "draft")]
-            dec = [med([x["decode_tps"] for x in row[k]]) for k in ("plain", "spec", "draft")]
+            tps = [med(row[k], "tokens_per_step") for k in ("plain", "spec", "draft")]
+            dec = [med(row[k], "decode_tps") for k in ("plain", "spec", "draft")]
             lines.append(f"| {name} | {' / '.join(f'{x:.2f}' for x in tps)} | "
                          f"{' / '.join(f'{x:.1f}' for x in dec)} | "
                          f"{sum(x['accepted'] for x in row['draft'])} / "

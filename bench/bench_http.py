@@ -292,7 +292,8 @@ def render(r: dict) -> str:
         f"-np {a['parallel']}; zerolayer {r['zerolayer_git']}.", "",
         "| metric | zerolayer-http | llama-server | direct SDK | edge/llama | edge/SDK |",
         "|---|---|---|---|---|---|",
-        *(f"| {label} | {' | '.join(cells + rs)} |" for label, cells, rs in rows),
+        *("|" + "".join(f" {c} |" if c else " |" for c in [label, *cells, *rs])
+          for label, cells, rs in rows),
         "",
         f"- Edge overhead over the SDK: TTFT p50 +{x((R['edge_minus_sdk_ttft_p50_s'] or 0) * 1e3, '.2f')}"
         f" ms (x{x(R['edge_over_sdk_ttft_p50'])}); tok/s x{x(R['edge_over_sdk_tok_s'])}.",

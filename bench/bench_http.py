@@ -211,8 +211,12 @@ class Bench:
                 return srv
             try:
                 H.log(f"starting llama-server -np {a.parallel}, zerolayerd, zerolayer-http")
-                self.llama = up(H.NativeLlamaServer(str(LLAMA_SERVER), r["model"], a.threads,
-                                                    a.parallel, H.free_port(), tmp / "llama.log"))
+                # with --no-repack where its default repacking crashes (the AMX Xeon class)
+                self.llama, r["llama_extra"] = H.llama_server_that_serves(
+                    lambda extra: H.NativeLlamaServer(str(LLAMA_SERVER), r["model"], a.threads,
+                                                      a.parallel, H.free_port(), tmp / "llama.log",
+                                                      extra=extra), lambda srv: srv.wait_ready())
+                servers.append(self.llama)
                 self.zl = up(H.ZeroLayerDaemon(sys.executable, r["model"], a.threads, 2048, tmp,
                                                tmp / "zerolayerd.log", shlex.split(a.zl_extra)))
                 self.edge = up(EdgeServer(sys.executable, self.zl, tmp, tmp / "edge.log"))
@@ -289,7 +293,7 @@ def render(r: dict) -> str:
         f"### HTTP edge: zerolayer-http vs llama-server vs the SDK ({r['date']})", "",
         f"Machine: {r['machine'].get('cpu_model')}, {r['machine'].get('cpus')} CPUs; model "
         f"`{Path(r['model']).name}`, {a['threads']} threads each; llama-server "
-        f"-np {a['parallel']}; zerolayer {r['zerolayer_git']}.", "",
+        f"{shlex.join(['-np', str(a['parallel']), *r['llama_extra']])}; zerolayer {r['zerolayer_git']}.", "",
         "| metric | zerolayer-http | llama-server | direct SDK | edge/llama | edge/SDK |",
         "|---|---|---|---|---|---|",
         *("|" + "".join(f" {c} |" if c else " |" for c in [label, *cells, *rs])

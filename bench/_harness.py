@@ -582,3 +582,14 @@ def zl_stream_chat(client, content: str | list[tuple[str, str]], max_tokens: int
             "finish_reason": res.finish_reason, "attempts": res.attempts,
             "usage": dataclasses.asdict(res.usage),
             "timings_us": dataclasses.asdict(res.timings)}
+
+
+# -- added for misc
+
+
+def results_path(out: str | None, prefix: str) -> Path:
+    """Where a run's JSON goes: `out` when given, else bench/results/<prefix>-<time>.json;
+    its folder is made."""
+    p = Path(out) if out else RESULTS / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p

@@ -1,4 +1,5 @@
-"""Accuracy of each CPU mode against the F32 model, beside llama.cpp's own on the same file.
+"""Accuracy of each CPU mode against the F32 model, beside llama.cpp's own on the same file
+(bench/README.md, "accuracy.py"; the rule: bench/accuracy_py).
 
     .venv/bin/python bench/accuracy.py                      # the bundled model, every mode
     .venv/bin/python bench/accuracy.py --quants             # + scripts/make_quants.sh's files
@@ -6,21 +7,10 @@
     .venv/bin/python bench/accuracy.py --record             # also tests/golden/accuracy_modes.json
     .venv/bin/python bench/accuracy.py --rerule             # the rule again, on the recorded figures
 
-For each model file and each CPU mode this machine runs (gpu/ops/cpu_features.py: kernel set
-x activation width x KV cache type), over the shipped public-domain text
-(bench/accuracy/alice_ch1.txt, 3,155 tokens): the mean KL divergence of the next-token
-distributions from the F32 model dequantized from the same file (gpu/reference.py, float64),
-and the top-1 agreement, at llama-perplexity's positions (bench/accuracy_metrics.py), by the
-prefill and the decode paths. Beside them, where bench/setup_llamacpp.sh has built it,
-llama.cpp's `llama-perplexity --kl-divergence` on the same file against its own F32
-evaluation, and our KL against that same stored base.
-
-The rule (accuracy_metrics.py): a mode is acceptable when it gives the F32 model's answers,
-top-1 agreement >= 99.5% and mean KL <= 1e-5 (the worse of its two paths); the default is the
-fastest acceptable mode on the bundled model (accuracy_metrics.SPEED_ORDER).
-tests/test_accuracy.py holds the default to the recorded pick.
-
-Output: a markdown table on stdout and JSON (default bench/results/accuracy-<time>.json).
+llama.cpp's side: `llama-perplexity` (bench/setup_llamacpp.sh) on the F32 model dequantized
+from the file (the base log-probabilities), then on the file itself against them
+(`--kl-divergence`); same text, chunks and scored positions as ours, 2 threads, llama.cpp's
+defaults otherwise (f16 KV cache).
 """
 from __future__ import annotations
 
@@ -28,92 +18,144 @@ import argparse
 import datetime
 import json
 import os
+import re
+import subprocess
 import sys
 import time
+from collections import Counter
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-import accuracy_llamacpp as lcpp  # noqa: E402
-from _harness import cpu_model, git_head  # noqa: E402
-from accuracy_metrics import (  # noqa: E402
-    KL_MAX,
-    N_CTX,
-    SPEED_ORDER,
-    TOP1_MIN,
-    Mode,
-    acceptable,
-    all_modes,
-    chunks,
-    pick_default,
-    read_kld_base,
-    read_text,
-)
+from _harness import cpu_model, git_head, results_path  # noqa: E402
+from accuracy_metrics import N_CTX, SPEED_ORDER, Mode, apply_rule, chunks, read_kld_base, read_text  # noqa: E402
 from accuracy_runs import PATHS, available, reference_logp, score_mode  # noqa: E402
 
 TEXT = os.path.join(HERE, "accuracy", "alice_ch1.txt")
 GOLDEN = os.path.join(ROOT, "tests", "golden", "accuracy_modes.json")
 WORKDIR = os.path.expanduser("~/.cache/zerolayer/accuracy")  # F32 files, llama.cpp's base logits, logs
 QUANT_DIR = os.environ.get("ZEROLAYER_QUANT_DIR", os.path.expanduser("~/.cache/zerolayer/quants"))
+LLAMACPP_DIR = os.path.join(ROOT, os.environ.get("ZEROLAYER_LLAMACPP_DIR", ".bench-llamacpp"))
+PERPLEXITY = os.path.join(LLAMACPP_DIR, "bin", "llama-perplexity")
 
 
-def _formats(path: str) -> dict[str, int]:
-    """Weights per GGUF tensor type in the file."""
-    from zerolayer.gpu import gguf_loader
-    out: dict[str, int] = {}
-    for t in gguf_loader.open_gguf(path).tensors:
-        out[t.tensor_type.name] = out.get(t.tensor_type.name, 0) + int(t.n_elements)
-    return out
+# ---------------------------------------------------------------- llama.cpp's side
 
+def write_f32(src: str, dst: str) -> str:
+    """The GGUF at `src` with every tensor dequantized to F32 by the `gguf` package (the
+    same dequantization as our reference), metadata copied. Kept if it already exists."""
+    if os.path.exists(dst):
+        return dst
+    import gguf
+    from gguf.quants import dequantize
+    reader = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst + ".part", str(reader.fields["general.architecture"].contents()))
+    for f in reader.fields.values():
+        if f.name == "general.architecture" or f.name.startswith("GGUF."):
+            continue
+        if f.name == "general.file_type":
+            w.add_uint32(f.name, int(gguf.LlamaFileType.ALL_F32))
+            continue
+        vtype = f.types[0]
+        w.add_key_value(f.name, f.contents(), vtype,
+                        sub_type=f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        arr = dequantize(t.data, t.tensor_type).astype(np.float32)
+        w.add_tensor(t.name, arr.reshape([int(s) for s in reversed(t.shape)]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(dst + ".part", dst)
+    return dst
+
+
+def perplexity(args: list[str], log: str) -> tuple[str, bool]:
+    """llama-perplexity with its default weight repacking; where that dies of a signal (this
+    build's AMX repack: SIGSEGV on any prompt of more than one token) again without it, the
+    mode that completes. Returns (output, repacked)."""
+    for extra in ([], ["--no-repack"]):
+        cmd = [PERPLEXITY, "-t", "2", *args, *extra]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        with open(log, "w") as f:
+            f.write(" ".join(cmd) + "\n" + r.stdout + r.stderr)
+        if r.returncode >= 0 or extra:
+            break
+    if r.returncode:
+        raise RuntimeError(f"llama-perplexity failed ({r.returncode}), see {log}")
+    return r.stdout + r.stderr, not extra
+
+
+def llamacpp_kl(model: str, f32: str, text_file: str, n_ctx: int, workdir: str) -> dict:
+    """llama.cpp's KL divergence of `model` against its own F32 evaluation of `f32`, and
+    the stored base file (for our modes' KL against the same base)."""
+    base = os.path.join(workdir, os.path.basename(f32) + f".c{n_ctx}.kld")
+    common = ["-f", text_file, "-c", str(n_ctx)]
+    if not os.path.exists(base):
+        perplexity(["-m", f32, *common, "--kl-divergence-base", base + ".part"], base + ".log")
+        os.replace(base + ".part", base)
+    log = os.path.join(workdir, os.path.basename(model) + f".c{n_ctx}.kl.log")
+    out, repacked = perplexity(["-m", model, *common, "--kl-divergence-base", base,
+                                "--kl-divergence"], log)
+
+    def grab(label: str) -> float:
+        m = re.search(re.escape(label) + r"\s*:\s*([-0-9.]+)", out)
+        if not m:
+            raise RuntimeError(f"no '{label}' in llama-perplexity's output ({log})")
+        return float(m.group(1))
+
+    return {"kl_mean": grab("Mean    KLD"), "kl_p99": grab("99.0%   KLD"),
+            "kl_max": grab("Maximum KLD"), "top1": grab("Same top p") / 100,
+            "command": f"llama-perplexity -t 2 -m MODEL -f TEXT -c {n_ctx} "
+                       "--kl-divergence-base BASE --kl-divergence"
+                       + ("" if repacked else " --no-repack"),
+            "repack_crashed": not repacked, "base_file": base, "log": log}
+
+
+# ---------------------------------------------------------------- ours, and the rule
 
 def measure_file(path: str, modes: list[Mode], text: str, n_ctx: int, paths, use_llamacpp: bool,
                  workdir: str, log, max_chunks: int | None = None) -> dict:
+    from zerolayer.gpu import gguf_loader
     from zerolayer.gpu.model import LlamaModel
     tok = LlamaModel.load(path).tokenizer()
     ids = tok.encode(text)
     bos = tok._bos_id if tok.add_bos else None  # llama-perplexity: BOS first where the vocabulary adds one
     chunk_list = chunks(ids, n_ctx, bos)[:max_chunks]
-    res = {"path": path, "formats": _formats(path), "tokens": len(ids), "chunks": len(chunk_list),
-           "modes": {}}
+    formats: Counter = Counter()  # weights per GGUF tensor type in the file
+    for t in gguf_loader.open_gguf(path).tensors:
+        formats[t.tensor_type.name] += int(t.n_elements)
+    res = {"path": path, "formats": dict(formats), "tokens": len(ids),
+           "chunks": len(chunk_list), "modes": {}}
     t0 = time.perf_counter()
     ref = reference_logp(path, chunk_list, n_ctx)
     log(f"{os.path.basename(path)}: reference over {len(chunk_list)} chunks in "
         f"{time.perf_counter() - t0:.0f} s")
     base = None
-    if use_llamacpp and lcpp.binary():
-        f32 = lcpp.write_f32(path, os.path.join(workdir, os.path.basename(path) + ".F32.gguf"))
+    if use_llamacpp and os.access(PERPLEXITY, os.X_OK):
+        f32 = write_f32(path, os.path.join(workdir, os.path.basename(path) + ".F32.gguf"))
         body = os.path.join(workdir, "text.txt")
         with open(body, "w", encoding="utf-8") as f:
             f.write(text)
-        res["llamacpp"] = lcpp.kl_divergence(path, f32, body, n_ctx, workdir)
-        _, _, btoks, base = read_kld_base(res["llamacpp"]["base_file"])
+        lc = res["llamacpp"] = llamacpp_kl(path, f32, body, n_ctx, workdir)
+        _, _, btoks, base = read_kld_base(lc["base_file"])
         ours = chunks(ids, n_ctx)  # llama.cpp stores the text's tokens, before any BOS
-        res["llamacpp"]["same_tokens"] = bool(len(btoks) == sum(map(len, ours))
-                                             and (btoks == [t for c in ours for t in c]).all())
+        lc["same_tokens"] = bool(len(btoks) == sum(map(len, ours))
+                                 and (btoks == [t for c in ours for t in c]).all())
         base = base[:len(chunk_list)]
-        log(f"  llama.cpp: KL {res['llamacpp']['kl_mean']:.3g}, top-1 {res['llamacpp']['top1']:.4f}"
-            f", same tokens: {res['llamacpp']['same_tokens']}")
+        log(f"  llama.cpp: KL {lc['kl_mean']:.3g}, top-1 {lc['top1']:.4f}, "
+            f"same tokens: {lc['same_tokens']}")
     elif use_llamacpp:
-        log(f"  llama.cpp: no {lcpp.LLAMACPP_DIR}/bin/llama-perplexity (bench/setup_llamacpp.sh)")
+        log(f"  llama.cpp: no {PERPLEXITY} (bench/setup_llamacpp.sh)")
     for m in modes:
         t0 = time.perf_counter()
         r = res["modes"][m.name] = score_mode(path, m, chunk_list, ref, n_ctx, paths, base)
         log(f"  {m.name}: " + ", ".join(f"{p} KL {r[p]['kl_mean']:.3g} top-1 {r[p]['top1']:.4f}"
                                         for p in paths) + f" ({time.perf_counter() - t0:.0f} s)")
     return res
-
-
-def apply_rule(res: dict) -> dict:
-    """Per mode the figures the rule uses (the worse path's KL and top-1) and whether it
-    passes; the pick. llama.cpp's KL rides along as information."""
-    kl = {m: max(r[p]["kl_mean"] for p in r) for m, r in res["modes"].items()}
-    top1 = {m: min(r[p]["top1"] for p in r) for m, r in res["modes"].items()}
-    picked = pick_default(kl, top1)
-    return {"kl": kl, "top1": top1, "bounds": {"kl_max": KL_MAX, "top1_min": TOP1_MIN},
-            "llamacpp_kl": res.get("llamacpp", {}).get("kl_mean"),
-            "acceptable": {m: acceptable(kl[m], top1[m]) for m in kl},
-            "picked": picked.name if picked else None}
 
 
 def table(results: list[dict], paths) -> str:
@@ -138,6 +180,12 @@ def table(results: list[dict], paths) -> str:
     return "\n".join(lines)
 
 
+def write_record(path: str, rec: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(rec, f, indent=1)
+        f.write("\n")
+
+
 def rerule(path: str) -> int:
     """The rule of this tree over a recorded file's measurements: the verdicts change when
     the rule does, the figures stay the ones measured (their date, commit and host)."""
@@ -147,9 +195,7 @@ def rerule(path: str) -> int:
     rec["rule"]["applied"] = (f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}, "
                               f"git {git_head()} (bench/accuracy.py --rerule)")
     rec["speed_order"] = [m.name for m in SPEED_ORDER]
-    with open(path, "w") as f:
-        json.dump(rec, f, indent=1)
-        f.write("\n")
+    write_record(path, rec)
     print(f"{path}: picked {rec['rule']['picked']}")
     return 0
 
@@ -175,12 +221,10 @@ def main(argv=None) -> int:
     from zerolayer.gpu.gguf_loader import default_model_path
     models = a.model or [default_model_path()]
     if a.quants:
-        models += [os.path.join(QUANT_DIR, f"SmolLM2-135M-Instruct.{t}.gguf")
-                   for t in ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
-                   if os.path.exists(os.path.join(QUANT_DIR, f"SmolLM2-135M-Instruct.{t}.gguf"))]
-    modes = (all_modes(("vnni", "avx2")) if a.modes == "all"
-             else [Mode.parse(m) for m in a.modes.split(",")])
-    modes = [m for m in modes if available(m)]
+        models += [p for t in ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
+                   if os.path.exists(p := os.path.join(QUANT_DIR, f"SmolLM2-135M-Instruct.{t}.gguf"))]
+    modes = [m for m in (SPEED_ORDER if a.modes == "all" else map(Mode.parse, a.modes.split(",")))
+             if available(m)]
     paths = tuple(a.paths.split(","))
     os.makedirs(WORKDIR, exist_ok=True)
     text = read_text(TEXT)
@@ -198,10 +242,8 @@ def main(argv=None) -> int:
            "command": "bench/accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "speed_order": [m.name for m in SPEED_ORDER], "files": results}
     print(table(results, paths))
-    out = a.out or os.path.join(HERE, "results", f"accuracy-{started:%Y%m%d-%H%M%S}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=1)
+    out = results_path(a.out, "accuracy")
+    out.write_text(json.dumps(doc, indent=1))
     log(f"wrote {out}")
     if a.record:
         bundled = results[0]
@@ -210,9 +252,7 @@ def main(argv=None) -> int:
                    llamacpp={k: v for k, v in bundled.get("llamacpp", {}).items()
                              if k in ("kl_mean", "top1", "command", "same_tokens")},
                    modes=bundled["modes"])
-        with open(GOLDEN, "w") as f:
-            json.dump(rec, f, indent=1)
-            f.write("\n")
+        write_record(GOLDEN, rec)
         log(f"wrote {GOLDEN}")
     return 0
 

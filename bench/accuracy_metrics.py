@@ -1,26 +1,23 @@
 """What the accuracy harness measures, and the rule that picks the default CPU mode.
 
 Positions follow llama.cpp's `llama-perplexity` (tools/perplexity/perplexity.cpp), so its
-`--kl-divergence` figures and ours cover the same tokens: the text is cut into chunks of
-N_CTX tokens, each evaluated from position 0 of a fresh sequence (its first token replaced
-by BOS where the vocabulary adds one), and the next-token distributions at positions
-N_CTX/2 .. N_CTX-2 of each chunk are scored, so every scored position has at least N_CTX/2
-tokens of context.
+`--kl-divergence` figures and ours cover the same tokens: chunks of N_CTX tokens, each from
+position 0 of a fresh sequence (its first token replaced by BOS where the vocabulary adds
+one), scored at positions N_CTX/2 .. N_CTX-2 (at least N_CTX/2 tokens of context each).
+Per scored position, against the F32 model dequantized from the same file: KL(p_F32 || q) of
+the next-token distributions, and whether both put the same token first.
 
-The metrics, per scored position, against the F32 model dequantized from the same file:
-KL(p_F32 || q) of the next-token distributions, and whether both put the same token first.
-
-The rule: a mode is acceptable when it gives the F32 model's own answers: its top-1
-agreement is at least TOP1_MIN and its mean KL divergence at most KL_MAX, each the worse of
-its two paths (prefill, decode); the default is the fastest acceptable mode on the bundled
-model. llama.cpp's figures on the same file are recorded beside it, as information: the bar
-is the model, not the peer's loss (llama.cpp's Q4_1 agrees at ~97%, and so do our int8
-activations, which then answer the demo question as llama.cpp does, not as the model does).
+The rule: a mode is acceptable when it gives the F32 model's own answers: top-1 agreement at
+least TOP1_MIN and mean KL at most KL_MAX, each the worse of its two paths (prefill, decode);
+the default is the fastest acceptable mode on the bundled model. llama.cpp's figures ride
+along as information: the bar is the model, not the peer's loss (llama.cpp's Q4_1 agrees at
+~97%, and so do our int8 activations, which then answer the demo question as llama.cpp does,
+not as the model does).
 """
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,34 +52,23 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
     return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
 
 
-def kl_rows(ref_logp: np.ndarray, logits: np.ndarray) -> np.ndarray:
-    """KL(p_ref || q) per row (nats), float64; ref_logp: the reference's log-probabilities,
-    logits: the evaluated model's."""
-    q = log_softmax(logits)
-    return (np.exp(ref_logp) * (ref_logp - q)).sum(axis=-1)
-
-
-def same_top(ref_logp: np.ndarray, logits: np.ndarray) -> np.ndarray:
-    return np.argmax(ref_logp, axis=-1) == np.argmax(logits, axis=-1)
-
-
 @dataclass
 class Score:
-    """Per-position KL divergences and top-1 agreements, accumulated over chunks."""
-    kl: list
-    top: list
+    """Per-position KL(p_ref || q) (nats, float64) and top-1 agreements, over chunks."""
+    kl: list = field(default_factory=list)
+    top: list = field(default_factory=list)
 
     @classmethod
     def empty(cls) -> Score:
-        return cls([], [])
+        return cls()
 
     def add(self, ref_logp: np.ndarray, logits: np.ndarray) -> None:
-        self.kl.append(kl_rows(ref_logp, logits))
-        self.top.append(same_top(ref_logp, logits))
+        """ref_logp: the reference's log-probabilities; logits: the evaluated model's."""
+        self.kl.append((np.exp(ref_logp) * (ref_logp - log_softmax(logits))).sum(axis=-1))
+        self.top.append(np.argmax(ref_logp, axis=-1) == np.argmax(logits, axis=-1))
 
     def summary(self) -> dict:
-        kl = np.concatenate(self.kl)
-        top = np.concatenate(self.top)
+        kl, top = np.concatenate(self.kl), np.concatenate(self.top)
         return {"positions": int(kl.size), "kl_mean": float(kl.mean()),
                 "kl_p99": float(np.quantile(kl, 0.99)), "kl_max": float(kl.max()),
                 "top1": float(top.mean())}
@@ -111,9 +97,8 @@ def read_kld_base(path: str):
 def kl_rows_llamacpp(base_logp: np.ndarray, logits: np.ndarray) -> np.ndarray:
     """KL as llama-perplexity computes it against a stored base: only tokens whose base
     log-probability is above -16 count."""
-    q = log_softmax(logits)
     b = np.asarray(base_logp, np.float64)
-    return np.where(b > -16, np.exp(b) * (b - q), 0.0).sum(axis=-1)
+    return np.where(b > -16, np.exp(b) * (b - log_softmax(logits)), 0.0).sum(axis=-1)
 
 
 # ---------------------------------------------------------------- modes and the rule
@@ -133,25 +118,14 @@ class Mode:
 
     @classmethod
     def parse(cls, name: str) -> Mode:
-        k, a, kv = name.split("/")
-        return cls(k, a, kv)
-
-    def env(self) -> dict[str, str]:
-        e = {"ZEROLAYER_CPU_KERNELS": self.kernels, "ZEROLAYER_CPU_KV": self.kv}
-        if self.activations != "-":
-            e["ZEROLAYER_CPU_ACTIVATIONS"] = self.activations
-        return e
+        return cls(*name.split("/"))
 
 
 def all_modes(kernel_sets: tuple[str, ...]) -> list[Mode]:
     """Every mode of the given integer kernel sets (best first), then the float kernels,
     each with both KV cache types: fastest first (SPEED_ORDER)."""
-    out = []
-    for k in kernel_sets:
-        for a in ("int8", "int8-qkv16", "int16"):
-            for kv in ("f16", "f32"):
-                out.append(Mode(k, a, kv))
-    return out + [Mode("float", "-", "f16"), Mode("float", "-", "f32")]
+    return [Mode(k, a, kv) for k in kernel_sets for a in ("int8", "int8-qkv16", "int16")
+            for kv in ("f16", "f32")] + [Mode("float", "-", kv) for kv in ("f16", "f32")]
 
 
 # Fastest first, within one machine, from docs/BENCHMARKS.md's measurements (not re-timed
@@ -161,7 +135,6 @@ def all_modes(kernel_sets: tuple[str, ...]) -> list[Mode]:
 # kernels (108 vs 137+ tok/s); the f16 KV cache reads half the bytes of f32 at depth; VNNI
 # before AVX2 where both run.
 SPEED_ORDER = all_modes(("vnni", "avx2"))
-
 
 TOP1_MIN = 0.995  # at most one position in 200 whose greedy token differs from the F32 model's
 KL_MAX = 1e-5     # mean KL per position (int16 activations: 5e-7; the int8 modes: ~2e-3)
@@ -174,8 +147,18 @@ def acceptable(kl_mean: float, top1: float) -> bool:
 def pick_default(kl_by_mode: dict[str, float], top1_by_mode: dict[str, float],
                  order: list[Mode] = SPEED_ORDER) -> Mode | None:
     """The fastest measured mode that passes the rule (None: none does)."""
-    for m in order:
-        kl, top1 = kl_by_mode.get(m.name), top1_by_mode.get(m.name)
-        if kl is not None and top1 is not None and acceptable(kl, top1):
-            return m
-    return None
+    return next((m for m in order if kl_by_mode.get(m.name) is not None
+                 and top1_by_mode.get(m.name) is not None
+                 and acceptable(kl_by_mode[m.name], top1_by_mode[m.name])), None)
+
+
+def apply_rule(res: dict) -> dict:
+    """Per mode the figures the rule uses (the worse path's KL and top-1) and whether it
+    passes; the pick. llama.cpp's KL rides along as information."""
+    kl = {m: max(r[p]["kl_mean"] for p in r) for m, r in res["modes"].items()}
+    top1 = {m: min(r[p]["top1"] for p in r) for m, r in res["modes"].items()}
+    picked = pick_default(kl, top1)
+    return {"kl": kl, "top1": top1, "bounds": {"kl_max": KL_MAX, "top1_min": TOP1_MIN},
+            "llamacpp_kl": res.get("llamacpp", {}).get("kl_mean"),
+            "acceptable": {m: acceptable(kl[m], top1[m]) for m in kl},
+            "picked": picked.name if picked else None}

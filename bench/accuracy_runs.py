@@ -1,17 +1,14 @@
 """The two sides of the accuracy harness that run models: the float64 reference over the
-F32 weights dequantized from the file (gpu/reference.py), and our runtime in one CPU mode.
-
-A mode is applied in this process the way the environment applies it at import
-(gpu/ops/cpu_features.py): the kernel set and activation width decide how the weights are
-prepared when the model is built (int8_matmul.kernel_set), the KV cache type is the arena's.
-Two paths are scored: prefill (each chunk in one forward pass, every position's logits, as
-llama-perplexity evaluates) and decode (the chunk's first half as a prompt, then one token
-a step, as generation runs: the packed decode kernels, not the prefill's unpacked ones).
+F32 weights dequantized from the file (gpu/reference.py), and our runtime in one CPU mode,
+applied in this process as the environment applies it at import (gpu/ops/cpu_features.py).
+Two paths are scored: prefill (each chunk in one forward, every position's logits, as
+llama-perplexity evaluates) and decode (the chunk's first half as a prompt, then one token a
+step, as generation runs: the packed decode kernels, not the prefill's unpacked ones).
 """
 from __future__ import annotations
 
 import numpy as np
-from accuracy_metrics import Mode, Score, log_softmax, scored
+from accuracy_metrics import Mode, Score, kl_rows_llamacpp, log_softmax, scored
 
 PATHS = ("prefill", "decode")
 
@@ -25,17 +22,21 @@ def reference_logp(path: str, chunk_list: list[np.ndarray], n_ctx: int) -> list[
     return [log_softmax(ref.logits_all(c, scored(n_ctx))) for c in chunk_list]
 
 
-def available(mode: Mode) -> bool:
+def _isa(mode: Mode) -> int:
     from zerolayer.gpu.ops import cpu_features, int8_matmul
-    return mode.kernels == "float" or bool(cpu_features.isa_for_mode(mode.kernels, int8_matmul.ISAS))
+    return 0 if mode.kernels == "float" else cpu_features.isa_for_mode(mode.kernels, int8_matmul.ISAS)
+
+
+def available(mode: Mode) -> bool:
+    return mode.kernels == "float" or bool(_isa(mode))
 
 
 def load(path: str, mode: Mode, n_ctx: int):
-    """Our CPU model in `mode`, with an arena for one chunk."""
+    """Our CPU model in `mode` (the kernel set and activation width decide how the weights
+    are prepared when it is built; the KV type is the arena's), with room for one chunk."""
     from zerolayer.gpu.model import LlamaModel
     from zerolayer.gpu.ops import cpu_features, int8_matmul
-    isa = 0 if mode.kernels == "float" else cpu_features.isa_for_mode(mode.kernels, int8_matmul.ISAS)
-    with int8_matmul.kernel_set(isa, None if mode.kernels == "float" else mode.activations):
+    with int8_matmul.kernel_set(_isa(mode), None if mode.kernels == "float" else mode.activations):
         return LlamaModel.load(path, max_seq_len=n_ctx, kv_blocks=-(-n_ctx // 64) + 1,
                                kv_dtype=cpu_features.select_kv(mode.kv))
 
@@ -59,12 +60,10 @@ def score_mode(path: str, mode: Mode, chunk_list, ref: list[np.ndarray], n_ctx: 
                paths=PATHS, base=None) -> dict:
     """{path: summary} for one mode; with `base` (llama.cpp's stored F32 log-probabilities,
     [chunk, scored, vocab]) also the KL against it, as llama-perplexity computes it."""
-    from accuracy_metrics import kl_rows_llamacpp
     model = load(path, mode, n_ctx)
     out = {}
     for p in paths:
-        s = Score.empty()
-        vs_base = []
+        s, vs_base = Score.empty(), []
         for i, (c, r) in enumerate(zip(chunk_list, ref)):
             lg = mode_logits(model, c, p, n_ctx)
             s.add(r, lg)

@@ -11,13 +11,10 @@ Two zerolayerd, both up for the whole run (only one has requests in flight at a 
      (--cpu-engine-cpus 0-1 --model-threads 2).
 Each round runs --streams concurrent streams of --tokens tokens (distinct chat prompts "Write
 a long story about TOPIC.", greedy; a stream may stop early at EOS, so tokens are counted
-from DONE's usage) against A and B, alternating which goes first per round. Aggregate tok/s =
-completion tokens of all streams / wall time from a common start to the last stream's DONE.
-Reported: the median over rounds of each, and A/B. `--engine-max-running` is --streams for
-B and ceil(--streams / engines) for A, so both batch every stream at once.
-
-The bench lock (/tmp/zl-bench.lock, as bench_dataplane.py) is taken for the run; the
-machine should be otherwise idle. --quick: 4 streams x 16 tokens, 1 round (a smoke test).
+from DONE's usage) against A and B, alternating which goes first. Aggregate tok/s =
+completion tokens of all streams / wall time from a common start to the last stream's DONE;
+the median over rounds of each, and A/B. `--engine-max-running` is --streams for B and
+ceil(--streams / engines) for A, so both batch every stream at once. Holds /tmp/zl-bench.lock.
 """
 from __future__ import annotations
 
@@ -31,37 +28,28 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ZeroLayerDaemon, log, take_lock  # noqa: E402
+from _harness import ZeroLayerDaemon, bench_lock, log  # noqa: E402
 
 TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess", "coffee",
           "lighthouses", "glaciers", "owls", "bridges", "deserts", "clocks", "whales", "maps"]
 
 
-def parse_cpus(spec: str) -> list[int]:
-    from zerolayer.daemon.config import parse_cpus as p
-    return sorted(p(spec))
-
-
 def run_streams(d: ZeroLayerDaemon, streams: int, tokens: int) -> dict:
-    from zerolayer.client import Client
     from zerolayer.protocol.wire import ChatMessage
     start = threading.Barrier(streams + 1)
-    done: list[tuple[int, float]] = []
+    done: list[tuple[int, float]] = []   # list.append is atomic: the threads share these
     errors: list[str] = []
-    lock = threading.Lock()
 
     def one(i: int) -> None:
-        c = Client(d.addr, d.key_id, d.secret, timeout=600)
+        c = d.client(timeout=600)
         start.wait()
         try:
             r = c.invoke(messages=[ChatMessage(
                 "user", f"Write a long story about {TOPICS[i % len(TOPICS)]}.")],
                 max_tokens=tokens)
-            with lock:
-                done.append((r.usage.completion_tokens, time.perf_counter()))
+            done.append((r.usage.completion_tokens, time.perf_counter()))
         except Exception as e:  # noqa: BLE001 - reported, the round is then invalid
-            with lock:
-                errors.append(f"{type(e).__name__}: {e}")
+            errors.append(f"{type(e).__name__}: {e}")
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(streams)]
     for t in threads:
@@ -90,15 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.quick:
         a.streams, a.tokens, a.rounds = 4, 16, 1
-    cpus = parse_cpus(a.cpus)
+    from zerolayer.daemon.config import parse_cpus
+    cpus = sorted(parse_cpus(a.cpus))
     n = len(cpus)
     if n < 2:
         raise SystemExit("--cpus needs at least two CPUs")
-    lock, _ = take_lock(float("inf"), " ".join(sys.argv))
     spec = "[" + ", ".join(f'{{cpus="{c}", threads=1}}' for c in cpus) + "]"
-    per_engine = -(-a.streams // n)
-    configs = {
-        "engines": (1, ["--engines", spec, "--engine-max-running", str(per_engine)]),
+    configs = {  # name: (model threads, flags)
+        "engines": (1, ["--engines", spec, "--engine-max-running", str(-(-a.streams // n))]),
         "single": (n, ["--cpu-engine-cpus", ",".join(map(str, cpus)),
                        "--engine-max-running", str(a.streams)]),
     }
@@ -106,36 +93,35 @@ def main(argv: list[str] | None = None) -> int:
     daemons: dict[str, ZeroLayerDaemon] = {}
     result: dict = {"streams": a.streams, "tokens": a.tokens, "rounds": a.rounds,
                     "cpus": cpus, "engines_spec": spec, "runs": {k: [] for k in configs}}
-    try:
-        for name, (threads, extra) in configs.items():
-            d = tmp / name
-            d.mkdir()
-            daemons[name] = ZeroLayerDaemon(sys.executable, a.model, threads, 2048, d,
-                                            d / "zerolayerd.log", extra=extra)
-        for dm in daemons.values():
-            dm.wait_ready()
-        log("both daemons ready; warming each with one round of 2 streams")
-        for dm in daemons.values():
-            run_streams(dm, 2, 8)
-        for rnd in range(a.rounds):
-            order = list(configs) if rnd % 2 == 0 else list(reversed(configs))
-            for name in order:
-                r = run_streams(daemons[name], a.streams, a.tokens)
-                result["runs"][name].append(r)
-                log(f"round {rnd + 1}/{a.rounds} {name}: {r['tok_s']} tok/s "
-                    f"({r['tokens']} tokens in {r['wall_s']} s)")
-    finally:
-        for dm in daemons.values():
-            dm.stop()
-        lock.close()
+    with bench_lock(" ".join(sys.argv)):
+        try:
+            for name, (threads, extra) in configs.items():
+                (tmp / name).mkdir()
+                daemons[name] = ZeroLayerDaemon(sys.executable, a.model, threads, 2048, tmp / name,
+                                                tmp / name / "zerolayerd.log", extra=extra)
+            for dm in daemons.values():
+                dm.wait_ready()
+            log("both daemons ready; warming each with one round of 2 streams")
+            for dm in daemons.values():
+                run_streams(dm, 2, 8)
+            for rnd in range(a.rounds):
+                for name in list(configs)[::1 if rnd % 2 == 0 else -1]:
+                    r = run_streams(daemons[name], a.streams, a.tokens)
+                    result["runs"][name].append(r)
+                    log(f"round {rnd + 1}/{a.rounds} {name}: {r['tok_s']} tok/s "
+                        f"({r['tokens']} tokens in {r['wall_s']} s)")
+        finally:
+            for dm in daemons.values():
+                dm.stop()
     med = {k: statistics.median(x["tok_s"] for x in v) for k, v in result["runs"].items()}
     result["median_tok_s"] = med
     result["ratio_engines_over_single"] = (round(med["engines"] / med["single"], 3)
                                            if med["single"] else None)
     print(f"\n{'configuration':<34} {'median tok/s':>12}")
-    print(f"{f'{n} engines x 1 thread (engines)':<34} {med['engines']:>12.1f}")
-    print(f"{f'1 engine x {n} threads (single)':<34} {med['single']:>12.1f}")
-    print(f"{'ratio engines / single':<34} {result['ratio_engines_over_single']!s:>12}")
+    for label, v in ((f"{n} engines x 1 thread (engines)", f"{med['engines']:.1f}"),
+                     (f"1 engine x {n} threads (single)", f"{med['single']:.1f}"),
+                     ("ratio engines / single", str(result["ratio_engines_over_single"]))):
+        print(f"{label:<34} {v:>12}")
     print(json.dumps(result))
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")

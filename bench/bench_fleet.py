@@ -4,18 +4,15 @@ the p99 TTFT before, during and after.
 
     sudo .venv/bin/python bench/bench_fleet.py [--workers 6] [--before 20] [--during 10] [--after 20]
 
-Three zerolayerd in three network namespaces on one bridge (tests/netns.fleet_testbed, the
-same testbed as tests/test_fleet.py), one key. --workers client threads in a fourth namespace
-each send invoke() after invoke() (the chat question, max_tokens --tokens, a fresh request id
-each), through one SDK Client given all three nodes (rendezvous hashing, failover). After
---before seconds node 3 is SIGKILLed, at the first moment it has a request in flight;
-"during" is the --during seconds after the kill; "after" the rest. Every request is counted
-by the phase it started in: completed (and of those, re-run on another node:
-InvokeResult.restarts > 0), or lost (an exception). TTFT is
-the client's (InvokeResult.ttft_s: first send to first text).
-
-Needs root (namespaces). Holds /tmp/zl-bench.lock. Results: JSON under bench/results/ and a
-markdown table on stdout.
+Three zerolayerd in three network namespaces on one bridge (tests/netns.fleet_testbed, as
+tests/test_fleet.py), one key. --workers client threads in a fourth namespace send invoke()
+after invoke() (the chat question, max_tokens --tokens, a fresh request id each) through one
+SDK Client given all three nodes (rendezvous hashing, failover). After --before seconds node
+3 is SIGKILLed, at the first moment it has a request in flight; "during" is the --during
+seconds after the kill, "after" the rest. Each request counts in the phase it started in:
+completed (of those, re-run on another node: InvokeResult.restarts > 0) or lost (an
+exception). TTFT is the client's (InvokeResult.ttft_s: first send to first text).
+Needs root. Holds /tmp/zl-bench.lock. JSON under bench/results/ and a table on stdout.
 """
 from __future__ import annotations
 
@@ -23,7 +20,6 @@ import argparse
 import datetime as _dt
 import json
 import secrets
-import statistics
 import sys
 import tempfile
 import threading
@@ -33,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
-from _harness import machine_info, take_lock  # noqa: E402
+from _harness import bench_lock, machine_info, results_path, stats  # noqa: E402
 
 from daemon_proc import DaemonProc  # noqa: E402  (the tests' daemon and testbed helpers)
 from netns import fleet_testbed, in_netns  # noqa: E402
@@ -43,11 +39,62 @@ from zerolayer.client.fleet import rendezvous_order  # noqa: E402
 QUESTION = [ChatMessage("user", "What is the capital of France?")]
 
 
-def p99(xs: list[float]) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(0.99 * (len(xs) - 1))))]
+def run(a: argparse.Namespace) -> tuple[float, list[dict]]:
+    """(when node 3 was killed, in seconds since the load started; every request)."""
+    secret = secrets.token_bytes(32)
+    samples: list[dict] = []
+    with fleet_testbed(3) as (cli, names, addrs), tempfile.TemporaryDirectory() as tmp:
+        nodes = []
+        for i, (ns, ip) in enumerate(zip(names, addrs)):
+            (Path(tmp) / f"n{i}").mkdir()
+            nodes.append(DaemonProc(Path(tmp) / f"n{i}", netns=ns, host=ip, port=7433,
+                                    secret=secret, wait_ready=False))
+        try:
+            for n in nodes:
+                n.wait_ready()
+            node_addrs = [n.addr for n in nodes]
+            client = Client(node_addrs, nodes[0].key_id, secret, timeout=60)
+            for _ in range(3):                      # warm every node's prefix cache
+                for n in nodes:
+                    in_netns(cli, lambda n=n: Client(n.addr, n.key_id, secret).invoke(
+                        messages=QUESTION, max_tokens=a.tokens))
+            t0 = time.monotonic()
+            kill_at = t0 + a.before
+            end = kill_at + a.during + a.after
+            inflight: dict[bytes, float] = {}     # request id -> when it was sent
+
+            def loop() -> None:
+                while time.monotonic() < end:
+                    s = {"start": time.monotonic() - t0}
+                    rid = secrets.token_bytes(16)
+                    inflight[rid] = time.monotonic()
+                    try:
+                        r = client.invoke(messages=QUESTION, max_tokens=a.tokens, request_id=rid)
+                        s.update(ok=True, ttft_s=r.ttft_s, restarts=r.restarts, node=r.node,
+                                 attempts=r.attempts)
+                    except Exception as e:  # noqa: BLE001 - a lost request, counted
+                        s.update(ok=False, error=repr(e))
+                    inflight.pop(rid, None)
+                    s["end"] = time.monotonic() - t0
+                    samples.append(s)
+
+            ts = [threading.Thread(target=in_netns, args=(cli, loop)) for _ in range(a.workers)]
+            for t in ts:
+                t.start()
+            time.sleep(max(0.0, kill_at - time.monotonic()))
+            # Kill node 3 while it is serving: at the first moment after --before when a
+            # request whose first node it is has been running for 0.3 s.
+            while not any(rendezvous_order(r, node_addrs)[0] == node_addrs[2]
+                          and time.monotonic() - t > 0.3 for r, t in list(inflight.items())):
+                time.sleep(0.005)
+            nodes[2].proc.kill()
+            killed = time.monotonic() - t0
+            for t in ts:
+                t.join()
+        finally:
+            for n in nodes:
+                n.stop()
+    return killed, samples
 
 
 def main() -> int:
@@ -59,95 +106,29 @@ def main() -> int:
     ap.add_argument("--after", type=float, default=20.0)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    lock, _ = take_lock(3600, " ".join(sys.argv))
-    secret = secrets.token_bytes(32)
-    samples: list[dict] = []
-    with fleet_testbed(3) as (cli, names, addrs), tempfile.TemporaryDirectory() as tmp:
-        nodes = []
-        for i, (ns, ip) in enumerate(zip(names, addrs)):
-            d = Path(tmp) / f"n{i}"
-            d.mkdir()
-            nodes.append(DaemonProc(d, netns=ns, host=ip, port=7433, secret=secret,
-                                    wait_ready=False))
-        try:
-            for n in nodes:
-                n.wait_ready()
-            client = Client([n.addr for n in nodes], nodes[0].key_id, secret, timeout=60)
-            for _ in range(3):                      # warm every node's prefix cache
-                for n in nodes:
-                    in_netns(cli, lambda n=n: Client(n.addr, n.key_id, secret).invoke(
-                        messages=QUESTION, max_tokens=a.tokens))
-            t0 = time.monotonic()
-            kill_at = t0 + a.before
-            end = kill_at + a.during + a.after
-            killed: list[float] = []
-            inflight: dict[bytes, float] = {}     # request id -> when it was sent
-            victim = nodes[2].addr
-
-            def worker() -> None:
-                def loop() -> None:
-                    while time.monotonic() < end:
-                        s = {"start": time.monotonic() - t0}
-                        rid = secrets.token_bytes(16)
-                        inflight[rid] = time.monotonic()
-                        try:
-                            r = client.invoke(messages=QUESTION, max_tokens=a.tokens,
-                                              request_id=rid)
-                            s.update(ok=True, ttft_s=r.ttft_s, restarts=r.restarts,
-                                     node=r.node, attempts=r.attempts)
-                        except Exception as e:  # noqa: BLE001 - a lost request, counted
-                            s.update(ok=False, error=repr(e))
-                        inflight.pop(rid, None)
-                        s["end"] = time.monotonic() - t0
-                        samples.append(s)
-                in_netns(cli, loop)
-
-            ts = [threading.Thread(target=worker) for _ in range(a.workers)]
-            for t in ts:
-                t.start()
-            time.sleep(max(0.0, kill_at - time.monotonic()))
-            # Kill node 3 while it is serving: at the first moment after --before when a
-            # request whose first node it is has been running for 0.3 s.
-            while not any(rendezvous_order(r, [n.addr for n in nodes])[0] == victim
-                          and time.monotonic() - t > 0.3 for r, t in list(inflight.items())):
-                time.sleep(0.005)
-            nodes[2].proc.kill()                    # SIGKILL node 3
-            killed.append(time.monotonic() - t0)
-            for t in ts:
-                t.join()
-        finally:
-            for n in nodes:
-                n.stop()
-    lock.close()
-
-    k = killed[0]
-    phases = {"before": (0, k), "during": (k, k + a.during), "after": (k + a.during, 1e9)}
+    with bench_lock(" ".join(sys.argv), 3600):
+        k, samples = run(a)
     rows = {}
-    for name, (lo, hi) in phases.items():
+    for name, (lo, hi) in {"before": (0, k), "during": (k, k + a.during),
+                           "after": (k + a.during, 1e9)}.items():
         ss = [s for s in samples if lo <= s["start"] < hi]
         ok = [s for s in ss if s["ok"]]
-        rows[name] = {"started": len(ss), "completed": len(ok),
-                      "lost": len(ss) - len(ok),
+        ttft = stats([s["ttft_s"] * 1e3 for s in ok if s["ttft_s"]]) or {}
+        rows[name] = {"started": len(ss), "completed": len(ok), "lost": len(ss) - len(ok),
                       "rerun": sum(1 for s in ok if s["restarts"]),
-                      "ttft_p50_ms": (statistics.median(s["ttft_s"] for s in ok if s["ttft_s"])
-                                      * 1e3 if ok else None),
-                      "ttft_p99_ms": ((p99([s["ttft_s"] for s in ok if s["ttft_s"]]) or 0)
-                                      * 1e3 if ok else None)}
+                      "ttft_p50_ms": ttft.get("p50"), "ttft_p99_ms": ttft.get("p99")}
     stamp = _dt.datetime.now(_dt.UTC)
-    out = Path(a.out or REPO / "bench" / "results" / f"fleet-{stamp:%Y%m%d-%H%M%S}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path(a.out, "fleet")
     out.write_text(json.dumps({"date": stamp.isoformat(), "args": vars(a), "kill_at_s": k,
                                "machine": machine_info(), "phases": rows,
                                "samples": samples}, indent=1))
     print(f"### Fleet: 3 nodes, node 3 SIGKILLed at {k:.1f} s ({stamp:%Y-%m-%d %H:%M} UTC)\n")
     print("| phase | started | completed | lost | re-run on another node | TTFT p50 (ms) "
-          "| TTFT p99 (ms) |")
-    print("|---|---|---|---|---|---|---|")
+          "| TTFT p99 (ms) |\n|---|---|---|---|---|---|---|")
     for name, r in rows.items():
-        def f(v):
-            return f"{v:.1f}" if v is not None else "-"
+        p50, p99 = ("-" if v is None else f"{v:.1f}" for v in (r["ttft_p50_ms"], r["ttft_p99_ms"]))
         print(f"| {name} | {r['started']} | {r['completed']} | {r['lost']} | {r['rerun']} "
-              f"| {f(r['ttft_p50_ms'])} | {f(r['ttft_p99_ms'])} |")
+              f"| {p50} | {p99} |")
     print(f"\nCommand: `{' '.join(sys.argv)}`; JSON: {out}")
     return 0
 

@@ -23,7 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import pct  # noqa: E402  (stdlib only: it imports in the libraries' venv)
 
-SCHEMAS = {
+ITEM = {"type": "object", "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"},
+                                         "price": {"type": "number"}},
+        "required": ["sku", "qty", "price"], "additionalProperties": False}
+SCHEMAS = {  # name: (schema, a valid answer)
     "person": ({"type": "object",
                 "properties": {"name": {"type": "string", "maxLength": 20},
                                "age": {"type": "integer", "minimum": 0, "maximum": 150},
@@ -32,25 +35,16 @@ SCHEMAS = {
                '{"name": "Ada Lovelace", "age": 36, "email": "ada@example.org"}'),
     "order": ({"type": "object",
                "properties": {"id": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-                              "items": {"type": "array", "minItems": 1, "maxItems": 5,
-                                        "items": {"type": "object",
-                                                  "properties": {
-                                                      "sku": {"type": "string"},
-                                                      "qty": {"type": "integer"},
-                                                      "price": {"type": "number"}},
-                                                  "required": ["sku", "qty", "price"],
-                                                  "additionalProperties": False}},
+                              "items": {"type": "array", "minItems": 1, "maxItems": 5, "items": ITEM},
                               "status": {"enum": ["new", "paid", "shipped"]}},
                "required": ["id", "items", "status"], "additionalProperties": False},
               '{"id": "ABC-1234", "items": [{"sku": "x-1", "qty": 2, "price": 9.5}, '
               '{"sku": "y-22", "qty": 1, "price": 120.25}], "status": "paid"}'),
-    "json_object": ({"type": "object"},
-                    '{"a": [1, 2, {"b": null}], "c": "some text here", "d": true}'),
+    "json_object": ({"type": "object"}, '{"a": [1, 2, {"b": null}], "c": "some text here", "d": true}'),
 }
 
 
 def dump_vocab(path: str) -> None:
-    sys.path.insert(0, ".")
     from zerolayer.gpu.gguf_loader import default_model_path
     from zerolayer.gpu.tokenizer import Tokenizer
     tok = Tokenizer.from_path(default_model_path())
@@ -65,15 +59,30 @@ def ms(xs: list[float]) -> str:
     return f"{statistics.median(xs) * 1e3:.2f} ms"
 
 
-def us(xs: list[float]) -> str:
-    return f"{statistics.median(xs) * 1e6:.0f} µs (p90 {pct(xs, 90) * 1e6:.0f})"
+def measure(compile_schema, start, tokenize, fill, consume) -> None:
+    """Per schema: compile_schema(json) five times, timed; then along the sample's tokens
+    (tokenize(text)), fill(matcher) timed before each consume(matcher, token)."""
+    for name, (schema, sample) in SCHEMAS.items():
+        comp = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            g = compile_schema(json.dumps(schema))
+            comp.append(time.perf_counter() - t0)
+        m, ids, steps = start(g), tokenize(sample), []
+        for t in ids:
+            t0 = time.perf_counter()
+            fill(m)
+            steps.append(time.perf_counter() - t0)
+            assert consume(m, t), (name, t)
+        print(f"  {name}: compile {ms(comp)}, mask {statistics.median(steps) * 1e6:.0f} µs "
+              f"(p90 {pct(steps, 90) * 1e6:.0f}) over {len(ids)} tokens")
 
 
 def bench_llguidance(vocab: dict) -> None:
     import llguidance
     import llguidance.numpy as lnp
-    toks = [bytes.fromhex(t) for t in vocab["tokens"]]
-    toks = [b"\xff" + t if i in set(vocab["special"]) else t for i, t in enumerate(toks)]
+    special = set(vocab["special"])
+    toks = [(b"\xff" if i in special else b"") + bytes.fromhex(t) for i, t in enumerate(vocab["tokens"])]
 
     class W:
         eos_token_id = vocab["eos"][0]
@@ -85,25 +94,16 @@ def bench_llguidance(vocab: dict) -> None:
             return []
     t0 = time.perf_counter()
     lt = llguidance.LLTokenizer(llguidance.TokenizerWrapper(W()), eos_token=vocab["eos"])
-    print(f"llguidance {llguidance.__version__ if hasattr(llguidance, '__version__') else ''}:"
-          f" tokenizer {ms([time.perf_counter() - t0])}")
-    for name, (schema, sample) in SCHEMAS.items():
-        comp = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            g = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
-            m = llguidance.LLMatcher(lt, g)
-            assert not m.is_error(), m.get_error()
-            comp.append(time.perf_counter() - t0)
-        ids = lt.greedy_tokenize(sample)
-        mask = lnp.allocate_token_bitmask(1, lt.vocab_size)
-        steps = []
-        for t in ids:
-            t0 = time.perf_counter()
-            lnp.fill_next_token_bitmask(m, mask, 0)
-            steps.append(time.perf_counter() - t0)
-            assert m.consume_token(t), (name, m.get_error())
-        print(f"  {name}: compile {ms(comp)}, mask {us(steps)} over {len(ids)} tokens")
+    print(f"llguidance {getattr(llguidance, '__version__', '')}: tokenizer "
+          f"{ms([time.perf_counter() - t0])}")
+
+    def compile_schema(s: str):  # the grammar and a matcher over it: what a request costs
+        m = llguidance.LLMatcher(lt, llguidance.LLMatcher.grammar_from_json_schema(s))
+        assert not m.is_error(), m.get_error()
+        return m
+    mask = lnp.allocate_token_bitmask(1, lt.vocab_size)
+    measure(compile_schema, lambda m: m, lt.greedy_tokenize,
+            lambda m: lnp.fill_next_token_bitmask(m, mask, 0), lambda m, t: m.consume_token(t))
 
 
 def bench_xgrammar(vocab: dict) -> None:
@@ -114,32 +114,20 @@ def bench_xgrammar(vocab: dict) -> None:
                              stop_token_ids=vocab["eos"])
     compiler = xgr.GrammarCompiler(info, cache_enabled=False)
     print(f"xgrammar: tokenizer {ms([time.perf_counter() - t0])}")
-    for name, (schema, sample) in SCHEMAS.items():
-        comp = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            cg = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
-            comp.append(time.perf_counter() - t0)
-        m = xgr.GrammarMatcher(cg)
-        mask = xgr.allocate_token_bitmask(1, info.vocab_size)
-        # a valid answer's tokens: the longest vocabulary match at each point
-        data, ids, i = sample.encode(), [], 0
-        by = {t: k for k, t in enumerate(toks) if t}
+    by = {t: k for k, t in enumerate(toks) if t}
+
+    def tokenize(text: str) -> list[int]:  # the longest vocabulary match at each point
+        data, ids, i = text.encode(), [], 0
         while i < len(data):
-            for j in range(min(len(data), i + 32), i, -1):
-                if data[i:j] in by:
-                    ids.append(by[data[i:j]])
-                    i = j
-                    break
-            else:
+            j = next((j for j in range(min(len(data), i + 32), i, -1) if data[i:j] in by), None)
+            if j is None:
                 raise SystemExit(f"no token at {i}")
-        steps = []
-        for t in ids:
-            t0 = time.perf_counter()
-            m.fill_next_token_bitmask(mask, 0)
-            steps.append(time.perf_counter() - t0)
-            assert m.accept_token(t), (name, t)
-        print(f"  {name}: compile {ms(comp)}, mask {us(steps)} over {len(ids)} tokens")
+            ids.append(by[data[i:j]])
+            i = j
+        return ids
+    mask = xgr.allocate_token_bitmask(1, info.vocab_size)
+    measure(lambda s: compiler.compile_json_schema(s, any_whitespace=False), xgr.GrammarMatcher,
+            tokenize, lambda m: m.fill_next_token_bitmask(mask, 0), lambda m, t: m.accept_token(t))
 
 
 def main() -> None:
@@ -152,10 +140,9 @@ def main() -> None:
         return dump_vocab(a.dump_vocab)
     with open(a.vocab) as f:
         vocab = json.load(f)
-    if a.lib in ("llguidance", "both"):
-        bench_llguidance(vocab)
-    if a.lib in ("xgrammar", "both"):
-        bench_xgrammar(vocab)
+    for lib, fn in (("llguidance", bench_llguidance), ("xgrammar", bench_xgrammar)):
+        if a.lib in (lib, "both"):
+            fn(vocab)
 
 
 if __name__ == "__main__":

@@ -3,29 +3,22 @@
 
     .venv/bin/python bench/bench_http.py [--out PATH] [--quick]
 
-Three sides, the same GGUF and the same number of threads (--threads, 2), all started once:
-- `llama-server` (native C++, bench/setup_llamacpp.sh, .bench-llamacpp/bin) with --parallel
-  slots (16) of 2048 tokens each;
-- zerolayerd + zerolayer-http in front of it (two processes: the edge's CPU is part of what
-  is measured);
-- the same zerolayerd through the async SDK, no HTTP (the edge's baseline).
-
-1. TTFT, sequential: the chat question, greedy, max_tokens --seq-tokens (32). The three
-   sides take turns request by request, in an order that rotates every round, each request
-   after --gap-ms (50) of quiet, so drift in the machine's speed is shared and no side always
-   follows the same other one; p50/p99 per side. The HTTP sides use one stdlib client
-   (bench/_harness.http_stream_chat: keep-alive, SSE read line by line; TTFT = just
-   before the request is sent -> first non-empty content delta); the SDK side
+Three sides, all started once, the same GGUF and --threads: `llama-server` (native,
+bench/setup_llamacpp.sh) with --parallel slots of 2048 tokens; zerolayerd with zerolayer-http
+in front (two processes: the edge's CPU is part of what is measured); the same zerolayerd
+through the SDK, no HTTP (the edge's baseline).
+1. TTFT, sequential: the chat question, greedy, max_tokens --seq-tokens; the sides take turns
+   request by request in an order that rotates every round, each request after --gap-ms of
+   quiet, so drift is shared and no side always follows the same other one. HTTP sides:
+   _harness.http_stream_chat on a fresh keep-alive connection made before the clock starts
+   (TTFT = just before the request is sent -> first non-empty content delta); the SDK side
    zl_stream_chat (same clock points).
-2. Aggregate tok/s: --conc (16) concurrent streams of --conc-tokens (64) each, one distinct
-   short prompt per stream, through the OpenAI Python SDK (AsyncOpenAI, stream_options
-   include_usage for the token counts) against llama-server and against the edge; and the
-   same 16 streams through AsyncClient straight to zerolayerd. Completion tokens / wall time
-   of the batch, median over --rounds.
-3. Edge overhead over the SDK: TTFT p50 ratio (edge / SDK) and tok/s ratio (edge / SDK).
-
-Results: JSON under bench/results/ (gitignored) and a markdown table on stdout. Takes the
-benchmark lock (/tmp/zl-bench.lock, as bench_dataplane.py) so benchmarks never overlap.
+2. Aggregate tok/s: --conc concurrent streams of --conc-tokens, one distinct short prompt
+   each, through AsyncOpenAI (stream_options include_usage for the counts) against
+   llama-server and the edge, and through AsyncClient straight to zerolayerd; completion
+   tokens / wall time of the batch, median over --rounds.
+3. Edge overhead over the SDK: TTFT p50 and tok/s ratios (edge / SDK).
+JSON under bench/results/ and a markdown table on stdout; holds /tmp/zl-bench.lock.
 """
 from __future__ import annotations
 
@@ -46,28 +39,9 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import (  # noqa: E402
-    LLAMA_BIN,
-    LOCK_PATH,
-    RESULTS,
-    CpuWatch,
-    NativeLlamaServer,
-    ZeroLayerDaemon,
-    _Proc,
-    chat_body,
-    default_model,
-    free_port,
-    git_head,
-    http_stream_chat,
-    log,
-    machine_info,
-    sh,
-    stats,
-    take_lock,
-    zl_stream_chat,
-)
+import _harness as H  # noqa: E402
 
-LLAMA_SERVER = LLAMA_BIN / "llama-server"
+LLAMA_SERVER = H.LLAMA_BIN / "llama-server"
 MODEL_NAME = "smollm2-135m-instruct"
 QUESTION = "What is the capital of France?"
 TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess", "coffee",
@@ -75,29 +49,29 @@ TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess
 # Greedy on every side: temperature 0; llama.cpp's other samplers neutral (the edge accepts
 # these llama.cpp fields at their neutral values, so one request body fits both servers).
 GREEDY_EXTRA = {"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0}
+SIDES = ("edge", "llama", "sdk")   # the table's column order
 
 
 def conc_prompt(i: int) -> str:
     return f"Write a short poem about {TOPICS[i % len(TOPICS)]}."
 
 
-class EdgeServer(_Proc):
+class EdgeServer(H._Proc):
     """`python -m zerolayer.daemon.programs.http_edge.app` (zerolayer-http) in front of a daemon."""
     name = "zerolayer-http"
 
-    def __init__(self, python: str, daemon: ZeroLayerDaemon, work: Path, log_path: Path):
+    def __init__(self, python: str, daemon: H.ZeroLayerDaemon, work: Path, log_path: Path):
         self.token = "zl-bench-" + secrets.token_urlsafe(24)
         keys, tokens = work / "edge-keys", work / "edge-tokens"
         keys.write_text(f"{daemon.key_id} {daemon.secret.hex()}\n")
         tokens.write_text(f"{daemon.key_id} {self.token}\n")
         for p in (keys, tokens):
             os.chmod(p, 0o600)
-        self.port = free_port()
-        cmd = [python, "-m", "zerolayer.daemon.programs.http_edge.app",
-               "--daemon", f"{daemon.addr[0]}:{daemon.addr[1]}", "--keys", str(keys),
-               "--tokens", str(tokens), "--listen", f"127.0.0.1:{self.port}",
-               "--model-name", MODEL_NAME, "--log-level", "warning"]
-        super().__init__(cmd, log_path)
+        self.port = H.free_port()
+        super().__init__([python, "-m", "zerolayer.daemon.programs.http_edge.app",
+                          "--daemon", f"{daemon.addr[0]}:{daemon.addr[1]}", "--keys", str(keys),
+                          "--tokens", str(tokens), "--listen", f"127.0.0.1:{self.port}",
+                          "--model-name", MODEL_NAME, "--log-level", "warning"], log_path)
 
     def wait_ready(self, timeout: float = 60) -> None:
         end = time.perf_counter() + timeout
@@ -112,44 +86,30 @@ class EdgeServer(_Proc):
         raise RuntimeError(f"{self.name} not ready after {timeout} s")
 
 
-class AuthConnection(http.client.HTTPConnection):
-    """http_stream_chat's connection, plus the edge's bearer token on every request."""
-    extra_headers: dict[str, str] = {}
-
-    def request(self, method, url, body=None, headers=None, **kw):  # type: ignore[override]
-        super().request(method, url, body, {**(headers or {}), **self.extra_headers}, **kw)
-
-
 class Bench:
     def __init__(self, a: argparse.Namespace):
         self.a = a
 
-    # -- sequential TTFT ---------------------------------------------------------------------
-
     def http_side(self, port: int, token: str | None):
-        body = chat_body(QUESTION, self.a.seq_tokens, extra={"model": MODEL_NAME})
+        body = H.chat_body(QUESTION, self.a.seq_tokens, extra={"model": MODEL_NAME})
+        auth = {"Authorization": f"Bearer {token}"} if token else {}
 
         def one() -> dict:
-            # llama-server closes the connection after a streamed response (see
-            # bench_dataplane.py), so every request on either HTTP side gets a fresh one,
-            # connected before the clock starts: no TCP handshake in anyone's TTFT.
-            conn = AuthConnection("127.0.0.1", port, timeout=120)
-            conn.extra_headers = {"Authorization": f"Bearer {token}"} if token else {}
+            # llama-server closes the connection after a streamed response, so every request
+            # on either HTTP side gets a fresh one, connected before the clock starts.
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
             conn.connect()
             conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                return http_stream_chat(conn, body)
+                return H.http_stream_chat(conn, body, auth)
             finally:
                 conn.close()
         return one
 
-    def sdk_side(self):
-        return lambda: zl_stream_chat(self.client, QUESTION, self.a.seq_tokens)
-
     def seq(self) -> dict:
         sides = {"llama": self.http_side(self.llama.port, None),
                  "edge": self.http_side(self.edge.port, self.edge.token),
-                 "sdk": self.sdk_side()}
+                 "sdk": lambda: H.zl_stream_chat(self.client, QUESTION, self.a.seq_tokens)}
         for fn in sides.values():                # warm-up: connections, caches, JIT
             for _ in range(self.a.warmup):
                 fn()
@@ -157,14 +117,11 @@ class Bench:
         names = list(sides)
         for i in range(self.a.seq):
             # The order rotates, so each side follows each other side equally often (a server
-            # may still be tidying up after its answer), and each request starts after a
-            # short quiet gap.
+            # may still be tidying up after its answer).
             for name in names[i % 3:] + names[:i % 3]:
                 time.sleep(self.a.gap_ms / 1e3)
                 out[name].append(sides[name]())
         return out
-
-    # -- concurrency ---------------------------------------------------------------------------
 
     async def conc_openai(self, port: int, token: str) -> dict:
         import openai
@@ -172,9 +129,7 @@ class Bench:
                                max_retries=0, timeout=600)
 
         async def one(i: int) -> dict:
-            t0 = time.perf_counter()
-            ttft = None
-            toks = 0
+            t0, ttft, toks = time.perf_counter(), None, 0
             stream = await c.chat.completions.create(
                 model=MODEL_NAME, messages=[{"role": "user", "content": conc_prompt(i)}],
                 max_tokens=self.a.conc_tokens, temperature=0.0, top_p=1.0, stream=True,
@@ -196,8 +151,7 @@ class Bench:
         c = AsyncClient(self.zl.addr, self.zl.key_id, self.zl.secret, timeout=120)
 
         async def one(i: int) -> dict:
-            t0 = time.perf_counter()
-            ttft = None
+            t0, ttft = time.perf_counter(), None
             s = await c.stream(messages=[ChatMessage("user", conc_prompt(i))],
                                max_tokens=self.a.conc_tokens, temperature=0.0)
             async with s:
@@ -217,10 +171,10 @@ class Bench:
         res = await asyncio.gather(*(one(i) for i in range(self.a.conc)), return_exceptions=True)
         wall = time.perf_counter() - t0
         ok = [r for r in res if isinstance(r, dict)]
-        errors = [repr(r) for r in res if not isinstance(r, dict)]
         toks = sum(r["completion_tokens"] for r in ok)
         return {"wall_s": wall, "completion_tokens": toks, "tok_s": toks / wall,
-                "errors": errors, "ttft_s": [r["ttft_s"] for r in ok]}
+                "errors": [repr(r) for r in res if not isinstance(r, dict)],
+                "ttft_s": [r["ttft_s"] for r in ok]}
 
     def conc(self) -> dict:
         sides = {"llama": lambda: self.conc_openai(self.llama.port, "none"),
@@ -233,59 +187,56 @@ class Bench:
             for name, fn in sides.items():
                 r = asyncio.run(fn())
                 out[name].append(r)
-                log(f"  conc {name}: {r['completion_tokens']} tok in {r['wall_s']:.2f} s = "
+                H.log(f"  conc {name}: {r['completion_tokens']} tok in {r['wall_s']:.2f} s = "
                     f"{r['tok_s']:.1f} tok/s, errors {len(r['errors'])}")
         return out
 
-    # -- the run -------------------------------------------------------------------------------
-
     def run(self) -> dict:
         a = self.a
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        out_path = Path(a.out) if a.out else RESULTS / f"http-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        lock, waited = take_lock(a.lock_wait, shlex.join(sys.argv))
-        started = _dt.datetime.now().astimezone()
-        r: dict = {"bench": "http_edge", "date": started.isoformat(timespec="seconds"),
-                   "command": shlex.join([sys.executable, *sys.argv]), "args": vars(a),
-                   "machine": machine_info(), "lock_waited_s": waited,
-                   "zerolayer_git": git_head(),
-                   "llama_server_version": sh(f"{LLAMA_SERVER} --version 2>&1 | tail -n 2")}
-        model = a.model or default_model()
-        r["model"] = model
-        tmp = Path(tempfile.mkdtemp(prefix="zl-bench-http-"))
-        self.llama = self.zl = self.edge = None
-        try:
-            log(f"starting llama-server -np {a.parallel}")
-            self.llama = NativeLlamaServer(str(LLAMA_SERVER), model, a.threads, a.parallel,
-                                           free_port(), tmp / "llama.log")
-            self.llama.wait_ready()
-            log("starting zerolayerd")
-            self.zl = ZeroLayerDaemon(sys.executable, model, a.threads, 2048, tmp,
-                                      tmp / "zerolayerd.log", shlex.split(a.zl_extra))
-            self.zl.wait_ready()
-            log("starting zerolayer-http")
-            self.edge = EdgeServer(sys.executable, self.zl, tmp, tmp / "edge.log")
-            self.edge.wait_ready()
-            r["servers"] = {s.name: {"cmd": shlex.join(s.cmd), "ready_s": s.ready_s}
-                            for s in (self.llama, self.zl, self.edge)}
-            from zerolayer.client import Client
-            self.client = Client(self.zl.addr, self.zl.key_id, self.zl.secret, timeout=60)
-            watch = CpuWatch({"llama": self.llama.pid, "zl": self.zl.pid, "edge": self.edge.pid})
-            log(f"sequential TTFT: {a.seq} rounds of llama/edge/sdk, max_tokens {a.seq_tokens}")
-            c0 = watch.snap()
-            r["seq"] = self.seq()
-            r["seq_cpu_share"] = watch.delta(c0, watch.snap())
-            log(f"concurrency: {a.conc} streams x {a.conc_tokens} tokens, {a.rounds} round(s)")
-            c0 = watch.snap()
-            r["conc"] = self.conc()
-            r["conc_cpu_share"] = watch.delta(c0, watch.snap())
-        finally:
-            for s in (self.edge, self.zl, self.llama):
-                if s is not None:
+        out_path = H.results_path(a.out, "http")
+        with H.bench_lock(shlex.join(sys.argv), a.lock_wait) as waited:
+            started = _dt.datetime.now().astimezone()
+            r: dict = {"bench": "http_edge", "date": started.isoformat(timespec="seconds"),
+                       "command": shlex.join([sys.executable, *sys.argv]), "args": vars(a),
+                       "machine": H.machine_info(), "lock_waited_s": waited,
+                       "zerolayer_git": H.git_head(),
+                       "llama_server_version": H.sh(f"{LLAMA_SERVER} --version 2>&1 | tail -n 2"),
+                       "model": a.model or H.default_model()}
+            tmp = Path(tempfile.mkdtemp(prefix="zl-bench-http-"))
+            servers: list[H._Proc] = []
+
+            def up(srv):
+                servers.append(srv)
+                srv.wait_ready()
+                return srv
+            try:
+                H.log(f"starting llama-server -np {a.parallel}, zerolayerd, zerolayer-http")
+                # with --no-repack where its default repacking crashes (the AMX Xeon class)
+                self.llama, r["llama_extra"] = H.llama_server_that_serves(
+                    lambda extra: H.NativeLlamaServer(str(LLAMA_SERVER), r["model"], a.threads,
+                                                      a.parallel, H.free_port(), tmp / "llama.log",
+                                                      extra=extra), lambda srv: srv.wait_ready())
+                servers.append(self.llama)
+                self.zl = up(H.ZeroLayerDaemon(sys.executable, r["model"], a.threads, 2048, tmp,
+                                               tmp / "zerolayerd.log", shlex.split(a.zl_extra)))
+                self.edge = up(EdgeServer(sys.executable, self.zl, tmp, tmp / "edge.log"))
+                r["servers"] = {s.name: {"cmd": shlex.join(s.cmd), "ready_s": s.ready_s}
+                                for s in servers}
+                self.client = self.zl.client()
+                watch = H.CpuWatch({"llama": self.llama.pid, "zl": self.zl.pid, "edge": self.edge.pid})
+                for part, what in (("seq", f"sequential TTFT: {a.seq} rounds of llama/edge/sdk, "
+                                           f"max_tokens {a.seq_tokens}"),
+                                   ("conc", f"concurrency: {a.conc} streams x {a.conc_tokens} "
+                                            f"tokens, {a.rounds} round(s)")):
+                    H.log(what)
+                    c0 = watch.snap()
+                    r[part] = getattr(self, part)()
+                    r[f"{part}_cpu_share"] = watch.delta(c0, watch.snap())
+            finally:
+                for s in reversed(servers):
                     s.stop()
                     r.setdefault("logs_tail", {})[s.name] = s.log_path.read_text(
                         errors="replace")[-1500:]
-            lock.close()
         r["duration_s"] = (_dt.datetime.now().astimezone() - started).total_seconds()
         summarise(r)
         out_path.write_text(json.dumps(r, indent=1, default=str))
@@ -293,82 +244,70 @@ class Bench:
         return r
 
 
+def ratio(x, y):
+    return x / y if x is not None and y else None
+
+
 def summarise(r: dict) -> None:
     s: dict = {}
-    for side in ("llama", "edge", "sdk"):
-        seq = r["seq"][side]
-        conc = r["conc"][side]
+    for side in SIDES:
+        seq, conc = r["seq"][side], r["conc"][side]
         rounds = [x["tok_s"] for x in conc]
-        s[side] = {"ttft_s": stats([x["ttft_s"] for x in seq]),
-                   "e2e_s": stats([x["e2e_s"] for x in seq]),
+        s[side] = {"ttft_s": H.stats([x["ttft_s"] for x in seq]),
+                   "e2e_s": H.stats([x["e2e_s"] for x in seq]),
                    "texts": sorted({x["text"] for x in seq}),
                    "tok_s_rounds": rounds,
                    "tok_s_median": statistics.median(rounds) if rounds else None,
-                   "conc_ttft_s": stats([t for x in conc for t in x["ttft_s"]]),
+                   "conc_ttft_s": H.stats([t for x in conc for t in x["ttft_s"]]),
                    "conc_errors": sum(len(x["errors"]) for x in conc)}
-
-    def ratio(x, y):
-        return x / y if x is not None and y else None
-
-    L, E, S = s["llama"], s["edge"], s["sdk"]
     p50 = {k: (v["ttft_s"] or {}).get("p50") for k, v in s.items()}
+    tps = {k: v["tok_s_median"] for k, v in s.items()}
     r["summary"] = s
-    r["ratios"] = {
-        "edge_vs_llama_ttft_p50": ratio(p50["edge"], p50["llama"]),
-        "sdk_vs_llama_ttft_p50": ratio(p50["sdk"], p50["llama"]),
-        "edge_over_sdk_ttft_p50": ratio(p50["edge"], p50["sdk"]),
-        "edge_minus_sdk_ttft_p50_s": (p50["edge"] - p50["sdk"]
-                                      if p50["edge"] is not None and p50["sdk"] is not None
-                                      else None),
-        "edge_vs_llama_tok_s": ratio(E["tok_s_median"], L["tok_s_median"]),
-        "sdk_vs_llama_tok_s": ratio(S["tok_s_median"], L["tok_s_median"]),
-        "edge_over_sdk_tok_s": ratio(E["tok_s_median"], S["tok_s_median"]),
-    }
+    r["ratios"] = {f"{x}_{rel}_{y}_{m}": ratio(v[x], v[y])
+                   for m, v in (("ttft_p50", p50), ("tok_s", tps))
+                   for x, rel, y in (("edge", "vs", "llama"), ("sdk", "vs", "llama"),
+                                     ("edge", "over", "sdk"))}
+    r["ratios"]["edge_minus_sdk_ttft_p50_s"] = (p50["edge"] - p50["sdk"]
+                                                if None not in (p50["edge"], p50["sdk"]) else None)
 
 
 def render(r: dict) -> str:
     s, R, a = r["summary"], r["ratios"], r["args"]
 
-    def ms(st: dict | None, k: str) -> str:
-        return "n/a" if not st else f"{st[k] * 1e3:.1f}"
-
     def x(v: float | None, fmt: str = ".3f") -> str:
         return "n/a" if v is None else format(v, fmt)
 
-    L, E, S = s["llama"], s["edge"], s["sdk"]
-    lines = [
+    def ms(key: str, q: str) -> list[str]:
+        return [x(s[k][key] and s[k][key][q] * 1e3, ".1f") for k in SIDES]
+
+    rows = [(f"chat TTFT p50, ms ({a['seq']} seq., max_tokens {a['seq_tokens']})", ms("ttft_s", "p50"),
+             [x(R["edge_vs_llama_ttft_p50"]), x(R["edge_over_sdk_ttft_p50"])]),
+            ("chat TTFT p99, ms", ms("ttft_s", "p99"), ["", ""]),
+            ("end-to-end p50, ms", ms("e2e_s", "p50"), ["", ""]),
+            (f"aggregate tok/s, {a['conc']} streams x {a['conc_tokens']} tok (median of {a['rounds']})",
+             [x(s[k]["tok_s_median"], ".1f") for k in SIDES],
+             [x(R["edge_vs_llama_tok_s"], ".2f"), x(R["edge_over_sdk_tok_s"], ".2f")]),
+            (f"TTFT p50 under {a['conc']} streams, ms", ms("conc_ttft_s", "p50"), ["", ""])]
+    E, L, S = (s[k] for k in SIDES)
+    return "\n".join([
         f"### HTTP edge: zerolayer-http vs llama-server vs the SDK ({r['date']})", "",
         f"Machine: {r['machine'].get('cpu_model')}, {r['machine'].get('cpus')} CPUs; model "
         f"`{Path(r['model']).name}`, {a['threads']} threads each; llama-server "
-        f"-np {a['parallel']}; zerolayer {r['zerolayer_git']}.", "",
+        f"{shlex.join(['-np', str(a['parallel']), *r['llama_extra']])}; zerolayer {r['zerolayer_git']}.", "",
         "| metric | zerolayer-http | llama-server | direct SDK | edge/llama | edge/SDK |",
         "|---|---|---|---|---|---|",
-        f"| chat TTFT p50, ms ({a['seq']} seq., max_tokens {a['seq_tokens']}) | "
-        f"{ms(E['ttft_s'], 'p50')} | {ms(L['ttft_s'], 'p50')} | {ms(S['ttft_s'], 'p50')} | "
-        f"{x(R['edge_vs_llama_ttft_p50'])} | {x(R['edge_over_sdk_ttft_p50'])} |",
-        f"| chat TTFT p99, ms | {ms(E['ttft_s'], 'p99')} | {ms(L['ttft_s'], 'p99')} | "
-        f"{ms(S['ttft_s'], 'p99')} | | |",
-        f"| end-to-end p50, ms | {ms(E['e2e_s'], 'p50')} | {ms(L['e2e_s'], 'p50')} | "
-        f"{ms(S['e2e_s'], 'p50')} | | |",
-        f"| aggregate tok/s, {a['conc']} streams x {a['conc_tokens']} tok (median of "
-        f"{a['rounds']}) | {x(E['tok_s_median'], '.1f')} | {x(L['tok_s_median'], '.1f')} | "
-        f"{x(S['tok_s_median'], '.1f')} | {x(R['edge_vs_llama_tok_s'], '.2f')} | "
-        f"{x(R['edge_over_sdk_tok_s'], '.2f')} |",
-        f"| TTFT p50 under {a['conc']} streams, ms | {ms(E['conc_ttft_s'], 'p50')} | "
-        f"{ms(L['conc_ttft_s'], 'p50')} | {ms(S['conc_ttft_s'], 'p50')} | | |",
+        *("|" + "".join(f" {c} |" if c else " |" for c in [label, *cells, *rs])
+          for label, cells, rs in rows),
         "",
         f"- Edge overhead over the SDK: TTFT p50 +{x((R['edge_minus_sdk_ttft_p50_s'] or 0) * 1e3, '.2f')}"
         f" ms (x{x(R['edge_over_sdk_ttft_p50'])}); tok/s x{x(R['edge_over_sdk_tok_s'])}.",
         f"- Errors in the concurrent rounds: edge {E['conc_errors']}, llama {L['conc_errors']}, "
         f"SDK {S['conc_errors']}.",
-        f"- Greedy answers (sequential): edge {E['texts']!r}; llama {L['texts']!r}; "
-        f"SDK {S['texts']!r}.",
+        f"- Greedy answers (sequential): edge {E['texts']!r}; llama {L['texts']!r}; SDK {S['texts']!r}.",
         "- HTTP sides in the sequential run: a stdlib client reading SSE lines, a fresh "
         "connection per request (connected before the clock starts); "
         "concurrent runs: AsyncOpenAI (openai SDK), usage from stream_options.include_usage.",
-        f"- Run took {r['duration_s']:.0f} s. Command: `{r['command']}`",
-    ]
-    return "\n".join(lines)
+        f"- Run took {r['duration_s']:.0f} s. Command: `{r['command']}`"])
 
 
 def main() -> int:
@@ -385,8 +324,7 @@ def main() -> int:
     ap.add_argument("--conc-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--zl-extra", default="", help="more zerolayerd flags")
-    ap.add_argument("--lock-wait", type=float, default=3600,
-                    help=f"wait this long for {LOCK_PATH}")
+    ap.add_argument("--lock-wait", type=float, default=3600, help=f"wait this long for {H.LOCK_PATH}")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny counts, not for publishing")
     ap.add_argument("--out", default="")
     a = ap.parse_args()

@@ -1,5 +1,6 @@
 """Speculative decoding: decode speed with drafts from the request's own text, against the
-same engine without them, and against llama.cpp's own lookup decoding, on the same prompts.
+same engine without them, and against llama.cpp's `llama-lookup` on the same prompts
+(bench/README.md, "bench_speculative.py", says what is measured and how).
 
     .venv/bin/python bench/bench_speculative.py                 # 3 rounds, 128 tokens a task
     .venv/bin/python bench/bench_speculative.py --rounds 1 --tokens 64 --no-llamacpp
@@ -8,31 +9,12 @@ same engine without them, and against llama.cpp's own lookup decoding, on the sa
 --draft-model adds a third side, drafts from a draft model ([engine] draft_model,
 gpu/draft_model.py) instead of lookup, its output checked against plain greedy the same way;
 every side reports decode tokens per step ((completion tokens - 1) / decode steps).
-
-Tasks: grounded ones built from the shipped public-domain text (bench/accuracy/alice_ch1.txt),
-where an answer copies its context (extract a passage, repeat a list with an edit, answer
-with a quotation, summarize with copying), and free chat as the control. Each is one chat
-request, greedy, batch 1, through the daemon's engine (daemon/engine.py) on the bundled
-model: decode tok/s = (completion tokens - 1) / (time from the first token to the last),
-the plain decoder's and the speculative one's in the same round, the side that goes first
-alternating. Greedy output is identical on both sides (checked here, every round: a
-difference is an error, not a figure).
-
-The peer: llama.cpp's `llama-lookup` (examples/lookup: n-gram lookup decoding, the same
-idea) on the same GGUF, the same chat-formatted prompt text, `--temp 0 --spec-draft-n-max 8
--t 2`,
-built by bench/setup_llamacpp.sh; its own "decoded N tokens in T s" line. Its plain decode
-speed on the same host is llama-bench's tg (bench_runtime.py). The ratio reported against
-it is ours (speculative) / its lookup, per task.
-
-Output: a markdown table on stdout and JSON under bench/results/ (gitignored).
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -43,14 +25,13 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from _harness import bench_lock, git_head, log, machine_info  # noqa: E402
+from _harness import LLAMA_BIN, bench_lock, git_head, log, machine_info, results_path  # noqa: E402
 from accuracy_metrics import read_text  # noqa: E402
 
 TEXT = HERE / "accuracy" / "alice_ch1.txt"
-LOOKUP = ROOT / ".bench-llamacpp" / "bin" / "llama-lookup"
+LOOKUP = LLAMA_BIN / "llama-lookup"
 
 
 def tasks() -> dict[str, str]:
@@ -74,17 +55,14 @@ def tasks() -> dict[str, str]:
 
 def run_ours(gen, ids, n_tokens: int, speculative: bool, drafter=None) -> dict:
     from zerolayer.daemon.engine import Engine
-    from zerolayer.daemon.request import Admitted, DoneEvent, TextEvent
+    from zerolayer.daemon.request import Admitted, DoneEvent
     from zerolayer.protocol.sampling_params import SamplingParams
 
-    stamps: list[float] = []
     done: dict = {}
 
     def emit(ev) -> None:
-        if isinstance(ev, TextEvent):
-            stamps.append(time.perf_counter())
-        elif isinstance(ev, DoneEvent):
-            done.update(n=ev.usage.completion_tokens, drafted=ev.drafted, accepted=ev.accepted)
+        if isinstance(ev, DoneEvent):
+            done.update(drafted=ev.drafted, accepted=ev.accepted)
 
     eng = Engine(gen.model, gen.tokenizer, emit=emit, max_running=1, step_tokens=512,
                  speculative=speculative, drafter=drafter)
@@ -114,18 +92,18 @@ def run_lookup(model: str, prompt: str, n_tokens: int, threads: int) -> dict:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     out = p.stdout + p.stderr
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", out)
-    acc = re.search(r"n_accept\s*=\s*(\d+)", out)
-    drafted = re.search(r"n_drafted\s*=\s*(\d+)", out)
     if p.returncode or not m:
         return {"error": f"exit {p.returncode}: {out[-400:]}"}
     n, secs = int(m.group(1)), float(m.group(2))
-    return {"n": n, "decode_tps": n / secs if secs > 0 else None,
-            "drafted": int(drafted.group(1)) if drafted else None,
-            "accepted": int(acc.group(1)) if acc else None, "command": " ".join(cmd[:1] + cmd[5:])}
+    count = {k: (int(c.group(1)) if (c := re.search(rf"{k}\s*=\s*(\d+)", out)) else None)
+             for k in ("n_drafted", "n_accept")}
+    return {"n": n, "decode_tps": n / secs if secs > 0 else None, "drafted": count["n_drafted"],
+            "accepted": count["n_accept"], "command": " ".join(cmd[:1] + cmd[5:])}
 
 
-def med(xs: list) -> float | None:
-    xs = [x for x in xs if x is not None]
+def med(rows: list[dict], key: str) -> float | None:
+    """The median of rows' `key` where they have one (a failed llama-lookup run has none)."""
+    xs = [x[key] for x in rows if x.get(key) is not None]
     return statistics.median(xs) if xs else None
 
 
@@ -171,32 +149,24 @@ def main(argv=None) -> int:
             for rnd in range(a.rounds):
                 order = sides if rnd % 2 == 0 else sides[::-1]
                 got = {k: run_ours(gen, ids, a.tokens, spec, d) for k, spec, d in order}
-                for k in got:
-                    if got[k]["tokens"] != got["plain"]["tokens"]:
+                plain = got["plain"]["tokens"]
+                for k, g in got.items():
+                    if g.pop("tokens") != plain:
                         raise SystemExit(f"{name}: {k} output differs from plain greedy")
-                    row[k].append(got[k])
-                got[False], got[True] = got["plain"], got["spec"]
+                    row[k].append(g)
                 if peer:
                     row["lookup"].append(run_lookup(model, gen.tokenizer.render_chat(chat),
                                                     a.tokens, a.threads))
-                log(f"{name} round {rnd}: plain {got[False]['decode_tps']:.1f} tok/s, "
-                    f"speculative {got[True]['decode_tps']:.1f} "
-                    f"({got[True]['accepted']}/{got[True]['drafted']} kept)"
-                    + (f", llama-lookup {row['lookup'][-1].get('decode_tps') or 0:.1f}" if peer else "")
-                    + (f", draft model {got['draft']['decode_tps']:.1f} "
-                       f"({got['draft']['accepted']}/{got['draft']['drafted']} kept)"
-                       if "draft" in got else ""))
-            for s in ("plain", "spec", "draft"):
-                for x in row[s]:
-                    x.pop("tokens")
+                log(f"{name} round {rnd}: " + ", ".join(
+                    f"{k} {g['decode_tps']:.1f} tok/s ({g['accepted']}/{g['drafted']} kept)"
+                    for k, g in got.items())
+                    + (f", llama-lookup {row['lookup'][-1].get('decode_tps') or 0:.1f}" if peer else ""))
             results[name] = row
     lines = ["| task | prompt tokens | plain tok/s | speculative tok/s | speedup | kept / drafted "
              "| llama-lookup tok/s | ours / llama-lookup |", "|---" * 8 + "|"]
     for name, row in results.items():
-        p, s = med([x["decode_tps"] for x in row["plain"]]), med([x["decode_tps"] for x in row["spec"]])
-        lk = med([x.get("decode_tps") for x in row["lookup"]])
-        kept = sum(x["accepted"] for x in row["spec"])
-        drafted = sum(x["drafted"] for x in row["spec"])
+        p, s, lk = (med(row[k], "decode_tps") for k in ("plain", "spec", "lookup"))
+        kept, drafted = (sum(x[f] for x in row["spec"]) for f in ("accepted", "drafted"))
         row["summary"] = {"plain_tps": p, "spec_tps": s, "lookup_tps": lk,
                           "speedup": s / p if p and s else None,
                           "vs_lookup": s / lk if lk and s else None}
@@ -207,25 +177,19 @@ def main(argv=None) -> int:
         lines += ["", "| task | tokens/step plain / lookup / draft model | tok/s plain / lookup / "
                   "draft model | draft model kept / drafted |", "|---" * 4 + "|"]
         for name, row in results.items():
-            tps = [med([x["tokens_per_step"] for x in row[k]]) for k in ("plain", "spec", "draft")]
-            dec = [med([x["decode_tps"] for x in row[k]]) for k in ("plain", "spec", "draft")]
+            tps = [med(row[k], "tokens_per_step") for k in ("plain", "spec", "draft")]
+            dec = [med(row[k], "decode_tps") for k in ("plain", "spec", "draft")]
             lines.append(f"| {name} | {' / '.join(f'{x:.2f}' for x in tps)} | "
                          f"{' / '.join(f'{x:.1f}' for x in dec)} | "
                          f"{sum(x['accepted'] for x in row['draft'])} / "
                          f"{sum(x['drafted'] for x in row['draft'])} |")
-        doc_draft = a.draft_model
-    else:
-        doc_draft = None
     print("\n".join(lines))
     doc = {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "command": command,
            "machine": machine_info(), "kernels": cpu_features.describe(), "model": model,
-           "draft_model": doc_draft,
-           "tokens": a.tokens, "rounds": a.rounds, "tasks": results,
-           "git": git_head()}
-    out = a.out or str(HERE / "results" / f"speculative-{started:%Y%m%d-%H%M%S}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=1)
+           "draft_model": a.draft_model, "tokens": a.tokens, "rounds": a.rounds,
+           "tasks": results, "git": git_head()}
+    out = results_path(a.out, "speculative")
+    out.write_text(json.dumps(doc, indent=1))
     log(f"wrote {out}")
     return 0
 

@@ -4,39 +4,10 @@
     .venv/bin/python bench/soak.py [--duration-s 600] [--warmup-s 180] [--rate 4000]
                                    [--overload-x 10] [--calibrate-s 30]
 
-Why: a UDP fuzz once took the daemon from 350 to 824 MB, and an overload kept it
-growing. Every buffer now has a bound (docs/OPERATIONS.md "Memory bounds"); this checks the
-sum of them holds in practice. A load generator (a separate process, so its threads never
-hold the sampler's GIL) keeps, for the whole run:
-- valid work: --clients SDK clients in a loop, each a short chat (max_tokens 16); every 5th
-  repeats an earlier request id (served from the result cache), every 7th is cancelled after
-  its first chunk;
-- hostile datagrams at --rate per second, in a fixed rotation: random bytes; request-shaped
-  random bytes; unknown key; forged tag; stale timestamp; a captured PING replayed; and,
-  four times as often each, the kinds that make the daemon keep something: signed fresh
-  PINGs (each fills the nonce cache), signed INVOKEs whose prompt, once tokenized, leaves
-  no room for their max_tokens (CONTEXT_OVERFLOW from the engine, stored under a fresh
-  request id: fills the result cache), the first fragment only of a
-  two-fragment INVOKE (holds a reassembly slot until it times out); every 4000th, a chat of
-  4,097 messages (838 datagrams, PAYLOAD_TOO_LARGE);
-- overload relative to this machine (bench/_overload.py): before the load, 16 clients back
-  to back for --calibrate-s measure the requests per second the daemon sustains here; the
-  load then offers --overload-x times that (10 by default), open loop, each admitted request
-  kept alive until it ends. A fixed rate would overload a fast host and not a slow one; this
-  fills the wait queue (max_running + max_waiting) on either, so the OVERLOADED path and the
-  memory of a full queue are part of every run.
-The daemon runs with the default bounds, except that retention is shortened so the run
-reaches steady state within the warm-up: `--security-max-skew-s 30` (nonces kept 60 s) and
-`--cache-ttl-s 60` (finished results kept 60 s). Every --sample-s the sampler reads the
-daemon's VmRSS from /proc and its zerolayer_memory_bytes{buffer} gauges.
-
-Verdict: after the warm-up, RSS stays within ±10 % of its value at the end of the warm-up
-(max and min over the rest of the run), and, with the overload on, the wait queue was full
-at least once (zerolayer_overloaded_total{bound="wait_queue"} > 0): a soak that never
-filled it did not test what it says. Output: a markdown table (one row per minute) on
-stdout, a PNG plot of RSS and each buffer over time, and a JSON file with every sample,
-under bench/results/ (gitignored) unless --out is given. Holds /tmp/zl-bench.lock; traffic
-goes to 127.0.0.1 only.
+The load, the daemon's settings and the verdict: bench/README.md ("soak.py"). Every buffer
+has a bound (docs/OPERATIONS.md "Memory bounds"); this checks their sum holds in practice.
+The load generator is a separate process (--loadgen), so its threads never hold the
+sampler's GIL.
 """
 from __future__ import annotations
 
@@ -58,33 +29,33 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import (  # noqa: E402
-    RESULTS,
-    ZeroLayerDaemon,
-    default_model,
-    git_head,
-    log,
-    machine_info,
-    take_lock,
-)
+from _harness import ZeroLayerDaemon, default_model, git_head, log, machine_info, results_path, take_lock  # noqa: E402
 from _overload import OpenLoop, measure_capacity  # noqa: E402
 
 CALIBRATION_CLIENTS = 16  # the daemon's default max_running: every batch slot busy
+WAIT_QUEUE_FULL = "zerolayer_overloaded_total:wait_queue"
 TOPICS = ["the sea", "a lighthouse", "bread", "a violin", "the moon", "a fox", "rain", "glass"]
 
 
 # ---- the load generator (runs in its own process: --loadgen) ----------------------------
 
-def _hostile_datagrams(addr, key_id: int, secret: bytes):
+def _hostile_datagrams(key_id: int, secret: bytes):
     """An endless rotation of hostile datagrams, each kind built fresh where it must be."""
     from zerolayer.protocol import wire
-    from zerolayer.protocol.wire import ChatMessage, MsgType, PayloadKind, SamplingParams
+    from zerolayer.protocol.wire import MsgType, PayloadKind, SamplingParams
 
     def now_us() -> int:
         return time.time_ns() // 1000
 
-    captured = wire.encode_control(MsgType.PING, key_id, secret, secrets.token_bytes(16),
-                                   now_us(), secrets.token_bytes(32))
+    def ping(kid: int = key_id, sec: bytes = secret, back_us: int = 0) -> list[bytes]:
+        return [wire.encode_control(MsgType.PING, kid, sec, secrets.token_bytes(16),
+                                    now_us() - back_us, secrets.token_bytes(32))]
+
+    def invoke(body: bytes, *frag: int) -> list[bytes]:
+        return wire.encode_invoke(key_id, secret, secrets.token_bytes(16), now_us(),
+                                  secrets.token_bytes(32), body, *frag)
+
+    captured = ping()[0]
     # signed, valid, and refused by the engine without running the model: the prompt's ~25
     # tokens are known only once tokenized, past the 1 + max_tokens that ingress can rule
     # out (a larger max_tokens would be refused there, before any cache entry); the
@@ -93,48 +64,41 @@ def _hostile_datagrams(addr, key_id: int, secret: bytes):
                                             b"Hello there, " * 8)
     two_frag_body = wire.encode_invoke_body(SamplingParams(max_tokens=8), PayloadKind.PROMPT,
                                             b"x" * 600)
-    too_many = [ChatMessage("user", "x")] * (wire.MAX_CHAT_MESSAGES + 1)
-    too_many_payload = b"".join(wire.CHAT_MSG_HDR.pack(2, 1) + b"x" for _ in too_many)
+    too_many_payload = (wire.CHAT_MSG_HDR.pack(2, 1) + b"x") * (wire.MAX_CHAT_MESSAGES + 1)
     too_many_body = wire.encode_invoke_body(SamplingParams(max_tokens=8), PayloadKind.CHAT,
                                             too_many_payload)
     kinds = [
-        lambda: [os.urandom(random.randint(1, 1400))],
-        lambda: [b"ZLYR\x01\x04" + os.urandom(106)],
-        lambda: [wire.encode_control(MsgType.PING, key_id + 1000, secret, secrets.token_bytes(16),
-                                     now_us(), secrets.token_bytes(32))],
-        lambda: [wire.encode_control(MsgType.PING, key_id, secrets.token_bytes(32),
-                                     secrets.token_bytes(16), now_us(), secrets.token_bytes(32))],
-        lambda: [wire.encode_control(MsgType.PING, key_id, secret, secrets.token_bytes(16),
-                                     now_us() - 3_600_000_000, secrets.token_bytes(32))],
-        lambda: [captured],
+        lambda: [os.urandom(random.randint(1, 1400))],               # garbage
+        lambda: [b"ZLYR\x01\x04" + os.urandom(106)],                 # request-shaped garbage
+        lambda: ping(kid=key_id + 1000),                             # unknown key
+        lambda: ping(sec=secrets.token_bytes(32)),                   # forged tag
+        lambda: ping(back_us=3_600_000_000),                         # stale timestamp
+        lambda: [captured],                                          # replayed
     ] + 4 * [  # the kinds that make the daemon keep something: most of the mix
-        lambda: [wire.encode_control(MsgType.PING, key_id, secret, secrets.token_bytes(16),
-                                     now_us(), secrets.token_bytes(32))],
-        lambda: wire.encode_invoke(key_id, secret, secrets.token_bytes(16), now_us(),
-                                   secrets.token_bytes(32), overflow_body),
-        lambda: wire.encode_invoke(key_id, secret, secrets.token_bytes(16), now_us(),
-                                   secrets.token_bytes(32), two_frag_body, 512)[:1],
+        ping,                                                        # the nonce cache
+        lambda: invoke(overflow_body),                               # the result cache
+        lambda: invoke(two_frag_body, 512)[:1],                      # a reassembly slot
     ]
     n = 0
     while True:
         n += 1
         if n % 4000 == 0:  # 838 datagrams, ~1/6 of the mix
-            yield from wire.encode_invoke(key_id, secret, secrets.token_bytes(16), now_us(),
-                                          secrets.token_bytes(32), too_many_body)
+            yield from invoke(too_many_body)
         yield from kinds[n % len(kinds)]()
 
 
-def loadgen(a: argparse.Namespace) -> None:
+def loadgen(a: dict) -> None:
+    """a: the parent's settings for the load (--loadgen JSON)."""
     from zerolayer.client import Client
     from zerolayer.protocol.errors import ZerolayerError
     from zerolayer.protocol.wire import ChatMessage
-    addr = ("127.0.0.1", a.port)
-    secret = bytes.fromhex(a.secret)
+    addr = ("127.0.0.1", a["port"])
+    secret = bytes.fromhex(a["secret"])
     stop = threading.Event()
     counts = {"valid_ok": 0, "valid_err": 0, "hostile_sent": 0}
 
     def valid(i: int) -> None:
-        c = Client(addr, a.key_id, secret, timeout=60)
+        c = Client(addr, a["key_id"], secret, timeout=60)
         rids: list[bytes] = []
         n = 0
         while not stop.is_set():
@@ -153,24 +117,24 @@ def loadgen(a: argparse.Namespace) -> None:
                 counts["valid_err"] += 1
 
     def hostile() -> None:
-        gen = _hostile_datagrams(addr, a.key_id, secret)
+        gen = _hostile_datagrams(a["key_id"], secret)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             t0 = time.monotonic()
             while not stop.is_set():
-                due = int((time.monotonic() - t0) * a.rate) - counts["hostile_sent"]
+                due = int((time.monotonic() - t0) * a["rate"]) - counts["hostile_sent"]
                 for _ in range(min(due, 500)):
                     s.sendto(next(gen), addr)
                     counts["hostile_sent"] += 1
                 time.sleep(0.005)
 
-    threads = [threading.Thread(target=valid, args=(i,), daemon=True) for i in range(a.clients)]
+    threads = [threading.Thread(target=valid, args=(i,), daemon=True) for i in range(a["clients"])]
     threads.append(threading.Thread(target=hostile, daemon=True))
     for t in threads:
         t.start()
-    over = OpenLoop(addr, a.key_id, secret, a.overload_rate) if a.overload_rate else None
+    over = OpenLoop(addr, a["key_id"], secret, a["overload_rate"]) if a["overload_rate"] else None
     if over is not None:
         over.start()
-    end = time.monotonic() + a.duration_s
+    end = time.monotonic() + a["duration_s"]
     while time.monotonic() < end and sys.stdin.readline() not in ("", "stop\n"):
         pass  # the parent writes a line per sample; EOF or "stop" ends the load
     stop.set()
@@ -199,9 +163,6 @@ def scrape(port: int) -> dict[str, float]:
     m = re.search(r'^zerolayer_overloaded_total\{bound="wait_queue"\} (\S+)$', text, re.M)
     out[WAIT_QUEUE_FULL] = float(m.group(1)) if m else 0.0
     return out
-
-
-WAIT_QUEUE_FULL = "zerolayer_overloaded_total:wait_queue"
 
 
 def verdict(samples: list[dict], warmup_s: float, overload: bool = False) -> dict:
@@ -263,21 +224,16 @@ def main() -> int:
                     help="offer this many times the measured capacity, open loop (0: off)")
     ap.add_argument("--calibrate-s", type=float, default=30,
                     help="how long the capacity is measured before the load")
-    ap.add_argument("--overload-rate", type=float, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--model", default="")
     ap.add_argument("--out", default="", help="JSON path (the PNG goes beside it)")
-    ap.add_argument("--loadgen", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--key-id", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--secret", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--loadgen", help=argparse.SUPPRESS)  # JSON: this process is the load
     a = ap.parse_args()
     if a.loadgen:
-        loadgen(a)
+        loadgen(json.loads(a.loadgen))
         return 0
+    a.overload_rate = 0.0
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(a.out) if a.out else RESULTS / f"soak-{stamp}.json"
+    out = results_path(a.out, "soak")
     git = git_head()  # the code that runs
     lock, _ = take_lock(float("inf"), " ".join(sys.argv))  # held until this process exits
     model = a.model or default_model()
@@ -295,12 +251,12 @@ def main() -> int:
                 f"{a.calibrate_s:.0f} s); offering {a.overload_rate:.1f}/s open loop")
         rss0 = rss_bytes(d.pid)
         log(f"daemon ready (RSS {rss0 / 1e6:.0f} MB); load for {a.duration_s:.0f} s")
-        gen = subprocess.Popen(
-            [sys.executable, __file__, "--loadgen", "--port", str(d.port), "--key-id",
-             str(d.key_id), "--secret", d.secret.hex(), "--rate", str(a.rate), "--clients",
-             str(a.clients), "--duration-s", str(a.duration_s + 60),
-             "--overload-rate", str(a.overload_rate)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        cfg = {"port": d.port, "key_id": d.key_id, "secret": d.secret.hex(), "rate": a.rate,
+               "clients": a.clients, "duration_s": a.duration_s + 60,
+               "overload_rate": a.overload_rate}
+        gen = subprocess.Popen([sys.executable, __file__, "--loadgen", json.dumps(cfg)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                               bufsize=1)  # line-buffered: each tick reaches it at once
         t0 = time.monotonic()
         while (t := time.monotonic() - t0) < a.duration_s:
             d._check_alive()
@@ -310,10 +266,8 @@ def main() -> int:
                 + " ".join(f"{k}={v / 1e6:.1f}" for k, v in s["m"].items()
                            if not k.startswith(("limit:", "zerolayer_"))))
             gen.stdin.write("tick\n")
-            gen.stdin.flush()
             time.sleep(max(0.0, a.sample_s - (time.monotonic() - t0 - t)))
         gen.stdin.write("stop\n")
-        gen.stdin.flush()
         counts = json.loads(gen.stdout.readline() or "{}")
         gen.wait(120)
     finally:
@@ -339,8 +293,7 @@ def main() -> int:
         "verdict": v, "samples": samples, "plot": str(png) if png else None,
     }
     out.write_text(json.dumps(result, indent=1))
-    print(table(samples, buffers))
-    print()
+    print(table(samples, buffers) + "\n")
     print(f"RSS before the load {rss0 / 1e6:.0f} MB; at the end of the {a.warmup_s:.0f} s "
           f"warm-up {v.get('rss_at_warmup_end', 0) / 1e6:.0f} MB; after it min "
           f"{v.get('rss_min', 0) / 1e6:.0f} / max {v.get('rss_max', 0) / 1e6:.0f} MB, largest "

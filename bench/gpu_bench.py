@@ -527,6 +527,7 @@ def op_timings(model, c: dict, p: dict, sim: bool) -> dict:
 
     from zerolayer.gpu import quant
     from zerolayer.gpu.cuda import matmul as cu_mm
+    from zerolayer.gpu.cuda.weight_layout import device_layer
     gpu = model[2]
     rng = np.random.default_rng(4)
     D, F, nh, nkv, hd, V = c["d"], c["ff"], c["n_head"], c["n_kv"], c["hd"], c["vocab"]
@@ -538,8 +539,8 @@ def op_timings(model, c: dict, p: dict, sim: bool) -> dict:
                               "gate_up": (quant.FMT_Q4, 2 * F, D), "down": (quant.FMT_Q4, D, F),
                               "lm_head": (quant.FMT_Q8, V, D)}.items():
         wt = rand_weight(rng, fmt, 1, R, K).layer(0)
-        dwt = (wt[0],) + tuple(cuda.to_device(np.ascontiguousarray(a)) if a.size else None
-                               for a in wt[1:])
+        f, *arrs = device_layer(*wt)   # its bytes as the kernels read them on the device
+        dwt = (f, *(cuda.to_device(np.ascontiguousarray(a)) if a.size else None for a in arrs))
         x = cuda.to_device(rng.standard_normal((1, K)).astype(np.float32))
         y = cuda.device_array((1, R), np.float32)
 

@@ -593,3 +593,22 @@ def results_path(out: str | None, prefix: str) -> Path:
     p = Path(out) if out else RESULTS / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     p.parent.mkdir(parents=True, exist_ok=True)
     return p
+
+
+# -- added for net
+
+
+def run_meta(**extra) -> dict:
+    """What a result records of its run: the date (UTC), the command line and the commit,
+    and `extra`."""
+    import datetime
+    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "command": " ".join(shlex.quote(x) for x in sys.argv), "git": git_head(), **extra}
+
+
+def write_results(res: dict, prefix: str, out: str | None = None) -> Path:
+    """res as JSON at `out`, or at bench/results/PREFIX-<date-time>.json; returns the path."""
+    path = Path(out) if out else RESULTS / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1, default=str))
+    return path

@@ -1,38 +1,27 @@
 #!/usr/bin/env python
-"""The daemon's own CPU work per PING, on a running zerolayerd, over UDP and over AF_XDP.
+"""The daemon's own CPU work per PING, on a running zerolayerd, over UDP and over AF_XDP
+(bench/README.md). Takes /tmp/zl-bench.lock itself.
 
-    flock-free: the script takes /tmp/zl-bench.lock itself.
     sudo .venv/bin/python bench/bench_datagram_work.py [--carriers udp,xdp] [--pings 3000]
 
 A real daemon (the bundled model unless --model, one model thread, I/O and model on CPU 0, not
-busy-polling so that its CPU time is its work) is started through this script's --serve mode,
-which wraps three of the I/O loop's phases with the thread's CPU clock
-(CLOCK_THREAD_CPUTIME_ID; the wrappers' own cost is measured at start and subtracted):
-- recv: `Carriers.recv` calls that returned datagrams (recvmmsg, or the AF_XDP RX ring and
-  frame parsing), per datagram;
-- receive to reply queued: `Front.receive` (ingress parse, key, XDP tag, HMAC, timestamp
-  and nonce, the PONG built and signed, returned for the send list), per datagram;
-- send: `Daemon._flush` (sendto / sendmmsg, or the reply frame written into a UMEM TX frame
-  and the kick), per datagram.
-Besides, the I/O thread's whole CPU time (/proc/PID/task/PID/schedstat, ns) over the PINGs
-minus the same thread's CPU over an idle window as long, per PING: everything the daemon's
-I/O thread spends for one PING, the select() wake-up and the loop's turn included.
-
-The client: a blocking socket in its own process, on CPU 1, pre-signed PINGs carrying the XDP
-tag (as the SDK sends them), one at a time, --gap-us apart; --warm PINGs first, not counted.
-UDP over loopback; AF_XDP on the veth testbed (scripts/xdp-testbed.sh, root). Each carrier in
---blocks blocks, alternating (A B B A). Prints a markdown table and writes JSON under
-bench/results/.
+busy-polling so that its CPU time is its work) runs through this script's --serve mode, which
+times three of the I/O loop's phases with the thread's CPU clock (the clock pair's own cost,
+measured at start, subtracted), per datagram: recv (`Carriers.recv` calls that returned
+datagrams), receive to reply queued (`Front.receive`: parse, key, XDP tag, HMAC, timestamp,
+nonce, the PONG built and signed) and send (`Daemon._flush`). Besides, the I/O thread's whole
+CPU time (schedstat) over the PINGs minus the same over an idle window as long, per PING.
+The client: a blocking socket in its own process on CPU 1, pre-signed tagged PINGs one at a
+time, --gap-us apart, after --warm uncounted ones. UDP over loopback; AF_XDP on the veth
+testbed (root). Each carrier in --blocks blocks, alternating (A B B A).
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
+import contextlib
 import json
 import os
 import platform
-import secrets
-import shlex
 import signal
 import socket
 import statistics
@@ -44,30 +33,25 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import REPO, RESULTS, ZeroLayerDaemon, cpu_model, git_head, take_lock  # noqa: E402
+from _harness import ZeroLayerDaemon, cpu_model, run_meta, take_lock, write_results  # noqa: E402
+from bench_xdp import CLIENT_CPU, PORT, PY, SERVER_CPU, signed_pings  # noqa: E402
 
-PY = REPO / ".venv" / "bin" / "python"
-TESTBED = REPO / "scripts" / "xdp-testbed.sh"
-SRV_IF, SRV_V4 = "zl-s", "10.201.0.1"
-SERVER_CPU, CLIENT_CPU = 0, 1
+from netns import SRV_IF, SRV_V4, xdp_testbed  # noqa: E402  (tests/, put on the path by bench_xdp)
 
-
-# ------------------------------------------------------------------ --serve: the timed daemon
 
 def serve(stats_path: str, argv: list[str]) -> int:
     """Run zerolayerd with its I/O phases timed; SIGUSR1 writes a snapshot to stats_path."""
     from zerolayer.daemon import carriers, front, server
 
     clock = time.thread_time_ns
-    tot = {"recv_ns": 0, "recv_datagrams": 0, "feed_ns": 0, "feed_datagrams": 0,
-           "flush_ns": 0, "flush_frames": 0}
+    tot = dict.fromkeys(("recv_ns", "recv_datagrams", "feed_ns", "feed_datagrams", "flush_ns",
+                         "flush_frames"), 0)
     pairs = 20000   # the cost of one clock pair, subtracted from every timed span
     t0 = clock()
     for _ in range(pairs):
         clock()
         clock()
     pair_ns = (clock() - t0) / pairs
-
     recv, receive, flush = carriers.Carriers.recv, front.Front.receive, server.Daemon._flush
 
     def timed_recv(self, turn, busy):
@@ -86,59 +70,32 @@ def serve(stats_path: str, argv: list[str]) -> int:
         return out
 
     def timed_flush(self):
-        n = len(self.out)
-        t = clock()
+        n, t = len(self.out), clock()
         flush(self)
         if n:
             tot["flush_ns"] += clock() - t - pair_ns
             tot["flush_frames"] += n
 
-    carriers.Carriers.recv = timed_recv
-    front.Front.receive = timed_receive
+    carriers.Carriers.recv, front.Front.receive = timed_recv, timed_receive
     server.Daemon._flush = timed_flush
-
-    # Every collector pause, any thread: (generation, ms, monotonic end), for the tails.
-    import gc
-    pauses: list[tuple[int, float, float]] = []
-    started = [0.0]
-
-    def on_gc(phase, info):
-        if phase == "start":
-            started[0] = time.perf_counter()
-        else:
-            end = time.perf_counter()
-            pauses.append((info["generation"], (end - started[0]) * 1e3, end))
-    gc.callbacks.append(on_gc)
 
     def snapshot(*_):
         with open(f"/proc/self/task/{os.getpid()}/schedstat") as f:
             io_ns = int(f.read().split()[0])
-        Path(stats_path).write_text(json.dumps({**tot, "io_thread_ns": io_ns,
-                                                "pair_ns": pair_ns, "gc_pauses": pauses,
-                                                "gc_objects": len(gc.get_objects()),
-                                                "gc_counts": gc.get_count(),
-                                                "gc_frozen": gc.get_freeze_count()}))
+        Path(stats_path).write_text(json.dumps({**tot, "io_thread_ns": io_ns, "pair_ns": pair_ns}))
     signal.signal(signal.SIGUSR1, snapshot)
     return server.main(argv)
 
 
-# ------------------------------------------------------------------ the client
-
-def tagged_pings(key_id: int, secret: bytes, n: int) -> list[bytes]:
-    from zerolayer.protocol import wire
-    from zerolayer.protocol.wire import MsgType
-    now = time.time_ns() // 1000
-    return [wire.encode_control(MsgType.PING, key_id, secret, secrets.token_bytes(16), now,
-                                secrets.token_bytes(32), xdp_tag=True) for _ in range(n)]
-
-
-def pinger(host: str, port: int, datagrams: list[bytes], gap_us: float) -> list[float]:
+def pinger(spec: str) -> int:
+    """--pinger mode: the client, in its own process (its CPU is not the daemon's)."""
+    a = json.loads(spec)
+    datagrams = signed_pings(a["key_id"], bytes.fromhex(a["secret"]), a["n"], xdp_tag=True)
     os.sched_setaffinity(0, {CLIENT_CPU})
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.connect((host, port))
+    s.connect((a["host"], a["port"]))
     s.settimeout(2.0)
-    out = []
-    lost = 0
+    out, lost = [], 0
     for d in datagrams:
         t = time.perf_counter_ns()
         s.send(d)
@@ -147,81 +104,63 @@ def pinger(host: str, port: int, datagrams: list[bytes], gap_us: float) -> list[
             out.append((time.perf_counter_ns() - t) / 1e3)
         except TimeoutError:
             lost += 1
-        end = t + gap_us * 1000
+        end = t + a["gap_us"] * 1000
         while time.perf_counter_ns() < end:
             time.sleep(max(0.0, (end - time.perf_counter_ns()) / 1e9 - 50e-6))
-    s.close()
     if lost:
         print(f"lost {lost}", file=sys.stderr)
-    return out
-
-
-def run_pinger(ns: str | None, host: str, port: int, key_id: int, secret: bytes, n: int,
-               gap_us: float) -> list[float]:
-    """The pinger in its own process (its CPU is not the daemon's), in namespace ns."""
-    spec = json.dumps({"host": host, "port": port, "key_id": key_id, "secret": secret.hex(),
-                       "n": n, "gap_us": gap_us})
-    cmd = [str(PY), __file__, "--pinger", spec]
-    if ns:
-        cmd = ["ip", "netns", "exec", ns, *cmd]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def pinger_main(spec: str) -> int:
-    s = json.loads(spec)
-    pings = tagged_pings(s["key_id"], bytes.fromhex(s["secret"]), s["n"])
-    print(json.dumps(pinger(s["host"], s["port"], pings, s["gap_us"])))
+    print(json.dumps(out))
     return 0
-
-
-# ------------------------------------------------------------------ one block
-
-def snapshot(proc: subprocess.Popen, path: Path) -> dict:
-    path.unlink(missing_ok=True)
-    os.kill(proc.pid, signal.SIGUSR1)
-    end = time.monotonic() + 10
-    while not path.exists() or not path.read_text():
-        if time.monotonic() > end:
-            raise RuntimeError("no snapshot from the daemon")
-        time.sleep(0.01)
-    time.sleep(0.01)
-    return json.loads(path.read_text())
 
 
 def block(carrier: str, a, tmp: Path, ns: str | None) -> dict:
     stats = tmp / f"stats-{uuid.uuid4().hex[:6]}.json"
     host = SRV_V4 if ns else "127.0.0.1"
+    netns = ["ip", "netns", "exec", ns] if ns else []
     d = ZeroLayerDaemon(
         str(PY), a.model or None, 1, None, tmp, tmp / f"zerolayerd-{carrier}-{uuid.uuid4().hex[:6]}.log",
         ["--network-host", "0.0.0.0" if ns else host, "--network-ingress", carrier,
          "--network-busy-poll", "false", "--cpu-cpus", str(SERVER_CPU),
          *(["--network-interface", SRV_IF] if ns else []), *a.zl_extra.split()],
-        prefix=[*(["ip", "netns", "exec", ns] if ns else []), "taskset", "-c", str(SERVER_CPU)],
-        port=7433 if ns else None, metrics_port=0, entry=[__file__, "--serve", str(stats), "--"])
-    proc, port, key_id, secret = d.proc, d.port, d.key_id, d.secret
+        prefix=[*netns, "taskset", "-c", str(SERVER_CPU)], port=PORT if ns else None,
+        metrics_port=0, entry=[__file__, "--serve", str(stats), "--"])
+
+    def ping(n: int) -> list[float]:
+        spec = json.dumps({"host": host, "port": d.port, "key_id": d.key_id,
+                           "secret": d.secret.hex(), "n": n, "gap_us": a.gap_us})
+        out = subprocess.run([*netns, str(PY), __file__, "--pinger", spec], check=True,
+                             capture_output=True, text=True, timeout=600)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def snapshot() -> dict:
+        stats.unlink(missing_ok=True)
+        os.kill(d.proc.pid, signal.SIGUSR1)
+        end = time.monotonic() + 10
+        while not stats.exists() or not stats.read_text():
+            if time.monotonic() > end:
+                raise RuntimeError("no snapshot from the daemon")
+            time.sleep(0.01)
+        time.sleep(0.01)
+        return json.loads(stats.read_text())
     try:
         d.wait_ready(300)
-        run_pinger(ns, host, port, key_id, secret, a.warm, a.gap_us)
-        s0 = snapshot(proc, stats)
-        t0 = time.monotonic()
-        rtts = run_pinger(ns, host, port, key_id, secret, a.pings, a.gap_us)
+        ping(a.warm)
+        s0, t0 = snapshot(), time.monotonic()
+        rtts = ping(a.pings)
         window = time.monotonic() - t0
-        s1 = snapshot(proc, stats)
+        s1 = snapshot()
         time.sleep(window)   # the idle baseline: housekeeping, the metrics, the same length
-        s2 = snapshot(proc, stats)
+        s2 = snapshot()
     finally:
         d.stop()
-    n = s1["feed_datagrams"] - s0["feed_datagrams"]
-    idle = s2["io_thread_ns"] - s1["io_thread_ns"]
+    diff = {k: s1[k] - s0[k] for k in s0 if k != "pair_ns"}
+    n, idle = diff["feed_datagrams"], s2["io_thread_ns"] - s1["io_thread_ns"]
     return {
         "carrier": carrier, "pings": n, "replies": len(rtts),
-        "recv_us": (s1["recv_ns"] - s0["recv_ns"]) / 1e3 / max(1, s1["recv_datagrams"]
-                                                               - s0["recv_datagrams"]),
-        "feed_us": (s1["feed_ns"] - s0["feed_ns"]) / 1e3 / max(1, n),
-        "send_us": (s1["flush_ns"] - s0["flush_ns"]) / 1e3 / max(1, s1["flush_frames"]
-                                                                 - s0["flush_frames"]),
-        "io_thread_us": (s1["io_thread_ns"] - s0["io_thread_ns"] - idle) / 1e3 / max(1, n),
+        "recv_us": diff["recv_ns"] / 1e3 / max(1, diff["recv_datagrams"]),
+        "feed_us": diff["feed_ns"] / 1e3 / max(1, n),
+        "send_us": diff["flush_ns"] / 1e3 / max(1, diff["flush_frames"]),
+        "io_thread_us": (diff["io_thread_ns"] - idle) / 1e3 / max(1, n),
         "idle_io_thread_ms_per_s": idle / 1e6 / window,
         "rtt_p50_us": statistics.median(rtts) if rtts else None,
         "pair_ns": s0["pair_ns"], "loadavg": os.getloadavg()[0],
@@ -232,7 +171,7 @@ def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--serve":
         return serve(sys.argv[2], sys.argv[4:] if sys.argv[3:4] == ["--"] else sys.argv[3:])
     if len(sys.argv) > 2 and sys.argv[1] == "--pinger":
-        return pinger_main(sys.argv[2])
+        return pinger(sys.argv[2])
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--carriers", default="udp,xdp")
@@ -251,29 +190,17 @@ def main() -> int:
         return 2
     lock, _ = take_lock(a.lock_wait, " ".join(sys.argv))
     tmp = Path(tempfile.mkdtemp(prefix="zl-dgwork-"))
-    name = f"zlw{uuid.uuid4().hex[:6]}"
     rows: list[dict] = []
     try:
-        if "xdp" in carriers:
-            subprocess.run(["bash", str(TESTBED), "up", name], check=True,
-                           stdout=subprocess.DEVNULL)
-        order = [c for b in range(a.blocks) for c in (carriers if b % 2 == 0 else carriers[::-1])]
-        for c in order:
-            r = block(c, a, tmp, f"{name}-srv" if c == "xdp" else None)
-            print(json.dumps(r), file=sys.stderr, flush=True)
-            rows.append(r)
+        with xdp_testbed() if "xdp" in carriers else contextlib.nullcontext((None, None)) as bed:
+            for b in range(a.blocks):
+                for c in carriers if b % 2 == 0 else carriers[::-1]:
+                    rows.append(block(c, a, tmp, bed[0] if c == "xdp" else None))
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     finally:
-        if "xdp" in carriers:
-            subprocess.run(["bash", str(TESTBED), "down", name], check=False)
         lock.close()
-    res = {"rows": rows, "meta": {
-        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "git": git_head(),
-        "command": " ".join(shlex.quote(x) for x in sys.argv), "kernel": platform.release(),
-        "cpu_model": cpu_model()}}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = Path(a.out) if a.out else RESULTS / f"datagram-work-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(res, indent=1))
-    print(f"results: {out} (git {res['meta']['git']})")
+    res = {"rows": rows, "meta": run_meta(kernel=platform.release(), cpu_model=cpu_model())}
+    print(f"results: {write_results(res, 'datagram-work', a.out or None)} (git {res['meta']['git']})")
     print("| carrier | PINGs | recv µs | receive to reply queued µs | send µs | I/O thread CPU "
           "per PING µs | RTT p50 µs | load avg |\n|---|---|---|---|---|---|---|---|")
     for r in rows:

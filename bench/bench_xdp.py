@@ -1,51 +1,37 @@
 #!/usr/bin/env python
 """The XDP fast path against the UDP path and an HTTP /health, side by side in one run.
 
-    sudo .venv/bin/python bench/bench_xdp.py [--quick] [--out PATH]
+    sudo .venv/bin/python bench/bench_xdp.py [--quick] [--only ping|ttft|flood] [--out PATH]
 
-Everything runs on the veth testbed (scripts/xdp-testbed.sh): the servers in namespace
-<name>-srv behind veth zl-s (10.201.0.1), the clients in <name>-cli (10.201.0.2). Traffic never
-leaves the two namespaces, which are deleted at the end.
+On the veth testbed (scripts/xdp-testbed.sh): the servers in NAME-srv behind zl-s (10.201.0.1),
+the clients in NAME-cli; both namespaces are deleted at the end.
 
 1. PING round trip, p50/p99 over --pings pings after 300 warm-ups, each side in two blocks
-   (A B C D D C B A order, so drift hits every side alike):
-   - zerolayerd --network-ingress xdp (busy-polling): authenticated PING/PONG through the XDP
-     program and the AF_XDP rings;
-   - zerolayerd --network-ingress udp (busy-polling): the same through recvmmsg/sendto;
-   - the AF_XDP rings alone: an echo loop on daemon/xdp_io.XdpIO with no protocol (the
-     transport's floor in Python);
-   - a UDP socket alone: a busy-polling recvfrom/sendto echo with no protocol (the kernel
-     path's floor in Python);
-   - HTTP GET /health on uvicorn + FastAPI (what vLLM serves), one keep-alive connection,
-     over the same veth, and over loopback inside the server namespace.
-   The client is a minimal loop: pre-signed PINGs (fresh nonces), send, then a blocking recv,
-   or with --spin-client a polling one (see udp_rtts: on a VM the sleeping client's wake-up
-   adds ~15 µs to any server slower than a few µs). Servers are pinned to CPU 0 (one model
-   thread), the client thread to CPU 1.
-2. TTFT of the chat question ("What is the capital of France?", greedy, max_tokens 16) over
-   AF_XDP and over UDP, the project's SDK as client, --ttft requests per side in two blocks.
-3. Flood (daemon not busy-polling, so its CPU time is work): TTFT of --flood-requests
-   sequential chat questions and the daemon's CPU seconds over that window, without and with
-   a garbage flood (valid-looking headers, bad magic) sent from the client namespace by a
-   sendmmsg loop at its maximum rate. The questions are sent at a fixed rate (one every
-   0.5 s), so the daemon's CPU share over the window is its work, not a busy loop, for the
-   XDP daemon and the UDP daemon. The daemon is pinned to CPU 0 with one model thread; the
-   flood generator to CPU 1. Target (XDP): TTFT and daemon CPU rise by at most 10%. The XDP
-   drop counters and the generator's rate are reported.
+   (A B C D D C B A, so drift hits every side alike): zerolayerd over AF_XDP and over UDP
+   (busy-polling); the AF_XDP rings alone (an echo loop on XdpIO) and a busy-polling UDP
+   socket alone (echoes with no protocol: each path's floor in Python); uvicorn + FastAPI GET
+   /health (what vLLM serves) on one keep-alive connection, over veth and over loopback. The
+   client sends pre-signed PINGs one at a time and blocks in recv(), or with --spin-client
+   polls (see udp_rtts). Servers on CPU 0 (one model thread), the client thread on CPU 1.
+2. TTFT of the chat question (max_tokens 16) over AF_XDP and over UDP, the SDK as client,
+   --ttft requests a side in two blocks.
+3. Flood (not busy-polling, so the daemon's CPU time is work): TTFT of --flood-requests chat
+   questions sent one every 0.5 s and the daemon's CPU share over that window, without and
+   with a garbage flood (valid-looking headers, bad magic) from the client namespace by a
+   sendmmsg loop on CPU 1 at its maximum rate; the daemon on CPU 0, one model thread. Target
+   (XDP): TTFT and daemon CPU rise by at most 10%. The drop counters and the flood's rate are
+   reported.
 
 Results: JSON under bench/results/ (gitignored) and a markdown table on stdout.
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import http.client
 import json
 import os
 import platform
 import secrets
-import shlex
-import signal
 import socket
 import statistics
 import subprocess
@@ -59,12 +45,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PY = REPO / ".venv" / "bin" / "python"
 BENCH_PY = REPO / ".venv-bench" / "bin" / "python"
-RESULTS = REPO / "bench" / "results"
-TESTBED = REPO / "scripts" / "xdp-testbed.sh"
-SRV_IF, SRV_V4, CLI_V4 = "zl-s", "10.201.0.1", "10.201.0.2"
 PORT, METRICS_PORT, HTTP_PORT = 7433, 9433, 8080
 QUESTION = "What is the capital of France?"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+WARM = 300
+FLOOD_INTERVAL_S = 0.5  # one request every 0.5 s: the daemon is mostly idle between them
 # PING phase: every server pinned to CPU 0, the client thread to CPU 1. Unpinned, the
 # scheduler often wakes the client on the CPU where the busy-polling server spins (the reply's
 # softirq runs there), and a round trip then costs 2x, in runs that differ only by chance.
@@ -73,18 +57,25 @@ PIN = ["--cpu-cpus", str(SERVER_CPU), "--model-threads", "1"]
 
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
-from _harness import ZeroLayerDaemon, cpu_model, log, pct, take_lock, terminate  # noqa: E402
+from _harness import (  # noqa: E402
+    CLK_TCK,
+    ZeroLayerDaemon,
+    cpu_model,
+    log,
+    pct,
+    proc_jiffies,
+    run_meta,
+    take_lock,
+    terminate,
+    write_results,
+)
 
-from netns import in_netns  # noqa: E402  (the testbed helpers the tests use too)
+from netns import SRV_IF, SRV_V4, in_netns, xdp_testbed  # noqa: E402  (the tests' testbed)
 
 
 def proc_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        rest = f.read().rsplit(")", 1)[1].split()
-    return (int(rest[11]) + int(rest[12])) / CLK_TCK
+    return proc_jiffies(pid) / CLK_TCK
 
-
-# ---------------------------------------------------------------------------- servers
 
 class Daemon(ZeroLayerDaemon):
     """zerolayerd in namespace `ns` on the fixed PORT of every address, ready when it returns."""
@@ -102,20 +93,17 @@ class Daemon(ZeroLayerDaemon):
                          port=PORT, metrics_port=METRICS_PORT)
         self.wait_ready(300)
 
-    def metrics(self) -> str:
-        return in_netns(self.ns, lambda: urllib.request.urlopen(
+    def counts(self) -> dict[str, float]:
+        """The XDP program's packets by reason, the AF_XDP ring's drops, the datagrams read."""
+        text = in_netns(self.ns, lambda: urllib.request.urlopen(
             f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode())
-
-
-def xdp_counts(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("zerolayer_xdp_packets_total{"):
-            reason = line.split('reason="')[1].split('"')[0]
-            out[reason] = float(line.rsplit(" ", 1)[1])
-        elif line.startswith(("zerolayer_xsk_rx_dropped_total ", "zerolayer_ingress_datagrams_total ")):
-            out[line.split(" ")[0]] = float(line.rsplit(" ", 1)[1])
-    return out
+        out = {}
+        for k, _, v in (line.rpartition(" ") for line in text.splitlines()):
+            if k.startswith("zerolayer_xdp_packets_total{"):
+                out[k.split('reason="')[1].split('"')[0]] = float(v)
+            elif k in ("zerolayer_xsk_rx_dropped_total", "zerolayer_ingress_datagrams_total"):
+                out[k] = float(v)
+        return out
 
 
 ECHO_SERVER = r"""
@@ -155,6 +143,26 @@ def health():
     return {"status": "ok"}
 """
 
+FLOOD = r"""
+import signal, socket, sys, time
+from zerolayer.daemon.carriers.udp_io import BatchedUDP
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+s.connect((sys.argv[1], int(sys.argv[2])))
+u = BatchedUDP(s, batch=64)
+# a valid-looking header (magic corrupted): what a scanner or a broken client sends
+dg = b"XXXX" + bytes([1, 4]) + (80).to_bytes(2, "little") + (112).to_bytes(2, "little") + bytes(102)
+items = [(dg, (sys.argv[1], int(sys.argv[2])))] * 64
+t0 = time.monotonic()
+end = t0 + float(sys.argv[3])
+n = 0
+while not stop and time.monotonic() < end:
+    n += u.send_batch(items)
+print(f"sent {n} {time.monotonic() - t0:.3f}", flush=True)
+"""
+
 
 def start_proc(ns: str, cmd: list[str], ready: str | None, tmp: Path, name: str):
     path = tmp / f"{name}.log"
@@ -168,30 +176,24 @@ def start_proc(ns: str, cmd: list[str], ready: str | None, tmp: Path, name: str)
     return p
 
 
-def stop_proc(p) -> None:
-    terminate(p, 20)
-
-
 # ---------------------------------------------------------------------------- clients
 
-def signed_pings(key_id: int, secret: bytes, n: int) -> list[bytes]:
+def signed_pings(key_id: int, secret: bytes, n: int, xdp_tag: bool = False) -> list[bytes]:
     from zerolayer.protocol import wire
-    from zerolayer.protocol.wire import MsgType
     now = time.time_ns() // 1000
-    return [wire.encode_control(MsgType.PING, key_id, secret, secrets.token_bytes(16), now,
-                                secrets.token_bytes(32)) for _ in range(n)]
+    return [wire.encode_control(wire.MsgType.PING, key_id, secret, secrets.token_bytes(16), now,
+                                secrets.token_bytes(32), xdp_tag=xdp_tag) for _ in range(n)]
 
 
-def udp_rtts(ns: str, host: str, datagrams: list[bytes], warm: int,
-             spin: bool = False) -> list[float]:
-    """Round trips of `datagrams`, one at a time. spin: the client polls its socket instead
-    of sleeping in recv(). On a VM a vCPU that slept costs an IPI and a VM exit to wake
-    (~15 µs here), and it sleeps only when the reply takes more than a few µs: so the
-    sleeping client adds a step to every server slower than that, the polling one doesn't."""
+def udp_rtts(ns: str, datagrams: list[bytes], spin: bool = False) -> list[float]:
+    """Round trips of `datagrams` to SRV_V4, one at a time, less the first WARM. spin: the
+    client polls its socket instead of sleeping in recv(). On a VM a vCPU that slept costs an
+    IPI and a VM exit to wake (~15 µs here), and it sleeps only when the reply takes more than
+    a few µs: so the sleeping client adds a step to every server slower than that."""
     def run():
         os.sched_setaffinity(0, {CLIENT_CPU})  # this thread only
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.connect((host, PORT))
+        s.connect((SRV_V4, PORT))
         s.settimeout(2.0)
         if spin:
             s.setblocking(False)
@@ -210,7 +212,7 @@ def udp_rtts(ns: str, host: str, datagrams: list[bytes], warm: int,
                 s.recv(4096)
             out.append((time.perf_counter_ns() - t) / 1e3)
         s.close()
-        return out[warm:]
+        return out[WARM:]
     return in_netns(ns, run)
 
 
@@ -234,13 +236,10 @@ def http_rtts(ns: str, host: str, n: int, warm: int) -> list[float]:
 def ttfts(ns: str, d: Daemon, n: int, interval: float = 0.0) -> list[float]:
     """TTFT of n chat questions, one after another; with `interval`, each starts `interval`
     seconds after the previous one started (a fixed request rate)."""
-    from zerolayer.client import Client
     from zerolayer.protocol.wire import ChatMessage
 
     def run():
-        c = Client((SRV_V4, PORT), d.key_id, d.secret, timeout=30)
-        out = []
-        start = time.perf_counter()
+        c, out, start = d.client(30, (SRV_V4, PORT)), [], time.perf_counter()
         for i in range(n):
             if interval:
                 time.sleep(max(0.0, start + i * interval - time.perf_counter()))
@@ -256,77 +255,86 @@ def ttfts(ns: str, d: Daemon, n: int, interval: float = 0.0) -> list[float]:
     return in_netns(ns, run)
 
 
-FLOOD = r"""
-import signal, socket, sys, time
-from zerolayer.daemon.carriers.udp_io import BatchedUDP
-stop = []
-signal.signal(signal.SIGINT, lambda *_: stop.append(1))
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-s.connect((sys.argv[1], int(sys.argv[2])))
-u = BatchedUDP(s, batch=64)
-# a valid-looking header (magic corrupted): what a scanner or a broken client sends
-dg = b"XXXX" + bytes([1, 4]) + (80).to_bytes(2, "little") + (112).to_bytes(2, "little") + bytes(102)
-items = [(dg, (sys.argv[1], int(sys.argv[2])))] * 64
-t0 = time.monotonic()
-end = t0 + float(sys.argv[3])
-n = 0
-while not stop and time.monotonic() < end:
-    n += u.send_batch(items)
-print(f"sent {n} {time.monotonic() - t0:.3f}", flush=True)
-"""
+# ---------------------------------------------------------------------------- the phases
 
-
-FLOOD_INTERVAL_S = 0.5  # one request every 0.5 s: the daemon is mostly idle between them
+def ping_side(side: str, bed: tuple[str, str], tmp: Path, a) -> list[float]:
+    srv, cli = bed
+    on_server = ["taskset", "-c", str(SERVER_CPU)]
+    if side in ("xdp", "udp"):
+        d = Daemon(srv, tmp, side, busy=True, extra=PIN, taskset=str(SERVER_CPU))
+        try:
+            return udp_rtts(cli, signed_pings(d.key_id, d.secret, a.pings + WARM), a.spin_client)
+        finally:
+            d.stop()
+    if side in ("ring", "udp_echo"):
+        echo = ([ECHO_SERVER, SRV_IF, str(PORT), "120"] if side == "ring"
+                else [UDP_ECHO_SERVER, str(PORT), "120"])
+        p = start_proc(srv, [*on_server, str(PY), "-c", *echo], "ready", tmp, f"{side}-echo")
+        try:
+            return udp_rtts(cli, signed_pings(1, b"k" * 32, a.pings + WARM), a.spin_client)
+        finally:
+            terminate(p, 20)
+    p = start_proc(srv, [*on_server, str(BENCH_PY), "-m", "uvicorn", "health_app:app", "--host",
+                         "0.0.0.0", "--port", str(HTTP_PORT), "--log-level", "warning",
+                         "--no-access-log"], None, tmp, "uvicorn")
+    try:
+        end = time.monotonic() + 30
+        while True:
+            try:
+                http_rtts(srv, "127.0.0.1", 1, 0)
+                break
+            except OSError:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.1)
+        return http_rtts(*((cli, SRV_V4) if side == "http_veth" else (srv, "127.0.0.1")),
+                         a.pings, WARM)
+    finally:
+        terminate(p, 20)
 
 
 def flood_phase(bed: tuple[str, str], tmp: Path, ingress: str, n_req: int) -> dict:
     srv, cli = bed
     d = Daemon(srv, tmp, ingress, busy=False, taskset="0",
                extra=["--model-threads", "1", "--cpu-cpus", "0"])
+    out = {}
     try:
         ttfts(cli, d, 3)  # warm: prefix cache, first-request paths
-        out = {}
         for label in ("quiet", "flood"):
             gen = None
             if label == "flood":
-                dur = 600
                 gen = subprocess.Popen(["ip", "netns", "exec", cli, "taskset", "-c", "1", str(PY),
-                                        "-c", FLOOD, SRV_V4, str(PORT), str(dur)],
+                                        "-c", FLOOD, SRV_V4, str(PORT), "600"],
                                        stdout=subprocess.PIPE, text=True)
                 time.sleep(1.0)
-            before = xdp_counts(d.metrics())
-            c0, t0 = proc_cpu_s(d.proc.pid), time.monotonic()
+            before, c0, t0 = d.counts(), proc_cpu_s(d.proc.pid), time.monotonic()
             tt = ttfts(cli, d, n_req, interval=FLOOD_INTERVAL_S)
             c1, t1 = proc_cpu_s(d.proc.pid), time.monotonic()
             time.sleep(0.5)  # the daemon copies kernel counters every 0.25 s
-            after = xdp_counts(d.metrics())
-            sent = outp = None
+            delta = {k: v - before.get(k, 0) for k, v in d.counts().items()}
+            sent = None
             if gen is not None:
-                gen.send_signal(signal.SIGINT)
-                try:
-                    outp, _ = gen.communicate(timeout=10)
-                except subprocess.TimeoutExpired:
-                    gen.kill()
-                    outp, _ = gen.communicate()
-            if outp:
-                n_sent, secs = outp.split()[1:3]
-                sent = int(n_sent) / float(secs)
-            delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-            out[label] = {"ttft_ms": tt, "ttft_p50_ms": statistics.median(tt),
-                          "daemon_cpu_s": c1 - c0, "wall_s": t1 - t0,
-                          "daemon_cpu_share": (c1 - c0) / (t1 - t0),
-                          "counters": {k: v for k, v in delta.items() if v},
-                          "flood_pps": sent}
-            log(f"  {ingress} {label}: TTFT p50 {out[label]['ttft_p50_ms']:.1f} ms, daemon CPU "
-                f"{out[label]['daemon_cpu_share']:.1%} over {t1 - t0:.1f} s, counters "
-                f"{out[label]['counters']}, flood {sent or 0:.0f} datagrams/s")
+                terminate(gen, 10)              # FLOOD prints its count on SIGTERM
+                if outp := gen.stdout.read():
+                    sent = int(outp.split()[1]) / float(outp.split()[2])
+            r = out[label] = {"ttft_ms": tt, "ttft_p50_ms": statistics.median(tt),
+                              "daemon_cpu_s": c1 - c0, "wall_s": t1 - t0,
+                              "daemon_cpu_share": (c1 - c0) / (t1 - t0),
+                              "counters": {k: v for k, v in delta.items() if v}, "flood_pps": sent}
+            log(f"  {ingress} {label}: TTFT p50 {r['ttft_p50_ms']:.1f} ms, daemon CPU "
+                f"{r['daemon_cpu_share']:.1%} over {t1 - t0:.1f} s, counters {r['counters']}, "
+                f"flood {sent or 0:.0f} datagrams/s")
         return out
     finally:
         d.stop()
 
 
-# ---------------------------------------------------------------------------- main
+LABELS = {"xdp": "zerolayerd over AF_XDP", "udp": "zerolayerd over UDP",
+          "ring": "AF_XDP rings alone (echo, no protocol)",
+          "udp_echo": "UDP socket alone (echo, no protocol)",
+          "http_veth": "uvicorn+FastAPI GET /health over veth",
+          "http_lo": "uvicorn+FastAPI GET /health over loopback"}
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
@@ -349,86 +357,39 @@ def main() -> int:
     if os.geteuid() != 0:
         print("needs root (namespaces, XDP)", file=sys.stderr)
         return 2
-    warm = 300
+    run = {part: a.only in (None, part) for part in ("ping", "ttft", "flood")}
+    sides = a.sides.split(",") if run["ping"] else []
     # the machine alone: every bench takes the same lock while it measures
     lock, lock_wait = take_lock(a.lock_wait, " ".join(sys.argv))
-    name = f"zlb{uuid.uuid4().hex[:6]}"
-    subprocess.run(["bash", str(TESTBED), "up", name], check=True, stdout=subprocess.DEVNULL)
-    bed = (f"{name}-srv", f"{name}-cli")
-    srv, cli = bed
     tmp = Path(tempfile.mkdtemp(prefix="zl-bench-xdp-"))
+    (tmp / "health_app.py").write_text(HEALTH_APP)
     res: dict = {"ping_us": {}, "ttft_ms": {}, "flood": {}}
     try:
-        (tmp / "health_app.py").write_text(HEALTH_APP)
-        # --- 1. ping ----------------------------------------------------------------------
-        sides = a.sides.split(",")
-        if a.only in (None, "ping") and any(x.startswith("http") for x in sides):
+        if any(x.startswith("http") for x in sides):
             # the HTTP peer runs in its own environment, built on first use
             subprocess.run(["bash", str(REPO / "scripts" / "bench-venv.sh"), "http"], check=True)
-        samples: dict[str, list[float]] = {s: [] for s in sides}
-        for block in (sides, sides[::-1]) if a.only in (None, "ping") else ():
-            for side in block:
+        with xdp_testbed() as bed:
+            samples: dict[str, list[float]] = {s: [] for s in sides}
+            for side in sides + sides[::-1]:
                 log(f"ping: {side}")
-                if side in ("xdp", "udp"):
-                    d = Daemon(srv, tmp, side, busy=True, extra=PIN, taskset=str(SERVER_CPU))
-                    try:
-                        samples[side] += udp_rtts(cli, SRV_V4, signed_pings(
-                            d.key_id, d.secret, a.pings + warm), warm, a.spin_client)
-                    finally:
-                        d.stop()
-                elif side in ("ring", "udp_echo"):
-                    echo = ([ECHO_SERVER, SRV_IF, str(PORT), "120"] if side == "ring"
-                            else [UDP_ECHO_SERVER, str(PORT), "120"])
-                    p = start_proc(srv, ["taskset", "-c", str(SERVER_CPU), str(PY), "-c", *echo],
-                                   "ready", tmp, f"{side}-echo")
-                    try:
-                        samples[side] += udp_rtts(cli, SRV_V4, signed_pings(
-                            1, b"k" * 32, a.pings + warm), warm, a.spin_client)
-                    finally:
-                        stop_proc(p)
-                else:
-                    p = start_proc(srv, ["taskset", "-c", str(SERVER_CPU), str(BENCH_PY), "-m", "uvicorn",
-                                         "health_app:app",
-                                         "--host", "0.0.0.0", "--port", str(HTTP_PORT),
-                                         "--log-level", "warning", "--no-access-log"],
-                                   None, tmp, "uvicorn")
-                    try:
-                        end = time.monotonic() + 30
-                        while True:
-                            try:
-                                http_rtts(srv, "127.0.0.1", 1, 0)
-                                break
-                            except OSError:
-                                if time.monotonic() > end:
-                                    raise
-                                time.sleep(0.1)
-                        if side == "http_veth":
-                            samples[side] += http_rtts(cli, SRV_V4, a.pings, warm)
-                        else:
-                            samples[side] += http_rtts(srv, "127.0.0.1", a.pings, warm)
-                    finally:
-                        stop_proc(p)
-        for s in sides if a.only in (None, "ping") else ():
-            res["ping_us"][s] = {"p50": pct(samples[s], 50), "p99": pct(samples[s], 99),
-                                 "n": len(samples[s])}
-        # --- 2. TTFT ----------------------------------------------------------------------
-        tt: dict[str, list[float]] = {"xdp": [], "udp": []}
-        for side in ("xdp", "udp", "udp", "xdp") if a.only in (None, "ttft") else ():
-            log(f"ttft: {side}")
-            d = Daemon(srv, tmp, side, busy=True)
-            try:
-                ttfts(cli, d, 3)  # warm: the prefix cache holds the question after one run
-                tt[side] += ttfts(cli, d, a.ttft // 2)
-            finally:
-                d.stop()
-        for s, v in tt.items() if a.only in (None, "ttft") else ():
-            res["ttft_ms"][s] = {"p50": statistics.median(v), "p99": pct(v, 99), "n": len(v)}
-        # --- 3. flood ---------------------------------------------------------------------
-        for side in ("xdp", "udp") if a.only in (None, "flood") else ():
-            log(f"flood: {side}")
-            res["flood"][side] = flood_phase(bed, tmp, side, a.flood_requests)
+                samples[side] += ping_side(side, bed, tmp, a)
+            for s, v in samples.items():
+                res["ping_us"][s] = {"p50": pct(v, 50), "p99": pct(v, 99), "n": len(v)}
+            tt: dict[str, list[float]] = {"xdp": [], "udp": []}
+            for side in ("xdp", "udp", "udp", "xdp") if run["ttft"] else ():
+                log(f"ttft: {side}")
+                d = Daemon(bed[0], tmp, side, busy=True)
+                try:
+                    ttfts(bed[1], d, 3)  # warm: the prefix cache holds the question after one run
+                    tt[side] += ttfts(bed[1], d, a.ttft // 2)
+                finally:
+                    d.stop()
+            for s, v in tt.items() if run["ttft"] else ():
+                res["ttft_ms"][s] = {"p50": statistics.median(v), "p99": pct(v, 99), "n": len(v)}
+            for side in ("xdp", "udp") if run["flood"] else ():
+                log(f"flood: {side}")
+                res["flood"][side] = flood_phase(bed, tmp, side, a.flood_requests)
     finally:
-        subprocess.run(["bash", str(TESTBED), "down", name], check=False)
         lock.close()
 
     p, f, t = res["ping_us"], res["flood"], res["ttft_ms"]
@@ -438,39 +399,27 @@ def main() -> int:
             r[f"ping_p50_{num}_over_{den}"] = p[num]["p50"] / p[den]["p50"]
     if t:
         r["ttft_p50_xdp_over_udp"] = t["xdp"]["p50"] / t["udp"]["p50"]
-    for s in f:
-        r[f"flood_{s}_ttft_rise"] = f[s]["flood"]["ttft_p50_ms"] / f[s]["quiet"]["ttft_p50_ms"]
-        r[f"flood_{s}_cpu_rise"] = (f[s]["flood"]["daemon_cpu_share"]
-                                    / max(f[s]["quiet"]["daemon_cpu_share"], 1e-9))
-    res["meta"] = {"date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                   "command": " ".join(shlex.quote(x) for x in sys.argv),
-                   "machine": platform.platform(), "cpus": os.cpu_count(),
-                   "cpu_model": cpu_model(),
-                   "kernel": platform.release(), "quick": a.quick, "only": a.only,
-                   "spin_client": a.spin_client, "lock_waited_s": round(lock_wait, 1),
-                   "loadavg": os.getloadavg()}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = Path(a.out) if a.out else RESULTS / f"xdp-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(res, indent=1))
-    print(f"\nresults: {out}\n")
-    print("| PING round trip | p50 µs | p99 µs |\n|---|---|---|")
-    labels = {"xdp": "zerolayerd over AF_XDP", "udp": "zerolayerd over UDP",
-              "ring": "AF_XDP rings alone (echo, no protocol)",
-              "udp_echo": "UDP socket alone (echo, no protocol)",
-              "http_veth": "uvicorn+FastAPI GET /health over veth",
-              "http_lo": "uvicorn+FastAPI GET /health over loopback"}
-    for s, lab in labels.items() if p else ():
-        if s not in p:
-            continue
-        print(f"| {lab} | {p[s]['p50']:.1f} | {p[s]['p99']:.1f} |")
+    for s, v in f.items():
+        r[f"flood_{s}_ttft_rise"] = v["flood"]["ttft_p50_ms"] / v["quiet"]["ttft_p50_ms"]
+        r[f"flood_{s}_cpu_rise"] = (v["flood"]["daemon_cpu_share"]
+                                    / max(v["quiet"]["daemon_cpu_share"], 1e-9))
+    res["meta"] = run_meta(machine=platform.platform(), cpus=os.cpu_count(), cpu_model=cpu_model(),
+                           kernel=platform.release(), quick=a.quick, only=a.only,
+                           spin_client=a.spin_client, lock_waited_s=round(lock_wait, 1),
+                           loadavg=os.getloadavg())
+    print(f"\nresults: {write_results(res, 'xdp', a.out)}\n")
+    if p:
+        print("| PING round trip | p50 µs | p99 µs |\n|---|---|---|")
+    for s, lab in LABELS.items():
+        if s in p:
+            print(f"| {lab} | {p[s]['p50']:.1f} | {p[s]['p99']:.1f} |")
     if t:
         print(f"\nTTFT p50: AF_XDP {t['xdp']['p50']:.1f} ms, UDP {t['udp']['p50']:.1f} ms")
-    for s in f:
-        print(f"flood {s}: TTFT p50 {f[s]['quiet']['ttft_p50_ms']:.1f} -> "
-              f"{f[s]['flood']['ttft_p50_ms']:.1f} ms, daemon CPU "
-              f"{f[s]['quiet']['daemon_cpu_share']:.1%} -> {f[s]['flood']['daemon_cpu_share']:.1%}"
-              f", counters under flood {f[s]['flood']['counters']}, generator "
-              f"{f[s]['flood']['flood_pps'] or 0:.0f} datagrams/s")
+    for s, v in f.items():
+        q, fl = v["quiet"], v["flood"]
+        print(f"flood {s}: TTFT p50 {q['ttft_p50_ms']:.1f} -> {fl['ttft_p50_ms']:.1f} ms, daemon CPU "
+              f"{q['daemon_cpu_share']:.1%} -> {fl['daemon_cpu_share']:.1%}, counters under flood "
+              f"{fl['counters']}, generator {fl['flood_pps'] or 0:.0f} datagrams/s")
     print("\nratios:", json.dumps({k: round(v, 3) for k, v in res["ratios"].items()}))
     return 0
 

@@ -16,9 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-import _flood_packets as fp  # noqa: E402
-import _flood_senders as senders  # noqa: E402
-import _flood_testbed as tb  # noqa: E402
+import _flood as fp  # noqa: E402
 
 from zerolayer.protocol import wire  # noqa: E402
 from zerolayer.protocol.errors import MalformedError  # noqa: E402
@@ -107,27 +105,27 @@ def test_kernel_counters_are_read_by_whatever_reason_the_program_reports() -> No
 @needs_trafgen
 def test_a_bounded_flood_reaches_the_server_and_the_testbed_goes_away(tmp_path) -> None:
     name = None
-    with pytest.raises(RuntimeError, match="stop here"), tb.flood_testbed("zlt") as bed:
+    with pytest.raises(RuntimeError, match="stop here"), fp.flood_testbed("zlt") as bed:
         name = bed.name
-        assert sorted(tb.existing(name)) == sorted(bed.namespaces())
+        assert sorted(fp.existing(name)) == sorted(bed.namespaces())
         cfg = tmp_path / "junk.cfg"
-        ep = fp.Endpoints(bed.fld_mac, bed.srv_mac, socket.inet_aton(tb.FLD_V4),
-                          socket.inet_aton(tb.SRV_V4), 40000, 7433)
+        ep = fp.Endpoints(bed.fld_mac, bed.srv_mac, socket.inet_aton(fp.FLD_V4),
+                          socket.inet_aton(fp.SRV_V4), 40000, 7433)
         cfg.write_text(fp.trafgen_config("malformed", ep, KEY_ID, SECRET, True))
-        rx0 = tb.link_stats(bed.srv, tb.SRV_IF)["rx"]["packets"]
+        rx0 = fp.link_stats(bed.srv, fp.SRV_IF)["rx"]["packets"]
         # 1500 packets at 1000/s: bounded by count; the time bound (20 s) is only a backstop.
         # The last CPU: trafgen pins its worker to CPU 0 itself, the sender moves it back.
         cpu = max(os.sched_getaffinity(0))
-        s = senders.trafgen(bed.fld, tb.FLD_IF, cpu, cfg, "1000", 20, tmp_path / "trafgen.log",
+        s = fp.trafgen(bed.fld, fp.FLD_IF, cpu, cfg, "1000", 20, tmp_path / "trafgen.log",
                             count=1500)
-        workers = senders.workers_of(s.proc.pid, "trafgen")
+        workers = fp.workers_of(s.proc.pid, "trafgen")
         assert len(workers) == 1 and os.sched_getaffinity(workers[0]) == {cpu}
         assert os.getpriority(os.PRIO_PROCESS, workers[0]) == 19
         s.proc.wait(30)
         out = s.stop()
         assert s.proc.returncode == 0, out
-        res = senders.parse_trafgen(out)
+        res = fp.parse_trafgen(out)
         assert res.sent == 1500 and res.seconds > 0
-        assert tb.link_stats(bed.srv, tb.SRV_IF)["rx"]["packets"] - rx0 >= res.sent
+        assert fp.link_stats(bed.srv, fp.SRV_IF)["rx"]["packets"] - rx0 >= res.sent
         raise RuntimeError("stop here")   # teardown must run on an error too
-    assert name is not None and tb.existing(name) == []
+    assert name is not None and fp.existing(name) == []

@@ -4,8 +4,6 @@ load generators (trafgen for UDP junk, wrk for wrong-key HTTP requests)."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import json
 import os
 import re
@@ -15,12 +13,11 @@ import struct
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
 from zerolayer.client.invoke_body import build_invoke_body
 from zerolayer.protocol import wire, xdp_tag
-from zerolayer.protocol.errors import MalformedError
 from zerolayer.protocol.wire import ChatMessage, MsgType
 
 # ---------------------------------------------------------------------------- the testbed
@@ -29,17 +26,7 @@ SRV_IF, FLD_IF = "zl-s", "fl-f"
 SRV_V4, CLI_V4, FLD_V4 = "10.201.0.1", "10.201.0.2", "10.201.0.3"
 
 
-@dataclass(frozen=True)
-class Testbed:
-    name: str
-    srv: str
-    cli: str
-    fld: str
-    srv_mac: bytes
-    fld_mac: bytes
-
-    def namespaces(self) -> tuple[str, str, str]:
-        return self.srv, self.cli, self.fld
+Testbed = namedtuple("Testbed", "name srv cli fld srv_mac fld_mac")  # srv, cli, fld: namespaces
 
 
 def _ip(*args: str) -> str:
@@ -54,11 +41,6 @@ def _link(ns: str, ifname: str) -> dict:
 def link_stats(ns: str, ifname: str) -> dict:
     """The interface's kernel counters (rx/tx packets, bytes, dropped)."""
     return _link(ns, ifname)["stats64"]
-
-
-def existing(name: str) -> list[str]:
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [ln.split()[0] for ln in listed.splitlines() if ln.startswith(f"{name}-")]
 
 
 @contextlib.contextmanager
@@ -123,14 +105,7 @@ PAYLOAD_OFF = UDP_OFF + UDP_LEN
 SRC_IP_OFF = IP_OFF + 12
 
 
-@dataclass(frozen=True)
-class Endpoints:
-    src_mac: bytes
-    dst_mac: bytes
-    src_ip: bytes
-    dst_ip: bytes
-    sport: int
-    dport: int
+Endpoints = namedtuple("Endpoints", "src_mac dst_mac src_ip dst_ip sport dport")
 
 
 def _invoke(key_id: int, secret: bytes, ts_us: int) -> bytes:
@@ -166,31 +141,6 @@ def datagrams(cls: str, key_id: int, secret: bytes) -> list[bytes]:
         dg[-wire.TAG_LEN:] = secrets.token_bytes(wire.TAG_LEN)
     # replay: one valid request, captured: the first copy is served, every later one a replay
     return [bytes(dg)]
-
-
-def classify(dg: bytes, keys: dict[int, bytes], now_us: int, skew_s: float = 300.0,
-             seen: set[bytes] | None = None) -> str:
-    """Which class the daemon's checks put a datagram in (daemon/ingress.py's order:
-    structure, key id, XDP tag, HMAC, timestamp, nonce). `seen`: nonces already accepted."""
-    try:
-        req = wire.parse_request(dg)
-    except MalformedError:
-        return "malformed"
-    if req.key_id not in keys:
-        return "unknown_key"
-    flags = struct.unpack_from("<H", dg, FLAGS_OFF)[0]
-    if flags & wire.XDP_TAG and not xdp_tag.valid(xdp_tag.derive_key(keys[req.key_id]), dg):
-        return "forged_tag"
-    tag = hmac.new(keys[req.key_id], dg[:-wire.TAG_LEN], hashlib.sha256).digest()
-    if not hmac.compare_digest(tag, dg[-wire.TAG_LEN:]):
-        return "wrong_mac"
-    if abs(req.timestamp_us - now_us) > skew_s * 1_000_000:
-        return "stale_timestamp"
-    if seen is not None:
-        if req.nonce in seen:
-            return "replay"
-        seen.add(req.nonce)
-    return "valid"
 
 
 def ip_checksum(hdr: bytes) -> int:
@@ -230,24 +180,6 @@ def trafgen_config(cls: str, ep: Endpoints, key_id: int, secret: bytes, spoof: b
     return head + "".join(trafgen_packet(frame(ep, d), spoof) for d in datagrams(cls, key_id, secret))
 
 
-def read_pcap(data: bytes) -> list[bytes]:
-    """The frames of a classic pcap file (what `trafgen -o file.pcap` writes)."""
-    end = {b"\xd4\xc3\xb2\xa1": "<", b"\xa1\xb2\xc3\xd4": ">",
-           b"\x4d\x3c\xb2\xa1": "<", b"\xa1\xb2\x3c\x4d": ">"}[data[:4]]
-    off, out = 24, []
-    while off + 16 <= len(data):
-        incl = struct.unpack_from(end + "IIII", data, off)[2]
-        out.append(data[off + 16:off + 16 + incl])
-        off += 16 + incl
-    return out
-
-
-def split_frame(fr: bytes) -> tuple[bytes, bytes, bool]:
-    """(IPv4 source, UDP payload, IPv4 checksum valid) of an Ethernet/IPv4/UDP frame."""
-    ip = fr[IP_OFF:UDP_OFF]
-    return ip[12:16], fr[PAYLOAD_OFF:], ip_checksum(ip) == 0
-
-
 # ---------------------------------------------------------------------------- the senders
 
 # per rate, how many packets at most: the rate times the time bound (a ceiling run is bounded
@@ -277,15 +209,8 @@ def rate_pps(rate: str) -> int | None:
     return None if rate == "max" else int(rate)
 
 
-@dataclass
-class SenderResult:
-    sent: int            # packets (trafgen) or requests completed (wrk)
-    seconds: float       # the sender's own time on the wire
-    output: str
-
-    @property
-    def rate(self) -> float:
-        return self.sent / self.seconds if self.seconds > 0 else 0.0
+# sent: packets (trafgen) or requests completed (wrk); seconds: the sender's own time sending
+SenderResult = namedtuple("SenderResult", "sent seconds")
 
 
 class Sender:
@@ -375,7 +300,7 @@ def parse_trafgen(out: str) -> SenderResult:
     sent = re.search(r"(\d+) packets outgoing", out)
     took = re.search(r"(\d+) sec,\s+(\d+) usec on CPU", out)
     return SenderResult(int(sent.group(1)) if sent else 0,
-                        int(took.group(1)) + int(took.group(2)) / 1e6 if took else 0.0, out)
+                        int(took.group(1)) + int(took.group(2)) / 1e6 if took else 0.0)
 
 
 def wrk(ns: str, cpu: int, url: str, api_key: str, rate: str, bound_s: float, tmp: Path,
@@ -392,6 +317,6 @@ def parse_wrk(out: str) -> SenderResult:
     """wrk's summary: 'N requests in T.TTs' (responses of any status)."""
     m = re.search(r"(\d+) requests in ([\d.]+)(ms|s|m)", out)
     if not m:
-        return SenderResult(0, 0.0, out)
+        return SenderResult(0, 0.0)
     scale = {"ms": 1e-3, "s": 1.0, "m": 60.0}[m.group(3)]
-    return SenderResult(int(m.group(1)), float(m.group(2)) * scale, out)
+    return SenderResult(int(m.group(1)), float(m.group(2)) * scale)

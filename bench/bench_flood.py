@@ -1,22 +1,12 @@
 #!/usr/bin/env python
 """Legitimate service under a junk flood: zerolayerd's UDP and XDP ingress, and llama-server
-under an HTTP flood of wrong-API-key requests at the same rates. Method, classes and setup
-(`sudo bash bench/setup_flood.sh`): bench/README.md.
+under wrong-API-key HTTP requests at the same rates. Setup (`sudo bash bench/setup_flood.sh`),
+testbed, junk classes, what a row measures and where each side runs: bench/README.md.
 
     sudo .venv/bin/python bench/bench_flood.py                       # the full matrix
     sudo .venv/bin/python bench/bench_flood.py --paths xdp --classes wrong_mac \\
         --sources spoofed --rates 100000                             # one row (~2 min)
     .venv/bin/python bench/bench_flood.py --render bench/results/flood-….json
-
-Per row, while the flood runs (after 1 s to settle): --pings sequential probes from the client
-namespace (zerolayerd's `Client.probe`: one datagram, one wait, no retry; llama-server's GET
-/health on a keep-alive connection), then --streams concurrent chat streams; the server's CPU
-share; zerolayerd's counter deltas (the kernel's drops by reason, the AF_XDP ring's and the
-UDP socket's overflows, the datagrams in user space); the sender's own count and the packets
-the server's veth received. A row without a flood ("none") per path comes first. The PINGs run
-first, alone, from --ping-cpu (default: the server's, idle then), so that they time the server
-and the path, not a pinger starved by the flood: on veth the kernel's receive work, an XDP drop
-included, runs on the sender's CPU.
 """
 from __future__ import annotations
 
@@ -72,8 +62,7 @@ class ZlTarget:
 
     def __init__(self, bed: Testbed, tmp: Path, ingress: str, cpu: int, extra: list[str]):
         self.bed = bed
-        self.d = Daemon(bed.srv, tmp, ingress, busy=False, taskset=str(cpu),
-                        extra=["--model-threads", "1", "--cpu-cpus", str(cpu), *extra])
+        self.d = Daemon(bed.srv, tmp, ingress, busy=False, cpu=cpu, extra=extra)
         self.pid, self.stop = self.d.proc.pid, self.d.stop
 
     def counters(self) -> dict[str, float]:
@@ -259,8 +248,8 @@ def flood_row(path: str, cls: str, spoof: bool, rate: str, target, bed: Testbed,
     finally:
         out = sender.stop()
     res = fl.parse_wrk(out) if path == "llama" else fl.parse_trafgen(out)
-    m["sender"] = {"sent": res.sent, "seconds": res.seconds, "rate": res.rate,
-                   "output_tail": out[-600:]}
+    m["sender"] = {"sent": res.sent, "seconds": res.seconds,
+                   "rate": res.sent / res.seconds if res.seconds > 0 else 0.0, "output_tail": out[-600:]}
     return m
 
 

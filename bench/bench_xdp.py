@@ -53,7 +53,6 @@ FLOOD_INTERVAL_S = 0.5  # one request every 0.5 s: the daemon is mostly idle bet
 # scheduler often wakes the client on the CPU where the busy-polling server spins (the reply's
 # softirq runs there), and a round trip then costs 2x, in runs that differ only by chance.
 SERVER_CPU, CLIENT_CPU = 0, 1
-PIN = ["--cpu-cpus", str(SERVER_CPU), "--model-threads", "1"]
 
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
@@ -68,6 +67,7 @@ from _harness import (  # noqa: E402
     take_lock,
     terminate,
     write_results,
+    zl_stream_chat,
 )
 
 from netns import SRV_IF, SRV_V4, in_netns, xdp_testbed  # noqa: E402  (the tests' testbed)
@@ -78,19 +78,19 @@ def proc_cpu_s(pid: int) -> float:
 
 
 class Daemon(ZeroLayerDaemon):
-    """zerolayerd in namespace `ns` on the fixed PORT of every address, ready when it returns."""
+    """zerolayerd in namespace `ns` on the fixed PORT of every address, ready when it returns;
+    with `cpu`, pinned there (taskset, --cpu-cpus) with one model thread."""
 
-    def __init__(self, ns: str, tmp: Path, ingress: str, busy: bool, extra: list[str] = (),
-                 taskset: str | None = None):
+    def __init__(self, ns: str, tmp: Path, ingress: str, busy: bool, cpu: int | None = None,
+                 extra: list[str] = ()):
         self.ns = ns
-        super().__init__(str(PY), None, None, None, tmp,
+        pin = [] if cpu is None else ["taskset", "-c", str(cpu)]
+        super().__init__(str(PY), None, None if cpu is None else 1, None, tmp,
                          tmp / f"zerolayerd-{ingress}-{uuid.uuid4().hex[:6]}.log",
                          ["--network-host", "0.0.0.0", "--network-ingress", ingress,
                           "--network-interface", SRV_IF, "--network-busy-poll", str(busy).lower(),
-                          *extra],
-                         prefix=["ip", "netns", "exec", ns, *(["taskset", "-c", taskset] if taskset
-                                                              else [])],
-                         port=PORT, metrics_port=METRICS_PORT)
+                          *([] if cpu is None else ["--cpu-cpus", str(cpu)]), *extra],
+                         prefix=["ip", "netns", "exec", ns, *pin], port=PORT, metrics_port=METRICS_PORT)
         self.wait_ready(300)
 
     def counts(self) -> dict[str, float]:
@@ -234,23 +234,15 @@ def http_rtts(ns: str, host: str, n: int, warm: int) -> list[float]:
 
 
 def ttfts(ns: str, d: Daemon, n: int, interval: float = 0.0) -> list[float]:
-    """TTFT of n chat questions, one after another; with `interval`, each starts `interval`
-    seconds after the previous one started (a fixed request rate)."""
-    from zerolayer.protocol.wire import ChatMessage
-
+    """TTFT (ms) of n chat questions, one after another; with `interval`, each starts
+    `interval` seconds after the previous one started (a fixed request rate)."""
     def run():
         c, out, start = d.client(30, (SRV_V4, PORT)), [], time.perf_counter()
         for i in range(n):
             if interval:
                 time.sleep(max(0.0, start + i * interval - time.perf_counter()))
-            t = time.perf_counter()
-            with c.stream(messages=[ChatMessage("user", QUESTION)], max_tokens=16) as s:
-                for chunk in s:
-                    if chunk:
-                        out.append((time.perf_counter() - t) * 1e3)
-                        break
-                for _ in s:
-                    pass
+            if (ttft := zl_stream_chat(c, QUESTION, 16)["ttft_s"]) is not None:
+                out.append(ttft * 1e3)
         return out
     return in_netns(ns, run)
 
@@ -261,7 +253,7 @@ def ping_side(side: str, bed: tuple[str, str], tmp: Path, a) -> list[float]:
     srv, cli = bed
     on_server = ["taskset", "-c", str(SERVER_CPU)]
     if side in ("xdp", "udp"):
-        d = Daemon(srv, tmp, side, busy=True, extra=PIN, taskset=str(SERVER_CPU))
+        d = Daemon(srv, tmp, side, busy=True, cpu=SERVER_CPU)
         try:
             return udp_rtts(cli, signed_pings(d.key_id, d.secret, a.pings + WARM), a.spin_client)
         finally:
@@ -295,8 +287,7 @@ def ping_side(side: str, bed: tuple[str, str], tmp: Path, a) -> list[float]:
 
 def flood_phase(bed: tuple[str, str], tmp: Path, ingress: str, n_req: int) -> dict:
     srv, cli = bed
-    d = Daemon(srv, tmp, ingress, busy=False, taskset="0",
-               extra=["--model-threads", "1", "--cpu-cpus", "0"])
+    d = Daemon(srv, tmp, ingress, busy=False, cpu=0)
     out = {}
     try:
         ttfts(cli, d, 3)  # warm: prefix cache, first-request paths

@@ -4,16 +4,13 @@
 
     sudo .venv/bin/python bench/bench_datagram_work.py [--carriers udp,xdp] [--pings 3000]
 
-A real daemon (the bundled model unless --model, one model thread, I/O and model on CPU 0, not
-busy-polling so that its CPU time is its work) runs through this script's --serve mode, which
-times three of the I/O loop's phases with the thread's CPU clock (the clock pair's own cost,
-measured at start, subtracted), per datagram: recv (`Carriers.recv` calls that returned
-datagrams), receive to reply queued (`Front.receive`: parse, key, XDP tag, HMAC, timestamp,
-nonce, the PONG built and signed) and send (`Daemon._flush`). Besides, the I/O thread's whole
-CPU time (schedstat) over the PINGs minus the same over an idle window as long, per PING.
-The client: a blocking socket in its own process on CPU 1, pre-signed tagged PINGs one at a
-time, --gap-us apart, after --warm uncounted ones. UDP over loopback; AF_XDP on the veth
-testbed (root). Each carrier in --blocks blocks, alternating (A B B A).
+The daemon (one model thread, on CPU 0, not busy-polling so that its CPU time is its work) runs
+through this script's --serve mode, which times three I/O-loop phases per datagram with the
+thread's CPU clock, less the clock pair's own cost: recv (`Carriers.recv`), receive to reply
+queued (`Front.receive`) and send (`Daemon._flush`); besides, the I/O thread's whole CPU time
+(schedstat) over the PINGs minus an idle window as long. The client (--pinger mode, CPU 1)
+sends pre-signed tagged PINGs one at a time, --gap-us apart, after --warm uncounted ones.
+UDP over loopback, AF_XDP on the veth testbed (root); --blocks blocks a carrier, A B B A.
 """
 from __future__ import annotations
 

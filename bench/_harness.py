@@ -605,10 +605,3 @@ def run_meta(**extra) -> dict:
     return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": " ".join(shlex.quote(x) for x in sys.argv), "git": git_head(), **extra}
 
-
-def write_results(res: dict, prefix: str, out: str | None = None) -> Path:
-    """res as JSON at `out`, or at bench/results/PREFIX-<date-time>.json; returns the path."""
-    path = Path(out) if out else RESULTS / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(res, indent=1, default=str))
-    return path

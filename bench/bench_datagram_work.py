@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ZeroLayerDaemon, cpu_model, run_meta, take_lock, write_results  # noqa: E402
+from _harness import ZeroLayerDaemon, cpu_model, results_path, run_meta, take_lock  # noqa: E402
 from bench_xdp import CLIENT_CPU, PORT, PY, SERVER_CPU, signed_pings  # noqa: E402
 
 from netns import SRV_IF, SRV_V4, xdp_testbed  # noqa: E402  (tests/, put on the path by bench_xdp)
@@ -197,7 +197,9 @@ def main() -> int:
     finally:
         lock.close()
     res = {"rows": rows, "meta": run_meta(kernel=platform.release(), cpu_model=cpu_model())}
-    print(f"results: {write_results(res, 'datagram-work', a.out or None)} (git {res['meta']['git']})")
+    out = results_path(a.out or None, "datagram-work")
+    out.write_text(json.dumps(res, indent=1))
+    print(f"results: {out} (git {res['meta']['git']})")
     print("| carrier | PINGs | recv µs | receive to reply queued µs | send µs | I/O thread CPU "
           "per PING µs | RTT p50 µs | load avg |\n|---|---|---|---|---|---|---|---|")
     for r in rows:

@@ -37,12 +37,12 @@ from _harness import (  # noqa: E402
     llama_server_that_serves,
     log,
     machine_info,
+    results_path,
     run_meta,
     sh,
     stats,
     take_lock,
     top_processes,
-    write_results,
     zl_stream_chat,
 )
 from bench_dataplane import STREAM_OPTS, scrape, story  # noqa: E402
@@ -400,7 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         lock.close()
         res["meta"].update(loadavg_after=os.getloadavg(), top_after=top_processes(5))
-        log(f"results: {write_results(res, 'flood', a.out)}")
+        out = results_path(a.out, "flood")
+        out.write_text(json.dumps(res, indent=1, default=str))
+        log(f"results: {out}")
     print(render(res))
     return 0
 

@@ -63,10 +63,10 @@ from _harness import (  # noqa: E402
     log,
     pct,
     proc_jiffies,
+    results_path,
     run_meta,
     take_lock,
     terminate,
-    write_results,
     zl_stream_chat,
 )
 
@@ -398,7 +398,9 @@ def main() -> int:
                            kernel=platform.release(), quick=a.quick, only=a.only,
                            spin_client=a.spin_client, lock_waited_s=round(lock_wait, 1),
                            loadavg=os.getloadavg())
-    print(f"\nresults: {write_results(res, 'xdp', a.out)}\n")
+    out = results_path(a.out, "xdp")
+    out.write_text(json.dumps(res, indent=1))
+    print(f"\nresults: {out}\n")
     if p:
         print("| PING round trip | p50 µs | p99 µs |\n|---|---|---|")
     for s, lab in LABELS.items():

@@ -277,6 +277,7 @@ def _sim_child() -> None:
     from zerolayer.gpu.cuda import _cuda_shim as shim
     from zerolayer.gpu.cuda import embedding as cu_emb
     from zerolayer.gpu.cuda import matmul as cu_mm
+    from zerolayer.gpu.cuda.weight_layout import device_layer
     from zerolayer.gpu.ops.embedding import embed_ref
     from zerolayer.gpu.ops.matmul import matmul_ref
 
@@ -289,7 +290,7 @@ def _sim_child() -> None:
         wt = quant.stack([quant.repack(raw, rows, cols, qt)]).layer(0)
         x = rng.standard_normal((T, cols)).astype(np.float32)
         y = np.full((T, rows), np.nan, np.float32)
-        cu_mm.matmul(*wt, x, y)
+        cu_mm.matmul(*device_layer(*wt), x, y)
         assert np.isfinite(y).all()
         return rel(y, matmul_ref(dense(raw, qt, rows, cols), x))
 
@@ -298,7 +299,7 @@ def _sim_child() -> None:
         wt = quant.stack([quant.repack(raw, 130, 256, qt)]).layer(0)
         tokens = np.array([0, 129, 64, 63, 7], np.int32)
         x = np.full((5, 256), np.nan, np.float32)
-        cu_emb.embed(*wt, tokens, x, threads=64)
+        cu_emb.embed(*device_layer(*wt), tokens, x, threads=64)
         return rel(x, embed_ref(dense(raw, qt, 130, 256), tokens))
 
     out = {"_sim": shim.SIM}

@@ -58,10 +58,6 @@ class Admitted:
     body_bytes: int = 0     # the body's footprint while queued (memory_bounds.py)
     cancel: CancelFlag = field(default_factory=CancelFlag)
 
-    @property
-    def cancelled(self) -> CancelReason | None:
-        return self.cancel.reason
-
 
 @dataclass(slots=True)
 class Submission:

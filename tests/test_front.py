@@ -189,7 +189,7 @@ def test_cancel_ends_the_stream_at_once_and_drops_the_engines_late_tokens(d: Dae
     (done,) = d.send(control(d, MsgType.CANCEL, rid))
     assert isinstance(done, DoneFrame) and done.finish_reason is FinishReason.CANCELLED
     assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (6, 1)
-    assert req.cancelled is not None                    # the engine frees it at its next step
+    assert req.cancel.reason is not None              # the engine frees it at its next step
     assert d.event(TextEvent(req, ".", 1)) == []     # a step in flight: never sent
     assert d.event(DoneEvent(req, FinishReason.STOP, Usage(6, 0, 2), Timings())) == []
 
@@ -207,7 +207,7 @@ def test_drain_refuses_new_work_serves_retries_and_tells_the_rest(d: Daemon) -> 
     assert isinstance(pong, PongFrame) and pong.state is ServerState.DRAINING
     (last,) = [wire.decode_response(f, SECRET) for f, _ in d.front.drain(d.clock.mono)]
     assert isinstance(last, ErrorFrame) and last.code == ErrorCode.CANCELLED
-    assert len(d.in_flight) == 0 and req.cancelled is not None
+    assert len(d.in_flight) == 0 and req.cancel.reason is not None
 
 
 def test_a_silent_clients_lease_expires_and_a_keepalive_renews_it(d: Daemon) -> None:

@@ -347,7 +347,7 @@ class ZeroLayerDaemon(_Proc):
 
 class NativeLlamaServer(_Proc):
     """llama.cpp's own C++ `llama-server` (built by bench/setup_llamacpp.sh): continuous
-    batching over `parallel` slots of `ctx_per_slot` tokens each."""
+    batching over `parallel` slots of `ctx_per_slot` tokens each; prefix as ZeroLayerDaemon's."""
     name = "llama-server"
 
     def __init__(self, binary: str, model: str, threads: int, parallel: int, port: int,
@@ -355,7 +355,6 @@ class NativeLlamaServer(_Proc):
                  prefix: list[str] = ()):
         self.port = port
         self.parallel = parallel
-        # prefix: a wrapper to run it under, e.g. ["ip", "netns", "exec", NS, "taskset", ...]
         cmd = [*prefix, binary, "-m", model, "-np", str(parallel), "-c", str(ctx_per_slot * parallel),
                "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1",
                "--port", str(port), *extra]

@@ -1,8 +1,6 @@
-"""The benchmarks' shared harness: percentiles and summaries, the one-benchmark-at-a-time lock,
-machine info, machine-noise accounting, the servers under test as subprocesses (zerolayerd,
-llama.cpp's llama-server) with their wait-for-ready, a stdlib-only streaming HTTP/SSE client
-for llama-server's OpenAI-compatible API, and a timed wrapper around our SDK.
-"""
+"""The benchmarks' shared harness: statistics, machine info, the one-benchmark-at-a-time lock,
+noise accounting, the servers under test (zerolayerd, llama-server, llama-bench), a stdlib
+streaming client for llama-server's OpenAI API, and a timed wrapper around our SDK."""
 from __future__ import annotations
 
 import contextlib
@@ -44,7 +42,7 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         return s.getsockname()[1]
 
 
-# ---------------------------------------------------------------- statistics
+# ---------------------------------------- statistics and the machine
 
 
 def pct(values: list[float], q: float) -> float:
@@ -66,9 +64,6 @@ def stats(values: list[float | None]) -> dict | None:
         return None
     return {"n": len(v), "p50": pct(v, 50), "p99": pct(v, 99),
             "mean": statistics.fmean(v), "min": min(v), "max": max(v)}
-
-
-# ---------------------------------------------------------------- the machine
 
 
 def sh(cmd: str | list[str], timeout: float = 15) -> str:
@@ -134,7 +129,7 @@ def default_model() -> str:
          "print(p())"], capture_output=True, text=True, check=True).stdout.strip()
 
 
-# ---------------------------------------------------------------- one benchmark at a time
+# ---------------------------------------- one benchmark at a time, and the noise around it
 
 
 def take_lock(max_wait: float, command: str, path: str = LOCK_PATH):
@@ -187,16 +182,6 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
 
 
-# ---------------------------------------------------------------- noise accounting
-
-
-def busy_jiffies() -> int:
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    # user nice system idle iowait irq softirq steal: steal counts as taken from us
-    return v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)
-
-
 def proc_jiffies(pid: int | str, children: bool = False) -> int:
     """utime + stime of a process, all its threads included; with `children`, plus those of
     its children it has waited for (cutime, cstime)."""
@@ -212,12 +197,8 @@ def proc_jiffies(pid: int | str, children: bool = False) -> int:
 
 
 def top_processes(n: int = 5) -> list[str]:
-    try:
-        out = subprocess.run(["ps", "-eo", "pcpu,pid,args", "--sort=-pcpu"], capture_output=True,
-                             text=True, timeout=5).stdout.splitlines()[1:n + 1]
-        return [" ".join(line.split())[:140] for line in out]
-    except Exception:
-        return []
+    out = sh(["ps", "-eo", "pcpu,pid,args", "--sort=-pcpu"], timeout=5).splitlines()[1:n + 1]
+    return [" ".join(line.split())[:140] for line in out]
 
 
 class CpuWatch:
@@ -232,7 +213,11 @@ class CpuWatch:
         self.live_pids: list[int] = []
 
     def snap(self) -> dict:
-        return {"t": time.perf_counter(), "busy": busy_jiffies(),
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        # user nice system idle iowait irq softirq steal: steal counts as taken from us
+        busy = v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)
+        return {"t": time.perf_counter(), "busy": busy,
                 "self": proc_jiffies("self", self.children),
                 "live": sum(proc_jiffies(p) for p in self.live_pids),
                 **{k: proc_jiffies(p) for k, p in self.pids.items()}}
@@ -250,11 +235,6 @@ class CpuWatch:
     def foreign(cls, a: dict, b: dict) -> float:
         return cls.delta(a, b)["foreign"]
 
-    def foreign_share(self, window: float) -> float:
-        a = self.snap()
-        time.sleep(window)
-        return self.delta(a, self.snap())["foreign"]
-
     def wait_quiet(self, limit: float, max_wait: float, poll: float = 1.0,
                    window: float = 0.5) -> dict:
         """Wait until other processes use <= limit of the machine over `window` seconds,
@@ -262,7 +242,9 @@ class CpuWatch:
         t0 = time.perf_counter()
         announced = False
         while True:
-            share = self.foreign_share(window)
+            a = self.snap()
+            time.sleep(window)
+            share = self.foreign(a, self.snap())
             waited = time.perf_counter() - t0
             if share <= limit or waited >= max_wait:
                 if announced:
@@ -277,7 +259,7 @@ class CpuWatch:
             time.sleep(poll)
 
 
-# ---------------------------------------------------------------- the servers
+# ---------------------------------------- the programs under test: servers and llama-bench
 
 
 class _Proc:
@@ -298,6 +280,18 @@ class _Proc:
             raise RuntimeError(f"{self.name} exited with status {self.proc.returncode} before it "
                                f"was ready ({time.perf_counter() - self.t_spawn:.1f} s):\n"
                                + self.log_path.read_text()[-3000:])
+
+    def _wait_until(self, ready, timeout: float, poll: float) -> None:
+        """Poll ready() (while the process lives) until it is true; ready_s is when it was."""
+        end = time.perf_counter() + timeout
+        while time.perf_counter() < end:
+            self._check_alive()
+            if ready():
+                self.ready_s = time.perf_counter() - self.t_spawn
+                return
+            time.sleep(poll)
+        raise RuntimeError(f"{self.name} not ready after {timeout} s:\n"
+                           + self.log_path.read_text()[-3000:])
 
     def stop(self, timeout: float = 60) -> int | None:
         terminate(self.proc, timeout)
@@ -343,15 +337,7 @@ class ZeroLayerDaemon(_Proc):
         super().__init__(cmd, log_path, env)
 
     def wait_ready(self, timeout: float = 300) -> None:
-        end = time.perf_counter() + timeout
-        while time.perf_counter() < end:
-            self._check_alive()
-            if "ready on" in self.log_path.read_text():
-                self.ready_s = time.perf_counter() - self.t_spawn
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.name} not ready after {timeout} s:\n"
-                           + self.log_path.read_text()[-3000:])
+        self._wait_until(lambda: "ready on" in self.log_path.read_text(), timeout, 0.05)
 
     def client(self, timeout: float = 60, addr=None):
         """An SDK client with this daemon's key (addr: another carrier's address)."""
@@ -361,7 +347,7 @@ class ZeroLayerDaemon(_Proc):
 
 class NativeLlamaServer(_Proc):
     """llama.cpp's own C++ `llama-server` (built by bench/setup_llamacpp.sh): continuous
-    batching over `parallel` slots of `ctx_per_slot` tokens each."""
+    batching over `parallel` slots of `ctx_per_slot` tokens each; prefix as ZeroLayerDaemon's."""
     name = "llama-server"
 
     def __init__(self, binary: str, model: str, threads: int, parallel: int, port: int,
@@ -369,7 +355,6 @@ class NativeLlamaServer(_Proc):
                  prefix: list[str] = ()):
         self.port = port
         self.parallel = parallel
-        # prefix: a wrapper to run it under, e.g. ["ip", "netns", "exec", NS, "taskset", ...]
         cmd = [*prefix, binary, "-m", model, "-np", str(parallel), "-c", str(ctx_per_slot * parallel),
                "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1",
                "--port", str(port), *extra]
@@ -377,22 +362,16 @@ class NativeLlamaServer(_Proc):
 
     def wait_ready(self, timeout: float = 180) -> None:
         """GET /health answers 503 while the model loads and 200 once it serves."""
-        end = time.perf_counter() + timeout
-        while time.perf_counter() < end:
-            self._check_alive()
+        def serves() -> bool:
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
             try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-                c.request("GET", "/health")
-                r = c.getresponse()
-                r.read()
+                http_get_timed(c, "/health")
+                return True
+            except (OSError, RuntimeError):     # not listening yet; 503 while loading
+                return False
+            finally:
                 c.close()
-                if r.status == 200:
-                    self.ready_s = time.perf_counter() - self.t_spawn
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not ready after {timeout} s")
+        self._wait_until(serves, timeout, 0.1)
 
 
 def llama_server_that_serves(start, wait_ready) -> tuple[NativeLlamaServer, list[str]]:
@@ -412,9 +391,6 @@ def llama_server_that_serves(start, wait_ready) -> tuple[NativeLlamaServer, list
             log("  llama-server crashed (SIGSEGV) with its default weight repacking; "
                 "measuring it with --no-repack")
     raise AssertionError("unreachable")
-
-
-# ---------------------------------------------------------------- the llama.cpp side: llama-bench
 
 
 class LlamaBenchCrash(RuntimeError):
@@ -463,7 +439,7 @@ def run_llama_bench(cmd: list[str], watch: CpuWatch) -> tuple[list[dict], dict]:
     return rows, {"wall_s": b["t"] - a["t"], "foreign_share": watch.foreign(a, b)}
 
 
-# ---------------------------------------------------------------- the llama.cpp side: stdlib HTTP
+# ---------------------------------------- the clients: stdlib HTTP (llama-server) and our SDK
 
 
 def messages_of(content: str | list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -558,9 +534,6 @@ def http_get_timed(conn: http.client.HTTPConnection, path: str) -> float:
     return dt
 
 
-# ---------------------------------------------------------------- our side: the SDK
-
-
 def zl_stream_chat(client, content: str | list[tuple[str, str]], max_tokens: int) -> dict:
     """client.stream(chat) iterated chunk by chunk; same clock points as http_stream_chat
     (t0 just before the call that builds and sends the request)."""
@@ -582,9 +555,6 @@ def zl_stream_chat(client, content: str | list[tuple[str, str]], max_tokens: int
             "finish_reason": res.finish_reason, "attempts": res.attempts,
             "usage": dataclasses.asdict(res.usage),
             "timings_us": dataclasses.asdict(res.timings)}
-
-
-# -- added for misc
 
 
 def results_path(out: str | None, prefix: str) -> Path:

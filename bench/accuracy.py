@@ -1,16 +1,5 @@
-"""Accuracy of each CPU mode against the F32 model, beside llama.cpp's own on the same file
-(bench/README.md, "accuracy.py"; the rule: bench/accuracy_py).
-
-    .venv/bin/python bench/accuracy.py                      # the bundled model, every mode
-    .venv/bin/python bench/accuracy.py --quants             # + scripts/make_quants.sh's files
-    .venv/bin/python bench/accuracy.py --modes vnni/int16/f16,vnni/int8/f16 --paths prefill
-    .venv/bin/python bench/accuracy.py --record             # also tests/golden/accuracy_modes.json
-    .venv/bin/python bench/accuracy.py --rerule             # the rule again, on the recorded figures
-
-llama.cpp's side: `llama-perplexity` (bench/setup_llamacpp.sh) on the F32 model dequantized
-from the file (the base log-probabilities), then on the file itself against them
-(`--kl-divergence`); same text, chunks and scored positions as ours, 2 threads, llama.cpp's
-defaults otherwise (f16 KV cache).
+"""Accuracy (KL, top-1) of each CPU mode against the F32 model, beside llama.cpp's
+llama-perplexity on the same file; see bench/README.md ("accuracy.py").
 """
 from __future__ import annotations
 
@@ -30,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from _harness import cpu_model, git_head, results_path  # noqa: E402
+from _harness import cpu_model, git_head, log, results_path  # noqa: E402
 from accuracy_metrics import N_CTX, SPEED_ORDER, Mode, apply_rule, chunks, read_kld_base, read_text  # noqa: E402
 from accuracy_runs import PATHS, available, reference_logp, score_mode  # noqa: E402
 
@@ -118,7 +107,7 @@ def llamacpp_kl(model: str, f32: str, text_file: str, n_ctx: int, workdir: str) 
 # ---------------------------------------------------------------- ours, and the rule
 
 def measure_file(path: str, modes: list[Mode], text: str, n_ctx: int, paths, use_llamacpp: bool,
-                 workdir: str, log, max_chunks: int | None = None) -> dict:
+                 workdir: str, max_chunks: int | None = None) -> dict:
     from zerolayer.gpu import gguf_loader
     from zerolayer.gpu.model import LlamaModel
     tok = LlamaModel.load(path).tokenizer()
@@ -180,12 +169,6 @@ def table(results: list[dict], paths) -> str:
     return "\n".join(lines)
 
 
-def write_record(path: str, rec: dict) -> None:
-    with open(path, "w") as f:
-        json.dump(rec, f, indent=1)
-        f.write("\n")
-
-
 def rerule(path: str) -> int:
     """The rule of this tree over a recorded file's measurements: the verdicts change when
     the rule does, the figures stay the ones measured (their date, commit and host)."""
@@ -195,7 +178,8 @@ def rerule(path: str) -> int:
     rec["rule"]["applied"] = (f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}, "
                               f"git {git_head()} (bench/accuracy.py --rerule)")
     rec["speed_order"] = [m.name for m in SPEED_ORDER]
-    write_record(path, rec)
+    with open(path, "w") as f:
+        f.write(json.dumps(rec, indent=1) + "\n")
     print(f"{path}: picked {rec['rule']['picked']}")
     return 0
 
@@ -228,13 +212,11 @@ def main(argv=None) -> int:
     paths = tuple(a.paths.split(","))
     os.makedirs(WORKDIR, exist_ok=True)
     text = read_text(TEXT)
-    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
 
     started = datetime.datetime.now(datetime.UTC)
     results = []
     for path in models:
-        res = measure_file(path, modes, text, N_CTX, paths, not a.no_llamacpp, WORKDIR, log,
-                           a.max_chunks)
+        res = measure_file(path, modes, text, N_CTX, paths, not a.no_llamacpp, WORKDIR, a.max_chunks)
         res["rule"] = apply_rule(res)
         results.append(res)
     doc = {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "git": git_head(), "cpu": cpu_model(),
@@ -252,7 +234,8 @@ def main(argv=None) -> int:
                    llamacpp={k: v for k, v in bundled.get("llamacpp", {}).items()
                              if k in ("kl_mean", "top1", "command", "same_tokens")},
                    modes=bundled["modes"])
-        write_record(GOLDEN, rec)
+        with open(GOLDEN, "w") as f:
+            f.write(json.dumps(rec, indent=1) + "\n")
         log(f"wrote {GOLDEN}")
     return 0
 

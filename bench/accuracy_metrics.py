@@ -1,18 +1,6 @@
-"""What the accuracy harness measures, and the rule that picks the default CPU mode.
-
-Positions follow llama.cpp's `llama-perplexity` (tools/perplexity/perplexity.cpp), so its
-`--kl-divergence` figures and ours cover the same tokens: chunks of N_CTX tokens, each from
-position 0 of a fresh sequence (its first token replaced by BOS where the vocabulary adds
-one), scored at positions N_CTX/2 .. N_CTX-2 (at least N_CTX/2 tokens of context each).
-Per scored position, against the F32 model dequantized from the same file: KL(p_F32 || q) of
-the next-token distributions, and whether both put the same token first.
-
-The rule: a mode is acceptable when it gives the F32 model's own answers: top-1 agreement at
-least TOP1_MIN and mean KL at most KL_MAX, each the worse of its two paths (prefill, decode);
-the default is the fastest acceptable mode on the bundled model. llama.cpp's figures ride
-along as information: the bar is the model, not the peer's loss (llama.cpp's Q4_1 agrees at
-~97%, and so do our int8 activations, which then answer the demo question as llama.cpp does,
-not as the model does).
+"""What bench/accuracy.py measures (per position, at llama-perplexity's positions: KL(p_F32 || q)
+and top-1 agreement against the F32 model dequantized from the same file) and the rule that
+picks the default CPU mode; see bench/README.md ("accuracy.py") and docs/BENCHMARKS.md.
 """
 from __future__ import annotations
 
@@ -42,7 +30,8 @@ def chunks(ids, n_ctx: int = N_CTX, bos: int | None = None) -> list[np.ndarray]:
 
 
 def scored(n_ctx: int = N_CTX) -> slice:
-    """The positions of a chunk whose next-token distributions are scored."""
+    """The positions of a chunk whose next-token distributions are scored (llama-perplexity's:
+    each has at least n_ctx/2 tokens of context)."""
     return slice(n_ctx // 2, n_ctx - 1)
 
 
@@ -121,20 +110,14 @@ class Mode:
         return cls(*name.split("/"))
 
 
-def all_modes(kernel_sets: tuple[str, ...]) -> list[Mode]:
-    """Every mode of the given integer kernel sets (best first), then the float kernels,
-    each with both KV cache types: fastest first (SPEED_ORDER)."""
-    return [Mode(k, a, kv) for k in kernel_sets for a in ("int8", "int8-qkv16", "int16")
-            for kv in ("f16", "f32")] + [Mode("float", "-", kv) for kv in ("f16", "f32")]
-
-
 # Fastest first, within one machine, from docs/BENCHMARKS.md's measurements (not re-timed
 # by the harness): bench_activations.py, interleaved on one model, puts int8 ahead of
 # int8-qkv16 ahead of int16 at prefill (bundled pp100 1.39x / 1.33x int16's; synthetic 1.1B
 # 1.47-1.64x / 1.41-1.51x) with decode level within 5%; all three faster than the float
 # kernels (108 vs 137+ tok/s); the f16 KV cache reads half the bytes of f32 at depth; VNNI
 # before AVX2 where both run.
-SPEED_ORDER = all_modes(("vnni", "avx2"))
+SPEED_ORDER = [Mode(k, a, kv) for k in ("vnni", "avx2") for a in ("int8", "int8-qkv16", "int16")
+               for kv in ("f16", "f32")] + [Mode("float", "-", kv) for kv in ("f16", "f32")]
 
 TOP1_MIN = 0.995  # at most one position in 200 whose greedy token differs from the F32 model's
 KL_MAX = 1e-5     # mean KL per position (int16 activations: 5e-7; the int8 modes: ~2e-3)
@@ -154,7 +137,8 @@ def pick_default(kl_by_mode: dict[str, float], top1_by_mode: dict[str, float],
 
 def apply_rule(res: dict) -> dict:
     """Per mode the figures the rule uses (the worse path's KL and top-1) and whether it
-    passes; the pick. llama.cpp's KL rides along as information."""
+    passes; the pick. llama.cpp's KL rides along as information: the bar is the F32 model,
+    not the peer's loss (its Q4_1 agrees at ~97%, as our int8 activations do)."""
     kl = {m: max(r[p]["kl_mean"] for p in r) for m, r in res["modes"].items()}
     top1 = {m: min(r[p]["top1"] for p in r) for m, r in res["modes"].items()}
     picked = pick_default(kl, top1)

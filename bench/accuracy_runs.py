@@ -1,10 +1,7 @@
-"""The two sides of the accuracy harness that run models: the float64 reference over the
-F32 weights dequantized from the file (gpu/reference.py), and our runtime in one CPU mode,
-applied in this process as the environment applies it at import (gpu/ops/cpu_features.py).
-Two paths are scored: prefill (each chunk in one forward, every position's logits, as
-llama-perplexity evaluates) and decode (the chunk's first half as a prompt, then one token a
-step, as generation runs: the packed decode kernels, not the prefill's unpacked ones).
-"""
+"""The two sides of bench/accuracy.py that run models: the float64 reference on the F32 weights
+(gpu/reference.py) and our runtime in one CPU mode, by two paths: prefill (each chunk in one
+forward) and decode (the chunk's first half as a prompt, then a token a step: the packed
+decode kernels, not the prefill's)."""
 from __future__ import annotations
 
 import numpy as np

@@ -235,18 +235,14 @@ SenderResult = namedtuple("SenderResult", "sent seconds")
 
 class Sender:
     """A generator in `ns` on `cpu` at nice 19 (the clients beside it run first), stopped by
-    stop() with SIGINT (it prints its own count) or after `bound_s`. `workers`: its forked
-    workers named cmd[0], moved back to `cpu` (trafgen pins its first to CPU 0 itself)."""
+    stop() with SIGINT (it prints its own count) or after `bound_s`."""
 
-    def __init__(self, ns: str, cpu: int, cmd: list[str], bound_s: float, log: Path,
-                 workers: int = 0):
+    def __init__(self, ns: str, cpu: int, cmd: list[str], bound_s: float, log: Path):
         self.log = log
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", ns, "timeout", "-s", "INT", "-k", "5", f"{bound_s:.0f}",
              "taskset", "-c", str(cpu), "nice", "-n", "19", *cmd],
             stdout=open(log, "w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        if workers:
-            pin_workers(self.proc, Path(cmd[0]).name, workers, cpu)
 
     def stop(self) -> str:
         if self.proc.poll() is None:
@@ -308,7 +304,9 @@ def trafgen(ns: str, dev: str, cpu: int, config: Path, rate: str, bound_s: float
     count = int((pps or CEILING_PPS_BOUND) * bound_s) if count is None else count
     cmd = ["trafgen", "-o", dev, "-i", str(config), "-P", "1", "-n", str(count),
            "--no-sock-mem", "--notouch-irq", *(["-b", f"{pps}pps"] if pps else [])]
-    return Sender(ns, cpu, cmd, bound_s, log, workers=1)
+    s = Sender(ns, cpu, cmd, bound_s, log)
+    pin_workers(s.proc, "trafgen", 1, cpu)   # it pins its worker to CPU 0 whatever its taskset
+    return s
 
 
 def parse_trafgen(out: str) -> SenderResult:

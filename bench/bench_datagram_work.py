@@ -1,16 +1,8 @@
 #!/usr/bin/env python
-"""The daemon's own CPU work per PING, on a running zerolayerd, over UDP and over AF_XDP
-(bench/README.md). Takes /tmp/zl-bench.lock itself.
+"""The daemon's own CPU work per PING on a running zerolayerd, over UDP and over AF_XDP: its
+I/O loop's phases timed per datagram, and the I/O thread's CPU per PING; see bench/README.md.
 
     sudo .venv/bin/python bench/bench_datagram_work.py [--carriers udp,xdp] [--pings 3000]
-
-The daemon (one model thread, on CPU 0, not busy-polling so that its CPU time is its work) runs
-through this script's --serve mode, which times three I/O-loop phases per datagram with the
-thread's CPU clock, less the clock pair's own cost: recv (`Carriers.recv`), receive to reply
-queued (`Front.receive`) and send (`Daemon._flush`); besides, the I/O thread's whole CPU time
-(schedstat) over the PINGs minus an idle window as long. The client (--pinger mode, CPU 1)
-sends pre-signed tagged PINGs one at a time, --gap-us apart, after --warm uncounted ones.
-UDP over loopback, AF_XDP on the veth testbed (root); --blocks blocks a carrier, A B B A.
 """
 from __future__ import annotations
 
@@ -30,10 +22,10 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ZeroLayerDaemon, cpu_model, results_path, run_meta, take_lock  # noqa: E402
-from bench_xdp import CLIENT_CPU, PORT, PY, SERVER_CPU, signed_pings  # noqa: E402
+from _harness import cpu_model, results_path, run_meta, take_lock  # noqa: E402
+from bench_xdp import CLIENT_CPU, PY, SERVER_CPU, Daemon, signed_pings  # noqa: E402
 
-from netns import SRV_IF, SRV_V4, xdp_testbed  # noqa: E402  (tests/, put on the path by bench_xdp)
+from netns import SRV_V4, xdp_testbed  # noqa: E402  (tests/, put on the path by bench_xdp)
 
 
 def serve(stats_path: str, argv: list[str]) -> int:
@@ -114,13 +106,8 @@ def block(carrier: str, a, tmp: Path, ns: str | None) -> dict:
     stats = tmp / f"stats-{uuid.uuid4().hex[:6]}.json"
     host = SRV_V4 if ns else "127.0.0.1"
     netns = ["ip", "netns", "exec", ns] if ns else []
-    d = ZeroLayerDaemon(
-        str(PY), a.model or None, 1, None, tmp, tmp / f"zerolayerd-{carrier}-{uuid.uuid4().hex[:6]}.log",
-        ["--network-host", "0.0.0.0" if ns else host, "--network-ingress", carrier,
-         "--network-busy-poll", "false", "--cpu-cpus", str(SERVER_CPU),
-         *(["--network-interface", SRV_IF] if ns else []), *a.zl_extra.split()],
-        prefix=[*netns, "taskset", "-c", str(SERVER_CPU)], port=PORT if ns else None,
-        metrics_port=0, entry=[__file__, "--serve", str(stats), "--"])
+    d = Daemon(ns, tmp, carrier, busy=False, cpu=SERVER_CPU, extra=a.zl_extra.split(),
+               model=a.model or None, metrics_port=0, entry=[__file__, "--serve", str(stats), "--"])
 
     def ping(n: int) -> list[float]:
         spec = json.dumps({"host": host, "port": d.port, "key_id": d.key_id,
@@ -140,7 +127,6 @@ def block(carrier: str, a, tmp: Path, ns: str | None) -> dict:
         time.sleep(0.01)
         return json.loads(stats.read_text())
     try:
-        d.wait_ready(300)
         ping(a.warm)
         s0, t0 = snapshot(), time.monotonic()
         rtts = ping(a.pings)

@@ -1,28 +1,8 @@
 #!/usr/bin/env python
-"""The XDP fast path against the UDP path and an HTTP /health, side by side in one run.
+"""PING round trips, TTFT and a garbage flood over zerolayerd's XDP and UDP paths, beside
+their no-protocol floors and an HTTP /health, on the veth testbed; method: bench/README.md.
 
     sudo .venv/bin/python bench/bench_xdp.py [--quick] [--only ping|ttft|flood] [--out PATH]
-
-On the veth testbed (scripts/xdp-testbed.sh): the servers in NAME-srv behind zl-s (10.201.0.1),
-the clients in NAME-cli; both namespaces are deleted at the end.
-
-1. PING round trip, p50/p99 over --pings pings after 300 warm-ups, each side in two blocks
-   (A B C D D C B A, so drift hits every side alike): zerolayerd over AF_XDP and over UDP
-   (busy-polling); the AF_XDP rings alone (an echo loop on XdpIO) and a busy-polling UDP
-   socket alone (echoes with no protocol: each path's floor in Python); uvicorn + FastAPI GET
-   /health (what vLLM serves) on one keep-alive connection, over veth and over loopback. The
-   client sends pre-signed PINGs one at a time and blocks in recv(), or with --spin-client
-   polls (see udp_rtts). Servers on CPU 0 (one model thread), the client thread on CPU 1.
-2. TTFT of the chat question (max_tokens 16) over AF_XDP and over UDP, the SDK as client,
-   --ttft requests a side in two blocks.
-3. Flood (not busy-polling, so the daemon's CPU time is work): TTFT of --flood-requests chat
-   questions sent one every 0.5 s and the daemon's CPU share over that window, without and
-   with a garbage flood (valid-looking headers, bad magic) from the client namespace by a
-   sendmmsg loop on CPU 1 at its maximum rate; the daemon on CPU 0, one model thread. Target
-   (XDP): TTFT and daemon CPU rise by at most 10%. The drop counters and the flood's rate are
-   reported.
-
-Results: JSON under bench/results/ (gitignored) and a markdown table on stdout.
 """
 from __future__ import annotations
 
@@ -33,7 +13,6 @@ import os
 import platform
 import secrets
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,11 +39,12 @@ from _harness import (  # noqa: E402
     CLK_TCK,
     ZeroLayerDaemon,
     cpu_model,
+    http_get_timed,
     log,
-    pct,
     proc_jiffies,
     results_path,
     run_meta,
+    stats,
     take_lock,
     terminate,
     zl_stream_chat,
@@ -78,20 +58,28 @@ def proc_cpu_s(pid: int) -> float:
 
 
 class Daemon(ZeroLayerDaemon):
-    """zerolayerd in namespace `ns` on the fixed PORT of every address, ready when it returns;
-    with `cpu`, pinned there (taskset, --cpu-cpus) with one model thread."""
+    """zerolayerd in namespace `ns` on PORT of every address (ns None: on 127.0.0.1, a free
+    port), ready when it returns; with `cpu`, pinned there (taskset, --cpu-cpus) with one
+    model thread. `kw`: ZeroLayerDaemon's metrics_port (default METRICS_PORT) and entry."""
 
-    def __init__(self, ns: str, tmp: Path, ingress: str, busy: bool, cpu: int | None = None,
-                 extra: list[str] = ()):
+    def __init__(self, ns: str | None, tmp: Path, ingress: str, busy: bool, cpu: int | None = None,
+                 extra: list[str] = (), model: str | None = None, **kw):
         self.ns = ns
         pin = [] if cpu is None else ["taskset", "-c", str(cpu)]
-        super().__init__(str(PY), None, None if cpu is None else 1, None, tmp,
+        where = ["0.0.0.0", "--network-interface", SRV_IF] if ns else ["127.0.0.1"]
+        super().__init__(str(PY), model, None if cpu is None else 1, None, tmp,
                          tmp / f"zerolayerd-{ingress}-{uuid.uuid4().hex[:6]}.log",
-                         ["--network-host", "0.0.0.0", "--network-ingress", ingress,
-                          "--network-interface", SRV_IF, "--network-busy-poll", str(busy).lower(),
+                         ["--network-host", *where, "--network-ingress", ingress,
+                          "--network-busy-poll", str(busy).lower(),
                           *([] if cpu is None else ["--cpu-cpus", str(cpu)]), *extra],
-                         prefix=["ip", "netns", "exec", ns, *pin], port=PORT, metrics_port=METRICS_PORT)
-        self.wait_ready(300)
+                         prefix=[*(["ip", "netns", "exec", ns] if ns else []), *pin],
+                         port=PORT if ns else None,
+                         metrics_port=kw.pop("metrics_port", METRICS_PORT), **kw)
+        try:
+            self.wait_ready(300)
+        except BaseException:
+            self.stop()
+            raise
 
     def counts(self) -> dict[str, float]:
         """The XDP program's packets by reason, the AF_XDP ring's drops, the datagrams read."""
@@ -106,32 +94,30 @@ class Daemon(ZeroLayerDaemon):
         return out
 
 
-ECHO_SERVER = r"""
-import sys, time
-from zerolayer.daemon.carriers.xdp_io import XdpIO, XdpSettings
-io = XdpIO.open(XdpSettings(sys.argv[1], (int(sys.argv[2]),)))
-print("ready", flush=True)
-end = time.monotonic() + float(sys.argv[3])
-while time.monotonic() < end:
-    b = io.recv_batch()
-    if b:
-        io.send_batch(b)
-io.close()
-"""
-
-UDP_ECHO_SERVER = r"""
+# each path's floor in Python, no protocol: `ring` the AF_XDP rings alone, else a
+# busy-polling UDP socket alone; ends after 120 s if not stopped
+ECHO = r"""
 import socket, sys, time
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("0.0.0.0", int(sys.argv[1])))
-s.setblocking(False)
-print("ready", flush=True)
-end = time.monotonic() + float(sys.argv[2])
-while time.monotonic() < end:
-    try:
-        d, a = s.recvfrom(4096)
-    except BlockingIOError:
-        continue
-    s.sendto(d, a)
+end = time.monotonic() + 120
+if sys.argv[1] == "ring":
+    from zerolayer.daemon.carriers.xdp_io import XdpIO, XdpSettings
+    io = XdpIO.open(XdpSettings(sys.argv[2], (int(sys.argv[3]),)))
+    print("ready", flush=True)
+    while time.monotonic() < end:
+        b = io.recv_batch()
+        if b:
+            io.send_batch(b)
+else:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("0.0.0.0", int(sys.argv[3])))
+    s.setblocking(False)
+    print("ready", flush=True)
+    while time.monotonic() < end:
+        try:
+            d, a = s.recvfrom(4096)
+        except BlockingIOError:
+            continue
+        s.sendto(d, a)
 """
 
 HEALTH_APP = r"""
@@ -186,10 +172,10 @@ def signed_pings(key_id: int, secret: bytes, n: int, xdp_tag: bool = False) -> l
 
 
 def udp_rtts(ns: str, datagrams: list[bytes], spin: bool = False) -> list[float]:
-    """Round trips of `datagrams` to SRV_V4, one at a time, less the first WARM. spin: the
-    client polls its socket instead of sleeping in recv(). On a VM a vCPU that slept costs an
-    IPI and a VM exit to wake (~15 µs here), and it sleeps only when the reply takes more than
-    a few µs: so the sleeping client adds a step to every server slower than that."""
+    """Round trips (µs) of `datagrams` to SRV_V4, one at a time, less the first WARM. spin:
+    the client polls its socket instead of sleeping in recv(). On a VM a vCPU that slept costs
+    an IPI and a VM exit to wake (~15 µs here), and it sleeps only when the reply takes more
+    than a few µs: so the sleeping client adds a step to every server slower than that."""
     def run():
         os.sched_setaffinity(0, {CLIENT_CPU})  # this thread only
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -217,17 +203,11 @@ def udp_rtts(ns: str, datagrams: list[bytes], spin: bool = False) -> list[float]
 
 
 def http_rtts(ns: str, host: str, n: int, warm: int) -> list[float]:
+    """Round trips (µs) of GET /health on one keep-alive connection, less the first `warm`."""
     def run():
         os.sched_setaffinity(0, {CLIENT_CPU})
         c = http.client.HTTPConnection(host, HTTP_PORT, timeout=5)
-        out = []
-        for _ in range(n + warm):
-            t = time.perf_counter_ns()
-            c.request("GET", "/health")
-            r = c.getresponse()
-            r.read()
-            assert r.status == 200
-            out.append((time.perf_counter_ns() - t) / 1e3)
+        out = [http_get_timed(c, "/health") * 1e6 for _ in range(n + warm)]
         c.close()
         return out[warm:]
     return in_netns(ns, run)
@@ -259,9 +239,8 @@ def ping_side(side: str, bed: tuple[str, str], tmp: Path, a) -> list[float]:
         finally:
             d.stop()
     if side in ("ring", "udp_echo"):
-        echo = ([ECHO_SERVER, SRV_IF, str(PORT), "120"] if side == "ring"
-                else [UDP_ECHO_SERVER, str(PORT), "120"])
-        p = start_proc(srv, [*on_server, str(PY), "-c", *echo], "ready", tmp, f"{side}-echo")
+        p = start_proc(srv, [*on_server, str(PY), "-c", ECHO, side, SRV_IF, str(PORT)], "ready",
+                       tmp, f"{side}-echo")
         try:
             return udp_rtts(cli, signed_pings(1, b"k" * 32, a.pings + WARM), a.spin_client)
         finally:
@@ -308,7 +287,7 @@ def flood_phase(bed: tuple[str, str], tmp: Path, ingress: str, n_req: int) -> di
                 terminate(gen, 10)              # FLOOD prints its count on SIGTERM
                 if outp := gen.stdout.read():
                     sent = int(outp.split()[1]) / float(outp.split()[2])
-            r = out[label] = {"ttft_ms": tt, "ttft_p50_ms": statistics.median(tt),
+            r = out[label] = {"ttft_ms": tt, "ttft_p50_ms": stats(tt)["p50"],
                               "daemon_cpu_s": c1 - c0, "wall_s": t1 - t0,
                               "daemon_cpu_share": (c1 - c0) / (t1 - t0),
                               "counters": {k: v for k, v in delta.items() if v}, "flood_pps": sent}
@@ -337,7 +316,7 @@ def main() -> int:
     ap.add_argument("--only", choices=["ping", "ttft", "flood"], help="run one part")
     ap.add_argument("--spin-client", action="store_true",
                     help="PING clients poll their socket instead of sleeping in recv()")
-    ap.add_argument("--sides", default="xdp,udp,ring,udp_echo,http_veth,http_lo",
+    ap.add_argument("--sides", default=",".join(LABELS),
                     help="PING sides to run, comma-separated (ratios need xdp, udp, http_veth)")
     ap.add_argument("--lock-wait", type=float, default=3600,
                     help="wait this long for the benches' lock (/tmp/zl-bench.lock)")
@@ -350,24 +329,21 @@ def main() -> int:
         return 2
     run = {part: a.only in (None, part) for part in ("ping", "ttft", "flood")}
     sides = a.sides.split(",") if run["ping"] else []
-    # the machine alone: every bench takes the same lock while it measures
     lock, lock_wait = take_lock(a.lock_wait, " ".join(sys.argv))
     tmp = Path(tempfile.mkdtemp(prefix="zl-bench-xdp-"))
     (tmp / "health_app.py").write_text(HEALTH_APP)
-    res: dict = {"ping_us": {}, "ttft_ms": {}, "flood": {}}
+    samples: dict[str, list[float]] = {s: [] for s in sides}
+    tt: dict[str, list[float]] = {"xdp": [], "udp": []} if run["ttft"] else {}
+    f: dict[str, dict] = {}
     try:
         if any(x.startswith("http") for x in sides):
             # the HTTP peer runs in its own environment, built on first use
             subprocess.run(["bash", str(REPO / "scripts" / "bench-venv.sh"), "http"], check=True)
         with xdp_testbed() as bed:
-            samples: dict[str, list[float]] = {s: [] for s in sides}
             for side in sides + sides[::-1]:
                 log(f"ping: {side}")
                 samples[side] += ping_side(side, bed, tmp, a)
-            for s, v in samples.items():
-                res["ping_us"][s] = {"p50": pct(v, 50), "p99": pct(v, 99), "n": len(v)}
-            tt: dict[str, list[float]] = {"xdp": [], "udp": []}
-            for side in ("xdp", "udp", "udp", "xdp") if run["ttft"] else ():
+            for side in ("xdp", "udp", "udp", "xdp") if tt else ():
                 log(f"ttft: {side}")
                 d = Daemon(bed[0], tmp, side, busy=True)
                 try:
@@ -375,29 +351,27 @@ def main() -> int:
                     tt[side] += ttfts(bed[1], d, a.ttft // 2)
                 finally:
                     d.stop()
-            for s, v in tt.items() if run["ttft"] else ():
-                res["ttft_ms"][s] = {"p50": statistics.median(v), "p99": pct(v, 99), "n": len(v)}
             for side in ("xdp", "udp") if run["flood"] else ():
                 log(f"flood: {side}")
-                res["flood"][side] = flood_phase(bed, tmp, side, a.flood_requests)
+                f[side] = flood_phase(bed, tmp, side, a.flood_requests)
     finally:
         lock.close()
 
-    p, f, t = res["ping_us"], res["flood"], res["ttft_ms"]
-    r = res["ratios"] = {}
-    for num, den in (("xdp", "udp"), ("xdp", "ring"), ("udp", "udp_echo"), ("xdp", "http_veth")):
-        if num in p and den in p:
-            r[f"ping_p50_{num}_over_{den}"] = p[num]["p50"] / p[den]["p50"]
+    p = {s: stats(v) for s, v in samples.items()}
+    t = {s: stats(v) for s, v in tt.items()}
+    r = {f"ping_p50_{num}_over_{den}": p[num]["p50"] / p[den]["p50"]
+         for num, den in (("xdp", "udp"), ("xdp", "ring"), ("udp", "udp_echo"), ("xdp", "http_veth"))
+         if num in p and den in p}
     if t:
         r["ttft_p50_xdp_over_udp"] = t["xdp"]["p50"] / t["udp"]["p50"]
     for s, v in f.items():
         r[f"flood_{s}_ttft_rise"] = v["flood"]["ttft_p50_ms"] / v["quiet"]["ttft_p50_ms"]
         r[f"flood_{s}_cpu_rise"] = (v["flood"]["daemon_cpu_share"]
                                     / max(v["quiet"]["daemon_cpu_share"], 1e-9))
-    res["meta"] = run_meta(machine=platform.platform(), cpus=os.cpu_count(), cpu_model=cpu_model(),
-                           kernel=platform.release(), quick=a.quick, only=a.only,
-                           spin_client=a.spin_client, lock_waited_s=round(lock_wait, 1),
-                           loadavg=os.getloadavg())
+    res = {"ping_us": p, "ttft_ms": t, "flood": f, "ratios": r, "meta": run_meta(
+        machine=platform.platform(), cpus=os.cpu_count(), cpu_model=cpu_model(),
+        kernel=platform.release(), quick=a.quick, only=a.only, spin_client=a.spin_client,
+        lock_waited_s=round(lock_wait, 1), loadavg=os.getloadavg())}
     out = results_path(a.out, "xdp")
     out.write_text(json.dumps(res, indent=1))
     print(f"\nresults: {out}\n")
@@ -413,7 +387,7 @@ def main() -> int:
         print(f"flood {s}: TTFT p50 {q['ttft_p50_ms']:.1f} -> {fl['ttft_p50_ms']:.1f} ms, daemon CPU "
               f"{q['daemon_cpu_share']:.1%} -> {fl['daemon_cpu_share']:.1%}, counters under flood "
               f"{fl['counters']}, generator {fl['flood_pps'] or 0:.0f} datagrams/s")
-    print("\nratios:", json.dumps({k: round(v, 3) for k, v in res["ratios"].items()}))
+    print("\nratios:", json.dumps({k: round(v, 3) for k, v in r.items()}))
     return 0
 
 

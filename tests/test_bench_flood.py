@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-import _flood as fp  # noqa: E402
+import bench_flood as fp  # noqa: E402
 
 from zerolayer.protocol import wire, xdp_tag  # noqa: E402
 from zerolayer.protocol.errors import MalformedError  # noqa: E402
@@ -73,7 +73,7 @@ def read_pcap(data: bytes) -> list[bytes]:
 def split_frame(fr: bytes) -> tuple[bytes, bytes, bool]:
     """(IPv4 source, UDP payload, IPv4 checksum valid) of an Ethernet/IPv4/UDP frame."""
     ip = fr[fp.IP_OFF:fp.UDP_OFF]
-    return ip[12:16], fr[fp.PAYLOAD_OFF:], fp.ip_checksum(ip) == 0
+    return ip[12:16], fr[fp.UDP_OFF + fp.UDP_LEN:], fp.ip_checksum(ip) == 0
 
 
 def existing(name: str) -> list[str]:
@@ -102,7 +102,7 @@ def test_trafgen_sends_the_class_it_was_built_for(cls: str, spoof: bool, tmp_pat
         assert fr[:6] == EP.dst_mac and fr[6:12] == EP.src_mac
         src, payload, ip_ok = split_frame(fr)
         assert ip_ok, "trafgen's csumip left a bad IPv4 header checksum"
-        udp = fr[fp.UDP_OFF:fp.PAYLOAD_OFF]
+        udp = fr[fp.UDP_OFF:fp.UDP_OFF + fp.UDP_LEN]
         assert udp[2:4] == EP.dport.to_bytes(2, "big") and udp[6:8] == b"\0\0"
         assert int.from_bytes(udp[4:6], "big") == len(payload) + fp.UDP_LEN
         got.append(classify(payload, {KEY_ID: SECRET}, time.time_ns() // 1000, seen=seen))
@@ -142,13 +142,12 @@ def test_classify_tells_a_fresh_request_from_junk() -> None:
 
 
 def test_kernel_counters_are_read_by_whatever_reason_the_program_reports() -> None:
-    import bench_flood
     delta = {'zerolayer_xdp_packets_total{action="drop",reason="drop_bad_magic"}': 5.0,
              'zerolayer_xdp_packets_total{action="drop",reason="drop_a_reason_added_later"}': 3.0,
              'zerolayer_xdp_packets_total{action="redirect",reason="redirect"}': 2.0,
              "zerolayer_xsk_rx_dropped_total": 4.0, "kernel_udp:RcvbufErrors": 9.0,
              "zerolayer_ingress_datagrams_total": 2.0}
-    assert bench_flood.kernel_reasons(delta) == {
+    assert fp.kernel_reasons(delta) == {
         "drop_bad_magic": 5.0, "drop_a_reason_added_later": 3.0, "redirect": 2.0,
         "xsk_ring_full": 4.0, "udp_rcvbuf_full": 9.0}
 

@@ -130,21 +130,6 @@ class ZlSide:
         return out
 
 
-@contextlib.contextmanager
-def pinger_priority(runtime_us: int):
-    """This thread under SCHED_DEADLINE (runtime_us of each ms) for the block, then normal
-    scheduling again; nothing when runtime_us is 0."""
-    if not runtime_us:
-        yield
-        return
-    from zerolayer.daemon.sched_deadline import set_deadline
-    set_deadline(runtime_us, 1000)
-    try:
-        yield
-    finally:
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-
-
 def hard_close(conn: http.client.HTTPConnection) -> None:
     """Close the TCP connection now (FIN), as a client that gives up on a stream does."""
     try:
@@ -492,10 +477,16 @@ class Bench:
 
             def pings():
                 out = []
-                with pinger_priority(a.pinger_runtime_us):
+                if a.pinger_runtime_us:   # this thread under SCHED_DEADLINE for the block
+                    from zerolayer.daemon.sched_deadline import set_deadline
+                    set_deadline(a.pinger_runtime_us, 1000)
+                try:
                     for _ in range(a.pings_per_round):
                         out.append(side.ping())
                         time.sleep(a.ping_gap_ms / 1e3)
+                finally:
+                    if a.pinger_runtime_us:
+                        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
                 return out
 
             def probes(cancel: bool):
@@ -514,9 +505,6 @@ class Bench:
             self.blocks.append({"kind": "load_summary", "side": side.name, "round": rnd,
                                 "samples": summary})
             log(f"  load summary: {summary}")
-
-    def start_zl(self, name: str, env: dict | None = None) -> ZeroLayerDaemon:
-        return start_zl(self.model, self.a.threads, self.tmp / name, shlex.split(self.a.zl_extra), env)
 
     def warm_zl(self, side) -> None:
         for _ in range(3):
@@ -551,7 +539,7 @@ class Bench:
         self.zl = self.base = None
         try:
             log("starting zerolayerd")
-            self.zl = self.start_zl("zl")
+            self.zl = start_zl(self.model, a.threads, self.tmp / "zl", shlex.split(a.zl_extra))
             self.zl_side = ZlSide(self.zl)
             r["servers"] = {"zl": shlex.join(self.zl.cmd)}
             self.warm_zl(self.zl_side)
@@ -610,7 +598,7 @@ class Bench:
         a = self.a
         env, r["baseline"] = baseline_pkg(a.baseline_repo, self.tmp)
         log(f"baseline: zerolayerd from {r['baseline']['path']} ({r['baseline']['git']})")
-        self.base = self.start_zl("baseline", env)
+        self.base = start_zl(self.model, a.threads, self.tmp / "baseline", shlex.split(a.zl_extra), env)
         r["servers"]["baseline"] = f"PYTHONPATH={env['PYTHONPATH']} " + shlex.join(self.base.cmd)
         bside = self.bside = ZlSide(self.base, "base")
         self.warm_zl(bside)

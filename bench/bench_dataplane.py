@@ -895,9 +895,8 @@ def main() -> int:
         a.rounds, a.tokens, a.pings, a.ttft, a.cancels, a.max_wait = 1, 32, 20, 3, 3, 0
     if a.load_slots <= a.load_streams:
         ap.error("--load-slots must exceed --load-streams (a probe needs a free slot)")
-    a.pings_per_round = max(1, a.pings // a.rounds)
-    a.ttft_per_round = max(1, a.ttft // a.rounds)
-    a.cancel_per_round = max(1, a.cancels // a.rounds)
+    a.pings_per_round, a.ttft_per_round, a.cancel_per_round = (
+        max(1, x // a.rounds) for x in (a.pings, a.ttft, a.cancels))
     r = Bench(a).run()
     print(render(r))
     print(f"\nJSON: {r['json_path']}")

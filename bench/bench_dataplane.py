@@ -1,11 +1,6 @@
 #!/usr/bin/env python
-"""zerolayerd vs llama.cpp's native `llama-server`, in one run, on the same GGUF, 2 threads each:
-PING, TTFT and CANCEL idle and while 8 streams decode, and aggregate tok/s of 8 and 16 streams.
-
-    .venv/bin/python bench/bench_dataplane.py [--quick] [--baseline-repo PATH] [--out PATH]
-
-The metrics, the method (one server under load at a time, slots, the load generator in its
-own process, rounds alternating A B / B A, the lock) and the output: bench/README.md.
+"""zerolayerd vs llama.cpp's native `llama-server` on the same GGUF, 2 threads each: PING, TTFT
+and CANCEL idle and while 8 streams decode, aggregate tok/s of 8 and 16 streams. See bench/README.md.
 """
 from __future__ import annotations
 
@@ -35,7 +30,6 @@ from _harness import (  # noqa: E402
     LLAMA_BIN,
     LOCK_PATH,
     REPO,
-    RESULTS,
     CpuWatch,
     NativeLlamaServer,
     ZeroLayerDaemon,
@@ -49,6 +43,7 @@ from _harness import (  # noqa: E402
     llama_server_that_serves,
     log,
     machine_info,
+    results_path,
     sh,
     sse_events,
     stats,
@@ -87,8 +82,9 @@ def scrape(port: int) -> dict[str, float]:
 
 
 # ================================================================ the two sides
-# Each side: name, pids, loadgen_spec, ping(), ttft_full(), probe(), and prep() (untimed,
-# before the common start line) + stream_tokens(prep's result, ...) for the tok/s blocks.
+# Each side: name, pids, loadgen_spec, ping(), probe(), and chat(content, max_tokens, conn),
+# a whole stream; conn: what prep() made untimed, before the tok/s blocks' common start line.
+STREAM_KEYS = ("ttft_s", "e2e_s", "tokens", "token_source", "finish_reason", "usage", "timings")
 
 
 class ZlSide:
@@ -103,9 +99,13 @@ class ZlSide:
         inner = self.client.ping()
         return {"rtt_s": time.perf_counter() - t0, "sdk_rtt_s": inner}
 
-    def ttft_full(self, content: str, max_tokens: int) -> dict:
+    def prep(self):
+        return None
+
+    def chat(self, content: str, max_tokens: int, _conn=None) -> dict:
         r = zl_stream_chat(self.client, content, max_tokens)
-        r["completion_tokens"] = r["usage"]["completion_tokens"]
+        r["tokens"] = r["completion_tokens"] = r["usage"]["completion_tokens"]
+        r["token_source"] = "usage"
         return r
 
     def probe(self, content: str, max_tokens: int, cancel: bool) -> dict:
@@ -128,29 +128,6 @@ class ZlSide:
         finally:
             s.close()       # an unfinished stream: one best-effort CANCEL, no wait
         return out
-
-    def prep(self):
-        return None
-
-    def stream_tokens(self, _prep, content: str, max_tokens: int) -> dict:
-        r = self.ttft_full(content, max_tokens)
-        return {"tokens": r["completion_tokens"], "token_source": "usage",
-                "chunks": r["content_chunks"], **{k: r[k] for k in ("ttft_s", "e2e_s", "finish_reason")}}
-
-
-@contextlib.contextmanager
-def pinger_priority(runtime_us: int):
-    """This thread under SCHED_DEADLINE (runtime_us of each ms) for the block, then normal
-    scheduling again; nothing when runtime_us is 0."""
-    if not runtime_us:
-        yield
-        return
-    from zerolayer.daemon.sched_deadline import set_deadline
-    set_deadline(runtime_us, 1000)
-    try:
-        yield
-    finally:
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
 def hard_close(conn: http.client.HTTPConnection) -> None:
@@ -203,10 +180,13 @@ class LlamaSide:
         rtt, retried = self._keepalive(self.ping_conn, lambda c: http_get_timed(c, "/health"))
         return {"rtt_s": rtt, "retried": retried}
 
-    def ttft_full(self, content: str, max_tokens: int) -> dict:
+    def prep(self):
+        return self._conn(600)
+
+    def chat(self, content: str, max_tokens: int, conn=None) -> dict:
         # llama-server closes the connection after a streamed response, so every stream gets
         # a fresh one, connected before the clock starts (no TCP handshake in the TTFT)
-        conn = self._conn(300)
+        conn = conn or self._conn(300)
         try:
             r = http_stream_chat(conn, chat_body(content, max_tokens, extra=STREAM_OPTS))
         finally:
@@ -254,14 +234,22 @@ class LlamaSide:
         res["slot_polls"] = polls
         return res
 
-    def prep(self):
-        return self._conn(600)
 
-    def stream_tokens(self, conn, content: str, max_tokens: int) -> dict:
-        r = http_stream_chat(conn, chat_body(content, max_tokens, extra=STREAM_OPTS))
-        conn.close()
-        return {"chunks": r["content_chunks"], **{k: r[k] for k in (
-            "ttft_s", "e2e_s", "tokens", "token_source", "finish_reason", "usage", "timings")}}
+def start_zl(model: str, threads: int, d: Path, extra: list[str], env: dict | None = None):
+    """A zerolayerd (keys and log in the new folder d), once it serves."""
+    d.mkdir()
+    zl = ZeroLayerDaemon(sys.executable, model, threads, 2048, d, d / "zerolayerd.log", extra, env=env)
+    try:
+        zl.wait_ready()
+    except BaseException:
+        zl.stop()
+        raise
+    log(f"  {d.name} ready in {zl.ready_s:.1f} s (pid {zl.pid})")
+    return zl
+
+
+def log_tail(server, chars: int = 2000) -> str | None:
+    return server.log_path.read_text(errors="replace")[-chars:] if server else None
 
 
 # ================================================================ the load generator process
@@ -419,11 +407,9 @@ class Bench:
 
     def block(self, kind: str, side, fn, extra_pids: dict | None = None, **meta) -> dict:
         """fn()'s samples, kept with the CPU split of the machine while it ran."""
-        pids = {}
-        for other in (self.zl_side, self.bside, side):      # every server that is up, busy or idle
-            if other is not None:
-                pids.update(other.pids)
-        w = CpuWatch({**pids, **(extra_pids or {})})
+        # every server that is up, busy or idle
+        w = CpuWatch({k: v for o in (self.zl_side, self.bside, side) if o for k, v in o.pids.items()}
+                     | (extra_pids or {}))
         a = w.snap()
         t0 = time.perf_counter()
         samples = fn()
@@ -443,7 +429,7 @@ class Bench:
         self.block("ping_idle", side, lambda: [side.ping() for _ in range(a.pings_per_round)],
                    round=rnd)
         self.block("ttft_idle", side,
-                   lambda: [side.ttft_full(QUESTION, a.ttft_tokens) for _ in range(a.ttft_per_round)],
+                   lambda: [side.chat(QUESTION, a.ttft_tokens) for _ in range(a.ttft_per_round)],
                    round=rnd)
 
     def concurrent(self, side, n: int, max_tokens: int, kind: str, rnd: int) -> dict:
@@ -454,9 +440,10 @@ class Bench:
 
         def run(i):
             try:
-                prep = side.prep()
+                conn = side.prep()
                 barrier.wait(120)
-                results[i] = side.stream_tokens(prep, story(i, f"[{kind} r{rnd}] "), max_tokens)
+                r = side.chat(story(i, f"[{kind} r{rnd}] "), max_tokens, conn)
+                results[i] = {"chunks": r["content_chunks"], **{k: r[k] for k in STREAM_KEYS if k in r}}
             except Exception as e:  # noqa: BLE001 - recorded
                 errors.append(f"{i}: {e!r}"[:300])
             ends[i] = time.perf_counter()
@@ -490,10 +477,16 @@ class Bench:
 
             def pings():
                 out = []
-                with pinger_priority(a.pinger_runtime_us):
+                if a.pinger_runtime_us:   # this thread under SCHED_DEADLINE for the block
+                    from zerolayer.daemon.sched_deadline import set_deadline
+                    set_deadline(a.pinger_runtime_us, 1000)
+                try:
                     for _ in range(a.pings_per_round):
                         out.append(side.ping())
                         time.sleep(a.ping_gap_ms / 1e3)
+                finally:
+                    if a.pinger_runtime_us:
+                        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
                 return out
 
             def probes(cancel: bool):
@@ -513,20 +506,9 @@ class Bench:
                                 "samples": summary})
             log(f"  load summary: {summary}")
 
-    # -- servers ----------------------------------------------------------------------------
-
-    def start_zl(self, name: str, env: dict | None = None):
-        d = self.tmp / name
-        d.mkdir()
-        zl = ZeroLayerDaemon(sys.executable, self.model, self.a.threads, 2048, d, d / "zerolayerd.log",
-                             shlex.split(self.a.zl_extra), env=env)
-        zl.wait_ready()
-        log(f"  {name} ready in {zl.ready_s:.1f} s (pid {zl.pid})")
-        return zl
-
     def warm_zl(self, side) -> None:
         for _ in range(3):
-            side.ttft_full(QUESTION, self.a.ttft_tokens)
+            side.chat(QUESTION, self.a.ttft_tokens)
         self.concurrent(side, 16, 16, "warm", -1)
         self.blocks.pop()
 
@@ -534,8 +516,7 @@ class Bench:
 
     def run(self) -> dict:
         a = self.a
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        out_path = Path(a.out) if a.out else RESULTS / f"dataplane-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        out_path = results_path(a.out, "dataplane")
         if not a.only_ours and not (LLAMA_BIN / "llama-server").exists():
             raise SystemExit(f"{LLAMA_BIN}/llama-server missing: run bash bench/setup_llamacpp.sh")
         command = command_line()
@@ -558,7 +539,7 @@ class Bench:
         self.zl = self.base = None
         try:
             log("starting zerolayerd")
-            self.zl = self.start_zl("zl")
+            self.zl = start_zl(self.model, a.threads, self.tmp / "zl", shlex.split(a.zl_extra))
             self.zl_side = ZlSide(self.zl)
             r["servers"] = {"zl": shlex.join(self.zl.cmd)}
             self.warm_zl(self.zl_side)
@@ -570,10 +551,8 @@ class Bench:
             for d in (self.base, self.zl):
                 if d is not None:
                     d.stop()
-            r["server_logs_tail"] = {
-                "zl": self.zl.log_path.read_text(errors="replace")[-2000:] if self.zl else None,
-                "llama": self.llama.log_tail,
-                "baseline": self.base.log_path.read_text(errors="replace")[-2000:] if self.base else None}
+            r["server_logs_tail"] = {"zl": log_tail(self.zl), "llama": self.llama.log_tail,
+                                     "baseline": log_tail(self.base)}
             lock.close()
             shutil.rmtree(self.tmp, ignore_errors=True)   # keys files and logs (tails kept above)
         r["servers"]["llama"] = sorted(set(self.llama.cmds))
@@ -581,8 +560,9 @@ class Bench:
         r["llama_keepalive_reconnects"] = self.llama.reconnects
         r["machine"]["uptime_after"] = sh("uptime")
         r["blocks"] = self.blocks
-        r["finished"] = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
-        r["duration_s"] = round((_dt.datetime.now().astimezone() - started).total_seconds(), 1)
+        finished = _dt.datetime.now().astimezone()
+        r["finished"] = finished.isoformat(timespec="seconds")
+        r["duration_s"] = round((finished - started).total_seconds(), 1)
         out_path.write_text(json.dumps(r, indent=1, default=str))   # the samples, come what may
         summarise(r, a)
         out_path.write_text(json.dumps(r, indent=1, default=str))
@@ -618,7 +598,7 @@ class Bench:
         a = self.a
         env, r["baseline"] = baseline_pkg(a.baseline_repo, self.tmp)
         log(f"baseline: zerolayerd from {r['baseline']['path']} ({r['baseline']['git']})")
-        self.base = self.start_zl("baseline", env)
+        self.base = start_zl(self.model, a.threads, self.tmp / "baseline", shlex.split(a.zl_extra), env)
         r["servers"]["baseline"] = f"PYTHONPATH={env['PYTHONPATH']} " + shlex.join(self.base.cmd)
         bside = self.bside = ZlSide(self.base, "base")
         self.warm_zl(bside)
@@ -664,7 +644,7 @@ class LlamaPeer:
             side = LlamaSide(srv)
             for content, max_tokens in ((QUESTION, self.a.ttft_tokens), (QUESTION, self.a.ttft_tokens),
                                         (story(0, "[warm] "), 16)):
-                side.ttft_full(content, max_tokens)
+                side.chat(content, max_tokens)
             log(f"  llama-server -np {parallel} ready in {srv.ready_s:.1f} s (pid {srv.pid})")
             yield side
         finally:
@@ -675,7 +655,7 @@ class LlamaPeer:
                 side.close()
             if servers:
                 servers[-1].stop()
-                self.log_tail = servers[-1].log_path.read_text(errors="replace")[-3000:]
+                self.log_tail = log_tail(servers[-1], 3000)
 
 
 def baseline_pkg(repo: str, tmp: Path) -> tuple[dict, dict]:
@@ -716,12 +696,9 @@ def versions() -> dict:
 
 
 def summarise(r: dict, a) -> None:
-    def samples(kind, side):
-        out = []
-        for b in r["blocks"]:
-            if b["kind"] == kind and b["side"] == side:
-                out.extend(b["samples"] if isinstance(b["samples"], list) else [b["samples"]])
-        return out
+    def samples(kind, side):   # a block's samples are a list, or one dict (the tok/s blocks)
+        return [x for b in r["blocks"] if b["kind"] == kind and b["side"] == side
+                for x in (b["samples"] if isinstance(b["samples"], list) else [b["samples"]])]
 
     s: dict = {}
     for side in ("zl", "llama", "base"):
@@ -733,13 +710,10 @@ def summarise(r: dict, a) -> None:
         d["slot_free"] = stats([x.get("slot_free_s") for x in c])
         if side == "llama" and c:
             d["slot_free_missing"] = sum(1 for x in c if x.get("slot_free_s") is None)
-        prompt_use = set()
-        for x in samples("ttft_idle", side):
-            u = x.get("usage") or {}
-            details = u.get("prompt_tokens_details") or {}
-            cached = u.get("cached_prompt_tokens", details.get("cached_tokens"))
-            prompt_use.add((u.get("prompt_tokens"), cached))
-        d["ttft_idle_prompt_and_cached_tokens"] = sorted(prompt_use, key=str)
+        usage = [x.get("usage") or {} for x in samples("ttft_idle", side)]
+        d["ttft_idle_prompt_and_cached_tokens"] = sorted({(u.get("prompt_tokens"), u.get(
+            "cached_prompt_tokens", (u.get("prompt_tokens_details") or {}).get("cached_tokens")))
+            for u in usage}, key=str)
         texts = {x.get("text") for x in samples("ttft_idle", side)}
         d["idle_answers"] = sorted(t for t in texts if t is not None)[:3]
         for n in a.conc:
@@ -876,7 +850,7 @@ def render(r: dict) -> str:
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--loadgen":
         return loadgen_main(json.loads(sys.argv[2]))
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="", help="GGUF (default: the bundled SmolLM2-135M Q4_1)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="rounds; the side order alternates")
@@ -921,9 +895,8 @@ def main() -> int:
         a.rounds, a.tokens, a.pings, a.ttft, a.cancels, a.max_wait = 1, 32, 20, 3, 3, 0
     if a.load_slots <= a.load_streams:
         ap.error("--load-slots must exceed --load-streams (a probe needs a free slot)")
-    a.pings_per_round = max(1, a.pings // a.rounds)
-    a.ttft_per_round = max(1, a.ttft // a.rounds)
-    a.cancel_per_round = max(1, a.cancels // a.rounds)
+    a.pings_per_round, a.ttft_per_round, a.cancel_per_round = (
+        max(1, x // a.rounds) for x in (a.pings, a.ttft, a.cancels))
     r = Bench(a).run()
     print(render(r))
     print(f"\nJSON: {r['json_path']}")

@@ -1,17 +1,6 @@
 #!/usr/bin/env python
 """PING round trips while 8 streams decode, from a plain blocking client in its own process,
-against zerolayerd daemons that differ in one setting, interleaved (A, B, A, B ...).
-
-    flock /tmp/zl-bench.lock .venv/bin/python bench/probe_ping_load.py \
-        --variant 'gil 5 ms=--cpu-switch-interval-us 5000' \
-        --variant 'gil 0.5 ms=--cpu-switch-interval-us 500' --rounds 2
-
-Per daemon (a fresh one per variant and round): bench_dataplane.py's load generator in a child
-process (`--streams` SDK streams of `--tokens` tokens, a finished one replaced at once), and
-this script with --pinger in another: one connected blocking UDP socket, each PING signed
-before the clock starts, the time send() -> recv() of its PONG, the PONG verified after the
-clock stops, `--gap-ms` apart. So neither the load's threads nor the SDK's per-call work share
-the timed path or its GIL. Prints a markdown table and one JSON line per daemon.
+against zerolayerd daemons that differ in one setting, interleaved. See bench/README.md.
 """
 from __future__ import annotations
 
@@ -28,8 +17,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ZeroLayerDaemon, default_model, pct  # noqa: E402
-from bench_dataplane import Child, LoadGen, ZlSide  # noqa: E402
+from _harness import default_model, pct  # noqa: E402
+from bench_dataplane import Child, LoadGen, ZlSide, start_zl  # noqa: E402
 
 # ------------------------------------------------------------------ child: the pinger
 
@@ -80,28 +69,24 @@ def pinger_main(spec: dict) -> int:
 
 
 def one(a, name: str, extra: list[str], model: str, tmp: Path) -> dict:
-    d = tmp / f"{name.replace(' ', '_')}-{time.monotonic_ns()}"
-    d.mkdir()
     # a word env:NAME=VALUE among a variant's flags goes into the daemon's environment
     env = dict(w[4:].split("=", 1) for w in extra if w.startswith("env:"))
     flags = [w for w in extra if not w.startswith("env:")]
-    zl = ZeroLayerDaemon(sys.executable, model, a.threads, 2048, d, d / "zerolayerd.log",
-                         extra=["--engine-max-running", "16", *flags], env=env or None)
+    zl = start_zl(model, a.threads, tmp / f"{name.replace(' ', '_')}-{time.monotonic_ns()}",
+                  ["--engine-max-running", "16", *flags], env or None)
     try:
-        zl.wait_ready(300)
-        spec = {"port": zl.port, "key_id": zl.key_id, "secret": zl.secret.hex()}
-        load = LoadGen(ZlSide(zl), a.streams, a.tokens, 300)
+        side = ZlSide(zl)
+        load = LoadGen(side, a.streams, a.tokens, 300)
         try:
             load.wait_ready()
-            pinger = Child(__file__, "--pinger", {**spec, "pings": a.pings, "gap_ms": a.gap_ms,
+            pinger = Child(__file__, "--pinger", {**side.loadgen_spec, "pings": a.pings, "gap_ms": a.gap_ms,
                                                    "sdk": a.sdk_too})
             pings = json.loads(pinger.line(60 + a.pings * (2 + a.gap_ms / 1e3)))
             pinger.proc.wait(10)
             summary = load.stop()
         finally:
             load.kill()
-        log_text = (d / "zerolayerd.log").read_text()
-        said = [ln.strip() for ln in log_text.splitlines() if "GIL switch interval" in ln]
+        said = [ln.strip() for ln in zl.log_path.read_text().splitlines() if "GIL switch interval" in ln]
         rtts, sdk = pings["rtts"], pings["sdk_rtts"]
         return {"variant": name, "flags": extra, "n": len(rtts), "lost": pings["lost"],
                 "bad": pings["bad"], "p50_ms": pct(rtts, 50) * 1e3, "p99_ms": pct(rtts, 99) * 1e3,

@@ -1,25 +1,9 @@
-"""The one-shot GPU check, run by scripts/gpu-check.sh (bench/README.md).
-
-Timings at SmolLM2-135M's shapes first (decode, prefill, the device sampler, per op, per
-stage), then the checks of tests/gpu_checks.py and TTFT through a real zerolayerd; with the
-peers' file of the same run (bench/gpu_peer.py) a table of each value beside its target and
-the peers' ratio.
+"""The one-shot GPU check, run by scripts/gpu-check.sh: timings at SmolLM2-135M's shapes, then the
+checks of tests/gpu_checks.py and TTFT through a real zerolayerd; see bench/README.md.
 
     python bench/gpu_bench.py [--out DIR] [--budget-s 165]
     python bench/gpu_bench.py --table DIR     # the table of DIR's gpu_check.json (+ gpu_peer.json)
     ZEROLAYER_GPU_BACKEND=sim python bench/gpu_bench.py --sim   # logic check, tiny shapes
-
-The weights are random, in SmolLM2-135M's shapes and formats (Q4_1 layers, a tied Q8_0
-embedding): speed depends on those, not on the values, and the real GGUF is more than can be
-carried to the GPU machine. The kernels compile first, in worker processes (gpu_warm.py), while
-this process builds the weights and the float64 reference; each section records its compile
-time (under Numba's compiler lock in this process) apart from the rest.
-
-Timing: wall time per step is the engine's view (inputs to token ids on the host). Device time
-comes from CUDA events around separate steps whose stream a gate kernel holds until the host has
-queued the whole step, so that an idle gap while the host stages is not counted as device time.
-Host time is wall - device; its share spent queueing is reported too (enqueue). Under the
-simulator the numbers mean nothing: --sim only proves that the script runs.
 """
 from __future__ import annotations
 
@@ -254,11 +238,10 @@ def build_model(c: dict, p: dict):
 # ------------------------------------------------------------------------------ timings
 
 class Gate:
-    """Holds a stream until the host has queued a whole step, so that CUDA events around the
-    step time the device alone. A one-thread kernel polls a device flag; the host opens it
-    by a copy on a side stream once everything is queued. Its poll count is bounded: if the
-    step itself waited for the device (a synchronising call), the gate gives up and ``ok``
-    turns False, and the device times of that section are not reported."""
+    """Holds a stream until the host has queued a whole step (bench/README.md): a one-thread
+    kernel polls a device flag that the host sets by a copy on a side stream. If the step
+    itself waited for the device, the bounded poll gives up, ``ok`` turns False, and the
+    section reports no device times."""
 
     def __init__(self, stream, sim: bool):
         self.ok = not sim
@@ -319,10 +302,6 @@ def split(wall: list[float], dev: list[float], enq: list[float], per: int, gate:
     return out
 
 
-def _dash(v, nd: int = 0) -> str:
-    return "-" if v is None else f"{v:.{nd}f}"
-
-
 def decode(model, c: dict, p: dict, sim: bool, batch: int, draw=(0.0, 0, 1.0)) -> dict:
     """The engine's decode step at `batch` sequences: step_tokens (graph replay unless graphs
     are off, sampling on the device, ids back), each sequence feeding back its own token.
@@ -368,7 +347,7 @@ def decode(model, c: dict, p: dict, sim: bool, batch: int, draw=(0.0, 0, 1.0)) -
            **split(wall, dev, enq, batch, gate)}
     print(f"  b{batch} {'greedy' if draw[0] == 0 else 'top-k/top-p'}: {out['us_per_token']:.0f} us/token, "
           f"{out['tok_s']:.0f} tok/s (step wall {out['wall_us']['median']:.0f} us, device "
-          f"{_dash(out['device_us']['median'])} us); warm-up {warm_s:.2f} s, graphs {out['graphs']}",
+          f"{_fmt(out['device_us']['median'])} us); warm-up {warm_s:.2f} s, graphs {out['graphs']}",
           flush=True)
     return out
 
@@ -411,7 +390,7 @@ def prefill(model, c: dict, p: dict, sim: bool, path: str = "default") -> dict:
             enq.append(e)
         out = {"tokens": n, "warm_s": round(warm_s, 3), **split(wall, dev, enq, n, gate)}
         print(f"  prefill {n}: {out['tok_s']:.0f} tok/s (wall {out['wall_us']['median']:.0f} us, device "
-              f"{_dash(out['device_us']['median'])} us); warm-up {warm_s:.2f} s", flush=True)
+              f"{_fmt(out['device_us']['median'])} us); warm-up {warm_s:.2f} s", flush=True)
     out["kernel_path"] = str(gpu.fwd.last_path)
     print(f"  prefill path: {out['kernel_path']}", flush=True)
     return out
@@ -483,8 +462,8 @@ def sampler_timings(c: dict, p: dict, sim: bool) -> dict:
     if not gate.ok:
         out["device_note"] = gate.why
     b1 = out[f"b{p['sampler_batches'][0]}"]
-    print(f"  sampler b1: top-k/top-p device {_dash(b1['topk_device_us'], 1)} us (wall "
-          f"{b1['topk_wall_us']:.1f}), greedy device {_dash(b1['greedy_device_us'], 1)} us (wall "
+    print(f"  sampler b1: top-k/top-p device {_fmt(b1['topk_device_us'], 1)} us (wall "
+          f"{b1['topk_wall_us']:.1f}), greedy device {_fmt(b1['greedy_device_us'], 1)} us (wall "
           f"{b1['greedy_wall_us']:.1f})", flush=True)
     return out
 
@@ -510,12 +489,8 @@ def nodes_per_step(gpu, T: int, n_layer: int) -> tuple[int | None, str]:
         except Exception:
             pass
     pl = getattr(gpu, "plan", None)
-    if pl is not None:
-        for v in (getattr(pl, "nodes", None), pl):
-            if isinstance(v, int):
-                return v, "CudaModel.plan"
-            if hasattr(v, "__len__"):
-                return len(v), "CudaModel.plan"
+    if hasattr(pl, "__len__"):
+        return len(pl), "CudaModel.plan"
     return None, "unknown"
 
 
@@ -644,7 +619,7 @@ def stage_timings(model, c: dict, p: dict, sim: bool) -> dict:
                    GB_s=rec["plan_bytes"] / sum(us) / 1e3 if sum(us) > 0 else None)
         print(f"  b{batch}: stages {sum(us):.0f} us for {rec['plan_bytes'] / 1e6:.1f} MB "
               f"({rec['GB_s']:.0f} GB/s); measured (predicted by the model): " + ", ".join(
-                  f"{k} {v['us']:.0f} us ({_dash(v['predicted_us'])})" for k, v in kinds.items()), flush=True)
+                  f"{k} {v['us']:.0f} us ({_fmt(v['predicted_us'])})" for k, v in kinds.items()), flush=True)
     return out
 
 
@@ -954,11 +929,10 @@ def print_table(out_dir: Path, total_s: float | None, sim: bool = False) -> int:
     res = json.loads(f.read_text())
     pf = out_dir / "gpu_peer.json"
     peer = json.loads(pf.read_text()) if pf.exists() else None
-    text = table(res, peer, total_s)
-    rows = report(res, peer, total_s)
     (out_dir / ("gpu_check_sim_report.json" if sim else "gpu_check_report.json")).write_text(json.dumps(
-        {"rows": rows, "checks": checks_summary(res), "total_s": total_s}, indent=1, default=str))
-    print(text)
+        {"rows": report(res, peer, total_s), "checks": checks_summary(res), "total_s": total_s},
+        indent=1, default=str))
+    print(table(res, peer, total_s))
     return 0
 
 
@@ -988,9 +962,7 @@ def main(argv=None) -> int:
     c = TINY if a.sim else SMOL
     p = plan(c, a.sim)
     run = Run(a.budget_s if a.budget_s is not None else 3600.0 if a.sim else 165.0)
-    run.results["started"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    run.results["config"] = c
-    run.results["plan"] = p
+    run.results.update(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), config=c, plan=p)
     run.path = Path(a.out) / ("gpu_check_sim.json" if a.sim else "gpu_check.json")
     import zerolayer.gpu.cuda as zc  # after the backend choice
     run.clock = CompileClock()

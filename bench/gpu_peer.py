@@ -1,15 +1,6 @@
-"""The GPU check's peers (bench/README.md), in gpu_bench.py's shapes and in the same run.
-
-
-(a) a plain PyTorch Llama (random bf16 weights, static KV cache, SDPA, nothing fused), one
-    decode step captured as a CUDA graph and replayed, greedy token on the device, ids to the
-    host each step (as our engine takes them): decode at batch 1 / 16 / 64, prefill of 512
-    tokens (eager);
-(b) HF transformers' eager ``generate`` (LlamaConfig of the same shapes, random init), greedy,
-    batch 1 and 16: per-token time from two lengths of generation (prefill cancels).
-Both are checked before they are timed (agree): the plain model's logits equal HF's with the
-same weights, and a decode step through the static cache equals the prefill of the same
-tokens. Writes gpu_peer.json.
+"""The GPU check's peers in gpu_bench.py's shapes, in the same run: a plain PyTorch Llama whose
+decode step is a replayed CUDA graph, and HF transformers' eager generate, checked against
+each other before they are timed. Writes gpu_peer.json; see bench/README.md.
 
     python bench/gpu_peer.py [--out DIR] [--budget-s 60]
     python bench/gpu_peer.py --device cpu --tiny     # logic check without a GPU
@@ -130,20 +121,17 @@ class PlainLlama:
         return sd
 
 
-def hf_config(c: dict):
-    from transformers import LlamaConfig
-    return LlamaConfig(vocab_size=c["vocab"], hidden_size=c["d"], intermediate_size=c["ff"],
-                       num_hidden_layers=c["n_layer"], num_attention_heads=c["n_head"],
-                       num_key_value_heads=c["n_kv"], head_dim=c["hd"], rope_theta=c["rope_base"],
-                       max_position_embeddings=c["ctx"], rms_norm_eps=c["eps"],
-                       tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-
-
 def hf_model(c: dict, device, dtype):
+    """HF's LlamaForCausalLM in the shapes of c, randomly initialised."""
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=c["vocab"], hidden_size=c["d"], intermediate_size=c["ff"],
+                      num_hidden_layers=c["n_layer"], num_attention_heads=c["n_head"],
+                      num_key_value_heads=c["n_kv"], head_dim=c["hd"], rope_theta=c["rope_base"],
+                      max_position_embeddings=c["ctx"], rms_norm_eps=c["eps"],
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     with torch.device(device):
-        m = LlamaForCausalLM(hf_config(c))
+        m = LlamaForCausalLM(cfg)
     return m.to(dtype=dtype).eval()
 
 
@@ -308,11 +296,9 @@ def main(argv=None) -> int:
         print("gpu_peer: no CUDA device for torch", file=sys.stderr)
         return 2
     c = TINY if a.tiny else SMOL
-    if a.tiny:
-        p = dict(batches=(1, 4), prompt=8, steps=4, prefill=32, hf_batches=(1, 4), hf_new=(2, 4))
-    else:
-        p = dict(batches=(1, 16, 64), prompt=128, steps=64, prefill=512, hf_batches=(1, 16),
-                 hf_new=(8, 24))
+    p = (dict(batches=(1, 4), prompt=8, steps=4, prefill=32, hf_batches=(1, 4), hf_new=(2, 4)) if a.tiny
+         else dict(batches=(1, 16, 64), prompt=128, steps=64, prefill=512, hf_batches=(1, 16),
+                   hf_new=(8, 24)))
     dtype = torch.bfloat16
     res: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                  "torch": torch.__version__, "dtype": "bfloat16", "config": c, "plan": p,

@@ -1,29 +1,13 @@
-"""The GPU check's compile pool (bench/README.md).
-
-Worker processes compile the CUDA kernels, and the CPU twins the check compares them with,
-before the check needs them; Numba's on-disk cache carries the results over.
-
-Why: on a cold GPU machine, compiling took most of the check's time (the CUDA kernels 96 s, one
-after another, at their first launches). Numba compiles under a process-wide lock, so threads
-gain nothing; processes do. A worker enables caching on the kernels' dispatchers (declared
-without cache=True), compiles every registered signature (``_cuda_shim.KERNELS``) and saves
-it: numba-cuda binds a kernel before caching it, so the cache holds the cubin and a process
-that loads it neither compiles nor runs ptxas. All the signatures of one kernel go to one
-worker, so no two processes write one kernel's cache index at once. Workers take jobs largest
-first, each claiming the next free one (a file created exclusively), so a long kernel doesn't
-hold up a whole share. numba-cuda's ``cache=True`` alone would not help a cold machine: the
-first process still compiles everything serially.
+"""The GPU check's compile pool: worker processes compile every registered kernel and the CPU
+twins into Numba's on-disk cache before the check needs them (why and how: bench/README.md).
 
     pool = Pool.start(workers=n)   # at once; host work meanwhile
     report = pool.wait(timeout_s)  # then enable_caching() before the first launch
-    python bench/gpu_warm.py --ptx [--workers N] [--only a,b]   # no GPU needed: sm_90 PTX
-        of the same jobs, in the same pool, timed
-    python bench/gpu_warm.py --daemon ARGS...   # zerolayerd (ARGS are its own), its kernels
-        loaded from the same cache (the check's TTFT section)
 """
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import subprocess
@@ -52,35 +36,28 @@ def registry() -> dict:
     return {name: (k, list(sigs)) for name, k, sigs in [*shim.KERNELS, *bench_kernels()]}
 
 
-_BENCH_KERNELS: list | None = None
-
-
+@functools.cache
 def bench_kernels() -> list:
     """The check's own kernels (the stream gate, an empty kernel), defined once per process."""
-    global _BENCH_KERNELS
-    if _BENCH_KERNELS is None:
-        from numba import int32, uint32
+    from numba import int32, uint32
 
-        from zerolayer.gpu.cuda._cuda_shim import cuda
+    from zerolayer.gpu.cuda._cuda_shim import cuda
 
-        def gate(flag, status, max_polls):
-            """One thread holds its stream until the host opens the gate (flag[0] != 0), or
-            gives up after max_polls (~1 us each): status 1 opened, 2 gave up."""
-            for _ in range(max_polls):
-                if cuda.atomic.add(flag, 0, int32(0)) != 0:
-                    status[0] = 1
-                    return
-                cuda.nanosleep(uint32(1000))
-            status[0] = 2
+    def gate(flag, status, max_polls):
+        """One thread holds its stream until the host opens the gate (flag[0] != 0), or
+        gives up after max_polls (~1 us each): status 1 opened, 2 gave up."""
+        for _ in range(max_polls):
+            if cuda.atomic.add(flag, 0, int32(0)) != 0:
+                status[0] = 1
+                return
+            cuda.nanosleep(uint32(1000))
+        status[0] = 2
 
-        def empty(x):
-            pass
+    def empty(x):
+        pass
 
-        _BENCH_KERNELS = [
-            ("bench.gate", cuda.jit(gate), ["void(int32[::1], int32[::1], int64)"]),
-            ("bench.empty", cuda.jit(empty), ["void(float32[::1])"]),
-        ]
-    return _BENCH_KERNELS
+    return [("bench.gate", cuda.jit(gate), ["void(int32[::1], int32[::1], int64)"]),
+            ("bench.empty", cuda.jit(empty), ["void(float32[::1])"])]
 
 
 def _cache_kernel(k, errors: list) -> bool:
@@ -268,8 +245,7 @@ class Pool:
         names = jobs(only)
         d = Path(tempfile.mkdtemp(prefix="zl-warm-"))
         (d / "jobs.json").write_text(json.dumps(names))
-        n = workers or max(1, min(len(names), (os.cpu_count() or 2) - 2))
-        n = max(1, min(n, len(names)))
+        n = max(1, min(len(names), workers or (os.cpu_count() or 2) - 2))
         code = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); import gpu_warm; "
                 f"gpu_warm._worker({str(d)!r}, {mode!r})")
         e = dict(os.environ if env is None else env)

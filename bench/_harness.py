@@ -605,3 +605,17 @@ def run_meta(**extra) -> dict:
     return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": " ".join(shlex.quote(x) for x in sys.argv), "git": git_head(), **extra}
 
+
+
+# --- from the misc group
+
+
+def fmt(v: float | None, spec: str = ".1f") -> str:
+    """A number for a table cell: `spec`-formatted, '-' when there is none."""
+    return "-" if v is None else format(v, spec)
+
+
+def md_table(head: list[str], rows: list[list]) -> str:
+    """A markdown table: the header, its rule, then the rows (cells str()-ed)."""
+    return "\n".join("| " + " | ".join(map(str, r)) + " |"
+                     for r in [head, ["---"] * len(head), *rows])

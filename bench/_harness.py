@@ -619,3 +619,12 @@ def md_table(head: list[str], rows: list[list]) -> str:
     """A markdown table: the header, its rule, then the rows (cells str()-ed)."""
     return "\n".join("| " + " | ".join(map(str, r)) + " |"
                      for r in [head, ["---"] * len(head), *rows])
+
+
+def spawn(n: int, fn) -> list:
+    """n daemon threads running fn(i), started."""
+    import threading
+    threads = [threading.Thread(target=fn, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ZeroLayerDaemon, bench_lock, log, md_table  # noqa: E402
+from _harness import ZeroLayerDaemon, bench_lock, log, md_table, spawn  # noqa: E402
 
 TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess", "coffee",
           "lighthouses", "glaciers", "owls", "bridges", "deserts", "clocks", "whales", "maps"]
@@ -37,9 +37,7 @@ def run_streams(d: ZeroLayerDaemon, streams: int, tokens: int) -> dict:
         except Exception as e:  # noqa: BLE001 - reported, the round is then invalid
             errors.append(f"{type(e).__name__}: {e}")
 
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(streams)]
-    for t in threads:
-        t.start()
+    threads = spawn(streams, one)
     start.wait()
     t0 = time.perf_counter()
     for t in threads:

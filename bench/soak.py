@@ -39,14 +39,6 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-def spawn(n: int, fn) -> list[threading.Thread]:
-    """n daemon threads running fn(i), started."""
-    threads = [threading.Thread(target=fn, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    return threads
-
-
 def paced(rate: float, stop: threading.Event, send, counts: Counter, key: str) -> None:
     """send() at `rate` per second on schedule, whatever the daemon answers (open loop),
     counting into counts[key], until `stop`."""
@@ -75,7 +67,7 @@ def measure_capacity(addr, key_id: int, secret: bytes, seconds: float,
                 done[0] += 1
             except ZerolayerError:
                 pass
-    threads = spawn(concurrency, client)
+    threads = H.spawn(concurrency, client)
     time.sleep(seconds / 4)        # a ramp: the first requests pay for empty caches
     n0, t0 = done[0], time.monotonic()
     time.sleep(seconds * 3 / 4)
@@ -133,8 +125,8 @@ def open_loop(addr, key_id: int, secret: bytes, rate: float, stop: threading.Eve
                     live[rid] = now
             time.sleep(0.1)
 
-    return [*spawn(1, lambda _: paced(rate, stop, send, counts, "sent")), *spawn(1, read),
-            *spawn(1, keepalives)]
+    return [*H.spawn(1, lambda _: paced(rate, stop, send, counts, "sent")), *H.spawn(1, read),
+            *H.spawn(1, keepalives)]
 
 
 # ---- the load generator (runs in its own process, --loadgen, so its threads never hold the
@@ -214,8 +206,8 @@ def loadgen(a: dict) -> None:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             paced(a["rate"], stop, lambda: s.sendto(next(gen), addr), counts, "hostile_sent")
 
-    spawn(a["clients"], valid)
-    spawn(1, hostile)
+    H.spawn(a["clients"], valid)
+    H.spawn(1, hostile)
     over: Counter[str] = Counter()
     over_threads = (open_loop(addr, a["key_id"], secret, a["overload_rate"], stop, over)
                     if a["overload_rate"] else [])

@@ -85,6 +85,7 @@ def http_side(a, port: int, token: str | None):
 
 
 def seq(a, llama, edge, zl) -> dict:
+    H.log(f"sequential TTFT: {a.seq} rounds of llama/edge/sdk, max_tokens {a.seq_tokens}")
     client = zl.client()
     sides = {"llama": http_side(a, llama.port, None), "edge": http_side(a, edge.port, edge.token),
              "sdk": lambda: H.zl_stream_chat(client, QUESTION, a.seq_tokens)}
@@ -159,6 +160,7 @@ async def timed_batch(n: int, one) -> dict:
 
 
 def conc(a, llama, edge, zl) -> dict:
+    H.log(f"concurrency: {a.conc} streams x {a.conc_tokens} tokens, {a.rounds} round(s)")
     sides = {"llama": lambda: conc_openai(a, llama.port, "none"),
              "edge": lambda: conc_openai(a, edge.port, edge.token),
              "sdk": lambda: conc_sdk(a, zl)}
@@ -202,12 +204,7 @@ def run(a: argparse.Namespace) -> dict:
             r["servers"] = {s.name: {"cmd": shlex.join(s.cmd), "ready_s": s.ready_s}
                             for s in servers}
             watch = H.CpuWatch({"llama": llama.pid, "zl": zl.pid, "edge": edge.pid})
-            for part, fn, what in (
-                    ("seq", seq, f"sequential TTFT: {a.seq} rounds of llama/edge/sdk, "
-                                 f"max_tokens {a.seq_tokens}"),
-                    ("conc", conc, f"concurrency: {a.conc} streams x {a.conc_tokens} tokens, "
-                                   f"{a.rounds} round(s)")):
-                H.log(what)
+            for part, fn in (("seq", seq), ("conc", conc)):
                 c0 = watch.snap()
                 r[part] = fn(a, llama, edge, zl)
                 r[f"{part}_cpu_share"] = watch.delta(c0, watch.snap())

@@ -575,3 +575,26 @@ def run_meta(**extra) -> dict:
     return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": " ".join(shlex.quote(x) for x in sys.argv), "git": git_head(), **extra}
 
+
+
+# --- from the misc group
+
+
+def fmt(v: float | None, spec: str = ".1f") -> str:
+    """A number for a table cell: `spec`-formatted, '-' when there is none."""
+    return "-" if v is None else format(v, spec)
+
+
+def md_table(head: list[str], rows: list[list]) -> str:
+    """A markdown table: the header, its rule, then the rows (cells str()-ed)."""
+    return "\n".join("| " + " | ".join(map(str, r)) + " |"
+                     for r in [head, ["---"] * len(head), *rows])
+
+
+def spawn(n: int, fn) -> list:
+    """n daemon threads running fn(i), started."""
+    import threading
+    threads = [threading.Thread(target=fn, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads

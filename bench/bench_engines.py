@@ -1,20 +1,6 @@
 #!/usr/bin/env python
-"""Several engines vs one, in one run, on the same model and CPUs ([[engines]]).
-
-    .venv/bin/python bench/bench_engines.py [--streams 16] [--tokens 200] [--rounds 3]
-                                            [--cpus 0,1] [--model PATH] [--out PATH]
-
-Two zerolayerd, both up for the whole run (only one has requests in flight at a time):
-  A  "engines": one engine per CPU of --cpus, 1 kernel thread each, pinned
-     (--engines '[{cpus="0", threads=1}, {cpus="1", threads=1}]');
-  B  "single":  one engine with one kernel thread per CPU of --cpus, pinned to all of them
-     (--cpu-engine-cpus 0-1 --model-threads 2).
-Each round runs --streams concurrent streams of --tokens tokens (distinct chat prompts "Write
-a long story about TOPIC.", greedy; a stream may stop early at EOS, so tokens are counted
-from DONE's usage) against A and B, alternating which goes first. Aggregate tok/s =
-completion tokens of all streams / wall time from a common start to the last stream's DONE;
-the median over rounds of each, and A/B. `--engine-max-running` is --streams for B and
-ceil(--streams / engines) for A, so both batch every stream at once. Holds /tmp/zl-bench.lock.
+"""Several engines vs one, in one run, on the same model and CPUs ([[engines]]): aggregate
+tok/s of concurrent streams; see bench/README.md ("bench_engines.py").
 """
 from __future__ import annotations
 
@@ -28,7 +14,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ZeroLayerDaemon, bench_lock, log  # noqa: E402
+from _harness import ZeroLayerDaemon, bench_lock, log, md_table, spawn  # noqa: E402
 
 TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rivers", "trains", "chess", "coffee",
           "lighthouses", "glaciers", "owls", "bridges", "deserts", "clocks", "whales", "maps"]
@@ -51,9 +37,7 @@ def run_streams(d: ZeroLayerDaemon, streams: int, tokens: int) -> dict:
         except Exception as e:  # noqa: BLE001 - reported, the round is then invalid
             errors.append(f"{type(e).__name__}: {e}")
 
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(streams)]
-    for t in threads:
-        t.start()
+    threads = spawn(streams, one)
     start.wait()
     t0 = time.perf_counter()
     for t in threads:
@@ -66,8 +50,7 @@ def run_streams(d: ZeroLayerDaemon, streams: int, tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
@@ -96,9 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     with bench_lock(" ".join(sys.argv)):
         try:
             for name, (threads, extra) in configs.items():
-                (tmp / name).mkdir()
-                daemons[name] = ZeroLayerDaemon(sys.executable, a.model, threads, 2048, tmp / name,
-                                                tmp / name / "zerolayerd.log", extra=extra)
+                daemons[name] = ZeroLayerDaemon(sys.executable, a.model, threads, 2048, tmp,
+                                                tmp / f"zerolayerd-{name}.log", extra=extra)
             for dm in daemons.values():
                 dm.wait_ready()
             log("both daemons ready; warming each with one round of 2 streams")
@@ -117,11 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     result["median_tok_s"] = med
     result["ratio_engines_over_single"] = (round(med["engines"] / med["single"], 3)
                                            if med["single"] else None)
-    print(f"\n{'configuration':<34} {'median tok/s':>12}")
-    for label, v in ((f"{n} engines x 1 thread (engines)", f"{med['engines']:.1f}"),
-                     (f"1 engine x {n} threads (single)", f"{med['single']:.1f}"),
-                     ("ratio engines / single", str(result["ratio_engines_over_single"]))):
-        print(f"{label:<34} {v:>12}")
+    print(md_table(["configuration", "median tok/s"], [
+        [f"{n} engines x 1 thread (engines)", f"{med['engines']:.1f}"],
+        [f"1 engine x {n} threads (single)", f"{med['single']:.1f}"],
+        ["ratio engines / single", result["ratio_engines_over_single"]]]))
     print(json.dumps(result))
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -1,35 +1,21 @@
 #!/usr/bin/env python
-"""A fleet under load, one node SIGKILLed: what completed, what was lost, what re-ran, and
-the p99 TTFT before, during and after.
-
-    sudo .venv/bin/python bench/bench_fleet.py [--workers 6] [--before 20] [--during 10] [--after 20]
-
-Three zerolayerd in three network namespaces on one bridge (tests/netns.fleet_testbed, as
-tests/test_fleet.py), one key. --workers client threads in a fourth namespace send invoke()
-after invoke() (the chat question, max_tokens --tokens, a fresh request id each) through one
-SDK Client given all three nodes (rendezvous hashing, failover). After --before seconds node
-3 is SIGKILLed, at the first moment it has a request in flight; "during" is the --during
-seconds after the kill, "after" the rest. Each request counts in the phase it started in:
-completed (of those, re-run on another node: InvokeResult.restarts > 0) or lost (an
-exception). TTFT is the client's (InvokeResult.ttft_s: first send to first text).
-Needs root. Holds /tmp/zl-bench.lock. JSON under bench/results/ and a table on stdout.
+"""A fleet of three nodes under load, one SIGKILLed: what completed, was lost or re-ran, and
+TTFT before, during and after; needs root. See bench/README.md ("bench_fleet.py").
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import secrets
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
-from _harness import bench_lock, machine_info, results_path, stats  # noqa: E402
+import _harness as H  # noqa: E402
 
 from daemon_proc import DaemonProc  # noqa: E402  (the tests' daemon and testbed helpers)
 from netns import fleet_testbed, in_netns  # noqa: E402
@@ -78,9 +64,7 @@ def run(a: argparse.Namespace) -> tuple[float, list[dict]]:
                     s["end"] = time.monotonic() - t0
                     samples.append(s)
 
-            ts = [threading.Thread(target=in_netns, args=(cli, loop)) for _ in range(a.workers)]
-            for t in ts:
-                t.start()
+            ts = H.spawn(a.workers, lambda _: in_netns(cli, loop))
             time.sleep(max(0.0, kill_at - time.monotonic()))
             # Kill node 3 while it is serving: at the first moment after --before when a
             # request whose first node it is has been running for 0.3 s.
@@ -106,30 +90,27 @@ def main() -> int:
     ap.add_argument("--after", type=float, default=20.0)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    with bench_lock(" ".join(sys.argv), 3600):
+    with H.bench_lock(" ".join(sys.argv), 3600):
         k, samples = run(a)
     rows = {}
     for name, (lo, hi) in {"before": (0, k), "during": (k, k + a.during),
                            "after": (k + a.during, 1e9)}.items():
         ss = [s for s in samples if lo <= s["start"] < hi]
         ok = [s for s in ss if s["ok"]]
-        ttft = stats([s["ttft_s"] * 1e3 for s in ok if s["ttft_s"]]) or {}
+        ttft = H.stats([s["ttft_s"] * 1e3 for s in ok if s["ttft_s"]]) or {}
         rows[name] = {"started": len(ss), "completed": len(ok), "lost": len(ss) - len(ok),
                       "rerun": sum(1 for s in ok if s["restarts"]),
                       "ttft_p50_ms": ttft.get("p50"), "ttft_p99_ms": ttft.get("p99")}
-    stamp = _dt.datetime.now(_dt.UTC)
-    out = results_path(a.out, "fleet")
-    out.write_text(json.dumps({"date": stamp.isoformat(), "args": vars(a), "kill_at_s": k,
-                               "machine": machine_info(), "phases": rows,
-                               "samples": samples}, indent=1))
-    print(f"### Fleet: 3 nodes, node 3 SIGKILLed at {k:.1f} s ({stamp:%Y-%m-%d %H:%M} UTC)\n")
-    print("| phase | started | completed | lost | re-run on another node | TTFT p50 (ms) "
-          "| TTFT p99 (ms) |\n|---|---|---|---|---|---|---|")
-    for name, r in rows.items():
-        p50, p99 = ("-" if v is None else f"{v:.1f}" for v in (r["ttft_p50_ms"], r["ttft_p99_ms"]))
-        print(f"| {name} | {r['started']} | {r['completed']} | {r['lost']} | {r['rerun']} "
-              f"| {p50} | {p99} |")
-    print(f"\nCommand: `{' '.join(sys.argv)}`; JSON: {out}")
+    meta = H.run_meta()
+    out = H.results_path(a.out, "fleet")
+    out.write_text(json.dumps({**meta, "args": vars(a), "kill_at_s": k, "machine": H.machine_info(),
+                               "phases": rows, "samples": samples}, indent=1))
+    print(f"### Fleet: 3 nodes, node 3 SIGKILLed at {k:.1f} s ({meta['date']})\n")
+    print(H.md_table(["phase", "started", "completed", "lost", "re-run on another node",
+                    "TTFT p50 (ms)", "TTFT p99 (ms)"],
+                   [[name, *list(r.values())[:4], H.fmt(r["ttft_p50_ms"]), H.fmt(r["ttft_p99_ms"])]
+                    for name, r in rows.items()]))
+    print(f"\nCommand: `{meta['command']}`; JSON: {out}")
     return 0
 
 

@@ -1,15 +1,6 @@
 #!/usr/bin/env python
-"""llguidance against xgrammar at the bundled model's vocabulary: what choosing one costs.
-
-    .venv/bin/python bench/bench_grammar_libs.py --dump-vocab /tmp/zl-vocab.json
-    PY -m bench_grammar_libs --vocab /tmp/zl-vocab.json [--lib llguidance|xgrammar|both]
-
-The vocabulary (every token's raw bytes, the EOS ids) comes from the bundled GGUF through
-gpu/tokenizer.py, dumped once by the project's venv, so the libraries can be measured from a
-scratch venv that holds xgrammar (which pulls torch and CUDA wheels; the project's venv must
-not). Per library and schema: the tokenizer setup once, the grammar compile (median of 5,
-fresh each time), and the per-token mask along one valid answer (the schema's sample,
-tokenized greedily by the library itself, each step: mask, then consume the token).
+"""llguidance against xgrammar at the bundled model's vocabulary: tokenizer setup, grammar
+compile and per-token mask; see bench/README.md ("bench_grammar_libs.py").
 """
 from __future__ import annotations
 
@@ -50,8 +41,7 @@ def dump_vocab(path: str) -> None:
     tok = Tokenizer.from_path(default_model_path())
     out = {"tokens": [tok.token_bytes(i).hex() for i in range(tok.vocab_size)],
            "special": sorted(tok.special_ids), "eos": sorted(tok.eos_ids)}
-    with open(path, "w") as f:
-        json.dump(out, f)
+    Path(path).write_text(json.dumps(out))
     print(f"{tok.vocab_size} tokens -> {path}")
 
 
@@ -138,8 +128,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.dump_vocab:
         return dump_vocab(a.dump_vocab)
-    with open(a.vocab) as f:
-        vocab = json.load(f)
+    vocab = json.loads(Path(a.vocab).read_text())
     for lib, fn in (("llguidance", bench_llguidance), ("xgrammar", bench_xgrammar)):
         if a.lib in (lib, "both"):
             fn(vocab)

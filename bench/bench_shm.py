@@ -1,18 +1,6 @@
 #!/usr/bin/env python
-"""Same-host carriers side by side: shared-memory rings vs UDP loopback, one daemon, one run.
-
-    .venv/bin/python bench/bench_shm.py [--pings 2000] [--ttft 50] [--busy-poll-us 50] [--out PATH]
-
-One zerolayerd (UDP on 127.0.0.1 and [shm] socket in a temp dir) serves both carriers through
-the same SDK (zerolayer.client.Client), so the difference is the carrier alone: the same
-signed datagrams, HMAC checks, nonce and result caches on the daemon's side.
-1. PING round trip: Client.ping() timed around the call (signed PING -> signed PONG, no
-   model), the carriers alternated sample by sample so drift hits both alike; p50, p99, and
-   the ratio shm/UDP. With --busy-poll-us N > 0 a third column: the shm client spinning on
-   its ring for up to N µs before it sleeps on the doorbell (saves the wake-up, costs CPU).
-2. TTFT of the chat question (greedy, --ttft-tokens, run to completion so the daemon is idle
-   before the next one), alternated likewise: just before the call -> first non-empty chunk.
-Holds /tmp/zl-bench.lock. JSON under bench/results/ with every sample, a table on stdout.
+"""Same-host carriers side by side, one daemon, one run: shared-memory rings vs UDP loopback,
+PING round trip and chat TTFT; see bench/README.md ("bench_shm.py").
 """
 from __future__ import annotations
 
@@ -24,12 +12,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from zerolayer.client import ChatMessage, Client
+from zerolayer.client import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import LOCK_PATH, ZeroLayerDaemon, bench_lock, log, machine_info, pct, results_path  # noqa: E402
+import _harness as H  # noqa: E402
 
-QUESTION = [ChatMessage("user", "What is the capital of France?")]
+QUESTION = "What is the capital of France?"
 WARM_PINGS = 200  # untimed PINGs per carrier before the measurement
 
 
@@ -40,14 +28,9 @@ def ping_us(c: Client) -> float:
 
 
 def ttft_ms(c: Client, max_tokens: int) -> float:
-    t0 = time.perf_counter()
-    first = None
-    with c.stream(messages=QUESTION, max_tokens=max_tokens) as s:
-        for piece in s:
-            if piece and first is None:
-                first = time.perf_counter()
-    assert first is not None, "no text"
-    return (first - t0) * 1e3
+    ttft = H.zl_stream_chat(c, QUESTION, max_tokens)["ttft_s"]
+    assert ttft is not None, "no text"
+    return ttft * 1e3
 
 
 def alternated(clients: dict[str, Client], n: int, fn) -> dict[str, list[float]]:
@@ -70,46 +53,44 @@ def main() -> int:
                     help="extra zerolayerd flag (repeatable), e.g. --daemon-arg=--cpu-io-cpu=2")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    with bench_lock(" ".join(sys.argv)) as lock_wait:
+    with H.bench_lock(" ".join(sys.argv)) as lock_wait:
         tmp = Path(tempfile.mkdtemp(prefix="zl-bench-shm-"))
         shm = f"shm://{tmp / 'shm.sock'}"
-        d = ZeroLayerDaemon(sys.executable, None, None, None, tmp, tmp / "zerolayerd.log",
+        d = H.ZeroLayerDaemon(sys.executable, None, None, None, tmp, tmp / "zerolayerd.log",
                             extra=["--shm-socket", str(tmp / "shm.sock"), "--shm-mode", "0600",
                                    *(arg for x in a.daemon_arg for arg in x.split("=", 1))])
-        r: dict = {"bench": "shm", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                   "command": sys.argv, "args": vars(a), "server": d.cmd,
-                   "lock": {"path": LOCK_PATH, "waited_s": round(lock_wait, 1)},
-                   "machine": machine_info()}
+        r: dict = {"bench": "shm", **H.run_meta(), "args": vars(a), "server": d.cmd,
+                   "lock": {"path": H.LOCK_PATH, "waited_s": round(lock_wait, 1)},
+                   "machine": H.machine_info()}
         try:
             d.wait_ready(600)
             clients = {"udp": d.client(), "shm": d.client(addr=shm)}
             if a.busy_poll_us:
                 clients["shm_busy"] = d.client(addr=f"{shm}?busy_poll_us={a.busy_poll_us}")
-            log(f"warming: {WARM_PINGS} pings each, 2 questions each")
+            H.log(f"warming: {WARM_PINGS} pings each, 2 questions each")
             alternated(clients, WARM_PINGS, ping_us)
             alternated(clients, 2, lambda c: ttft_ms(c, a.ttft_tokens))
-            log(f"PING: {a.pings} per carrier, alternated")
+            H.log(f"PING: {a.pings} per carrier, alternated")
             pings = alternated(clients, a.pings, ping_us)
-            log(f"TTFT: {a.ttft} per carrier, alternated")
+            H.log(f"TTFT: {a.ttft} per carrier, alternated")
             ttfts = alternated(clients, a.ttft, lambda c: ttft_ms(c, a.ttft_tokens))
             for c in clients.values():
                 c.close()
         finally:
             rc = r["server_rc"] = d.stop()
             r["server_log_tail"] = "".join(d.log_path.read_text().splitlines(True)[-20:])
-    r["ping_us"] = {n: {"p50": pct(v, 50), "p99": pct(v, 99), "samples": v} for n, v in pings.items()}
+    r["ping_us"] = {n: {"p50": H.pct(v, 50), "p99": H.pct(v, 99), "samples": v} for n, v in pings.items()}
     r["ttft_ms"] = {n: {"median": statistics.median(v), "samples": v} for n, v in ttfts.items()}
-    out = results_path(a.out, "shm")
+    out = H.results_path(a.out, "shm")
     out.write_text(json.dumps(r, indent=1))
     p, t = r["ping_us"], r["ttft_ms"]
-    busy = "shm_busy" in p
-    print("| metric | UDP loopback | shm | shm/UDP |" + (" shm busy-poll | busy/UDP |" if busy else ""))
-    print("|---|---|---|---|" + ("---|---|" if busy else ""))
-    for label, src, k in (("PING p50 (µs)", p, "p50"), ("PING p99 (µs)", p, "p99"),
-                          (f"TTFT median, {a.ttft_tokens}-token chat (ms)", t, "median")):
-        print(f"| {label} | {src['udp'][k]:.1f} |" + "".join(
-            f" {src[n][k]:.1f} | {src[n][k] / src['udp'][k]:.2f} |"
-            for n in ("shm", "shm_busy") if n in src))
+    cols = [n for n in ("shm", "shm_busy") if n in p]
+    head = ["metric", "UDP loopback", "shm", "shm/UDP", "shm busy-poll", "busy/UDP"]
+    print(H.md_table(head[:2 + 2 * len(cols)], [
+        [label, f"{src['udp'][k]:.1f}",
+         *(x for n in cols for x in (f"{src[n][k]:.1f}", f"{src[n][k] / src['udp'][k]:.2f}"))]
+        for label, src, k in (("PING p50 (µs)", p, "p50"), ("PING p99 (µs)", p, "p99"),
+                              (f"TTFT median, {a.ttft_tokens}-token chat (ms)", t, "median"))]))
     print(f"\nresults: {out}")
     return 0 if rc == 0 else 1
 

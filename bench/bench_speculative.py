@@ -1,19 +1,10 @@
-"""Speculative decoding: decode speed with drafts from the request's own text, against the
-same engine without them, and against llama.cpp's `llama-lookup` on the same prompts
-(bench/README.md, "bench_speculative.py", says what is measured and how).
-
-    .venv/bin/python bench/bench_speculative.py                 # 3 rounds, 128 tokens a task
-    .venv/bin/python bench/bench_speculative.py --rounds 1 --tokens 64 --no-llamacpp
-    .venv/bin/python bench/bench_speculative.py --draft-model DRAFT.gguf --tasks extract,free
-
---draft-model adds a third side, drafts from a draft model ([engine] draft_model,
-gpu/draft_model.py) instead of lookup, its output checked against plain greedy the same way;
-every side reports decode tokens per step ((completion tokens - 1) / decode steps).
+"""Speculative decoding: decode speed with drafts from the request's own text (or a draft model),
+against the same engine without them and llama.cpp's `llama-lookup` on the same prompts; see
+bench/README.md ("bench_speculative.py").
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import re
 import statistics
@@ -27,11 +18,11 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _harness import LLAMA_BIN, bench_lock, git_head, log, machine_info, results_path  # noqa: E402
+import _harness as H  # noqa: E402
 from accuracy_metrics import read_text  # noqa: E402
 
 TEXT = HERE / "accuracy" / "alice_ch1.txt"
-LOOKUP = LLAMA_BIN / "llama-lookup"
+LOOKUP = H.LLAMA_BIN / "llama-lookup"
 
 
 def tasks() -> dict[str, str]:
@@ -132,11 +123,9 @@ def main(argv=None) -> int:
         (("draft", True, drafter),) if drafter is not None else ())
     peer = not a.no_llamacpp and LOOKUP.exists()
     if not a.no_llamacpp and not peer:
-        log(f"{LOOKUP} not built (bench/setup_llamacpp.sh): no peer column")
-    started = _dt.datetime.now(_dt.UTC)
-    command = "bench/bench_speculative.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        H.log(f"{LOOKUP} not built (bench/setup_llamacpp.sh): no peer column")
     results: dict[str, dict] = {}
-    with bench_lock(command):
+    with H.bench_lock(" ".join(sys.argv)):
         for name, msg in tasks().items():
             if a.tasks and not any(w in name for w in a.tasks.split(",")):
                 continue
@@ -157,40 +146,38 @@ def main(argv=None) -> int:
                 if peer:
                     row["lookup"].append(run_lookup(model, gen.tokenizer.render_chat(chat),
                                                     a.tokens, a.threads))
-                log(f"{name} round {rnd}: " + ", ".join(
+                H.log(f"{name} round {rnd}: " + ", ".join(
                     f"{k} {g['decode_tps']:.1f} tok/s ({g['accepted']}/{g['drafted']} kept)"
                     for k, g in got.items())
                     + (f", llama-lookup {row['lookup'][-1].get('decode_tps') or 0:.1f}" if peer else ""))
             results[name] = row
-    lines = ["| task | prompt tokens | plain tok/s | speculative tok/s | speedup | kept / drafted "
-             "| llama-lookup tok/s | ours / llama-lookup |", "|---" * 8 + "|"]
+    rows = []
     for name, row in results.items():
         p, s, lk = (med(row[k], "decode_tps") for k in ("plain", "spec", "lookup"))
         kept, drafted = (sum(x[f] for x in row["spec"]) for f in ("accepted", "drafted"))
         row["summary"] = {"plain_tps": p, "spec_tps": s, "lookup_tps": lk,
                           "speedup": s / p if p and s else None,
                           "vs_lookup": s / lk if lk and s else None}
-        lines.append(f"| {name} | {row['prompt_tokens']} | {p:.1f} | {s:.1f} | {s / p:.2f}x | "
-                     f"{kept} / {drafted} | {'-' if lk is None else f'{lk:.1f}'} | "
-                     f"{'-' if lk is None else f'{s / lk:.2f}x'} |")
+        rows.append([name, row["prompt_tokens"], f"{p:.1f}", f"{s:.1f}", f"{s / p:.2f}x",
+                     f"{kept} / {drafted}", H.fmt(lk), "-" if lk is None else f"{s / lk:.2f}x"])
+    lines = [H.md_table(["task", "prompt tokens", "plain tok/s", "speculative tok/s", "speedup",
+                       "kept / drafted", "llama-lookup tok/s", "ours / llama-lookup"], rows)]
     if drafter is not None:
-        lines += ["", "| task | tokens/step plain / lookup / draft model | tok/s plain / lookup / "
-                  "draft model | draft model kept / drafted |", "|---" * 4 + "|"]
-        for name, row in results.items():
-            tps = [med(row[k], "tokens_per_step") for k in ("plain", "spec", "draft")]
-            dec = [med(row[k], "decode_tps") for k in ("plain", "spec", "draft")]
-            lines.append(f"| {name} | {' / '.join(f'{x:.2f}' for x in tps)} | "
-                         f"{' / '.join(f'{x:.1f}' for x in dec)} | "
-                         f"{sum(x['accepted'] for x in row['draft'])} / "
-                         f"{sum(x['drafted'] for x in row['draft'])} |")
+        ks = ("plain", "spec", "draft")
+        lines += ["", H.md_table(["task", "tokens/step plain / lookup / draft model",
+                                "tok/s plain / lookup / draft model",
+                                "draft model kept / drafted"], [
+            [name, " / ".join(f"{med(row[k], 'tokens_per_step'):.2f}" for k in ks),
+             " / ".join(f"{med(row[k], 'decode_tps'):.1f}" for k in ks),
+             " / ".join(str(sum(x[f] for x in row["draft"])) for f in ("accepted", "drafted"))]
+            for name, row in results.items()])]
     print("\n".join(lines))
-    doc = {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "command": command,
-           "machine": machine_info(), "kernels": cpu_features.describe(), "model": model,
-           "draft_model": a.draft_model, "tokens": a.tokens, "rounds": a.rounds,
-           "tasks": results, "git": git_head()}
-    out = results_path(a.out, "speculative")
+    doc = {**H.run_meta(), "machine": H.machine_info(), "kernels": cpu_features.describe(),
+           "model": model, "draft_model": a.draft_model, "tokens": a.tokens, "rounds": a.rounds,
+           "tasks": results}
+    out = H.results_path(a.out, "speculative")
     out.write_text(json.dumps(doc, indent=1))
-    log(f"wrote {out}")
+    H.log(f"wrote {out}")
     return 0
 
 

@@ -1,26 +1,6 @@
 #!/usr/bin/env python
-"""What structured output costs decode: tok/s with and without a JSON-schema mask.
-
-    .venv/bin/python bench/bench_structured.py [--rounds 7] [--tokens 48] [--out PATH]
-
-The daemon's engine (daemon/engine.py) on the CPU runtime and the bundled model, with the
-daemon's threads (ZEROLAYER_THREADS or the CPUs allowed), at batch 1 and 8: B requests with
-the same chat prompt, greedy, max_tokens --tokens, submitted together; the clock runs from
-the step after every request has its first token (prefill out of the window) to the last
-token; decode tok/s = the tokens sampled in that window / its length. The masked runs carry
-a JSON schema (an array of at least 64 integers: nothing can complete within --tokens, so
-EOS is never allowed and every masked run decodes --tokens tokens under the mask); the free
-runs take a prompt that runs on (counting) and are dropped if EOS ends one early. Inside the
-window: the matcher's mask per row per step (llguidance), the bit unpacking and -inf fill
-before the sampler, the matcher's advance; not the grammar compile (once per schema, at
-submit).
-
-Interleaved: each round measures free and masked at both batch sizes, alternating which goes
-first. A pair (free and masked, back to back) in which either run saw more than
---max-foreign of the machine taken by other processes (_harness.CpuWatch) is left out; rounds
-go on until --rounds clean pairs per batch size or 4 x --rounds rounds. The table: medians
-over the clean runs, their ratio and the median of the per-pair ratios. Holds
-/tmp/zl-bench.lock; JSON (default bench/results/structured-<ts>.json) and a table on stdout.
+"""What structured output costs decode: the engine's tok/s with and without a JSON-schema mask,
+at batch 1 and 8, in clean interleaved pairs; see bench/README.md ("bench_structured.py").
 """
 from __future__ import annotations
 
@@ -29,20 +9,17 @@ import json
 import os
 import statistics
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-from _harness import CpuWatch, bench_lock, git_head, machine_info, results_path, sh  # noqa: E402
+from zerolayer.daemon.engine import Engine
+from zerolayer.daemon.request import Admitted
+from zerolayer.gpu.generate import Generator
+from zerolayer.protocol.constraint import from_response_format
+from zerolayer.protocol.sampling_params import SamplingParams
 
-from zerolayer.daemon.engine import Engine  # noqa: E402
-from zerolayer.daemon.request import Admitted  # noqa: E402
-from zerolayer.gpu.generate import Generator  # noqa: E402
-from zerolayer.protocol.constraint import from_response_format  # noqa: E402
-from zerolayer.protocol.sampling_params import SamplingParams  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness as H  # noqa: E402
 
 SCHEMA = {"type": "array", "items": {"type": "integer"}, "minItems": 64}
 PROMPT = [{"role": "user", "content": "Count from one to one thousand as a JSON array of "
@@ -63,7 +40,7 @@ def one(gen: Generator, eng: Engine, batch: int, masked: bool, tokens: int,
             max_tokens=tokens, constraint=c if masked else None)), ids))
     while not all(r.tokens or r.done for r in reqs):
         eng.step()
-    watch = CpuWatch()
+    watch = H.CpuWatch()
     n0, c0 = sum(len(r.tokens) for r in reqs), watch.snap()
     while eng.has_work:
         eng.step()
@@ -71,7 +48,7 @@ def one(gen: Generator, eng: Engine, batch: int, masked: bool, tokens: int,
     n1 = sum(len(r.tokens) for r in reqs)
     if n1 != batch * tokens:
         return None
-    return (n1 - n0) / (c1["t"] - c0["t"]), CpuWatch.foreign(c0, c1)
+    return (n1 - n0) / (c1["t"] - c0["t"]), H.CpuWatch.foreign(c0, c1)
 
 
 def main() -> None:
@@ -81,7 +58,7 @@ def main() -> None:
     ap.add_argument("--max-foreign", type=float, default=0.1)
     ap.add_argument("--out")
     a = ap.parse_args()
-    with bench_lock(" ".join(sys.argv)):
+    with H.bench_lock(" ".join(sys.argv)):
         load0 = os.getloadavg()
         gen = Generator.load(None, max_seq_len=2048)
         eng = Engine(gen.model, gen.tokenizer, emit=lambda ev: None, max_running=8,
@@ -114,29 +91,27 @@ def main() -> None:
                 f"{k} {len(v)}" for k, v in pairs.items()) + f", dropped {dropped}",
                 file=sys.stderr)
         load1 = os.getloadavg()
-    m = machine_info()
-    dirty = sh(["git", "-C", str(REPO), "status", "--porcelain", "--", "gpu", "daemon", "protocol"])
-    h = {"model": m["cpu_model"], "cpus": m["cpus"], "flags": " ".join(m["simd"]),
-         "git": git_head() + ("+dirty" if dirty else ""),
-         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    m = H.machine_info()
+    dirty = H.sh(["git", "-C", str(H.REPO), "status", "--porcelain", "--", "gpu", "daemon", "protocol"])
     med = {k: statistics.median(v) for k, v in runs.items() if v}
     paired = {k: statistics.median(v) for k, v in pairs.items() if v}
-    out = {"host": h, "machine": m, "args": vars(a), "threads":
+    out = {**H.run_meta(dirty=bool(dirty)), "machine": m, "args": vars(a), "threads":
            int(os.environ.get("ZEROLAYER_THREADS", 0)) or len(os.sched_getaffinity(0)),
            "runs": runs, "median": med, "pairs": pairs, "paired_median": paired,
            "loadavg": [load0, load1], "dropped_pairs": dropped}
-    path = results_path(a.out, "structured")
+    path = H.results_path(a.out, "structured")
     path.write_text(json.dumps(out, indent=1))
-    print(f"host: {h['model']} ({h['cpus']} CPUs; {h['flags']}), {h['date']}, git {h['git']}; "
-          f"load average (1 min) {load0[0]:.1f} at the start, {load1[0]:.1f} at the end; "
-          f"{dropped} disturbed pairs left out (> {a.max_foreign:.0%} of the CPUs taken)")
-    print("| batch | free tok/s | JSON-schema mask tok/s | mask / free (medians) | "
-          "mask / free (paired, median) | clean pairs |\n|---|---|---|---|---|---|")
+    print(f"host: {m['cpu_model']} ({m['cpus']} CPUs; {' '.join(m['simd'])}), {out['date']}, "
+          f"git {out['git']}{'+dirty' if dirty else ''}; load average (1 min) {load0[0]:.1f} "
+          f"at the start, {load1[0]:.1f} at the end; {dropped} disturbed pairs left out "
+          f"(> {a.max_foreign:.0%} of the CPUs taken)")
+    rows = []
     for b in (1, 8):
         f, mk = med.get(f"free_b{b}"), med.get(f"mask_b{b}")
-        ratio = f"{mk / f:.3f}" if f and mk else "-"
-        pr = f"{paired[f'b{b}']:.3f}" if f"b{b}" in paired else "-"
-        print(f"| {b} | {f or 0:.1f} | {mk or 0:.1f} | {ratio} | {pr} | {len(pairs[f'b{b}'])} |")
+        rows.append([b, H.fmt(f), H.fmt(mk), H.fmt(mk / f if f and mk else None, ".3f"),
+                     H.fmt(paired.get(f"b{b}"), ".3f"), len(pairs[f"b{b}"])])
+    print(H.md_table(["batch", "free tok/s", "JSON-schema mask tok/s", "mask / free (medians)",
+                    "mask / free (paired, median)", "clean pairs"], rows))
     print(f"results: {path}")
 
 

@@ -1,18 +1,10 @@
 #!/usr/bin/env python
-"""Memory soak: zerolayerd under mixed valid and hostile traffic; is its RSS flat?
-
-    .venv/bin/python bench/soak.py [--duration-s 600] [--warmup-s 180] [--rate 4000]
-                                   [--overload-x 10] [--calibrate-s 30]
-
-The load, the daemon's settings and the verdict: bench/README.md ("soak.py"). Every buffer
-has a bound (docs/OPERATIONS.md "Memory bounds"); this checks their sum holds in practice.
-The load generator is a separate process (--loadgen), so its threads never hold the
-sampler's GIL.
+"""Memory soak: zerolayerd under mixed valid and hostile traffic plus an overload sized to the
+machine; is its RSS flat? The load, the settings and the verdict: bench/README.md ("soak.py").
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import platform
@@ -26,26 +18,122 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
+from zerolayer.client import ChatMessage, Client
+from zerolayer.protocol import wire
+from zerolayer.protocol.errors import ErrorCode, ZerolayerError
+from zerolayer.protocol.wire import MsgType, PayloadKind, SamplingParams
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ZeroLayerDaemon, default_model, git_head, log, machine_info, results_path, take_lock  # noqa: E402
-from _overload import OpenLoop, measure_capacity  # noqa: E402
+import _harness as H  # noqa: E402
 
 CALIBRATION_CLIENTS = 16  # the daemon's default max_running: every batch slot busy
 WAIT_QUEUE_FULL = "zerolayer_overloaded_total:wait_queue"
 TOPICS = ["the sea", "a lighthouse", "bread", "a violin", "the moon", "a fox", "rain", "glass"]
+OVERLOAD_PROMPT, OVERLOAD_TOKENS = "Write about the sea.", 16
 
 
-# ---- the load generator (runs in its own process: --loadgen) ----------------------------
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def paced(rate: float, stop: threading.Event, send, counts: Counter, key: str) -> None:
+    """send() at `rate` per second on schedule, whatever the daemon answers (open loop),
+    counting into counts[key], until `stop`."""
+    t0 = time.monotonic()
+    while not stop.is_set():
+        due = int((time.monotonic() - t0) * rate) - counts[key]
+        for _ in range(min(due, 500)):
+            send()
+            counts[key] += 1
+        time.sleep(0.005)
+
+
+# ---- the overload: relative to the machine, so the wait queue fills on a slow host too
+
+def measure_capacity(addr, key_id: int, secret: bytes, seconds: float,
+                     concurrency: int) -> float:
+    """Requests of open_loop's kind finished per second, `concurrency` clients back to back."""
+    done, stop = [0], threading.Event()
+
+    def client(_: int) -> None:
+        c = Client(addr, key_id, secret, timeout=60)
+        while not stop.is_set():
+            try:
+                c.invoke(messages=[ChatMessage("user", OVERLOAD_PROMPT)],
+                         max_tokens=OVERLOAD_TOKENS)
+                done[0] += 1
+            except ZerolayerError:
+                pass
+    threads = H.spawn(concurrency, client)
+    time.sleep(seconds / 4)        # a ramp: the first requests pay for empty caches
+    n0, t0 = done[0], time.monotonic()
+    time.sleep(seconds * 3 / 4)
+    rate = (done[0] - n0) / (time.monotonic() - t0)
+    stop.set()
+    for t in threads:
+        t.join(120)
+    return rate
+
+
+def open_loop(addr, key_id: int, secret: bytes, rate: float, stop: threading.Event,
+              counts: Counter, lease_s: float = 10.0) -> list[threading.Thread]:
+    """Signed INVOKEs of measure_capacity's kind at `rate` per second, open loop (a slow daemon
+    gets more queued, not fewer sent); each admitted one kept alive with keepalives until its
+    DONE or ERROR, so it waits in the queue instead of losing its lease; every answer counted."""
+    chat = wire.encode_chat([ChatMessage("user", OVERLOAD_PROMPT)])
+    body = wire.encode_invoke_body(SamplingParams(max_tokens=OVERLOAD_TOKENS), PayloadKind.CHAT,
+                                   chat)
+    live: dict[bytes, float] = {}   # admitted, not ended: rid -> last keepalive
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.settimeout(0.1)
+
+    def send() -> None:
+        for dg in wire.encode_invoke(key_id, secret, secrets.token_bytes(16), now_us(),
+                                     secrets.token_bytes(32), body):
+            sock.sendto(dg, addr)
+
+    def read(_: int) -> None:
+        while not stop.is_set():
+            try:
+                f = wire.decode_response(sock.recv(4096), secret)
+            except (OSError, ValueError, ZerolayerError):
+                continue
+            if isinstance(f, wire.AckFrame) and f.state is wire.RunState.QUEUED:
+                counts["admitted"] += 1
+                live.setdefault(f.request_id, time.monotonic())
+            elif isinstance(f, wire.DoneFrame):
+                counts["done"] += 1
+                live.pop(f.request_id, None)
+            elif isinstance(f, wire.ErrorFrame):
+                try:
+                    code = ErrorCode(f.code).name
+                except ValueError:
+                    code = str(f.code)
+                counts[f"refused:{code}" if f.seq == wire.NO_SEQ else f"failed:{code}"] += 1
+                live.pop(f.request_id, None)
+
+    def keepalives(_: int) -> None:
+        while not stop.is_set():
+            now = time.monotonic()
+            for rid, last in list(live.items()):
+                if now - last >= lease_s / 4:
+                    sock.sendto(wire.encode_control(MsgType.RESEND, key_id, secret, rid, now_us(),
+                                                    secrets.token_bytes(32), wire.NO_SEQ), addr)
+                    live[rid] = now
+            time.sleep(0.1)
+
+    return [*H.spawn(1, lambda _: paced(rate, stop, send, counts, "sent")), *H.spawn(1, read),
+            *H.spawn(1, keepalives)]
+
+
+# ---- the load generator (runs in its own process, --loadgen, so its threads never hold the
+# sampler's GIL)
 
 def _hostile_datagrams(key_id: int, secret: bytes):
     """An endless rotation of hostile datagrams, each kind built fresh where it must be."""
-    from zerolayer.protocol import wire
-    from zerolayer.protocol.wire import MsgType, PayloadKind, SamplingParams
-
-    def now_us() -> int:
-        return time.time_ns() // 1000
 
     def ping(kid: int = key_id, sec: bytes = secret, back_us: int = 0) -> list[bytes]:
         return [wire.encode_control(MsgType.PING, kid, sec, secrets.token_bytes(16),
@@ -89,13 +177,10 @@ def _hostile_datagrams(key_id: int, secret: bytes):
 
 def loadgen(a: dict) -> None:
     """a: the parent's settings for the load (--loadgen JSON)."""
-    from zerolayer.client import Client
-    from zerolayer.protocol.errors import ZerolayerError
-    from zerolayer.protocol.wire import ChatMessage
     addr = ("127.0.0.1", a["port"])
     secret = bytes.fromhex(a["secret"])
     stop = threading.Event()
-    counts = {"valid_ok": 0, "valid_err": 0, "hostile_sent": 0}
+    counts: Counter[str] = Counter(valid_ok=0, valid_err=0, hostile_sent=0)
 
     def valid(i: int) -> None:
         c = Client(addr, a["key_id"], secret, timeout=60)
@@ -116,30 +201,24 @@ def loadgen(a: dict) -> None:
             except ZerolayerError:
                 counts["valid_err"] += 1
 
-    def hostile() -> None:
+    def hostile(_: int) -> None:
         gen = _hostile_datagrams(a["key_id"], secret)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            t0 = time.monotonic()
-            while not stop.is_set():
-                due = int((time.monotonic() - t0) * a["rate"]) - counts["hostile_sent"]
-                for _ in range(min(due, 500)):
-                    s.sendto(next(gen), addr)
-                    counts["hostile_sent"] += 1
-                time.sleep(0.005)
+            paced(a["rate"], stop, lambda: s.sendto(next(gen), addr), counts, "hostile_sent")
 
-    threads = [threading.Thread(target=valid, args=(i,), daemon=True) for i in range(a["clients"])]
-    threads.append(threading.Thread(target=hostile, daemon=True))
-    for t in threads:
-        t.start()
-    over = OpenLoop(addr, a["key_id"], secret, a["overload_rate"]) if a["overload_rate"] else None
-    if over is not None:
-        over.start()
+    H.spawn(a["clients"], valid)
+    H.spawn(1, hostile)
+    over: Counter[str] = Counter()
+    over_threads = (open_loop(addr, a["key_id"], secret, a["overload_rate"], stop, over)
+                    if a["overload_rate"] else [])
     end = time.monotonic() + a["duration_s"]
     while time.monotonic() < end and sys.stdin.readline() not in ("", "stop\n"):
         pass  # the parent writes a line per sample; EOF or "stop" ends the load
     stop.set()
-    if over is not None:
-        counts["overload"] = over.close()
+    for t in over_threads:
+        t.join(10)
+    if over_threads:
+        counts["overload"] = dict(over)
     print(json.dumps(counts), flush=True)
 
 
@@ -178,19 +257,7 @@ def verdict(samples: list[dict], warmup_s: float, overload: bool = False) -> dic
             "samples_after_warmup": len(after), "wait_queue_refusals": full}
 
 
-def table(samples: list[dict], buffers: list[str]) -> str:
-    head = "| t (s) | RSS (MB) | " + " | ".join(f"{b} (MB)" for b in buffers) + " |"
-    rows = [head, "|" + "---|" * (2 + len(buffers))]
-    last = -60.0
-    for s in samples:
-        if s["t"] - last >= 60 or s is samples[-1]:
-            last = s["t"]
-            rows.append(f"| {s['t']:.0f} | {s['rss'] / 1e6:.1f} | "
-                        + " | ".join(f"{s['m'].get(b, 0) / 1e6:.1f}" for b in buffers) + " |")
-    return "\n".join(rows)
-
-
-def plot(samples: list[dict], buffers: list[str], warmup_s: float, path: Path) -> None:
+def plot(samples: list[dict], buffers: list[str], v: dict, warmup_s: float, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -200,13 +267,11 @@ def plot(samples: list[dict], buffers: list[str], warmup_s: float, path: Path) -
     for b in buffers:
         ax.plot(t, [s["m"].get(b, 0) / 1e6 for s in samples], lw=1, label=b)
     ax.axvspan(0, warmup_s, color="0.9", label="warm-up")
-    v = verdict(samples, warmup_s)
     if "rss_at_warmup_end" in v:
         base = v["rss_at_warmup_end"] / 1e6
         ax.axhspan(base * 0.9, base * 1.1, color="green", alpha=0.08, label="±10 % band")
-    ax.set_xlabel("seconds since the load started")
-    ax.set_ylabel("MB")
-    ax.set_title("zerolayerd memory under mixed valid and hostile traffic")
+    ax.set(xlabel="seconds since the load started", ylabel="MB",
+           title="zerolayerd memory under mixed valid and hostile traffic")
     ax.legend(fontsize=8, loc="center right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -233,24 +298,24 @@ def main() -> int:
         return 0
     a.overload_rate = 0.0
 
-    out = results_path(a.out, "soak")
-    git = git_head()  # the code that runs
-    lock, _ = take_lock(float("inf"), " ".join(sys.argv))  # held until this process exits
-    model = a.model or default_model()
+    out = H.results_path(a.out, "soak")
+    meta = H.run_meta()  # the code that runs
+    lock, _ = H.take_lock(float("inf"), " ".join(sys.argv))  # held until this process exits
     tmp = Path(tempfile.mkdtemp(prefix="zl-soak-"))
-    d = ZeroLayerDaemon(sys.executable, model, 2, 2048, tmp, tmp / "zerolayerd.log",
-                        extra=["--security-max-skew-s", "30", "--cache-ttl-s", "60"])
+    d = H.ZeroLayerDaemon(sys.executable, a.model or H.default_model(), 2, 2048, tmp,
+                          tmp / "zerolayerd.log",
+                          extra=["--security-max-skew-s", "30", "--cache-ttl-s", "60"])
     samples: list[dict] = []
     try:
         d.wait_ready()
         if a.overload_x:
-            capacity = measure_capacity(("127.0.0.1", d.port), d.key_id, d.secret,
-                                        a.calibrate_s, CALIBRATION_CLIENTS)
+            capacity = measure_capacity(d.addr, d.key_id, d.secret, a.calibrate_s,
+                                        CALIBRATION_CLIENTS)
             a.overload_rate = a.overload_x * capacity
-            log(f"capacity {capacity:.1f} requests/s ({CALIBRATION_CLIENTS} clients, "
-                f"{a.calibrate_s:.0f} s); offering {a.overload_rate:.1f}/s open loop")
+            H.log(f"capacity {capacity:.1f} requests/s ({CALIBRATION_CLIENTS} clients, "
+                  f"{a.calibrate_s:.0f} s); offering {a.overload_rate:.1f}/s open loop")
         rss0 = rss_bytes(d.pid)
-        log(f"daemon ready (RSS {rss0 / 1e6:.0f} MB); load for {a.duration_s:.0f} s")
+        H.log(f"daemon ready (RSS {rss0 / 1e6:.0f} MB); load for {a.duration_s:.0f} s")
         cfg = {"port": d.port, "key_id": d.key_id, "secret": d.secret.hex(), "rate": a.rate,
                "clients": a.clients, "duration_s": a.duration_s + 60,
                "overload_rate": a.overload_rate}
@@ -260,11 +325,11 @@ def main() -> int:
         t0 = time.monotonic()
         while (t := time.monotonic() - t0) < a.duration_s:
             d._check_alive()
-            samples.append({"t": round(t, 1), "rss": rss_bytes(d.pid), "m": scrape(d.metrics_port)})
-            s = samples[-1]
-            log(f"t={t:5.0f}s RSS {s['rss'] / 1e6:6.1f} MB  "
-                + " ".join(f"{k}={v / 1e6:.1f}" for k, v in s["m"].items()
-                           if not k.startswith(("limit:", "zerolayer_"))))
+            s = {"t": round(t, 1), "rss": rss_bytes(d.pid), "m": scrape(d.metrics_port)}
+            samples.append(s)
+            H.log(f"t={t:5.0f}s RSS {s['rss'] / 1e6:6.1f} MB  "
+                  + " ".join(f"{k}={v / 1e6:.1f}" for k, v in s["m"].items()
+                             if not k.startswith(("limit:", "zerolayer_"))))
             gen.stdin.write("tick\n")
             time.sleep(max(0.0, a.sample_s - (time.monotonic() - t0 - t)))
         gen.stdin.write("stop\n")
@@ -276,24 +341,25 @@ def main() -> int:
     v = verdict(samples, a.warmup_s, overload=bool(a.overload_rate))
     png: Path | None = out.with_suffix(".png")
     try:
-        plot(samples, buffers, a.warmup_s, png)
+        plot(samples, buffers, v, a.warmup_s, png)
     except ImportError:  # the verdict and the JSON do not need it
-        log("no plot: matplotlib is not installed (pip install -e '.[bench]')")
+        H.log("no plot: matplotlib is not installed (pip install -e '.[bench]')")
         png = None
     last = samples[-1]["m"]
-    result = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        "machine": {**machine_info(), "python": platform.python_version()},
-        "git": git,
+    out.write_text(json.dumps({
+        **meta, "machine": {**H.machine_info(), "python": platform.python_version()},
         "args": vars(a), "rss_before_load": rss0, "daemon_exit": code, "load": counts,
         "datagrams_received": last.get("zerolayer_ingress_datagrams_total"),
         "requests_finished": last.get("zerolayer_requests_total"),
         "limits": {k[6:]: v for k, v in last.items() if k.startswith("limit:")},
-        "verdict": v, "samples": samples, "plot": str(png) if png else None,
-    }
-    out.write_text(json.dumps(result, indent=1))
-    print(table(samples, buffers) + "\n")
+        "verdict": v, "samples": samples, "plot": str(png) if png else None}, indent=1))
+    shown, next_t = [], 0.0                   # one row a minute, and the last
+    for s in samples:
+        if s["t"] >= next_t or s is samples[-1]:
+            shown.append([f"{s['t']:.0f}", *(f"{x / 1e6:.1f}" for x in
+                                             (s["rss"], *(s["m"].get(b, 0) for b in buffers)))])
+            next_t = s["t"] + 60
+    print(H.md_table(["t (s)", "RSS (MB)", *(f"{b} (MB)" for b in buffers)], shown) + "\n")
     print(f"RSS before the load {rss0 / 1e6:.0f} MB; at the end of the {a.warmup_s:.0f} s "
           f"warm-up {v.get('rss_at_warmup_end', 0) / 1e6:.0f} MB; after it min "
           f"{v.get('rss_min', 0) / 1e6:.0f} / max {v.get('rss_max', 0) / 1e6:.0f} MB, largest "

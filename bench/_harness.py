@@ -605,3 +605,28 @@ def run_meta(**extra) -> dict:
     return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": " ".join(shlex.quote(x) for x in sys.argv), "git": git_head(), **extra}
 
+
+
+# --- from the runtime group
+
+# bench/synth_gguf.py writes its TinyLlama-1.1B-shaped files here
+SYNTH_DIR = Path(os.environ.get("ZEROLAYER_SYNTH_DIR",
+                                Path.home() / ".cache" / "zerolayer" / "synth"))
+# the compiled forward's matmul weight arguments: name -> index in model._wargs (gpu/model.py)
+MATMUL_WARGS = {"wqkv": 1, "wo": 2, "wgu": 3, "wdown": 4, "output": 8}
+
+
+def with_matmuls(model, weight) -> tuple:
+    """model._wargs with each matmul's weights replaced by weight(name)."""
+    args = list(model._wargs)
+    for name, i in MATMUL_WARGS.items():
+        args[i] = weight(name)
+    return tuple(args)
+
+
+def activation_wargs(model, act: str) -> tuple:
+    """model._wargs with the matmul weights prepared from the model's own for activations `act`
+    (gpu/ops/int8_matmul.py), so only the activation width differs."""
+    from zerolayer.gpu.ops import cpu_features, int8_matmul
+    mw = int8_matmul.prepare_model(model.w, cpu_features.ISA, act)
+    return with_matmuls(model, lambda name: int8_matmul.for_forward(getattr(mw, name)))

@@ -1,8 +1,6 @@
 #!/usr/bin/env python
-"""zerolayer vs llama.cpp's own `llama-bench` on the same GGUF, 2 threads each.
-
-What each row measures, and how the rounds, noise accounting, lock and --repack modes keep the
-comparison fair: bench/README.md ("bench_runtime.py").
+"""zerolayer vs llama.cpp's own `llama-bench` on the same GGUF, 2 threads each: what each row
+measures and how the comparison is kept fair, in bench/README.md ("bench_runtime.py").
 """
 from __future__ import annotations
 
@@ -29,7 +27,6 @@ from _harness import (  # noqa: E402
     LLAMA_BENCH,
     LOCK_PATH,
     REPO,
-    RESULTS,
     CpuWatch,
     LlamaBenchCrash,
     bench_lock,
@@ -39,6 +36,7 @@ from _harness import (  # noqa: E402
     llama_bench_help,
     log,
     machine_info,
+    results_path,
     run_llama_bench,
     sh,
     top_processes,
@@ -221,11 +219,8 @@ class Comparison:
         self.version = sh([str(self.binary), "--version"], timeout=60)
         from zerolayer.gpu.gguf_loader import default_model_path
         self.model_path = os.path.abspath(args.model or default_model_path())
-        # --repack (llama.cpp's default: on) repacks the weights for the CPU's own kernels (on
-        # an AMX machine: the AMX buffer type). Both modes are measured and the better taken
-        # per row, like -fa; a row that crashes llama-bench in one mode (this llama.cpp's AMX
-        # path dies of SIGSEGV on prompts of more than one token) is measured in the other
-        # and reported.
+        # --repack modes are measured like -fa, the best per row; a test that crashes in one
+        # (the AMX path dies of SIGSEGV on prompts) is measured in the other (README)
         self.repacks = ([r for r in args.repack.split(",") if r]
                         if "--repack" in self.help_text else [])
         self.full_cmd = self.lb_cmd("100,500", str(STEPS), ",".join(map(str, self.depths)),
@@ -558,7 +553,6 @@ def run(args, command: str, started: _dt.datetime, out_path: Path) -> int:
         "llama_bench_rows": c.raw_lb,
         "zerolayer_samples": c.raw_zl,
     }
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1))
     print(render(result))
     print(f"\nJSON: {out_path}")
@@ -702,7 +696,7 @@ def main() -> int:
     if args.max_wait is None:
         args.max_wait = 10.0 if args.quick else 120.0
     started = _dt.datetime.now().astimezone()
-    out_path = Path(args.out) if args.out else RESULTS / f"runtime-{started:%Y%m%d-%H%M%S}.json"
+    out_path = results_path(args.out, "runtime")
     if not os.access(args.llama_bench, os.X_OK):
         log(f"missing {args.llama_bench}: build it with bench/setup_llamacpp.sh (bench/README.md)")
         return 2

@@ -630,3 +630,24 @@ def activation_wargs(model, act: str) -> tuple:
     from zerolayer.gpu.ops import cpu_features, int8_matmul
     mw = int8_matmul.prepare_model(model.w, cpu_features.ISA, act)
     return with_matmuls(model, lambda name: int8_matmul.for_forward(getattr(mw, name)))
+
+
+def timed_decode(model, prompts: list[list[int]], steps: int) -> dict:
+    """`steps` greedy steps of each prompt's sequence after its prefill, one step() for all;
+    timed from the first step to the last."""
+    import numpy as np
+
+    from zerolayer.gpu.model import StepInput
+    seqs = [model.new_sequence() for _ in prompts]
+    try:
+        toks = np.array([int(model.step([StepInput(s, np.asarray(p, np.int32))])[0].argmax())
+                         for s, p in zip(seqs, prompts)], np.int32)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            logits = model.step([StepInput(s, toks[i:i + 1]) for i, s in enumerate(seqs)])
+            toks = logits.argmax(axis=1).astype(np.int32)
+        dt = time.perf_counter() - t0
+    finally:
+        for s in seqs:
+            s.release()
+    return {"seconds": dt, "steps": steps, "batch": len(prompts), "value": len(prompts) * steps / dt}

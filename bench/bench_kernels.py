@@ -35,6 +35,7 @@ from _harness import (  # noqa: E402
     machine_info,
     results_path,
     run_llama_bench,
+    timed_decode,
 )
 
 SYNTH = ("tinyllama-1.1b-synth.Q4_1.gguf", "tinyllama-1.1b-synth.Q4_K_M.gguf")
@@ -319,19 +320,10 @@ def activation_ab(model, path: str, runs: int, tokens: int, spt: float, noise: N
 # ---------------------------------------------------------------- llama-bench vs our decode
 
 def our_decode(model, steps: int, watch) -> dict:
-    from zerolayer.gpu.model import StepInput
-    seq = model.new_sequence()
-    try:
-        a = watch.snap()
-        tok = int(model.step([StepInput(seq, np.array([1], np.int32))])[0].argmax())
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            tok = int(model.step([StepInput(seq, np.array([tok], np.int32))])[0].argmax())
-        dt = time.perf_counter() - t0
-        share = watch.foreign(a, watch.snap())
-    finally:
-        seq.release()
-    return {"tok_s": steps / dt, "foreign_share": share}
+    """Greedy decode after a 1-token prompt; others' share over the prompt and the steps."""
+    a = watch.snap()
+    r = timed_decode(model, [[1]], steps)
+    return {"tok_s": r["value"], "foreign_share": watch.foreign(a, watch.snap())}
 
 
 def lb_cmd(lb: str, path: str, p: int, n: int, repack: int, reps: int) -> list[str]:

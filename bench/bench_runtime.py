@@ -39,6 +39,7 @@ from _harness import (  # noqa: E402
     results_path,
     run_llama_bench,
     sh,
+    timed_decode,
     top_processes,
 )
 
@@ -103,24 +104,6 @@ print(json.dumps({"token": tok, "prompt_tokens": len(ids), "import_s": t_import 
 
 
 # ---------------------------------------------------------------- ours
-
-
-def decode(model, prompts: list[list[int]], steps: int) -> dict:
-    """`steps` greedy steps of each prompt's sequence after its prefill, one step() for all."""
-    from zerolayer.gpu.model import StepInput
-    seqs = [model.new_sequence() for _ in prompts]
-    try:
-        toks = np.array([int(model.step([StepInput(s, np.asarray(p, np.int32))])[0].argmax())
-                         for s, p in zip(seqs, prompts)], np.int32)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            logits = model.step([StepInput(s, toks[i:i + 1]) for i, s in enumerate(seqs)])
-            toks = logits.argmax(axis=1).astype(np.int32)
-        dt = time.perf_counter() - t0
-    finally:
-        for s in seqs:
-            s.release()
-    return {"seconds": dt, "steps": steps, "batch": len(prompts), "value": len(prompts) * steps / dt}
 
 
 def prefill(model, prompt: list[int], context: list[int] | None = None) -> dict:
@@ -267,7 +250,7 @@ class Comparison:
         batch = [pool[37 * i: 37 * i + 50] for i in range(8)]
         t0 = time.perf_counter()
         for prompts, steps in (([pr["ctx50"]], 2), (batch[:2], 1), (batch, 1)):
-            decode(m, prompts, steps)
+            timed_decode(m, prompts, steps)
         self.jit_s = time.perf_counter() - t0
         log(f"zerolayer first steps (JIT compile or cache load): {self.jit_s:.1f} s")
         import numba
@@ -281,13 +264,13 @@ class Comparison:
                            "numba_cpu_name": numba.config.CPU_NAME,
                            "numba_cpu_features": numba.config.CPU_FEATURES}
         self.ours = {
-            TG0: lambda: decode(m, [pr["ctx50"]], STEPS),
-            TG1000: lambda: decode(m, [pr["ctx1000"]], STEPS),
+            TG0: lambda: timed_decode(m, [pr["ctx50"]], STEPS),
+            TG1000: lambda: timed_decode(m, [pr["ctx1000"]], STEPS),
             "pp100_d0": lambda: prefill(m, pr["p100"]),
             "pp500_d0": lambda: prefill(m, pr["p500"]),
             "pp100_d1000": lambda: prefill(m, pr["p100"], pr["ctx1000"]),
             "pp500_d1000": lambda: prefill(m, pr["p500"], pr["ctx1000"]),
-            "batch8": lambda: decode(m, batch, STEPS),
+            "batch8": lambda: timed_decode(m, batch, STEPS),
             "cold_start": self.zl_cold,
         }
         if 1000 not in self.depths:

@@ -565,9 +565,6 @@ def results_path(out: str | None, prefix: str) -> Path:
     return p
 
 
-# -- added for net
-
-
 def run_meta(**extra) -> dict:
     """What a result records of its run: the date (UTC), the command line and the commit,
     and `extra`."""
@@ -576,9 +573,7 @@ def run_meta(**extra) -> dict:
             "command": " ".join(shlex.quote(x) for x in sys.argv), "git": git_head(), **extra}
 
 
-
-# --- from the misc group
-
+# -- tables and threads
 
 def fmt(v: float | None, spec: str = ".1f") -> str:
     """A number for a table cell: `spec`-formatted, '-' when there is none."""
@@ -598,3 +593,49 @@ def spawn(n: int, fn) -> list:
     for t in threads:
         t.start()
     return threads
+
+
+# -- the CPU runtime's model, for the kernel and runtime benchmarks
+
+# bench/synth_gguf.py writes its TinyLlama-1.1B-shaped files here
+SYNTH_DIR = Path(os.environ.get("ZEROLAYER_SYNTH_DIR",
+                                Path.home() / ".cache" / "zerolayer" / "synth"))
+# the compiled forward's matmul weight arguments: name -> index in model._wargs (gpu/model.py)
+MATMUL_WARGS = {"wqkv": 1, "wo": 2, "wgu": 3, "wdown": 4, "output": 8}
+
+
+def with_matmuls(model, weight) -> tuple:
+    """model._wargs with each matmul's weights replaced by weight(name)."""
+    args = list(model._wargs)
+    for name, i in MATMUL_WARGS.items():
+        args[i] = weight(name)
+    return tuple(args)
+
+
+def activation_wargs(model, act: str) -> tuple:
+    """model._wargs with the matmul weights prepared from the model's own for activations `act`
+    (gpu/ops/int8_matmul.py), so only the activation width differs."""
+    from zerolayer.gpu.ops import cpu_features, int8_matmul
+    mw = int8_matmul.prepare_model(model.w, cpu_features.ISA, act)
+    return with_matmuls(model, lambda name: int8_matmul.for_forward(getattr(mw, name)))
+
+
+def timed_decode(model, prompts: list[list[int]], steps: int) -> dict:
+    """`steps` greedy steps of each prompt's sequence after its prefill, one step() for all;
+    timed from the first step to the last."""
+    import numpy as np
+
+    from zerolayer.gpu.model import StepInput
+    seqs = [model.new_sequence() for _ in prompts]
+    try:
+        toks = np.array([int(model.step([StepInput(s, np.asarray(p, np.int32))])[0].argmax())
+                         for s, p in zip(seqs, prompts)], np.int32)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            logits = model.step([StepInput(s, toks[i:i + 1]) for i, s in enumerate(seqs)])
+            toks = logits.argmax(axis=1).astype(np.int32)
+        dt = time.perf_counter() - t0
+    finally:
+        for s in seqs:
+            s.release()
+    return {"seconds": dt, "steps": steps, "batch": len(prompts), "value": len(prompts) * steps / dt}

@@ -1,15 +1,9 @@
-"""Decode and prefill speed of each CPU activation mode, on the same model and KV, interleaved.
-
-Each mode's weights are prepared from the one loaded model (gpu/ops/int8_matmul.py
-``prepare_model``) and swapped into its forward arguments, so only the activation width
-differs; rounds rotate the order, a round's value is the median of its samples. Decode: one
-token at depth 50 (its KV slot rewritten) via model.step; pp100 / pp500: one batched forward
-into a fresh sequence. Usage and what rests on it: bench/README.md ("bench_activations.py").
+"""Decode and prefill speed of each CPU activation mode, on the same model and KV, interleaved;
+see bench/README.md ("bench_activations.py").
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import statistics
 import sys
@@ -22,24 +16,11 @@ from zerolayer.gpu.model import LlamaModel, set_threads
 from zerolayer.gpu.model_api import StepInput
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import bench_lock, git_head, machine_info  # noqa: E402
+from _harness import activation_wargs, bench_lock, command_line, machine_info, run_meta  # noqa: E402
 
-from zerolayer.gpu.ops import cpu_features, int8_matmul
+from zerolayer.gpu.ops import cpu_features
 
-MATS = {1: "wqkv", 2: "wo", 3: "wgu", 4: "wdown", 8: "output"}  # positions in model._wargs
 PREFILLS = (100, 500)
-
-
-def variants(m: LlamaModel, modes: list[str]) -> dict[str, tuple]:
-    """Forward arguments per activation mode, all from the model's original weights."""
-    out = {}
-    for act in modes:
-        mw = int8_matmul.prepare_model(m.w, cpu_features.ISA, act)
-        args = list(m._wargs)
-        for i, name in MATS.items():
-            args[i] = int8_matmul.for_forward(getattr(mw, name))
-        out[act] = tuple(args)
-    return out
 
 
 def median_ms(n: int, once) -> float:
@@ -49,7 +30,7 @@ def median_ms(n: int, once) -> float:
 
 def one(path: str, modes: list[str], rounds: int, tokens: int) -> dict:
     m = LlamaModel.load(path, max_seq_len=1024)
-    sides = variants(m, modes)
+    sides = {act: activation_wargs(m, act) for act in modes}
     seq = m.new_sequence()
     m.step([StepInput(seq, np.arange(1, 51, dtype=np.int32))])
     rng = np.random.default_rng(0)
@@ -102,7 +83,7 @@ def render(res: list[dict]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("models", nargs="+")
     ap.add_argument("--modes", default=",".join(cpu_features.ACT_MODES))
     ap.add_argument("--rounds", type=int, default=5)
@@ -116,16 +97,13 @@ def main() -> int:
     if "int16" not in modes:
         modes.insert(0, "int16")
     set_threads(2)
-    command = " ".join(sys.argv)
-    with bench_lock(command):
+    with bench_lock(command_line()):
         res = [one(p, modes, a.rounds, a.tokens) for p in a.models]
     table = render(res)
     print(table)
     if a.out:
-        Path(a.out).write_text(json.dumps({
-            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="minutes"), "git": git_head(),
-            "command": command, "machine": machine_info(), "results": res, "table": table},
-            indent=1))
+        meta = run_meta(machine=machine_info(), results=res, table=table)
+        Path(a.out).write_text(json.dumps(meta, indent=1))
     return 0
 
 

@@ -1,9 +1,6 @@
 #!/usr/bin/env python
 """Where one decode token's time goes: per kernel class, against the bytes it reads and the
-machine's measured read bandwidth; and llama.cpp's decode on the same files.
-
-The method (streaming bandwidth, gpu/model.forward_timed per kernel class, --activations-ab,
---peer with its prompt probe per --repack mode) and the usage: bench/README.md
+machine's measured read bandwidth; and llama.cpp's decode on the same files. See bench/README.md
 ("bench_kernels.py and synth_gguf.py").
 """
 from __future__ import annotations
@@ -25,22 +22,24 @@ from numba import njit, prange
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (  # noqa: E402
     LLAMA_BENCH,
-    RESULTS,
+    MATMUL_WARGS,
+    SYNTH_DIR,
     CpuWatch,
     LlamaBenchCrash,
+    activation_wargs,
     bench_lock,
+    command_line,
     git_head,
     gpu_source_hash,
     log,
     machine_info,
+    results_path,
     run_llama_bench,
+    timed_decode,
 )
 
-SYNTH_DIR = Path(os.environ.get("ZEROLAYER_SYNTH_DIR", Path.home() / ".cache" / "zerolayer" / "synth"))
 SYNTH = ("tinyllama-1.1b-synth.Q4_1.gguf", "tinyllama-1.1b-synth.Q4_K_M.gguf")
 THREADS = 2
-# model._wargs, the compiled forward's weight arguments, in order
-WARGS = ("emb", "wqkv", "wo", "wgu", "wdown", "attn_norm", "ffn_norm", "out_norm", "output", "bias")
 # matmul class -> its weights; and its tensors in the GGUF (LM head: output, or token_embd)
 MATMULS = {"qkv matmul": "wqkv", "o matmul": "wo", "gate|up matmul": "wgu",
            "down matmul": "wdown", "LM head": "output"}
@@ -55,15 +54,12 @@ LANES = 8  # 64-bit words XORed side by side: one 512-bit vector, or two 256-bit
 
 @njit(parallel=True, cache=True, nogil=True)
 def stream_xor(a, parts, lanes):
-    """XOR of a's 64-bit words, in len(parts) contiguous chunks (prange gives each thread a
-    run of them). Integer XOR, not a float sum: a float32 sum measured 20-23 GB/s on the Xeon
-    where this reads 30 (its adds, not the loads, were the limit). LANES independent
-    accumulators, not one: a single running XOR is one serial dependency chain that LLVM left
-    scalar for the AMD EPYC (Zen 4) target, where it read 10 GB/s while numpy's one-thread
-    sum read 30, and the decode matmuls streamed 30 (a "fraction of bandwidth" of 290%);
-    lanes vectorize. The lane count is an argument, not the constant: with the constant LLVM
-    unrolled the lanes into scalars again (8.5 GB/s on Zen 4; 31 with the same loop given
-    lanes at run time). len(a) is a multiple of lanes."""
+    """XOR of a's 64-bit words in len(parts) contiguous chunks (a run of them per thread).
+    Integer XOR, not a float sum: a float32 sum's adds capped it at 20-23 GB/s on the Xeon
+    (this reads 30). LANES accumulators: one running XOR is a serial chain LLVM left scalar
+    on Zen 4 (10 GB/s where the decode matmuls streamed 30). lanes is an argument, not the
+    constant, which LLVM unrolled into scalars again (8.5 GB/s; 31 given at run time).
+    len(a) is a multiple of lanes."""
     rows = a.reshape(-1, lanes)
     n = rows.shape[0]
     k = parts.shape[0]
@@ -207,7 +203,7 @@ def kernel_times(model, path: str, depths: list[int], runs: int, tokens: int, sp
                  noise: Noise, streamer: Streamer) -> dict:
     from zerolayer.gpu.ops.int8_matmul import read_nbytes
     fbytes = file_bytes(path)
-    ws = {cls: model._wargs[WARGS.index(name)] for cls, name in MATMULS.items()}
+    ws = {cls: model._wargs[MATMUL_WARGS[name]] for cls, name in MATMULS.items()}
     rng = np.random.default_rng(0)
     log(f"kernels: {path}")
     res = {"model": path, "config": {k: getattr(model.cfg, k) for k in
@@ -295,17 +291,13 @@ def activation_ab(model, path: str, runs: int, tokens: int, spt: float, noise: N
         return {}
     now = cpu_features.ACTIVATIONS
     then = "int8" if now == "int16" else "int16"
-    mw = int8_matmul.prepare_model(model.w, cpu_features.ISA, then)
-    other = list(model._wargs)
-    for name in MATMULS.values():
-        other[WARGS.index(name)] = int8_matmul.for_forward(getattr(mw, name))
-    variants = {now: model._wargs, then: tuple(other)}
+    variants = {now: model._wargs, then: activation_wargs(model, then)}
     seq = model.new_sequence()
     head, tail, _ = forward_args(model, seq, np.array([7], np.int32), 0)
     mm = [CLASSES.index(c) for c in MATMULS]
     acc = np.zeros(len(CLASSES), np.int64)
     out: dict = {k: {"forward_s": [], "matmul_s": [], "bytes": sum(
-        int8_matmul.read_nbytes(v[WARGS.index(n)]) for n in MATMULS.values())} for k, v in variants.items()}
+        int8_matmul.read_nbytes(v[MATMUL_WARGS[n]]) for n in MATMULS.values())} for k, v in variants.items()}
     bws, shares = [], []
     for v in variants.values():  # warm
         forward_timed(*head, *v, *tail, acc)
@@ -328,19 +320,10 @@ def activation_ab(model, path: str, runs: int, tokens: int, spt: float, noise: N
 # ---------------------------------------------------------------- llama-bench vs our decode
 
 def our_decode(model, steps: int, watch) -> dict:
-    from zerolayer.gpu.model import StepInput
-    seq = model.new_sequence()
-    try:
-        a = watch.snap()
-        tok = int(model.step([StepInput(seq, np.array([1], np.int32))])[0].argmax())
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            tok = int(model.step([StepInput(seq, np.array([tok], np.int32))])[0].argmax())
-        dt = time.perf_counter() - t0
-        share = watch.foreign(a, watch.snap())
-    finally:
-        seq.release()
-    return {"tok_s": steps / dt, "foreign_share": share}
+    """Greedy decode after a 1-token prompt; others' share over the prompt and the steps."""
+    a = watch.snap()
+    r = timed_decode(model, [[1]], steps)
+    return {"tok_s": r["value"], "foreign_share": watch.foreign(a, watch.snap())}
 
 
 def lb_cmd(lb: str, path: str, p: int, n: int, repack: int, reps: int) -> list[str]:
@@ -412,7 +395,8 @@ def render(r: dict) -> str:
     m, bw = r["machine"], r["bandwidth"]
     dram = bw["dram"]["gb_s"]
     lines = [f"Host: {m['cpu_model']}, {m['cpus']} CPUs ({m.get('hypervisor') or 'bare metal'}), "
-             f"L3 {m.get('l3')}, flags {', '.join(m['simd_flags'])}; kernels: {r['cpu_kernels']}; "
+             f"L3 {m['l3_cache']}, flags {', '.join(f for f in m['simd'] if f not in ('fma', 'f16c'))}; "
+             f"kernels: {r['cpu_kernels']}; "
              f"{r['date']}, git {r['git']}; load average {r['loadavg_before']} before, "
              f"{r['loadavg_after']} after.", "",
              f"Read bandwidth (streaming XOR, {bw['dram']['threads']} threads): "
@@ -420,7 +404,7 @@ def render(r: dict) -> str:
              f"{bw['dram']['min']:.1f}–{bw['dram']['max']:.1f}); {bw['l3']['mib']} MiB array "
              f"{bw['l3']['gb_s']:.1f} GB/s; 1 thread, {bw['dram_1t']['mib']} MiB: "
              f"{bw['dram_1t']['gb_s']:.1f} GB/s; 2 threads again at the end: "
-             f"{bw.get('dram_after', bw['dram'])['gb_s']:.1f} GB/s.", ""]
+             f"{bw['dram_after']['gb_s']:.1f} GB/s.", ""]
     for km in r["kernels"]:
         c = km["config"]
         ds = list(km["depths"].values())
@@ -428,8 +412,8 @@ def render(r: dict) -> str:
         noise = (f"; other processes took {100 * statistics.median(shares):.0f}% of the machine "
                  f"(median over runs, max {100 * max(shares):.0f}%)") if shares else ""
         # "of BW": against the streaming kernel run right after each timed run (the host's
-        # bandwidth moves); older results have only the run's global figure
-        bws = [d.get("bw_gb_s", dram) for d in ds]
+        # bandwidth moves)
+        bws = [d["bw_gb_s"] for d in ds]
         lines += [f"**{Path(km['model']).name}** ({c['n_layer']} layers, d {c['d_model']}, n_ff "
                   f"{c['n_ff']}, {c['n_head']}/{c['n_kv']} heads, vocab {c['vocab']}){noise}; read "
                   "bandwidth beside the runs (\"of BW\"): "
@@ -498,8 +482,7 @@ def render_peer(r: dict) -> list[str]:
         for k, v in p["llama_bench"].items():
             modes[k], disturbed = quiet_median(v)
             shown[k] = k + (", every sample disturbed" if disturbed else "")
-        # results written before the prompt probe: repack 1 was the AMX mode that crashed
-        serving = p.get("serves_prompts", {"repack 0": True, "repack 1": False})
+        serving = p["serves_prompts"]
         cells = []
         for serves in (True, False):
             sub = {k: v for k, v in modes.items() if serving.get(k.split(", ")[-1], False) == serves}
@@ -509,7 +492,7 @@ def render_peer(r: dict) -> list[str]:
         lines.append(f"| {Path(path).name} | {ours:.1f} | {' | '.join(cells)} | {allm} |")
         if p["crashed"]:
             lines.append(f"| | crashed: {'; '.join(p['crashed'])} | | | | | |")
-    reps = r.get("peer_reps", 3)
+    reps = r["peer_reps"]
     return lines + ["", f"Medians over every sample of every round (ours: {reps} decodes a round; "
                     f"llama-bench: one row a round per mode, the median of its -r {reps}), leaving "
                     f"out {dropped} in which other processes took more than {lim:.0%} of the "
@@ -552,14 +535,10 @@ def main() -> int:
     paths = args.model or [default_model_path()] + [str(SYNTH_DIR / f) for f in SYNTH
                                                     if (SYNTH_DIR / f).exists()]
     depths = [int(d) for d in args.depths.split(",")]
-    started = _dt.datetime.now(_dt.UTC)
-    out = Path(args.out) if args.out else RESULTS / f"kernels-{started:%Y%m%d-%H%M%S}.json"
-    command = shlex.join([sys.executable, *sys.argv])
-    machine = machine_info()
-    machine["l3"] = machine["l3_cache"] or ""
-    machine["simd_flags"] = [f for f in machine["simd"] if f not in ("fma", "f16c")]
-    r = {"command": command, "date": f"{started:%Y-%m-%d %H:%M} UTC", "machine": machine,
-         "git": git_head(), "gpu_source": gpu_source_hash(), "cpu_kernels": cpu_features.describe(),
+    command = command_line()
+    r = {"command": command, "date": f"{_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC",
+         "machine": machine_info(), "git": git_head(), "gpu_source": gpu_source_hash(),
+         "cpu_kernels": cpu_features.describe(),
          "noise": {"max_foreign": args.max_foreign, "max_wait_s": args.max_wait,
                    "retries": args.retries}}
     noise = Noise(args.max_foreign, args.max_wait, args.retries)
@@ -591,7 +570,7 @@ def main() -> int:
                              args.peer_rounds, args.peer_reps, args.llama_bench, noise)
         r["tick_s"] = [spt, tick_seconds()]
         r["loadavg_after"] = " ".join(open("/proc/loadavg").read().split()[:3])
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path(args.out, "kernels")
     out.write_text(json.dumps(r, indent=1, default=str))
     log(f"wrote {out}")
     print(render(r))

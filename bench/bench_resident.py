@@ -1,21 +1,21 @@
-"""Decode from the layout cache's file mapping vs from the resident copy the forward uses.
-
-LlamaModel keeps the cache's memory-mapped arrays (``model.prepared``) and runs the forward on
-copies in anonymous, huge-page memory (gpu/ops/int8_matmul.py ``resident``); one decode token
-with each, interleaved, at a shallow depth on the same model and KV. Usage: bench/README.md.
+"""Decode from the layout cache's file mapping (model.prepared) vs from the resident copy the
+forward uses, interleaved on the same model and KV; see bench/README.md ("bench_resident.py").
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from zerolayer.gpu.model import LlamaModel, set_threads
 from zerolayer.gpu.model_api import StepInput
 
-MATS = {1: "wqkv", 2: "wo", 3: "wgu", 4: "wdown", 8: "output"}  # positions in model._wargs
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import with_matmuls  # noqa: E402
 
 
 def smaps() -> dict:
@@ -26,13 +26,10 @@ def smaps() -> dict:
 
 def one(path: str, rounds: int, tokens: int) -> None:
     m = LlamaModel.load(path, max_seq_len=256)
-    mapped = list(m._wargs)
-    for i, name in MATS.items():
-        w = m.prepared[name]
-        mapped[i] = w._replace(lf=w.layers())
     if not isinstance(m.prepared["wgu"].qs, np.memmap):
         raise SystemExit(f"{path}: the layout cache was built by this run; run again")
-    sides = {"resident": m._wargs, "mapped": tuple(mapped)}
+    mapped = with_matmuls(m, lambda name: m.prepared[name]._replace(lf=m.prepared[name].layers()))
+    sides = {"resident": m._wargs, "mapped": mapped}
     seq = m.new_sequence()
 
     def token_ms(wargs, n: int) -> float:
@@ -59,7 +56,7 @@ def one(path: str, rounds: int, tokens: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("models", nargs="+")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=8)

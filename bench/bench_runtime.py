@@ -1,8 +1,6 @@
 #!/usr/bin/env python
-"""zerolayer vs llama.cpp's own `llama-bench` on the same GGUF, 2 threads each.
-
-What each row measures, and how the rounds, noise accounting, lock and --repack modes keep the
-comparison fair: bench/README.md ("bench_runtime.py").
+"""zerolayer vs llama.cpp's own `llama-bench` on the same GGUF, 2 threads each: what each row
+measures and how the comparison is kept fair, in bench/README.md ("bench_runtime.py").
 """
 from __future__ import annotations
 
@@ -29,7 +27,6 @@ from _harness import (  # noqa: E402
     LLAMA_BENCH,
     LOCK_PATH,
     REPO,
-    RESULTS,
     CpuWatch,
     LlamaBenchCrash,
     bench_lock,
@@ -39,8 +36,10 @@ from _harness import (  # noqa: E402
     llama_bench_help,
     log,
     machine_info,
+    results_path,
     run_llama_bench,
     sh,
+    timed_decode,
     top_processes,
 )
 
@@ -105,24 +104,6 @@ print(json.dumps({"token": tok, "prompt_tokens": len(ids), "import_s": t_import 
 
 
 # ---------------------------------------------------------------- ours
-
-
-def decode(model, prompts: list[list[int]], steps: int) -> dict:
-    """`steps` greedy steps of each prompt's sequence after its prefill, one step() for all."""
-    from zerolayer.gpu.model import StepInput
-    seqs = [model.new_sequence() for _ in prompts]
-    try:
-        toks = np.array([int(model.step([StepInput(s, np.asarray(p, np.int32))])[0].argmax())
-                         for s, p in zip(seqs, prompts)], np.int32)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            logits = model.step([StepInput(s, toks[i:i + 1]) for i, s in enumerate(seqs)])
-            toks = logits.argmax(axis=1).astype(np.int32)
-        dt = time.perf_counter() - t0
-    finally:
-        for s in seqs:
-            s.release()
-    return {"seconds": dt, "steps": steps, "batch": len(prompts), "value": len(prompts) * steps / dt}
 
 
 def prefill(model, prompt: list[int], context: list[int] | None = None) -> dict:
@@ -221,11 +202,8 @@ class Comparison:
         self.version = sh([str(self.binary), "--version"], timeout=60)
         from zerolayer.gpu.gguf_loader import default_model_path
         self.model_path = os.path.abspath(args.model or default_model_path())
-        # --repack (llama.cpp's default: on) repacks the weights for the CPU's own kernels (on
-        # an AMX machine: the AMX buffer type). Both modes are measured and the better taken
-        # per row, like -fa; a row that crashes llama-bench in one mode (this llama.cpp's AMX
-        # path dies of SIGSEGV on prompts of more than one token) is measured in the other
-        # and reported.
+        # --repack modes are measured like -fa, the best per row; a test that crashes in one
+        # (the AMX path dies of SIGSEGV on prompts) is measured in the other (README)
         self.repacks = ([r for r in args.repack.split(",") if r]
                         if "--repack" in self.help_text else [])
         self.full_cmd = self.lb_cmd("100,500", str(STEPS), ",".join(map(str, self.depths)),
@@ -272,7 +250,7 @@ class Comparison:
         batch = [pool[37 * i: 37 * i + 50] for i in range(8)]
         t0 = time.perf_counter()
         for prompts, steps in (([pr["ctx50"]], 2), (batch[:2], 1), (batch, 1)):
-            decode(m, prompts, steps)
+            timed_decode(m, prompts, steps)
         self.jit_s = time.perf_counter() - t0
         log(f"zerolayer first steps (JIT compile or cache load): {self.jit_s:.1f} s")
         import numba
@@ -286,13 +264,13 @@ class Comparison:
                            "numba_cpu_name": numba.config.CPU_NAME,
                            "numba_cpu_features": numba.config.CPU_FEATURES}
         self.ours = {
-            TG0: lambda: decode(m, [pr["ctx50"]], STEPS),
-            TG1000: lambda: decode(m, [pr["ctx1000"]], STEPS),
+            TG0: lambda: timed_decode(m, [pr["ctx50"]], STEPS),
+            TG1000: lambda: timed_decode(m, [pr["ctx1000"]], STEPS),
             "pp100_d0": lambda: prefill(m, pr["p100"]),
             "pp500_d0": lambda: prefill(m, pr["p500"]),
             "pp100_d1000": lambda: prefill(m, pr["p100"], pr["ctx1000"]),
             "pp500_d1000": lambda: prefill(m, pr["p500"], pr["ctx1000"]),
-            "batch8": lambda: decode(m, batch, STEPS),
+            "batch8": lambda: timed_decode(m, batch, STEPS),
             "cold_start": self.zl_cold,
         }
         if 1000 not in self.depths:
@@ -558,7 +536,6 @@ def run(args, command: str, started: _dt.datetime, out_path: Path) -> int:
         "llama_bench_rows": c.raw_lb,
         "zerolayer_samples": c.raw_zl,
     }
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=1))
     print(render(result))
     print(f"\nJSON: {out_path}")
@@ -702,7 +679,7 @@ def main() -> int:
     if args.max_wait is None:
         args.max_wait = 10.0 if args.quick else 120.0
     started = _dt.datetime.now().astimezone()
-    out_path = Path(args.out) if args.out else RESULTS / f"runtime-{started:%Y%m%d-%H%M%S}.json"
+    out_path = results_path(args.out, "runtime")
     if not os.access(args.llama_bench, os.X_OK):
         log(f"missing {args.llama_bench}: build it with bench/setup_llamacpp.sh (bench/README.md)")
         return 2

@@ -1,16 +1,7 @@
 #!/usr/bin/env python
-"""A synthetic model bigger than the L3: TinyLlama-1.1B's shapes, random weights, as GGUF.
-
-    .venv/bin/python bench/synth_gguf.py                 # F16 base, then Q4_1 and Q4_K_M
-    .venv/bin/python bench/synth_gguf.py --types Q4_1    # just one quantized file
-
-What it writes and why (the bundled model's vocabulary and tokenizer, llama.cpp's own
-llama-quantize for the quantized files, ~/.cache/zerolayer/synth/): bench/README.md
-("bench_kernels.py and synth_gguf.py"). Values: normal with std 0.02 (GPT-2's initialisation;
-about 1/sqrt(d_model)), norm weights 1 (F32, as llama.cpp's converter writes them): the
-residual stream stays O(1) through 22 layers and the logits finite (checked after writing by
-one forward, --no-check skips it); larger random weights overflow float16 and give NaNs,
-which may take other code paths. An existing file is kept (--force rewrites).
+"""A synthetic model bigger than the L3: TinyLlama-1.1B's shapes, random weights, as GGUF
+(F16, then Q4_1 and Q4_K_M by llama-quantize); see bench/README.md ("bench_kernels.py and
+synth_gguf.py"). An existing file is kept (--force rewrites).
 """
 from __future__ import annotations
 
@@ -24,16 +15,16 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import LLAMA_BIN, log  # noqa: E402
+from _harness import LLAMA_BIN, SYNTH_DIR, log  # noqa: E402
 
 QUANTIZE = LLAMA_BIN / "llama-quantize"
-DEFAULT_DIR = Path(os.environ.get("ZEROLAYER_SYNTH_DIR",
-                                  Path.home() / ".cache" / "zerolayer" / "synth"))
 NAME = "tinyllama-1.1b-synth"
 
 # TinyLlama-1.1B (its config.json), the vocabulary aside
 SHAPES = {"n_layer": 22, "d_model": 2048, "n_ff": 5632, "n_head": 32, "n_kv": 4,
           "head_dim": 64, "context_length": 2048, "rope_base": 10000.0, "eps": 1e-5}
+# GPT-2's initialisation (about 1/sqrt(d_model)): the residual stream stays O(1) through 22
+# layers; larger random weights overflow float16 into NaNs, which take other code paths
 STD = 0.02
 
 
@@ -127,7 +118,7 @@ def check(path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out-dir", default=str(DEFAULT_DIR))
+    ap.add_argument("--out-dir", default=str(SYNTH_DIR))
     ap.add_argument("--types", default="Q4_1,Q4_K_M", help="llama-quantize types (default Q4_1,Q4_K_M)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)

@@ -573,7 +573,7 @@ def run_meta(**extra) -> dict:
             "command": " ".join(shlex.quote(x) for x in sys.argv), "git": git_head(), **extra}
 
 
-# -- tables and threads
+# ---------------------------------------- tables and threads
 
 def fmt(v: float | None, spec: str = ".1f") -> str:
     """A number for a table cell: `spec`-formatted, '-' when there is none."""
@@ -595,7 +595,7 @@ def spawn(n: int, fn) -> list:
     return threads
 
 
-# -- the CPU runtime's model, for the kernel and runtime benchmarks
+# ---------------------------------------- the CPU runtime's model, for the kernel and runtime benchmarks
 
 # bench/synth_gguf.py writes its TinyLlama-1.1B-shaped files here
 SYNTH_DIR = Path(os.environ.get("ZEROLAYER_SYNTH_DIR",

@@ -2,9 +2,8 @@
 image's own SDK (/opt/zerolayer/.venv): the daemons there listen on the container's loopback.
 Prints one JSON line.
 
-  invoke PORT KEY_ID MAX_TOKENS   one invoke with the keys file's key KEY_ID ("last": the
-                                  newest well-formed line); with --started FILE, creates FILE once the
-                                  first token is in
+  invoke PORT KEY_ID MAX_TOKENS   one streamed invoke with the keys file's key KEY_ID ("last":
+                                  the newest well-formed line)
   whole PORT KEY_ID MAX_TOKENS    one invoke, the text only at the end (a restart under it is
                                   replayed by the SDK, where a stream's caller would see it)
   running METRICS_PORT            zerolayer_requests_running and _waiting, from the metrics
@@ -41,13 +40,9 @@ def client(port: int, key_id: str = "last", timeout: float = 150) -> Client:
     return Client(("127.0.0.1", port), kid, secret, timeout=timeout)
 
 
-def invoke(port: int, key_id: str, max_tokens: int, started: str | None) -> dict:
+def invoke(port: int, key_id: str, max_tokens: int) -> dict:
     s = client(port, key_id).stream(COUNT, max_tokens=max_tokens)
-    text = ""
-    for chunk in s:
-        if started and not text:
-            open(started, "w").close()
-        text += chunk
+    text = "".join(s)
     r = s.result
     return {"text": text, "finish_reason": r.finish_reason, "attempts": r.attempts,
             "tokens": r.usage.completion_tokens, "restarts": r.restarts}
@@ -78,8 +73,7 @@ def loop(ports: list[int], stop_file: str) -> dict:
 def main(argv: list[str]) -> None:
     cmd = argv[0]
     if cmd == "invoke":
-        started = argv[argv.index("--started") + 1] if "--started" in argv else None
-        out = invoke(int(argv[1]), argv[2], int(argv[3]), started)
+        out = invoke(int(argv[1]), argv[2], int(argv[3]))
     elif cmd == "whole":
         r = client(int(argv[1]), argv[2]).invoke(COUNT, max_tokens=int(argv[3]))
         out = {"text": r.text, "finish_reason": r.finish_reason, "restarts": r.restarts}

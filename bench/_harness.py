@@ -570,7 +570,7 @@ def run_meta(**extra) -> dict:
     and `extra`."""
     import datetime
     return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "command": " ".join(shlex.quote(x) for x in sys.argv), "git": git_head(), **extra}
+            "command": command_line(), "git": git_head(), **extra}
 
 
 # ---------------------------------------- tables and threads

@@ -136,7 +136,7 @@ class Engine:
     def __init__(self, model: Model, tokenizer: Tokenizer, *, emit: Emit, max_running: int = 16,
                  max_waiting: int = 256, step_tokens: int = 256, prefix_entries: int = 4,
                  overlap: bool | None = None, speculative: bool = True,
-                 drafter: DraftModel | None = None):
+                 drafter: DraftModel | None = None, speculative_max_batch: int = 0):
         self.model = model
         self.tok = tokenizer
         self.emit = emit
@@ -152,6 +152,10 @@ class Engine:
         # the guesses are lookups in the request's own text (_draft_with_model says why not
         # both)
         self.drafter = drafter if self.speculative else None
+        # a step drafts only while at most this many requests decode in it (0: any number):
+        # a guess is nearly free where a step waits on the weight bytes, as at batch 1, but in
+        # a big batch its row costs compute the other requests' rows are already using
+        self.speculative_max_batch = speculative_max_batch
         self.prefix = PrefixCache(model.arena, max_entries=prefix_entries)
         self.vocab: int = model.cfg.vocab  # type: ignore[attr-defined]  # (Model.cfg: object)
         self.grammars = Grammars(tokenizer, self.vocab)  # grammars compiled on first use
@@ -163,6 +167,7 @@ class Engine:
         self.drafted_tokens = 0         # speculative decoding: tokens guessed, and kept
         self.accepted_tokens = 0
         self.draft_failures = 0         # draft-model passes that raised (those steps: no drafts)
+        self.undrafted_steps = 0        # steps that did not draft: too many requests decoding
 
     # ---- called by the engine thread -----------------------------------------------------
     @property
@@ -220,7 +225,8 @@ class Engine:
         inputs: list[StepInput] = []
         owners: list[Run] = []
         budget = self.step_tokens
-        if self.drafter is not None:
+        drafts = self._drafts_this_step()
+        if drafts and self.drafter is not None:
             self._draft_with_model(budget)
         for r in self.running:  # decodes first: they are what users are waiting on
             if r.prefilled == len(r.prompt_ids):
@@ -229,7 +235,7 @@ class Engine:
                         continue  # its penalties, its mask, depend on that token: a step later
                     inputs.append(StepInput(r.seq, np.zeros(1, np.int32), from_prev=r.pending_row))
                 else:
-                    if self.drafter is None:
+                    if drafts and self.drafter is None:
                         r.draft = self._draft(r, budget)
                     elif r.draft is None:
                         r.draft = np.zeros(0, np.int32)
@@ -323,6 +329,17 @@ class Engine:
             row += 1
 
     # ---- speculative decoding (gpu/drafting.py) --------------------------------------------
+    def _drafts_this_step(self) -> bool:
+        """Whether this step drafts: speculation is on, and speculative_max_batch allows the
+        number of requests decoding in it."""
+        if not self.speculative:
+            return False
+        limit = self.speculative_max_batch
+        if limit and sum(1 for r in self.running if r.prefilled == len(r.prompt_ids)) > limit:
+            self.undrafted_steps += 1
+            return False
+        return True
+
     def _draft_len(self, r: Run, budget: int) -> int:
         """How many tokens r may guess this step: what its DraftLength wants, short enough
         that every position it writes lies inside r's KV reservation (prompt + max_tokens:

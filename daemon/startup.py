@@ -177,7 +177,7 @@ def start_engine(cfg: DaemonConfig, slot: EngineSlot, first: EngineSlot, multi: 
         eng = Engine(gen.model, gen.tokenizer, emit=lambda ev: None,
                      max_running=e.max_running, max_waiting=e.max_waiting,
                      step_tokens=e.step_tokens, overlap=e.overlap,
-                     speculative=e.speculative)
+                     speculative=e.speculative, speculative_max_batch=e.speculative_max_batch)
         if e.draft_model:
             if eng.speculative:
                 eng.drafter = load_drafter(e.draft_model, gen.model, e.max_running,

@@ -101,6 +101,24 @@ def test_opted_out_requests_never_draft(generator):
     assert rec.spec[0] == (0, 0) and eng.drafted_tokens == 0
 
 
+def test_big_batches_decode_without_drafts(generator):
+    """speculative_max_batch 2: while four requests decode no step drafts; once the two short
+    ones have finished the long ones draft again, and every answer is the plain decoder's."""
+    ids = chat_ids(generator, CHATS[0])
+    requests = [(k, ids, SamplingParams(max_tokens=n)) for k, n in enumerate((6, 6, 48, 48))]
+    plain, _ = serve(generator, requests, speculative=False)
+    rec = Tally()
+    eng = Engine(generator.model, generator.tokenizer, emit=rec, max_waiting=4,
+                 step_tokens=len(ids) * 4, speculative=True, speculative_max_batch=2)
+    reqs = {key: eng.submit(Admitted(key, params), ids) for key, ids, params in requests}
+    run(eng, limit=20000)
+    eng.prefix.clear()
+    assert {k: list(r.tokens) for k, r in reqs.items()} == plain.tokens
+    assert eng.undrafted_steps >= 5           # the steps where all four decoded
+    assert rec.spec[0] == rec.spec[1] == (0, 0)
+    assert rec.spec[2][1] > 0 and rec.spec[3][1] > 0  # the copying answers kept guesses after
+
+
 def _chi2_p(a: Counter, b: Counter) -> float:
     """Two-sample chi-square test of homogeneity (categories under 10 expected pooled into
     one); p from the Wilson-Hilferty normal approximation of the chi-square tail."""

@@ -44,34 +44,38 @@ def tasks() -> dict[str, str]:
     }
 
 
-def run_ours(gen, ids, n_tokens: int, speculative: bool, drafter=None) -> dict:
+def run_ours(gen, ids, n_tokens: int, speculative: bool, drafter=None, streams: int = 1,
+             max_batch: int = 0) -> dict:
+    """`streams` copies of the request decoded together; tok/s counts all of them."""
     from zerolayer.daemon.engine import Engine
     from zerolayer.daemon.request import Admitted, DoneEvent
     from zerolayer.protocol.sampling_params import SamplingParams
 
-    done: dict = {}
+    done = {"drafted": 0, "accepted": 0}
 
     def emit(ev) -> None:
         if isinstance(ev, DoneEvent):
-            done.update(drafted=ev.drafted, accepted=ev.accepted)
+            done["drafted"] += ev.drafted
+            done["accepted"] += ev.accepted
 
-    eng = Engine(gen.model, gen.tokenizer, emit=emit, max_running=1, step_tokens=512,
-                 speculative=speculative, drafter=drafter)
-    r = eng.submit(Admitted(0, SamplingParams(max_tokens=n_tokens)), ids)
+    eng = Engine(gen.model, gen.tokenizer, emit=emit, max_running=max(streams, 1),
+                 max_waiting=streams, step_tokens=512 * streams, speculative=speculative,
+                 drafter=drafter, speculative_max_batch=max_batch)
+    rs = [eng.submit(Admitted(i, SamplingParams(max_tokens=n_tokens)), ids) for i in range(streams)]
     first = None
     while eng.has_work:
         eng.step()
-        if first is None and r.tokens:
+        if first is None and all(r.tokens for r in rs):
             first = time.perf_counter()
     last = time.perf_counter()
     eng.prefix.clear()  # every run prefills from cold: the two sides see the same work
-    n = len(r.tokens)
+    n = sum(len(r.tokens) - 1 for r in rs)
     assert first is not None
-    decode_steps = eng.steps - -(-len(ids) // 512)  # (the prompt's chunks: step_tokens 512)
-    return {"tokens": list(r.tokens), "n": n, "steps": eng.steps,
-            "tokens_per_step": (n - 1) / decode_steps if decode_steps > 0 else None,
-            "decode_tps": (n - 1) / (last - first) if n > 1 and last > first else None,
-            "drafted": done.get("drafted", 0), "accepted": done.get("accepted", 0)}
+    decode_steps = eng.steps - -(-len(ids) * streams // eng.step_tokens)  # (the prompts' chunks)
+    return {"tokens": [list(r.tokens) for r in rs], "n": n, "steps": eng.steps,
+            "tokens_per_step": n / streams / decode_steps if decode_steps > 0 else None,
+            "decode_tps": n / (last - first) if n > 0 and last > first else None,
+            "drafted": done["drafted"], "accepted": done["accepted"]}
 
 
 def run_lookup(model: str, prompt: str, n_tokens: int, threads: int) -> dict:
@@ -107,9 +111,14 @@ def main(argv=None) -> int:
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--draft-model", help="GGUF with the model's vocabulary: a third side")
     ap.add_argument("--tasks", help="comma-separated words; run the tasks whose name has one")
+    ap.add_argument("--streams", type=int, default=1,
+                    help="copies of each request decoded together (aggregate tok/s); no peer")
+    ap.add_argument("--max-batch", type=int, default=None, help="the engine's speculative_max_batch "
+                    "(default: the daemon's)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
 
+    from zerolayer.daemon.config import EngineSection
     from zerolayer.gpu.generate import Generator
     from zerolayer.gpu.gguf_loader import default_model_path
     from zerolayer.gpu.ops import cpu_features
@@ -118,11 +127,13 @@ def main(argv=None) -> int:
     drafter = None
     if a.draft_model:
         from zerolayer.gpu.draft_model import DraftModel
-        drafter = DraftModel.load(a.draft_model, gen.model, max_sequences=1)
+        drafter = DraftModel.load(a.draft_model, gen.model, max_sequences=a.streams)
     sides = (("plain", False, None), ("spec", True, None)) + (
         (("draft", True, drafter),) if drafter is not None else ())
-    peer = not a.no_llamacpp and LOOKUP.exists()
-    if not a.no_llamacpp and not peer:
+    max_batch = EngineSection().speculative_max_batch if a.max_batch is None else a.max_batch
+    batch = {"streams": a.streams, "max_batch": max_batch}
+    peer = not a.no_llamacpp and a.streams == 1 and LOOKUP.exists()
+    if not a.no_llamacpp and a.streams == 1 and not peer:
         H.log(f"{LOOKUP} not built (bench/setup_llamacpp.sh): no peer column")
     results: dict[str, dict] = {}
     with H.bench_lock(" ".join(sys.argv)):
@@ -132,12 +143,12 @@ def main(argv=None) -> int:
             chat = [{"role": "user", "content": msg}]
             ids = np.array(gen.tokenizer.encode_chat(chat), np.int32)
             for _, spec, d in sides:  # compiled and warm before the first timed round
-                run_ours(gen, ids, 8, spec, d)
+                run_ours(gen, ids, 8, spec, d, **batch)
             row: dict = {"prompt_tokens": len(ids), "plain": [], "spec": [], "draft": [],
                          "lookup": []}
             for rnd in range(a.rounds):
                 order = sides if rnd % 2 == 0 else sides[::-1]
-                got = {k: run_ours(gen, ids, a.tokens, spec, d) for k, spec, d in order}
+                got = {k: run_ours(gen, ids, a.tokens, spec, d, **batch) for k, spec, d in order}
                 plain = got["plain"]["tokens"]
                 for k, g in got.items():
                     if g.pop("tokens") != plain:
@@ -171,9 +182,13 @@ def main(argv=None) -> int:
              " / ".join(f"{med(row[k], 'decode_tps'):.1f}" for k in ks),
              " / ".join(str(sum(x[f] for x in row["draft"])) for f in ("accepted", "drafted"))]
             for name, row in results.items()])]
+    if a.streams > 1:
+        lines.insert(0, f"{a.streams} copies of each request decoded together (aggregate tok/s), "
+                        f"speculative_max_batch {max_batch}\n")
     print("\n".join(lines))
     doc = {**H.run_meta(), "machine": H.machine_info(), "kernels": cpu_features.describe(),
            "model": model, "draft_model": a.draft_model, "tokens": a.tokens, "rounds": a.rounds,
+           **batch,
            "tasks": results}
     out = H.results_path(a.out, "speculative")
     out.write_text(json.dumps(doc, indent=1))

@@ -44,9 +44,22 @@ def tasks() -> dict[str, str]:
     }
 
 
-def run_ours(gen, ids, n_tokens: int, speculative: bool, drafter=None, streams: int = 1,
+KEEPERS = ("Ada", "Bram", "Cleo", "Dov", "Edda", "Finn", "Greta", "Hugo", "Ines", "Jonas",
+           "Kaia", "Lev", "Mira", "Nils", "Oona", "Per")
+
+
+def stream_messages(name: str, msg: str, streams: int) -> list[str]:
+    """What each of `streams` requests asks: copies of a grounded task (the same document,
+    the same instruction); for the free-chat control, a different story each (free text
+    that copies nothing, as a batch of chat users writes)."""
+    if streams == 1 or not name.startswith("free chat"):
+        return [msg] * streams
+    return [f"{msg} Call the keeper {KEEPERS[i % len(KEEPERS)]}." for i in range(streams)]
+
+
+def run_ours(gen, prompts, n_tokens: int, speculative: bool, drafter=None,
              max_batch: int = 0) -> dict:
-    """`streams` copies of the request decoded together; tok/s counts all of them."""
+    """The prompts (token ids, one a stream) decoded together; tok/s counts all of them."""
     from zerolayer.daemon.engine import Engine
     from zerolayer.daemon.request import Admitted, DoneEvent
     from zerolayer.protocol.sampling_params import SamplingParams
@@ -58,10 +71,12 @@ def run_ours(gen, ids, n_tokens: int, speculative: bool, drafter=None, streams: 
             done["drafted"] += ev.drafted
             done["accepted"] += ev.accepted
 
-    eng = Engine(gen.model, gen.tokenizer, emit=emit, max_running=max(streams, 1),
-                 max_waiting=streams, step_tokens=512 * streams, speculative=speculative,
-                 drafter=drafter, speculative_max_batch=max_batch)
-    rs = [eng.submit(Admitted(i, SamplingParams(max_tokens=n_tokens)), ids) for i in range(streams)]
+    streams = len(prompts)
+    eng = Engine(gen.model, gen.tokenizer, emit=emit, max_running=streams, max_waiting=streams,
+                 step_tokens=512 * streams, speculative=speculative, drafter=drafter,
+                 speculative_max_batch=max_batch)
+    rs = [eng.submit(Admitted(i, SamplingParams(max_tokens=n_tokens)), ids)
+          for i, ids in enumerate(prompts)]
     first = None
     while eng.has_work:
         eng.step()
@@ -71,7 +86,7 @@ def run_ours(gen, ids, n_tokens: int, speculative: bool, drafter=None, streams: 
     eng.prefix.clear()  # every run prefills from cold: the two sides see the same work
     n = sum(len(r.tokens) - 1 for r in rs)
     assert first is not None
-    decode_steps = eng.steps - -(-len(ids) * streams // eng.step_tokens)  # (the prompts' chunks)
+    decode_steps = eng.steps - -(-sum(map(len, prompts)) // eng.step_tokens)  # (the prompts' chunks)
     return {"tokens": [list(r.tokens) for r in rs], "n": n, "steps": eng.steps,
             "tokens_per_step": n / streams / decode_steps if decode_steps > 0 else None,
             "decode_tps": n / (last - first) if n > 0 and last > first else None,
@@ -140,15 +155,17 @@ def main(argv=None) -> int:
         for name, msg in tasks().items():
             if a.tasks and not any(w in name for w in a.tasks.split(",")):
                 continue
+            prompts = [np.array(gen.tokenizer.encode_chat([{"role": "user", "content": m}]),
+                                np.int32) for m in stream_messages(name, msg, a.streams)]
             chat = [{"role": "user", "content": msg}]
-            ids = np.array(gen.tokenizer.encode_chat(chat), np.int32)
             for _, spec, d in sides:  # compiled and warm before the first timed round
-                run_ours(gen, ids, 8, spec, d, **batch)
-            row: dict = {"prompt_tokens": len(ids), "plain": [], "spec": [], "draft": [],
+                run_ours(gen, prompts, 8, spec, d, max_batch=max_batch)
+            row: dict = {"prompt_tokens": len(prompts[0]), "plain": [], "spec": [], "draft": [],
                          "lookup": []}
             for rnd in range(a.rounds):
                 order = sides if rnd % 2 == 0 else sides[::-1]
-                got = {k: run_ours(gen, ids, a.tokens, spec, d, **batch) for k, spec, d in order}
+                got = {k: run_ours(gen, prompts, a.tokens, spec, d, max_batch=max_batch)
+                       for k, spec, d in order}
                 plain = got["plain"]["tokens"]
                 for k, g in got.items():
                     if g.pop("tokens") != plain:

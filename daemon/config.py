@@ -62,7 +62,7 @@ class EngineSection:
     queue_depth: int = 64          # admissions handed to the engine thread, not yet taken; beyond: OVERLOADED
     overlap: bool = True           # GPU: stage step N+1 while step N runs (no effect on the CPU)
     speculative: bool = True       # CPU: decode with drafts guessed from each request's own text (n-gram lookup), checked by the model in one pass: the same answers, faster where the answer copies its context; requests may opt out (NO_SPECULATION)
-    speculative_max_batch: int = 4  # with speculative: a step drafts only while at most this many requests decode in it; in a bigger batch a checked guess's row costs compute the other rows use (8 streams, bundled model: free stories 0.85-0.93x as fast with drafts, a list copied with edits 1.19-1.28x); 0 = any batch
+    speculative_max_batch: int = 4  # with speculative: a step drafts only while at most this many requests decode in it; in a bigger batch a checked guess's row costs compute the other rows use, a loss where guesses are rejected (8 streams drafting at any batch: a passage extracted 0.93-0.97x, free stories 0.85-1.01x, a list copied with edits 1.28-1.31x); 0 = any batch
     draft_model: str = ""          # with speculative: a smaller GGUF with the model's own vocabulary (refused at start otherwise) whose greedy continuation is the draft, instead of n-gram lookup; "" = n-gram lookup
     route_slack: int = 4           # several engines: a request goes to the engine that served its prefix unless that one has more than this many requests above the least loaded
 

@@ -405,15 +405,23 @@ def test_200_requests_spread_and_a_pod_killed_mid_run(fleet):
     killed = threading.Event()
 
     def killer() -> None:
-        # mid-run: the victim has finished some of its share and holds more in its engine
+        # mid-run: the victim has finished some of its share and holds more in its engine.
+        # Its engine is then held (test hook) so that what it has taken stays in flight until
+        # the kill lands, however fast it decodes: a scrape that sees requests running can be
+        # stale by the time `pod kill` returns.
+        assert victim.hooks is not None
+        hold = victim.hooks / "hold"
         while True:
             done = victim.metric("zerolayer_model_runs_total") - before[victim.name]
-            busy = (victim.metric("zerolayer_requests_running")
-                    + victim.metric("zerolayer_requests_waiting"))
-            if done >= 5 and busy >= 1:
-                sh(*PODMAN, "pod", "kill", victim.name)
-                killed.set()
-                return
+            if done >= 5:
+                hold.touch()
+            if (victim.hooks / "held").exists():
+                busy = (victim.metric("zerolayer_requests_running")
+                        + victim.metric("zerolayer_requests_waiting"))
+                if busy >= 1:
+                    sh(*PODMAN, "pod", "kill", victim.name)
+                    killed.set()
+                    return
             time.sleep(0.05)
 
     kt = threading.Thread(target=killer, daemon=True)

@@ -14,6 +14,7 @@ from test_quant_formats import gguf_weight, random_raw, write_model
 from zerolayer.gpu import quant
 from zerolayer.gpu.ops import int8_matmul as im
 from zerolayer.gpu.ops import kquant_scales as ks
+from zerolayer.gpu.ops.cpu_features import ISA_AVX2
 from zerolayer.gpu.ops.matmul import layer_matmul
 from zerolayer.gpu.quant import LANES
 
@@ -45,6 +46,8 @@ def test_scales_kept_in_the_files_form(qt, wide):
     pw = im.prepare(wt, ISAS[0], wide)
     (code, qs, d16, m16), = im.segments(pw)
     kind, form = FORMS[qt]
+    if kind == im.KIND_Q8 and ISAS[0] == ISA_AVX2 and not wide:
+        kind = im.KIND_Q8_SPLIT  # vpmaddubsw would saturate on bytes above 127 (kind_for)
     assert (code % 8, im.scales_of(code), im.is_wide(code)) == (kind, form, wide)
     G, nb = qs.shape[:2]
     d, m = ks.unpack_scales(form, d16, m16, G, nb)

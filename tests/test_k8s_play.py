@@ -402,20 +402,21 @@ def test_200_requests_spread_and_a_pod_killed_mid_run(fleet):
     spread = {p.node: sum(1 for r in rids if first[r][0] == p.addr) for p in pods}
     assert all(n >= 30 for n in spread.values()), spread      # 200 ids: ~67 each
 
-    killed = threading.Event()
+    killed, finished = threading.Event(), threading.Event()
+    assert victim.hooks is not None
+    hold = victim.hooks / "hold"
 
     def killer() -> None:
         # mid-run: the victim has finished some of its share and holds more in its engine.
         # Its engine is then held (test hook) so that what it has taken stays in flight until
         # the kill lands, however fast it decodes: a scrape that sees requests running can be
         # stale by the time `pod kill` returns.
-        assert victim.hooks is not None
-        hold = victim.hooks / "hold"
-        while True:
-            done = victim.metric("zerolayer_model_runs_total") - before[victim.name]
-            if done >= 5:
-                hold.touch()
-            if (victim.hooks / "held").exists():
+        while not finished.is_set():
+            if not hold.exists():
+                done = victim.metric("zerolayer_model_runs_total") - before[victim.name]
+                if done >= 5:
+                    hold.touch()
+            elif (victim.hooks / "held").exists():
                 busy = (victim.metric("zerolayer_requests_running")
                         + victim.metric("zerolayer_requests_waiting"))
                 if busy >= 1:
@@ -434,7 +435,9 @@ def test_200_requests_spread_and_a_pod_killed_mid_run(fleet):
             return e
     with ThreadPoolExecutor(24) as ex:
         out = dict(zip(rids, ex.map(one, rids)))
+    finished.set()
     kt.join(60)
+    hold.unlink(missing_ok=True)  # a victim left alive (the assertion below) is not held
     assert killed.is_set(), "the victim never held requests in flight"
     state = sh(*PODMAN, "inspect", victim.ctr, "--format", "{{.State.Status}}").stdout.strip()
     assert state != "running", state
